@@ -1,0 +1,299 @@
+/*
+ * ckptio.h — save and load model checkpoints at the speed of the hardware.
+ *
+ * This header is the manual. Conventions that hold for every function:
+ *   - Functions return 0 (or a count) on success and a negative code on
+ *     failure: -errno from the operating system passes through unchanged, the
+ *     library's own failures are the CKPTIO_E_* codes below. ckptio_strerror()
+ *     names any code; ckptio_*_last_error() gives the detail (file, tensor,
+ *     rule) of the last failure on that handle.
+ *   - Handles are opaque. Every close/free function accepts NULL.
+ *   - Strings passed in are copied unless a function says "borrowed".
+ */
+#ifndef CKPTIO_H
+#define CKPTIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Everything declared here is exported; the rest of the library is hidden. */
+#pragma GCC visibility push(default)
+
+#define CKPTIO_VERSION_MAJOR 0
+#define CKPTIO_VERSION_MINOR 1
+#define CKPTIO_VERSION_PATCH 0
+#define CKPTIO_VERSION_NUMBER \
+  (CKPTIO_VERSION_MAJOR * 10000 + CKPTIO_VERSION_MINOR * 100 + CKPTIO_VERSION_PATCH)
+
+/*! ckptio_version_number() :
+ *  @return the version of the linked library, as CKPTIO_VERSION_NUMBER. */
+unsigned ckptio_version_number(void);
+const char *ckptio_version_string(void);
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum ckptio_error {
+  CKPTIO_OK = 0,
+  CKPTIO_E_INVALID_ARG = -1000,   /* a NULL pointer, a bad enum, a bad size */
+  CKPTIO_E_STATE,                 /* call not allowed in the handle's state */
+  CKPTIO_E_HEADER_TOO_SMALL,      /* file shorter than the 8-byte length prefix */
+  CKPTIO_E_HEADER_TOO_LARGE,      /* header length above 100,000,000 bytes */
+  CKPTIO_E_HEADER_LENGTH,         /* 8 + header length exceeds the file */
+  CKPTIO_E_HEADER_UTF8,           /* header bytes are not UTF-8 */
+  CKPTIO_E_HEADER_JSON,           /* header is not JSON of the safetensors schema */
+  CKPTIO_E_INVALID_OFFSET,        /* data_offsets leave a hole, overlap or go backwards */
+  CKPTIO_E_OVERFLOW,              /* shape x element size overflows 64 bits */
+  CKPTIO_E_MISALIGNED,            /* sub-byte dtype whose bits are not a multiple of 8 */
+  CKPTIO_E_TENSOR_INFO,           /* byte range length differs from shape x dtype */
+  CKPTIO_E_INCOMPLETE_BUFFER,     /* data buffer not exactly covered by the tensors */
+  CKPTIO_E_CHECKSUM,              /* stored CRC32 differs from the data */
+  CKPTIO_E_NOT_FOUND,             /* no tensor (or key) of that name */
+  CKPTIO_E_DUPLICATE,             /* two tensors (or keys) with one name */
+  CKPTIO_E_DTYPE,                 /* unknown dtype */
+  CKPTIO_E_SHAPE,                 /* more than CKPTIO_MAX_DIMS dims, or a negative dim */
+  CKPTIO_E_FORMAT,                /* format not supported by this build */
+  CKPTIO_E_BUFFER_TOO_SMALL,      /* destination smaller than the tensor */
+  CKPTIO_E_DEVICE,                /* device unavailable or device call failed */
+  CKPTIO_E_SHORT_IO,              /* read or write moved fewer bytes than asked */
+  CKPTIO_E_ERROR_MIN = CKPTIO_E_SHORT_IO
+} ckptio_error;
+
+/*! ckptio_strerror() :
+ *  @return a static, human-readable name for any code this library returns,
+ *          including -errno values. Never NULL. */
+const char *ckptio_strerror(int code);
+
+/* ---------------------------------------------------------------- dtypes */
+
+/* Every dtype of the safetensors format, with its name there. */
+typedef enum ckptio_dtype {
+  CKPTIO_BOOL, CKPTIO_F4, CKPTIO_F6_E2M3, CKPTIO_F6_E3M2, CKPTIO_U8, CKPTIO_I8,
+  CKPTIO_F8_E5M2, CKPTIO_F8_E4M3, CKPTIO_F8_E8M0, CKPTIO_F8_E4M3FNUZ,
+  CKPTIO_F8_E5M2FNUZ, CKPTIO_I16, CKPTIO_U16, CKPTIO_F16, CKPTIO_BF16,
+  CKPTIO_I32, CKPTIO_U32, CKPTIO_F32, CKPTIO_C64, CKPTIO_F64, CKPTIO_I64,
+  CKPTIO_U64,
+  CKPTIO_DTYPE_COUNT
+} ckptio_dtype;
+
+/*! @return bits per element (4, 6, 8, 16, 32 or 64), or 0 for a bad dtype. */
+int ckptio_dtype_bits(ckptio_dtype dtype);
+/*! @return the safetensors name ("BF16"), or NULL for a bad dtype. */
+const char *ckptio_dtype_name(ckptio_dtype dtype);
+/*! Parses a safetensors dtype name. @return 0, or CKPTIO_E_DTYPE. */
+int ckptio_dtype_parse(const char *name, ckptio_dtype *out);
+
+/* ---------------------------------------------------------------- tensors */
+
+#define CKPTIO_MAX_DIMS 8
+#define CKPTIO_DEVICE_HOST (-1)
+
+/* A tensor handed to a writer. Plain value struct; the library copies it
+ * (and the name) when it is added. `data` is borrowed: see ckptio_writer_add.
+ * ndim 0 is a scalar; a zero in shape is an empty tensor. */
+typedef struct ckptio_tensor {
+  const char *name;
+  ckptio_dtype dtype;
+  int ndim;
+  int64_t shape[CKPTIO_MAX_DIMS];
+  const void *data;
+  int device;          /* CKPTIO_DEVICE_HOST, or a GPU ordinal */
+} ckptio_tensor;
+
+/* What a reader knows of one stored tensor. `name` is borrowed from the
+ * reader and valid until ckptio_reader_close. */
+typedef struct ckptio_tensor_info {
+  const char *name;
+  ckptio_dtype dtype;
+  int ndim;
+  int64_t shape[CKPTIO_MAX_DIMS];
+  uint64_t nbytes;     /* bytes of data */
+  uint64_t offset;     /* absolute offset of the data in the file */
+  int has_crc;         /* 1 when the file records a CRC32 of this tensor */
+  uint32_t crc32;      /* the recorded CRC32 (zip polynomial), if has_crc */
+} ckptio_tensor_info;
+
+/*! Bytes of a tensor of this dtype and shape.
+ *  @return the byte count, or CKPTIO_E_SHAPE / CKPTIO_E_OVERFLOW /
+ *          CKPTIO_E_MISALIGNED / CKPTIO_E_DTYPE. */
+int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape);
+
+/* ---------------------------------------------------------------- options */
+
+typedef enum ckptio_format {
+  CKPTIO_FORMAT_SAFETENSORS = 0,
+} ckptio_format;
+
+typedef enum ckptio_load_method {
+  CKPTIO_LOAD_AUTO = 0,  /* currently PREAD: fastest here (bench/RESULTS.md) */
+  CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
+  CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping */
+  CKPTIO_LOAD_DIRECT,    /* O_DIRECT reads into staging, then copies: cold cache */
+} ckptio_load_method;
+
+#define CKPTIO_AUTO (-1)
+
+/* Options of a context, and per save or load. Versioned: set `size` with
+ * CKPTIO_OPTIONS_INIT and then change fields. A zero field means "default". */
+typedef struct ckptio_options {
+  size_t size;              /* sizeof(ckptio_options) */
+  int threads;              /* worker threads (context only); 0: default */
+  size_t chunk_bytes;       /* pipeline chunk (context only); 0: 8 MiB */
+  size_t staging_bytes;     /* staging memory limit (context only); 0: 256 MiB */
+  int crc;                  /* 1: compute CRC32 on save, verify on load; 0: off */
+  int direct_io;            /* CKPTIO_AUTO, 0 or 1: O_DIRECT for writes */
+  int fsync;                /* 1: fdatasync + directory fsync on commit; 0: off */
+  ckptio_load_method load_method;
+} ckptio_options;
+
+#define CKPTIO_OPTIONS_INIT \
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO }
+
+/* ---------------------------------------------------------------- context */
+
+/* A context owns the worker pool and the staging ring. They are allocated
+ * and touched once, at creation, and reused by every save and load, so a
+ * training loop that saves every N steps pays no page faults per save.
+ * Thread safety: any number of writers and readers of one context may run
+ * at once from different threads; they share the pool and the ring. */
+typedef struct ckptio_ctx ckptio_ctx;
+
+/*! ckptio_ctx_create() :
+ *  @opts  may be NULL for the defaults; copied. Its crc, direct_io, fsync and
+ *         load_method become the defaults of this context's saves and loads.
+ *  @return 0 and *out, or a negative code (*out is then NULL). */
+int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
+/*! Joins the workers and frees the ring. Every writer and reader of this
+ *  context must have been closed first. Accepts NULL. */
+void ckptio_ctx_free(ckptio_ctx *ctx);
+/*! The options in force (defaults resolved). */
+void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
+
+/* ---------------------------------------------------------------- writer */
+
+/* One save: open, add tensors, commit, close. A writer is used by one thread
+ * at a time, except the poll / wait / progress calls, which any thread may
+ * call while a commit runs. */
+typedef struct ckptio_writer ckptio_writer;
+
+/*! ckptio_writer_open() :
+ *  Nothing is created at `path` until commit; the final file appears there
+ *  atomically (temp file in the same directory, fdatasync, rename, directory
+ *  fsync), and a failed save leaves whatever was at `path` untouched.
+ *  @path  copied.  @opts  NULL for the context's defaults; copied.
+ *  @return 0 and *out, or a negative code. */
+int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
+                       const ckptio_options *opts, ckptio_writer **out);
+
+/*! Adds a string to the file's metadata. Key and value copied. Keys starting
+ *  with "ckptio." are reserved. @return 0, CKPTIO_E_DUPLICATE, ... */
+int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value);
+
+/*! ckptio_writer_add() :
+ *  Adds one tensor. The descriptor and the name are copied. The memory at
+ *  `t->data` is borrowed: it must stay valid and unchanged until the snapshot
+ *  point (ckptio_writer_wait_snapshot returns). Names must be unique.
+ *  @return 0, or CKPTIO_E_DUPLICATE / CKPTIO_E_SHAPE / CKPTIO_E_DTYPE /
+ *          CKPTIO_E_OVERFLOW / CKPTIO_E_DEVICE / CKPTIO_E_STATE. */
+int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t);
+
+/*! ckptio_writer_commit_async() :
+ *  Starts the save and returns at once. Two completion points follow:
+ *    snapshot: every byte of every tensor has been copied out of the caller's
+ *              memory (into staging or onto disk); the tensors may change.
+ *    durable:  the file is complete, synced and renamed into place.
+ *  The staging ring is bounded, so the snapshot comes when all but the last
+ *  staging-sized part of the data has reached the disk.
+ *  @return 0 if the save started; its outcome comes from wait / poll. */
+int ckptio_writer_commit_async(ckptio_writer *w);
+
+/*! Blocks until the snapshot point. @return 0, or the save's error. */
+int ckptio_writer_wait_snapshot(ckptio_writer *w);
+/*! Blocks until the file is durable. @return 0, or the save's error. */
+int ckptio_writer_wait_durable(ckptio_writer *w);
+/*! @return 1 when reached, 0 when not yet, or the save's (negative) error. */
+int ckptio_writer_poll_snapshot(ckptio_writer *w);
+int ckptio_writer_poll_durable(ckptio_writer *w);
+/*! Bytes of tensor data written so far and in all. Either pointer may be NULL. */
+void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total);
+
+/*! Blocking save: commit_async then wait_durable. */
+int ckptio_writer_commit(ckptio_writer *w);
+
+/*! Waits for a running commit, then frees the writer. A writer closed without
+ *  a commit writes nothing. Accepts NULL. @return the save's outcome. */
+int ckptio_writer_close(ckptio_writer *w);
+
+/*! The detail of the last failure of this writer, or "" if none. Borrowed
+ *  until the next call on the writer. */
+const char *ckptio_writer_last_error(const ckptio_writer *w);
+
+/* ---------------------------------------------------------------- reader */
+
+/* An open checkpoint. Its header is parsed and validated at open; the data is
+ * mapped read-only. A reader is used by one thread at a time; its loads run
+ * in parallel on the context's pool. */
+typedef struct ckptio_reader ckptio_reader;
+
+/*! ckptio_reader_open() :
+ *  @path  copied.  @opts  NULL for the context's defaults; copied.
+ *  @return 0 and *out, or a header error (CKPTIO_E_HEADER_*, ...) whose
+ *          detail names the rule and the tensor. */
+int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts,
+                       ckptio_reader **out);
+void ckptio_reader_close(ckptio_reader *r);
+
+/*! @return the number of tensors. */
+size_t ckptio_reader_count(const ckptio_reader *r);
+/*! Fills *out for tensor `index` (file order, by offset). */
+int ckptio_reader_info(const ckptio_reader *r, size_t index, ckptio_tensor_info *out);
+/*! @return the index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */
+int64_t ckptio_reader_find(const ckptio_reader *r, const char *name);
+
+/*! Metadata: count, and the key / value at an index (borrowed until close). */
+size_t ckptio_reader_metadata_count(const ckptio_reader *r);
+int ckptio_reader_metadata_at(const ckptio_reader *r, size_t index,
+                              const char **key, const char **value);
+/*! @return the value of `key` (borrowed until close), or NULL. */
+const char *ckptio_reader_metadata_get(const ckptio_reader *r, const char *key);
+
+/* One tensor to load: copy tensor `index` into `dst` (at least `dst_bytes`). */
+typedef struct ckptio_load_request {
+  size_t index;
+  void *dst;
+  uint64_t dst_bytes;
+} ckptio_load_request;
+
+/*! ckptio_reader_load_many() :
+ *  Loads the tensors in parallel on the pool. `dst` memory is the caller's;
+ *  it is written, never kept. With crc on, each tensor that has a recorded
+ *  CRC32 is checked and a mismatch fails with CKPTIO_E_CHECKSUM naming it.
+ *  @return 0, or the first error (other destinations may be partly written). */
+int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n);
+/*! One tensor: ckptio_reader_load_many with one request. */
+int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes);
+
+/*! ckptio_reader_view() :
+ *  A zero-copy, read-only pointer into the file mapping (no CRC check: use
+ *  ckptio_reader_verify). Valid until ckptio_reader_close. */
+int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
+
+/*! Checks every recorded CRC32 in parallel. @return 0, CKPTIO_E_CHECKSUM
+ *  (detail names the first bad tensor), or an I/O error. Tensors without a
+ *  recorded CRC are counted in *unchecked when it is not NULL. */
+int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
+
+/*! Bytes loaded so far by the running load / verify, and in all. */
+void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total);
+
+const char *ckptio_reader_last_error(const ckptio_reader *r);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPTIO_H */

@@ -1,0 +1,15 @@
+/* Error codes and messages: every failure carries a code and a sentence that
+ * names the file, the tensor and the rule. */
+#ifndef CKPTIO_CORE_ERROR_H
+#define CKPTIO_CORE_ERROR_H
+
+#include <stddef.h>
+
+#define CKPTIO_ERRLEN 512
+
+/* Formats the message into err (if not NULL) and returns code, so a failure
+ * is one line: `return ckptio_err_fmt(err, len, CKPTIO_E_X, "...", ...);` */
+int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#endif
