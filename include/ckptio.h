@@ -36,29 +36,30 @@ const char *ckptio_version_string(void);
 
 /* ---------------------------------------------------------------- errors */
 
+/* Library codes count down from -1000, clear of every -errno. */
 typedef enum ckptio_error {
   CKPTIO_OK = 0,
   CKPTIO_E_INVALID_ARG = -1000,   /* a NULL pointer, a bad enum, a bad size */
-  CKPTIO_E_STATE,                 /* call not allowed in the handle's state */
-  CKPTIO_E_HEADER_TOO_SMALL,      /* file shorter than the 8-byte length prefix */
-  CKPTIO_E_HEADER_TOO_LARGE,      /* header length above 100,000,000 bytes */
-  CKPTIO_E_HEADER_LENGTH,         /* 8 + header length exceeds the file */
-  CKPTIO_E_HEADER_UTF8,           /* header bytes are not UTF-8 */
-  CKPTIO_E_HEADER_JSON,           /* header is not JSON of the safetensors schema */
-  CKPTIO_E_INVALID_OFFSET,        /* data_offsets leave a hole, overlap or go backwards */
-  CKPTIO_E_OVERFLOW,              /* shape x element size overflows 64 bits */
-  CKPTIO_E_MISALIGNED,            /* sub-byte dtype whose bits are not a multiple of 8 */
-  CKPTIO_E_TENSOR_INFO,           /* byte range length differs from shape x dtype */
-  CKPTIO_E_INCOMPLETE_BUFFER,     /* data buffer not exactly covered by the tensors */
-  CKPTIO_E_CHECKSUM,              /* stored CRC32 differs from the data */
-  CKPTIO_E_NOT_FOUND,             /* no tensor (or key) of that name */
-  CKPTIO_E_DUPLICATE,             /* two tensors (or keys) with one name */
-  CKPTIO_E_DTYPE,                 /* unknown dtype */
-  CKPTIO_E_SHAPE,                 /* more than CKPTIO_MAX_DIMS dims, or a negative dim */
-  CKPTIO_E_FORMAT,                /* format not supported by this build */
-  CKPTIO_E_BUFFER_TOO_SMALL,      /* destination smaller than the tensor */
-  CKPTIO_E_DEVICE,                /* device unavailable or device call failed */
-  CKPTIO_E_SHORT_IO,              /* read or write moved fewer bytes than asked */
+  CKPTIO_E_STATE = -1001,         /* call not allowed in the handle's state */
+  CKPTIO_E_HEADER_TOO_SMALL = -1002, /* file shorter than the 8-byte length prefix */
+  CKPTIO_E_HEADER_TOO_LARGE = -1003, /* header length above 100,000,000 bytes */
+  CKPTIO_E_HEADER_LENGTH = -1004, /* 8 + header length exceeds the file */
+  CKPTIO_E_HEADER_UTF8 = -1005,   /* header bytes are not UTF-8 */
+  CKPTIO_E_HEADER_JSON = -1006,   /* header is not JSON of the safetensors schema */
+  CKPTIO_E_INVALID_OFFSET = -1007, /* data_offsets leave a hole, overlap or go backwards */
+  CKPTIO_E_OVERFLOW = -1008,      /* shape x element size overflows 64 bits */
+  CKPTIO_E_MISALIGNED = -1009,    /* sub-byte dtype whose bits are not a multiple of 8 */
+  CKPTIO_E_TENSOR_INFO = -1010,   /* byte range length differs from shape x dtype */
+  CKPTIO_E_INCOMPLETE_BUFFER = -1011, /* data buffer not exactly covered by the tensors */
+  CKPTIO_E_CHECKSUM = -1012,      /* stored CRC32 differs from the data */
+  CKPTIO_E_NOT_FOUND = -1013,     /* no tensor (or key) of that name */
+  CKPTIO_E_DUPLICATE = -1014,     /* two tensors (or keys) with one name */
+  CKPTIO_E_DTYPE = -1015,         /* unknown dtype */
+  CKPTIO_E_SHAPE = -1016,         /* more than CKPTIO_MAX_DIMS dims, or a negative dim */
+  CKPTIO_E_FORMAT = -1017,        /* format not supported by this build */
+  CKPTIO_E_BUFFER_TOO_SMALL = -1018, /* destination smaller than the tensor */
+  CKPTIO_E_DEVICE = -1019,        /* device unavailable or device call failed */
+  CKPTIO_E_SHORT_IO = -1020,      /* read or write moved fewer bytes than asked */
   CKPTIO_E_ERROR_MIN = CKPTIO_E_SHORT_IO
 } ckptio_error;
 
@@ -66,6 +67,12 @@ typedef enum ckptio_error {
  *  @return a static, human-readable name for any code this library returns,
  *          including -errno values. Never NULL. */
 const char *ckptio_strerror(int code);
+
+/*! ckptio_last_open_error() :
+ *  The detail of the last failed ckptio_reader_open, ckptio_writer_open or
+ *  ckptio_ctx_create in the calling thread (there is no handle to keep it),
+ *  or "". Valid until the next such call in this thread. */
+const char *ckptio_last_open_error(void);
 
 /* ---------------------------------------------------------------- dtypes */
 

@@ -36,7 +36,6 @@ const char *ckptio_strerror(int code) {
     return kNames[CKPTIO_E_INVALID_ARG - code];
   if (code > -4096) {
     /* strerror is not thread-safe; the glibc table behind strerrordesc_np is. */
-    extern const char *strerrordesc_np(int);
     const char *s = strerrordesc_np(-code);
     if (s) return s;
   }
@@ -52,3 +51,9 @@ int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...) {
   }
   return code;
 }
+
+static _Thread_local char open_error[CKPTIO_ERRLEN];
+
+void ckptio_set_open_error(const char *msg) { snprintf(open_error, sizeof(open_error), "%s", msg); }
+
+const char *ckptio_last_open_error(void) { return open_error; }

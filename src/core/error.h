@@ -12,4 +12,8 @@
 int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Keeps the detail of a failed open (no handle to hold it) for
+ * ckptio_last_open_error in the calling thread. */
+void ckptio_set_open_error(const char *msg);
+
 #endif

@@ -1,0 +1,181 @@
+/* File primitives and the atomic commit. A save writes into a temp file in
+ * the target's directory (so rename is atomic on the same filesystem) and
+ * only renames it into place after its data is synced; the directory is
+ * synced after the rename so the new name survives a crash too. */
+#include "io/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckptio.h"
+#include "core/error.h"
+#include "io/fault.h"
+
+int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
+  const char *p = buf;
+  int inject = ckptio_fault_check(CKPTIO_FAULT_PWRITE);
+  if (inject && inject != CKPTIO_FAULT_SHORT) return -inject;
+  while (len) {
+    size_t want = inject == CKPTIO_FAULT_SHORT ? len / 2 : len;
+    ssize_t n = want ? pwrite(fd, p, want, (off_t)off) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) return CKPTIO_E_SHORT_IO; /* the disk took nothing: do not spin */
+    if (inject == CKPTIO_FAULT_SHORT) return CKPTIO_E_SHORT_IO;
+    p += n;
+    off += (uint64_t)n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+int ckptio_pread_min(int fd, void *buf, size_t len, uint64_t off, size_t min) {
+  char *p = buf;
+  size_t got = 0;
+  int inject = ckptio_fault_check(CKPTIO_FAULT_PREAD);
+  if (inject) return inject == CKPTIO_FAULT_SHORT ? CKPTIO_E_SHORT_IO : -inject;
+  while (got < min) {
+    ssize_t n = pread(fd, p + got, len - got, (off_t)(off + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) return CKPTIO_E_SHORT_IO; /* end of file before min bytes */
+    got += (size_t)n;
+  }
+  return 0;
+}
+
+int ckptio_pread_full(int fd, void *buf, size_t len, uint64_t off) {
+  return ckptio_pread_min(fd, buf, len, off, len);
+}
+
+/* dir and base of path, as malloc'd strings ("." for a bare name). */
+static int split_path(const char *path, char **dir, char **base) {
+  const char *slash = strrchr(path, '/');
+  *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+  *base = strdup(slash ? slash + 1 : path);
+  if (!*dir || !*base) {
+    free(*dir);
+    free(*base);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_t size,
+                        char *err, size_t errlen) {
+  static _Atomic unsigned counter;
+  char *dir = NULL, *base = NULL;
+  int rc;
+  memset(t, 0, sizeof(*t));
+  t->fd = t->fd_direct = -1;
+  if ((rc = split_path(path, &dir, &base)) < 0) return rc;
+  if (!*base) {
+    rc = ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "%s: path names a directory", path);
+    goto fail;
+  }
+  t->path = strdup(path);
+  size_t n = strlen(dir) + strlen(base) + 64;
+  t->tmp = malloc(n);
+  if (!t->path || !t->tmp) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (int attempt = 0; attempt < 100; attempt++) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(t->tmp, n, "%s/.%s.ckptio-tmp-%d-%u-%lx", dir, base, (int)getpid(),
+             atomic_fetch_add(&counter, 1), (unsigned long)ts.tv_nsec);
+    t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (t->fd >= 0 || errno != EEXIST) break;
+  }
+  if (t->fd < 0) {
+    rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot create temp file in %s: %s", path, dir,
+                        strerror(errno));
+    goto fail;
+  }
+  if (ftruncate(t->fd, (off_t)size) < 0) {
+    rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot size temp file to %llu bytes: %s", path,
+                        (unsigned long long)size, strerror(errno));
+    goto fail;
+  }
+  if (direct) {
+    t->fd_direct = open(t->tmp, O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (t->fd_direct < 0 && direct == 1) {
+      rc = ckptio_err_fmt(err, errlen, -errno, "%s: O_DIRECT requested but refused: %s", path,
+                          strerror(errno));
+      goto fail;
+    }
+  }
+  free(dir);
+  free(base);
+  return 0;
+fail:
+  free(dir);
+  free(base);
+  ckptio_tmpfile_abort(t);
+  return rc;
+}
+
+static int sync_dir(const char *path) {
+  char *dir, *base;
+  int rc = split_path(path, &dir, &base);
+  if (rc < 0) return rc;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  rc = fd < 0 ? -errno : 0;
+  if (fd >= 0 && fsync(fd) < 0) rc = -errno;
+  if (fd >= 0) close(fd);
+  free(dir);
+  free(base);
+  return rc;
+}
+
+int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
+  int rc = 0, inject;
+  if (ftruncate(t->fd, (off_t)size) < 0) {
+    rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
+                        (unsigned long long)size, strerror(errno));
+    goto fail;
+  }
+  if (sync) {
+    inject = ckptio_fault_check(CKPTIO_FAULT_FSYNC);
+    if (inject || fdatasync(t->fd) < 0) {
+      int e = inject ? inject : errno;
+      rc = ckptio_err_fmt(err, errlen, -e, "%s: fdatasync: %s", t->path, strerror(e));
+      goto fail;
+    }
+  }
+  inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
+  if (inject || rename(t->tmp, t->path) < 0) {
+    int e = inject ? inject : errno;
+    rc = ckptio_err_fmt(err, errlen, -e, "%s: rename from temp file: %s", t->path, strerror(e));
+    goto fail;
+  }
+  free(t->tmp);
+  t->tmp = NULL; /* renamed: nothing to remove any more */
+  if (sync && (rc = sync_dir(t->path)) < 0) {
+    /* The file is in place and its data synced; only the name's durability
+     * is in doubt. Report it: the caller asked for durability. */
+    ckptio_err_fmt(err, errlen, rc, "%s: fsync of the directory: %s", t->path, strerror(-rc));
+  }
+  ckptio_tmpfile_abort(t);
+  return rc;
+fail:
+  ckptio_tmpfile_abort(t);
+  return rc;
+}
+
+void ckptio_tmpfile_abort(ckptio_tmpfile *t) {
+  if (t->fd_direct >= 0) close(t->fd_direct);
+  if (t->fd >= 0) close(t->fd);
+  if (t->tmp) unlink(t->tmp);
+  free(t->tmp);
+  free(t->path);
+  memset(t, 0, sizeof(*t));
+  t->fd = t->fd_direct = -1;
+}

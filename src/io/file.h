@@ -1,0 +1,39 @@
+/* Files: whole-buffer pread/pwrite, and the atomic commit of a new file
+ * (temp file in the target's directory, fdatasync, rename, directory fsync).
+ * The only room of the pipelines that calls the OS for file I/O. */
+#ifndef CKPTIO_IO_FILE_H
+#define CKPTIO_IO_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A file being written: `fd` is buffered, `fd_direct` is the same file opened
+ * with O_DIRECT (or -1 when the filesystem refuses it or it is off). */
+typedef struct ckptio_tmpfile {
+  char *path;   /* final path */
+  char *tmp;    /* temp path in the same directory */
+  int fd;
+  int fd_direct;
+} ckptio_tmpfile;
+
+/* Creates the temp file next to `path` (mode 0666 less umask) and sizes it
+ * to `size`. direct: 1 requires O_DIRECT, 0 never, -1 when available.
+ * @return 0 or a negative code with the detail in err. */
+int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_t size,
+                        char *err, size_t errlen);
+/* Truncates to size, syncs (if sync), renames over path, syncs the
+ * directory, closes. On failure the temp file is removed and path keeps
+ * what it had. */
+int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen);
+/* Closes and removes the temp file. Safe after a failed commit. */
+void ckptio_tmpfile_abort(ckptio_tmpfile *t);
+
+/* Writes / reads all len bytes at off, retrying short transfers.
+ * @return 0, -errno, or CKPTIO_E_SHORT_IO when the OS moved nothing. */
+int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+int ckptio_pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* Reads up to len bytes, succeeding once at least min arrived (an O_DIRECT
+ * read of whole pages may end at the end of the file). */
+int ckptio_pread_min(int fd, void *buf, size_t len, uint64_t off, size_t min);
+
+#endif

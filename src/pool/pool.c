@@ -1,0 +1,156 @@
+/* Worker pool and batch. Jobs sit in a growable circular queue; workers
+ * sleep on one condition variable. Freeing drains the queue first so no
+ * queued job is dropped with its resources. */
+#include "pool/pool.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct job {
+  ckptio_job_fn fn;
+  void *arg;
+} job;
+
+struct ckptio_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  job *queue;
+  size_t cap, head, len;
+  int stopping;
+  int nthreads;
+  pthread_t *threads;
+};
+
+static void *worker_main(void *arg) {
+  ckptio_pool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    while (p->len == 0 && !p->stopping) pthread_cond_wait(&p->cv, &p->mu);
+    if (p->len == 0) break; /* stopping and drained */
+    job j = p->queue[p->head];
+    p->head = (p->head + 1) % p->cap;
+    p->len--;
+    pthread_mutex_unlock(&p->mu);
+    j.fn(j.arg);
+    pthread_mutex_lock(&p->mu);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+int ckptio_pool_create(int threads, ckptio_pool **out) {
+  *out = NULL;
+  if (threads < 1) return -EINVAL;
+  ckptio_pool *p = calloc(1, sizeof(*p));
+  if (!p) return -ENOMEM;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->cap = 64;
+  p->queue = malloc(p->cap * sizeof(job));
+  p->threads = calloc((size_t)threads, sizeof(pthread_t));
+  if (!p->queue || !p->threads) goto fail;
+  for (; p->nthreads < threads; p->nthreads++) {
+    int rc = pthread_create(&p->threads[p->nthreads], NULL, worker_main, p);
+    if (rc) {
+      ckptio_pool_free(p);
+      return -rc;
+    }
+  }
+  *out = p;
+  return 0;
+fail:
+  ckptio_pool_free(p);
+  return -ENOMEM;
+}
+
+int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg) {
+  pthread_mutex_lock(&p->mu);
+  if (p->len == p->cap) {
+    size_t ncap = p->cap * 2;
+    job *nq = malloc(ncap * sizeof(job));
+    if (!nq) {
+      pthread_mutex_unlock(&p->mu);
+      return -ENOMEM;
+    }
+    for (size_t i = 0; i < p->len; i++) nq[i] = p->queue[(p->head + i) % p->cap];
+    free(p->queue);
+    p->queue = nq;
+    p->cap = ncap;
+    p->head = 0;
+  }
+  p->queue[(p->head + p->len) % p->cap] = (job){fn, arg};
+  p->len++;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  return 0;
+}
+
+void ckptio_pool_free(ckptio_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stopping = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->nthreads; i++) pthread_join(p->threads[i], NULL);
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p->threads);
+  free(p->queue);
+  free(p);
+}
+
+int ckptio_pool_threads(const ckptio_pool *p) { return p->nthreads; }
+
+void ckptio_batch_init(ckptio_batch *b) {
+  memset(b, 0, sizeof(*b));
+  pthread_mutex_init(&b->mu, NULL);
+  pthread_cond_init(&b->cv, NULL);
+}
+
+void ckptio_batch_destroy(ckptio_batch *b) {
+  pthread_cond_destroy(&b->cv);
+  pthread_mutex_destroy(&b->mu);
+}
+
+void ckptio_batch_add(ckptio_batch *b, uint64_t n) {
+  pthread_mutex_lock(&b->mu);
+  b->pending += n;
+  pthread_mutex_unlock(&b->mu);
+}
+
+static void record_locked(ckptio_batch *b, int rc, const char *msg) {
+  if (rc < 0 && b->error == 0) {
+    b->error = rc;
+    snprintf(b->err, sizeof(b->err), "%s", msg ? msg : "");
+  }
+}
+
+void ckptio_batch_done(ckptio_batch *b, int rc, const char *msg) {
+  pthread_mutex_lock(&b->mu);
+  record_locked(b, rc, msg);
+  if (--b->pending == 0) pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+void ckptio_batch_fail(ckptio_batch *b, int rc, const char *msg) {
+  pthread_mutex_lock(&b->mu);
+  record_locked(b, rc, msg);
+  pthread_mutex_unlock(&b->mu);
+}
+
+int ckptio_batch_failed(ckptio_batch *b) {
+  pthread_mutex_lock(&b->mu);
+  int e = b->error;
+  pthread_mutex_unlock(&b->mu);
+  return e;
+}
+
+int ckptio_batch_wait(ckptio_batch *b) {
+  pthread_mutex_lock(&b->mu);
+  while (b->pending) pthread_cond_wait(&b->cv, &b->mu);
+  int e = b->error;
+  pthread_mutex_unlock(&b->mu);
+  return e;
+}

@@ -1,0 +1,382 @@
+/* The load pipeline: parse and validate the header at open, map the file,
+ * and load tensors by cutting them into pieces that the worker pool copies
+ * (pread straight into the destination, memcpy from the map, or O_DIRECT
+ * reads through staging slots), CRC-checking each piece as it lands. */
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/crc32.h"
+#include "core/error.h"
+#include "formats/safetensors.h"
+#include "internal.h"
+#include "io/file.h"
+
+struct ckptio_reader {
+  ckptio_ctx *ctx;
+  ckptio_options opts;
+  char *path;
+  int fd, fd_direct;
+  uint64_t file_size;
+  ckptio_st_index idx;
+  size_t *by_name;        /* entry indices sorted by name */
+  const unsigned char *map;
+  _Atomic uint64_t done_bytes;
+  _Atomic uint64_t total_bytes;
+  char err[CKPTIO_ERRLEN];
+};
+
+/* One piece of one tensor, copied (or only checked) by one job. */
+typedef struct piece {
+  ckptio_reader *r;
+  ckptio_batch *batch;
+  const ckptio_st_entry *e;
+  unsigned char *dst;     /* the tensor's destination, or NULL to only check */
+  unsigned char *slot;    /* staging slot, for DIRECT reads and checks */
+  ckptio_load_method method;
+  uint64_t off, len;      /* within the tensor */
+  int check;
+  uint32_t crc;
+} piece;
+
+static int rfail(ckptio_reader *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int rfail(ckptio_reader *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->err, sizeof(r->err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static const ckptio_reader *sort_reader; /* qsort has no context argument */
+static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+static int cmp_by_name(const void *a, const void *b) {
+  return strcmp(sort_reader->idx.entries[*(const size_t *)a].name,
+                sort_reader->idx.entries[*(const size_t *)b].name);
+}
+
+static int read_header(ckptio_reader *r) {
+  uint8_t prefix[8] = {0};
+  uint64_t n;
+  int rc = ckptio_pread_full(r->fd, prefix, r->file_size < 8 ? (size_t)r->file_size : 8, 0);
+  if (rc < 0) return rfail(r, rc, "%s: reading the header: %s", r->path, ckptio_strerror(rc));
+  char msg[CKPTIO_ERRLEN];
+  if ((rc = ckptio_st_header_length(prefix, r->file_size, &n, msg, sizeof(msg))) < 0)
+    return rfail(r, rc, "%s: %s", r->path, msg);
+  uint8_t *hdr = malloc(n ? n : 1);
+  if (!hdr) return -ENOMEM;
+  rc = ckptio_pread_full(r->fd, hdr, (size_t)n, 8);
+  if (rc < 0) {
+    free(hdr);
+    return rfail(r, rc, "%s: reading the header: %s", r->path, ckptio_strerror(rc));
+  }
+  rc = ckptio_st_parse(hdr, n, r->file_size, &r->idx, msg, sizeof(msg));
+  free(hdr);
+  if (rc < 0) return rfail(r, rc, "%s: %s", r->path, msg);
+  return 0;
+}
+
+int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts,
+                       ckptio_reader **out) {
+  if (!out) return CKPTIO_E_INVALID_ARG;
+  *out = NULL;
+  if (!ctx || !path) return CKPTIO_E_INVALID_ARG;
+  ckptio_reader *r = calloc(1, sizeof(*r));
+  if (!r) return -ENOMEM;
+  r->ctx = ctx;
+  r->fd = r->fd_direct = -1;
+  int rc = ckptio_options_for_call(ctx, opts, &r->opts);
+  if (rc < 0) goto fail;
+  if (!(r->path = strdup(path))) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  struct stat st;
+  if ((r->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(r->fd, &st) < 0) {
+    rc = rfail(r, -errno, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = rfail(r, CKPTIO_E_INVALID_ARG, "%s: not a regular file", path);
+    goto fail;
+  }
+  r->file_size = (uint64_t)st.st_size;
+  if ((rc = read_header(r)) < 0) goto fail;
+  if (r->file_size) {
+    void *m = mmap(NULL, (size_t)r->file_size, PROT_READ, MAP_SHARED, r->fd, 0);
+    if (m == MAP_FAILED) {
+      rc = rfail(r, -errno, "%s: mmap: %s", path, strerror(errno));
+      goto fail;
+    }
+    r->map = m;
+  }
+  if (!(r->by_name = malloc((r->idx.count + 1) * sizeof(size_t)))) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (size_t i = 0; i < r->idx.count; i++) r->by_name[i] = i;
+  pthread_mutex_lock(&sort_mu);
+  sort_reader = r;
+  qsort(r->by_name, r->idx.count, sizeof(size_t), cmp_by_name);
+  pthread_mutex_unlock(&sort_mu);
+  *out = r;
+  return 0;
+fail:
+  ckptio_set_open_error(r->err[0] ? r->err : ckptio_strerror(rc));
+  ckptio_reader_close(r);
+  return rc;
+}
+
+void ckptio_reader_close(ckptio_reader *r) {
+  if (!r) return;
+  if (r->map) munmap((void *)r->map, (size_t)r->file_size);
+  if (r->fd_direct >= 0) close(r->fd_direct);
+  if (r->fd >= 0) close(r->fd);
+  ckptio_st_index_free(&r->idx);
+  free(r->by_name);
+  free(r->path);
+  free(r);
+}
+
+size_t ckptio_reader_count(const ckptio_reader *r) { return r ? r->idx.count : 0; }
+
+int ckptio_reader_info(const ckptio_reader *r, size_t index, ckptio_tensor_info *out) {
+  if (!r || !out || index >= r->idx.count) return CKPTIO_E_INVALID_ARG;
+  const ckptio_st_entry *e = &r->idx.entries[index];
+  memset(out, 0, sizeof(*out));
+  out->name = e->name;
+  out->dtype = e->dtype;
+  out->ndim = e->ndim;
+  memcpy(out->shape, e->shape, sizeof(out->shape));
+  out->nbytes = e->end - e->begin;
+  out->offset = r->idx.data_start + e->begin;
+  out->has_crc = e->has_crc;
+  out->crc32 = e->crc;
+  return 0;
+}
+
+int64_t ckptio_reader_find(const ckptio_reader *r, const char *name) {
+  if (!r || !name) return CKPTIO_E_INVALID_ARG;
+  size_t lo = 0, hi = r->idx.count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(r->idx.entries[r->by_name[mid]].name, name);
+    if (c == 0) return (int64_t)r->by_name[mid];
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return CKPTIO_E_NOT_FOUND;
+}
+
+size_t ckptio_reader_metadata_count(const ckptio_reader *r) { return r ? r->idx.meta_count : 0; }
+
+int ckptio_reader_metadata_at(const ckptio_reader *r, size_t index, const char **key,
+                              const char **value) {
+  if (!r || index >= r->idx.meta_count) return CKPTIO_E_INVALID_ARG;
+  if (key) *key = r->idx.meta[index].key;
+  if (value) *value = r->idx.meta[index].value;
+  return 0;
+}
+
+const char *ckptio_reader_metadata_get(const ckptio_reader *r, const char *key) {
+  for (size_t i = 0; r && key && i < r->idx.meta_count; i++)
+    if (strcmp(r->idx.meta[i].key, key) == 0) return r->idx.meta[i].value;
+  return NULL;
+}
+
+int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes) {
+  if (!r || !data || index >= r->idx.count) return CKPTIO_E_INVALID_ARG;
+  const ckptio_st_entry *e = &r->idx.entries[index];
+  *data = r->map ? r->map + r->idx.data_start + e->begin : NULL;
+  if (nbytes) *nbytes = e->end - e->begin;
+  return 0;
+}
+
+void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total) {
+  if (done) *done = r ? atomic_load(&r->done_bytes) : 0;
+  if (total) *total = r ? atomic_load(&r->total_bytes) : 0;
+}
+
+const char *ckptio_reader_last_error(const ckptio_reader *r) { return r ? r->err : ""; }
+
+/* ---------------------------------------------------------------- pieces */
+
+/* O_DIRECT read of the pages around [abs, abs+len) into the slot; the last
+ * page may run past the end of the file. @return the bytes' position in the
+ * slot, or a negative code. */
+static int64_t read_direct(ckptio_reader *r, unsigned char *slot, uint64_t abs, uint64_t len) {
+  uint64_t a = abs & ~(uint64_t)(CKPTIO_IO_ALIGN - 1);
+  uint64_t e = (abs + len + CKPTIO_IO_ALIGN - 1) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1);
+  int rc = ckptio_pread_min(r->fd_direct, slot, (size_t)(e - a), a, (size_t)(abs + len - a));
+  return rc < 0 ? rc : (int64_t)(abs - a);
+}
+
+static void piece_run(void *arg) {
+  piece *p = arg;
+  ckptio_reader *r = p->r;
+  int rc = 0;
+  char msg[CKPTIO_ERRLEN] = "";
+  if (!ckptio_batch_failed(p->batch)) {
+    uint64_t abs = r->idx.data_start + p->e->begin + p->off;
+    const unsigned char *bytes = p->dst ? p->dst + p->off : p->slot;
+    if (p->method == CKPTIO_LOAD_MMAP) {
+      if (p->dst) memcpy(p->dst + p->off, r->map + abs, p->len);
+      else bytes = r->map + abs;
+    } else if (p->method == CKPTIO_LOAD_DIRECT) {
+      int64_t at = read_direct(r, p->slot, abs, p->len);
+      rc = at < 0 ? (int)at : 0;
+      if (rc == 0 && p->dst) memcpy(p->dst + p->off, p->slot + at, p->len);
+      if (rc == 0 && !p->dst) bytes = p->slot + at;
+    } else {
+      rc = ckptio_pread_full(r->fd, (void *)bytes, (size_t)p->len, abs);
+    }
+    if (rc < 0)
+      snprintf(msg, sizeof(msg), "%s: tensor '%s': read of %llu bytes at offset %llu failed: %s",
+               r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
+               ckptio_strerror(rc));
+    else {
+      if (p->check) p->crc = ckptio_crc32(0, bytes, (size_t)p->len);
+      atomic_fetch_add(&r->done_bytes, p->len);
+    }
+  }
+  if (p->slot) ckptio_ring_release(r->ctx->ring, p->slot);
+  ckptio_batch_done(p->batch, rc, msg);
+}
+
+/* Runs the pieces on the pool; those that need a staging slot take one
+ * first, so a check of a file larger than memory stays bounded. */
+static int run_pieces(ckptio_reader *r, piece *pieces, size_t n) {
+  ckptio_batch batch;
+  ckptio_batch_init(&batch);
+  for (size_t i = 0; i < n && !ckptio_batch_failed(&batch); i++) {
+    piece *p = &pieces[i];
+    p->batch = &batch;
+    int need_slot = p->method == CKPTIO_LOAD_DIRECT || (!p->dst && p->method != CKPTIO_LOAD_MMAP);
+    p->slot = need_slot ? ckptio_ring_acquire(r->ctx->ring) : NULL;
+    ckptio_batch_add(&batch, 1);
+    int rc = ckptio_pool_add(r->ctx->pool, piece_run, p);
+    if (rc < 0) {
+      if (p->slot) ckptio_ring_release(r->ctx->ring, p->slot);
+      ckptio_batch_done(&batch, rc, "cannot queue a read: out of memory");
+    }
+  }
+  int rc = ckptio_batch_wait(&batch);
+  if (rc < 0) snprintf(r->err, sizeof(r->err), "%s", batch.err);
+  ckptio_batch_destroy(&batch);
+  return rc;
+}
+
+/* A job list for the given tensors (dsts[i] NULL: check only) and checks
+ * the CRCs of those with one when check is set. */
+static int load_entries(ckptio_reader *r, const size_t *which, unsigned char *const *dsts, size_t n,
+                        int check) {
+  ckptio_load_method method = r->opts.load_method == CKPTIO_LOAD_AUTO ? CKPTIO_LOAD_PREAD : r->opts.load_method;
+  if (method == CKPTIO_LOAD_DIRECT && r->fd_direct < 0) {
+    r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (r->fd_direct < 0) method = CKPTIO_LOAD_PREAD; /* e.g. tmpfs: the page cache is the disk */
+  }
+  uint64_t step = ckptio_ring_slot_bytes(r->ctx->ring);
+  if (method == CKPTIO_LOAD_DIRECT) step -= 2 * CKPTIO_IO_ALIGN; /* room for the page edges */
+  size_t total = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    total += (size_t)((e->end - e->begin + step - 1) / step);
+    bytes += e->end - e->begin;
+  }
+  piece *pieces = calloc(total + 1, sizeof(piece));
+  size_t *first = calloc(n + 1, sizeof(size_t));
+  int rc = 0;
+  if (!pieces || !first) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  atomic_store(&r->done_bytes, 0);
+  atomic_store(&r->total_bytes, bytes);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    first[i] = k;
+    for (uint64_t off = 0; off < e->end - e->begin; off += step) {
+      uint64_t left = e->end - e->begin - off;
+      pieces[k++] = (piece){.r = r, .e = e, .dst = dsts ? dsts[i] : NULL, .method = method,
+                            .off = off, .len = left < step ? left : step, .check = check && e->has_crc};
+    }
+  }
+  if ((rc = run_pieces(r, pieces, total)) < 0) goto out;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    if (!check || !e->has_crc) continue;
+    uint32_t crc = 0;
+    size_t end = i + 1 < n ? first[i + 1] : total;
+    for (size_t j = first[i]; j < end; j++) crc = ckptio_crc32_combine(crc, pieces[j].crc, pieces[j].len);
+    if (crc != e->crc) {
+      rc = rfail(r, CKPTIO_E_CHECKSUM, "%s: tensor '%s': checksum mismatch (recorded %08x, data %08x)",
+                 r->path, e->name, e->crc, crc);
+      goto out;
+    }
+  }
+out:
+  free(pieces);
+  free(first);
+  return rc;
+}
+
+int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
+  if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
+  size_t *which = calloc(n + 1, sizeof(size_t));
+  unsigned char **dsts = calloc(n + 1, sizeof(unsigned char *));
+  int rc = 0;
+  if (!which || !dsts) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (reqs[i].index >= r->idx.count) {
+      rc = rfail(r, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", r->path, i,
+                 reqs[i].index);
+      goto out;
+    }
+    const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
+    if (reqs[i].dst_bytes < e->end - e->begin || (!reqs[i].dst && e->end > e->begin)) {
+      rc = rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
+                 r->path, e->name, (unsigned long long)(e->end - e->begin),
+                 (unsigned long long)(reqs[i].dst ? reqs[i].dst_bytes : 0));
+      goto out;
+    }
+    which[i] = reqs[i].index;
+    dsts[i] = reqs[i].dst;
+  }
+  rc = load_entries(r, which, dsts, n, r->opts.crc);
+out:
+  free(which);
+  free(dsts);
+  return rc;
+}
+
+int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes) {
+  ckptio_load_request req = {index, dst, dst_bytes};
+  return ckptio_reader_load_many(r, &req, 1);
+}
+
+int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked) {
+  if (!r) return CKPTIO_E_INVALID_ARG;
+  size_t *which = calloc(r->idx.count + 1, sizeof(size_t));
+  if (!which) return -ENOMEM;
+  size_t n = 0, skipped = 0;
+  for (size_t i = 0; i < r->idx.count; i++) {
+    if (r->idx.entries[i].has_crc) which[n++] = i;
+    else skipped++;
+  }
+  int rc = load_entries(r, which, NULL, n, 1);
+  free(which);
+  if (unchecked) *unchecked = skipped;
+  return rc;
+}

@@ -1,0 +1,68 @@
+/* Staging ring: one aligned allocation cut into slots, a stack of free slots
+ * behind a mutex. Slots are handed out blocking, so producers slow down to
+ * the pace of the disk instead of allocating more. */
+#include "staging/ring.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ckptio_ring {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned char *base;
+  size_t slot_bytes, nslots;
+  size_t nfree;
+  void **free_slots;
+};
+
+int ckptio_ring_create(size_t nslots, size_t slot_bytes, ckptio_ring **out) {
+  *out = NULL;
+  if (!nslots || !slot_bytes || slot_bytes % CKPTIO_IO_ALIGN) return -EINVAL;
+  ckptio_ring *r = calloc(1, sizeof(*r));
+  if (!r) return -ENOMEM;
+  r->slot_bytes = slot_bytes;
+  r->nslots = nslots;
+  r->free_slots = calloc(nslots, sizeof(void *));
+  if (!r->free_slots || posix_memalign((void **)&r->base, CKPTIO_IO_ALIGN, nslots * slot_bytes)) {
+    free(r->free_slots);
+    free(r);
+    return -ENOMEM;
+  }
+  /* Touch every page now: a first touch costs ~20 us per 4 KiB page here. */
+  memset(r->base, 0, nslots * slot_bytes);
+  for (size_t i = 0; i < nslots; i++) r->free_slots[i] = r->base + (nslots - 1 - i) * slot_bytes;
+  r->nfree = nslots;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  *out = r;
+  return 0;
+}
+
+void ckptio_ring_free(ckptio_ring *r) {
+  if (!r) return;
+  pthread_cond_destroy(&r->cv);
+  pthread_mutex_destroy(&r->mu);
+  free(r->base);
+  free(r->free_slots);
+  free(r);
+}
+
+void *ckptio_ring_acquire(ckptio_ring *r) {
+  pthread_mutex_lock(&r->mu);
+  while (r->nfree == 0) pthread_cond_wait(&r->cv, &r->mu);
+  void *slot = r->free_slots[--r->nfree];
+  pthread_mutex_unlock(&r->mu);
+  return slot;
+}
+
+void ckptio_ring_release(ckptio_ring *r, void *slot) {
+  pthread_mutex_lock(&r->mu);
+  r->free_slots[r->nfree++] = slot;
+  pthread_cond_signal(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+size_t ckptio_ring_slot_bytes(const ckptio_ring *r) { return r->slot_bytes; }
+size_t ckptio_ring_slots(const ckptio_ring *r) { return r->nslots; }

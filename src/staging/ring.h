@@ -1,0 +1,24 @@
+/* The staging ring: a fixed set of aligned host buffers ("slots") that the
+ * pipelines borrow one at a time. Allocated and touched once per context, so
+ * no save or load pays first-touch page faults; bounded, so a pipeline never
+ * holds more than the staging limit whatever the model size. */
+#ifndef CKPTIO_STAGING_RING_H
+#define CKPTIO_STAGING_RING_H
+
+#include <stddef.h>
+
+#define CKPTIO_IO_ALIGN 4096u
+
+typedef struct ckptio_ring ckptio_ring;
+
+/* nslots buffers of slot_bytes (a multiple of CKPTIO_IO_ALIGN), aligned to
+ * CKPTIO_IO_ALIGN and pre-faulted. @return 0 or -ENOMEM / -EINVAL. */
+int ckptio_ring_create(size_t nslots, size_t slot_bytes, ckptio_ring **out);
+void ckptio_ring_free(ckptio_ring *r);
+/* Blocks until a slot is free and returns its buffer. */
+void *ckptio_ring_acquire(ckptio_ring *r);
+void ckptio_ring_release(ckptio_ring *r, void *slot);
+size_t ckptio_ring_slot_bytes(const ckptio_ring *r);
+size_t ckptio_ring_slots(const ckptio_ring *r);
+
+#endif

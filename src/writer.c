@@ -1,0 +1,431 @@
+/* The save pipeline: plan every offset up front, cut the data region of the
+ * file into chunks, and for each chunk borrow a staging slot, copy the
+ * tensors' bytes into it, CRC each piece and pwrite the slot at its planned
+ * offset, all on the worker pool. A coordinator thread queues the chunks
+ * (blocking on the bounded ring), then combines the CRCs, writes the header
+ * and commits the temp file. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/crc32.h"
+#include "core/error.h"
+#include "formats/safetensors.h"
+#include "internal.h"
+#include "io/file.h"
+
+typedef struct wtensor {
+  char *name;
+  ckptio_tensor t;
+  uint64_t nbytes;
+} wtensor;
+
+typedef struct chunk_job {
+  ckptio_writer *w;
+  uint64_t index;
+  unsigned char *slot;
+} chunk_job;
+
+enum { W_OPEN, W_RUNNING };
+
+struct ckptio_writer {
+  ckptio_ctx *ctx;
+  ckptio_options opts;
+  char *path;
+  wtensor *tensors;
+  size_t count, cap;
+  ckptio_st_kv *meta;
+  size_t nmeta, meta_cap;
+  size_t *name_slots;     /* open-addressing set of tensor indices + 1 */
+  size_t name_cap;
+
+  int state;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int snapshot_done, durable_done, result;
+  _Atomic uint64_t done_bytes;
+  uint64_t total_bytes;
+  _Atomic uint64_t chunks_copied;
+
+  /* Valid while a commit runs. Tensor k means the k-th in file order. */
+  ckptio_st_plan plan;
+  ckptio_tmpfile file;
+  uint64_t chunk_bytes, nchunks;
+  uint64_t *first_chunk;  /* [k]: chunk holding tensor k's first byte */
+  size_t *piece_base;     /* [k]: index of tensor k's first piece CRC */
+  uint32_t *piece_crc;    /* one CRC per (tensor, chunk) overlap */
+  chunk_job *jobs;
+  ckptio_batch batch;
+  char err[CKPTIO_ERRLEN];
+};
+
+static int fail(ckptio_writer *w, int code, const char *fmt, const char *a, const char *b) {
+  snprintf(w->err, sizeof(w->err), fmt, a, b);
+  return code;
+}
+
+int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
+                       const ckptio_options *opts, ckptio_writer **out) {
+  if (!out) return CKPTIO_E_INVALID_ARG;
+  *out = NULL;
+  if (!ctx || !path || !*path) return CKPTIO_E_INVALID_ARG;
+  if (format != CKPTIO_FORMAT_SAFETENSORS) return CKPTIO_E_FORMAT;
+  ckptio_writer *w = calloc(1, sizeof(*w));
+  if (!w) return -ENOMEM;
+  int rc = ckptio_options_for_call(ctx, opts, &w->opts);
+  if (rc < 0 || !(w->path = strdup(path))) {
+    free(w);
+    return rc < 0 ? rc : -ENOMEM;
+  }
+  w->ctx = ctx;
+  w->file.fd = w->file.fd_direct = -1;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  *out = w;
+  return 0;
+}
+
+/* Grows *arr (of *cap elements of size elem) to hold one more. */
+static int grow(void **arr, size_t *cap, size_t len, size_t elem) {
+  if (len < *cap) return 0;
+  size_t ncap = *cap ? *cap * 2 : 16;
+  void *n = realloc(*arr, ncap * elem);
+  if (!n) return -ENOMEM;
+  *arr = n;
+  *cap = ncap;
+  return 0;
+}
+
+int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
+  if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
+  if (strncmp(key, "ckptio.", 7) == 0)
+    return fail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')%s", key, "");
+  for (size_t i = 0; i < w->nmeta; i++)
+    if (strcmp(w->meta[i].key, key) == 0)
+      return fail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice%s", key, "");
+  if (grow((void **)&w->meta, &w->meta_cap, w->nmeta, sizeof(*w->meta)) < 0) return -ENOMEM;
+  ckptio_st_kv kv = {strdup(key), strdup(value)};
+  if (!kv.key || !kv.value) {
+    free(kv.key);
+    free(kv.value);
+    return -ENOMEM;
+  }
+  w->meta[w->nmeta++] = kv;
+  return 0;
+}
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* Adds name, about to become tensor w->count, to the set.
+ * @return 1 if new, 0 if already there, -ENOMEM. Keeps adds O(1) for
+ * checkpoints of many thousands of tensors. */
+static int name_set_insert(ckptio_writer *w, const char *name) {
+  if ((w->count + 1) * 2 > w->name_cap) {
+    size_t ncap = w->name_cap ? w->name_cap * 2 : 64;
+    size_t *n = calloc(ncap, sizeof(size_t));
+    if (!n) return -ENOMEM;
+    for (size_t i = 0; i < w->count; i++) {
+      size_t h = name_hash(w->tensors[i].name) & (ncap - 1);
+      while (n[h]) h = (h + 1) & (ncap - 1);
+      n[h] = i + 1;
+    }
+    free(w->name_slots);
+    w->name_slots = n;
+    w->name_cap = ncap;
+  }
+  size_t h = name_hash(name) & (w->name_cap - 1);
+  for (; w->name_slots[h]; h = (h + 1) & (w->name_cap - 1))
+    if (strcmp(w->tensors[w->name_slots[h] - 1].name, name) == 0) return 0;
+  w->name_slots[h] = w->count + 1;
+  return 1;
+}
+
+int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
+  if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
+  int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
+  if (nbytes < 0)
+    return fail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
+                ckptio_strerror((int)nbytes));
+  if (t->device != CKPTIO_DEVICE_HOST)
+    return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name,
+                "device tensors need the CUDA device, which this build does not have yet");
+  if (!t->data && nbytes)
+    return fail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': %s", t->name, "NULL data for a non-empty tensor");
+  if (strcmp(t->name, "__metadata__") == 0)
+    return fail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors%s", t->name, "");
+  if (grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
+  wtensor *wt = &w->tensors[w->count];
+  if (!(wt->name = strdup(t->name))) return -ENOMEM;
+  int rc = name_set_insert(w, wt->name);
+  if (rc <= 0) {
+    free(wt->name);
+    return rc < 0 ? rc : fail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice%s", t->name, "");
+  }
+  wt->t = *t;
+  wt->t.name = wt->name;
+  wt->nbytes = (uint64_t)nbytes;
+  w->count++;
+  w->total_bytes += (uint64_t)nbytes;
+  return 0;
+}
+
+static const wtensor *tensor_at(const ckptio_writer *w, size_t k) { return &w->tensors[w->plan.order[k]]; }
+static uint64_t offset_at(const ckptio_writer *w, size_t k) { return w->plan.offset[w->plan.order[k]]; }
+
+static void mark_snapshot(ckptio_writer *w) {
+  pthread_mutex_lock(&w->mu);
+  w->snapshot_done = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* The first tensor (file order) whose bytes end after file offset pos. */
+static size_t first_tensor_after(const ckptio_writer *w, uint64_t pos) {
+  size_t lo = 0, hi = w->count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (offset_at(w, mid) + tensor_at(w, mid)->nbytes <= pos) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Copies the tensors' bytes of one chunk into its slot, CRCs each piece. */
+static void fill_chunk(ckptio_writer *w, uint64_t index, unsigned char *slot, uint64_t start,
+                       uint64_t end) {
+  for (size_t k = first_tensor_after(w, start); k < w->count && offset_at(w, k) < end; k++) {
+    const wtensor *t = tensor_at(w, k);
+    uint64_t off = offset_at(w, k);
+    uint64_t a = off > start ? off : start;
+    uint64_t b = off + t->nbytes < end ? off + t->nbytes : end;
+    if (b <= a) continue; /* empty tensor */
+    memcpy(slot + (a - start), (const unsigned char *)t->t.data + (a - off), b - a);
+    if (w->opts.crc)
+      w->piece_crc[w->piece_base[k] + (index - w->first_chunk[k])] =
+          ckptio_crc32(0, slot + (a - start), b - a);
+  }
+}
+
+static void chunk_job_run(void *arg) {
+  chunk_job *j = arg;
+  ckptio_writer *w = j->w;
+  uint64_t data_start = w->plan.header_bytes;
+  uint64_t start = data_start + j->index * w->chunk_bytes;
+  uint64_t end = start + w->chunk_bytes < w->plan.file_size ? start + w->chunk_bytes : w->plan.file_size;
+  int rc = 0;
+  char msg[CKPTIO_ERRLEN] = "";
+  if (!ckptio_batch_failed(&w->batch)) {
+    fill_chunk(w, j->index, j->slot, start, end);
+    if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
+    size_t len = (size_t)(end - start);
+    int fd = w->file.fd;
+    if (w->file.fd_direct >= 0) {
+      /* O_DIRECT wants whole pages: the tail is padded with zeros and the
+       * file truncated to its real size at commit. */
+      size_t padded = (len + CKPTIO_IO_ALIGN - 1) & ~(size_t)(CKPTIO_IO_ALIGN - 1);
+      memset(j->slot + len, 0, padded - len);
+      len = padded;
+      fd = w->file.fd_direct;
+    }
+    rc = ckptio_pwrite_full(fd, j->slot, len, start);
+    if (rc < 0)
+      snprintf(msg, sizeof(msg), "%s: write of %zu bytes at offset %llu failed: %s", w->path, len,
+               (unsigned long long)start, ckptio_strerror(rc));
+    else
+      atomic_fetch_add(&w->done_bytes, end - start);
+  }
+  ckptio_ring_release(w->ctx->ring, j->slot);
+  ckptio_batch_done(&w->batch, rc, msg);
+}
+
+/* Chunk bookkeeping for the planned file: which chunks each tensor spans
+ * and where its piece CRCs go. */
+static int plan_chunks(ckptio_writer *w) {
+  uint64_t data_bytes = w->plan.file_size - w->plan.header_bytes;
+  w->chunk_bytes = ckptio_ring_slot_bytes(w->ctx->ring);
+  w->nchunks = (data_bytes + w->chunk_bytes - 1) / w->chunk_bytes;
+  w->first_chunk = calloc(w->count + 1, sizeof(uint64_t));
+  w->piece_base = calloc(w->count + 1, sizeof(size_t));
+  w->jobs = calloc(w->nchunks + 1, sizeof(chunk_job));
+  if (!w->first_chunk || !w->piece_base || !w->jobs) return -ENOMEM;
+  size_t pieces = 0;
+  for (size_t k = 0; k < w->count; k++) {
+    uint64_t rel = offset_at(w, k) - w->plan.header_bytes, n = tensor_at(w, k)->nbytes;
+    w->first_chunk[k] = rel / w->chunk_bytes;
+    w->piece_base[k] = pieces;
+    if (n) pieces += (rel + n - 1) / w->chunk_bytes - w->first_chunk[k] + 1;
+  }
+  w->piece_crc = calloc(pieces + 1, sizeof(uint32_t));
+  return w->piece_crc ? 0 : -ENOMEM;
+}
+
+/* Joins the piece CRCs of every tensor, in order, into the header. */
+static void combine_crcs(ckptio_writer *w) {
+  for (size_t k = 0; k < w->count; k++) {
+    uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
+    uint32_t crc = 0;
+    for (size_t p = w->piece_base[k]; pos < off + n; p++) {
+      uint64_t chunk_end = w->plan.header_bytes + (w->first_chunk[k] + (p - w->piece_base[k]) + 1) * w->chunk_bytes;
+      uint64_t b = chunk_end < off + n ? chunk_end : off + n;
+      crc = ckptio_crc32_combine(crc, w->piece_crc[p], b - pos);
+      pos = b;
+    }
+    ckptio_st_plan_set_crc(&w->plan, w->plan.order[k], crc);
+  }
+}
+
+static int write_header(ckptio_writer *w) {
+  size_t n = (size_t)w->plan.header_bytes;
+  int fd = w->file.fd_direct >= 0 ? w->file.fd_direct : w->file.fd;
+  void *buf = NULL;
+  if (posix_memalign(&buf, CKPTIO_IO_ALIGN, n)) return -ENOMEM;
+  memcpy(buf, w->plan.header, n);
+  int rc = ckptio_pwrite_full(fd, buf, n, 0);
+  free(buf);
+  if (rc < 0)
+    snprintf(w->err, sizeof(w->err), "%s: write of the %zu-byte header failed: %s", w->path, n,
+             ckptio_strerror(rc));
+  return rc;
+}
+
+/* Queues every chunk, blocking on the ring when all slots are in flight. */
+static int queue_chunks(ckptio_writer *w) {
+  if (w->nchunks == 0) mark_snapshot(w);
+  for (uint64_t c = 0; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
+    chunk_job *j = &w->jobs[c];
+    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring)};
+    ckptio_batch_add(&w->batch, 1);
+    int rc = ckptio_pool_add(w->ctx->pool, chunk_job_run, j);
+    if (rc < 0) {
+      ckptio_ring_release(w->ctx->ring, j->slot);
+      ckptio_batch_done(&w->batch, rc, "cannot queue a chunk: out of memory");
+    }
+  }
+  int rc = ckptio_batch_wait(&w->batch);
+  if (rc < 0) snprintf(w->err, sizeof(w->err), "%s", w->batch.err);
+  return rc;
+}
+
+static int save_run(ckptio_writer *w) {
+  int rc;
+  ckptio_st_input *in = calloc(w->count + 1, sizeof(*in));
+  if (!in) return -ENOMEM;
+  for (size_t i = 0; i < w->count; i++)
+    in[i] = (ckptio_st_input){w->tensors[i].name, w->tensors[i].t.dtype, w->tensors[i].t.ndim,
+                              w->tensors[i].t.shape, w->tensors[i].nbytes};
+  rc = ckptio_st_plan_make(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->plan,
+                           w->err, sizeof(w->err));
+  free(in);
+  if (rc < 0) return rc;
+  if ((rc = plan_chunks(w)) < 0) return rc;
+  rc = ckptio_tmpfile_open(&w->file, w->path, w->opts.direct_io, w->plan.file_size, w->err,
+                           sizeof(w->err));
+  if (rc < 0) return rc;
+  if ((rc = queue_chunks(w)) < 0) goto fail;
+  if (w->opts.crc) combine_crcs(w);
+  if ((rc = write_header(w)) < 0) goto fail;
+  return ckptio_tmpfile_commit(&w->file, w->plan.file_size, w->opts.fsync, w->err, sizeof(w->err));
+fail:
+  ckptio_tmpfile_abort(&w->file);
+  return rc;
+}
+
+static void *save_main(void *arg) {
+  ckptio_writer *w = arg;
+  int rc = save_run(w);
+  if (rc < 0 && !w->err[0])
+    snprintf(w->err, sizeof(w->err), "%s: save failed: %s", w->path, ckptio_strerror(rc));
+  pthread_mutex_lock(&w->mu);
+  w->result = rc;
+  w->snapshot_done = w->durable_done = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+int ckptio_writer_commit_async(ckptio_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
+  ckptio_batch_init(&w->batch);
+  w->state = W_RUNNING;
+  int rc = pthread_create(&w->thread, NULL, save_main, w);
+  if (rc) {
+    w->state = W_OPEN;
+    ckptio_batch_destroy(&w->batch);
+    return fail(w, -rc, "%s: cannot start the save thread: %s", w->path, strerror(rc));
+  }
+  return 0;
+}
+
+static int wait_flag(ckptio_writer *w, const int *flag) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_RUNNING) return CKPTIO_E_STATE;
+  pthread_mutex_lock(&w->mu);
+  while (!*flag) pthread_cond_wait(&w->cv, &w->mu);
+  int rc = w->durable_done ? w->result : 0;
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+static int poll_flag(ckptio_writer *w, const int *flag) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_RUNNING) return CKPTIO_E_STATE;
+  pthread_mutex_lock(&w->mu);
+  int rc = w->durable_done && w->result < 0 ? w->result : *flag;
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+int ckptio_writer_wait_snapshot(ckptio_writer *w) { return wait_flag(w, w ? &w->snapshot_done : NULL); }
+int ckptio_writer_wait_durable(ckptio_writer *w) { return wait_flag(w, w ? &w->durable_done : NULL); }
+int ckptio_writer_poll_snapshot(ckptio_writer *w) { return poll_flag(w, w ? &w->snapshot_done : NULL); }
+int ckptio_writer_poll_durable(ckptio_writer *w) { return poll_flag(w, w ? &w->durable_done : NULL); }
+
+void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
+  if (done) *done = w ? atomic_load(&w->done_bytes) : 0;
+  if (total) *total = w ? w->total_bytes : 0;
+}
+
+int ckptio_writer_commit(ckptio_writer *w) {
+  int rc = ckptio_writer_commit_async(w);
+  return rc < 0 ? rc : ckptio_writer_wait_durable(w);
+}
+
+int ckptio_writer_close(ckptio_writer *w) {
+  if (!w) return 0;
+  int rc = 0;
+  if (w->state == W_RUNNING) {
+    rc = ckptio_writer_wait_durable(w);
+    pthread_join(w->thread, NULL);
+    ckptio_batch_destroy(&w->batch);
+  }
+  ckptio_st_plan_free(&w->plan);
+  free(w->first_chunk);
+  free(w->piece_base);
+  free(w->piece_crc);
+  free(w->jobs);
+  for (size_t i = 0; i < w->count; i++) free(w->tensors[i].name);
+  for (size_t i = 0; i < w->nmeta; i++) {
+    free(w->meta[i].key);
+    free(w->meta[i].value);
+  }
+  free(w->tensors);
+  free(w->name_slots);
+  free(w->meta);
+  free(w->path);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  return rc;
+}
+
+const char *ckptio_writer_last_error(const ckptio_writer *w) { return w ? w->err : ""; }

@@ -1,0 +1,85 @@
+#include "ckpt_fixture.h"
+
+#include <cstring>
+
+extern "C" {
+#include "core/crc32.h"
+}
+
+namespace ckptio_test {
+
+Tensor make_tensor(const std::string &name, ckptio_dtype dtype, std::vector<int64_t> shape, uint64_t seed) {
+  int64_t n = ckptio_tensor_nbytes(dtype, (int)shape.size(), shape.data());
+  EXPECT_GE(n, 0) << name;
+  return Tensor{name, dtype, shape, pattern(n < 0 ? 0 : (size_t)n, seed)};
+}
+
+ckptio_options small_options(size_t chunk, size_t staging, int threads) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.chunk_bytes = chunk;
+  o.staging_bytes = staging;
+  o.threads = threads;
+  return o;
+}
+
+int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
+         const ckptio_options *opts, std::string *err) {
+  ckptio_writer *w = nullptr;
+  int rc = ckptio_writer_open(ctx, path.c_str(), CKPTIO_FORMAT_SAFETENSORS, opts, &w);
+  if (rc < 0) return rc;
+  for (const auto &t : ts) {
+    ckptio_tensor d{};
+    d.name = t.name.c_str();
+    d.dtype = t.dtype;
+    d.ndim = (int)t.shape.size();
+    for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
+    d.data = t.bytes.data();
+    d.device = CKPTIO_DEVICE_HOST;
+    if ((rc = ckptio_writer_add(w, &d)) < 0) break;
+  }
+  if (rc == 0) rc = ckptio_writer_commit(w);
+  if (err) *err = ckptio_writer_last_error(w);
+  int rc2 = ckptio_writer_close(w);
+  return rc < 0 ? rc : rc2;
+}
+
+void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
+                  ckptio_load_method method) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.load_method = method;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, path.c_str(), &o, &r), 0) << ckptio_last_open_error();
+  ASSERT_EQ(ckptio_reader_count(r), ts.size());
+  std::vector<std::vector<uint8_t>> out(ts.size());
+  std::vector<ckptio_load_request> reqs;
+  for (size_t i = 0; i < ts.size(); i++) {
+    int64_t idx = ckptio_reader_find(r, ts[i].name.c_str());
+    ASSERT_GE(idx, 0) << ts[i].name;
+    ckptio_tensor_info info;
+    ASSERT_EQ(ckptio_reader_info(r, (size_t)idx, &info), 0);
+    EXPECT_STREQ(info.name, ts[i].name.c_str());
+    EXPECT_EQ(info.dtype, ts[i].dtype);
+    ASSERT_EQ(info.ndim, (int)ts[i].shape.size());
+    for (int d = 0; d < info.ndim; d++) EXPECT_EQ(info.shape[d], ts[i].shape[d]);
+    EXPECT_EQ(info.nbytes, ts[i].bytes.size());
+    if (info.has_crc)
+      EXPECT_EQ(info.crc32, ckptio_crc32(0, ts[i].bytes.data(), ts[i].bytes.size())) << ts[i].name;
+    out[i].assign(ts[i].bytes.size() + 1, 0xEE);
+    reqs.push_back({(size_t)idx, out[i].data(), ts[i].bytes.size()});
+    const void *view = nullptr;
+    uint64_t vn = 0;
+    ASSERT_EQ(ckptio_reader_view(r, (size_t)idx, &view, &vn), 0);
+    ASSERT_EQ(vn, ts[i].bytes.size());
+    if (vn) EXPECT_EQ(memcmp(view, ts[i].bytes.data(), vn), 0) << "view of " << ts[i].name;
+  }
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  for (size_t i = 0; i < ts.size(); i++) {
+    EXPECT_TRUE(std::equal(ts[i].bytes.begin(), ts[i].bytes.end(), out[i].begin())) << ts[i].name;
+    EXPECT_EQ(out[i].back(), 0xEE) << "wrote past the tensor: " << ts[i].name;
+  }
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
+  ckptio_reader_close(r);
+}
+
+}  // namespace ckptio_test

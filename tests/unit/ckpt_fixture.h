@@ -1,0 +1,37 @@
+// A small model for pipeline tests: named tensors with owned bytes, saved
+// through the public API and compared after loading.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ckptio.h"
+#include "test_util.h"
+
+namespace ckptio_test {
+
+struct Tensor {
+  std::string name;
+  ckptio_dtype dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// Shape's bytes filled with pattern(seed).
+Tensor make_tensor(const std::string &name, ckptio_dtype dtype, std::vector<int64_t> shape, uint64_t seed);
+
+// Context options with a small chunk and ring so tests cross many chunk
+// boundaries quickly.
+ckptio_options small_options(size_t chunk = 64 << 10, size_t staging = 256 << 10, int threads = 3);
+
+// Saves with a blocking commit. Returns the code; *err gets last_error.
+int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
+         const ckptio_options *opts = nullptr, std::string *err = nullptr);
+
+// Opens path and checks every tensor's info and bytes (through load_many
+// with the given method, and through view).
+void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
+                  ckptio_load_method method = CKPTIO_LOAD_AUTO);
+
+}  // namespace ckptio_test

@@ -1,0 +1,128 @@
+// Failing disks and corrupt files: every injected fault fails the save with
+// an error that names the cause, leaves the previous checkpoint at the path
+// byte-for-byte intact and leaves no temp file behind; corruption is caught
+// by load and verify and names the tensor.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ckpt_fixture.h"
+extern "C" {
+#include "io/fault.h"
+}
+
+using namespace ckptio_test;
+
+namespace {
+
+class Faults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ckptio_options o = small_options(64 << 10, 256 << 10, 4);
+    ASSERT_EQ(ckptio_ctx_create(&o, &ctx_), 0);
+    old_ = {make_tensor("old", CKPTIO_F32, {50000}, 1)};
+    ASSERT_EQ(save(ctx_, path(), old_), 0);
+    old_bytes_ = read_file(path());
+    next_ = {make_tensor("a", CKPTIO_BF16, {300000}, 2), make_tensor("b", CKPTIO_F32, {7}, 3)};
+  }
+  void TearDown() override {
+    ckptio_fault_clear();
+    ckptio_ctx_free(ctx_);
+  }
+  std::string path() const { return dir_.file("model.safetensors"); }
+
+  // Arms the fault, saves `next_` over the old file and checks the outcome.
+  void expect_failed_save(ckptio_fault_op op, long nth, int err, int want_rc, const char *want_text) {
+    ckptio_fault_arm(op, nth, err);
+    std::string msg;
+    int rc = save(ctx_, path(), next_, nullptr, &msg);
+    ckptio_fault_clear();
+    EXPECT_EQ(rc, want_rc) << msg;
+    EXPECT_NE(msg.find(want_text), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path()), std::string::npos) << "the error names the file: " << msg;
+    EXPECT_EQ(read_file(path()), old_bytes_) << "previous checkpoint changed";
+    EXPECT_EQ(dir_.list(), std::vector<std::string>{"model.safetensors"}) << "temp file left behind";
+    expect_loads(ctx_, path(), old_);
+    // The context is still good for the next save.
+    ASSERT_EQ(save(ctx_, dir_.file("after.safetensors"), next_), 0);
+    unlink(dir_.file("after.safetensors").c_str());
+  }
+
+  TempDir dir_;
+  ckptio_ctx *ctx_ = nullptr;
+  std::vector<Tensor> old_, next_;
+  std::vector<uint8_t> old_bytes_;
+};
+
+}  // namespace
+
+TEST_F(Faults, NoSpaceOnFirstWrite) { expect_failed_save(CKPTIO_FAULT_PWRITE, 1, ENOSPC, -ENOSPC, "No space left"); }
+TEST_F(Faults, IoErrorMidSave) { expect_failed_save(CKPTIO_FAULT_PWRITE, 5, EIO, -EIO, "Input/output error"); }
+TEST_F(Faults, ShortWriteMidSave) {
+  expect_failed_save(CKPTIO_FAULT_PWRITE, 3, CKPTIO_FAULT_SHORT, CKPTIO_E_SHORT_IO, "short");
+}
+TEST_F(Faults, HeaderWriteFails) {
+  // 600 KB of data in 64 KiB chunks: 10 data writes, then the header.
+  expect_failed_save(CKPTIO_FAULT_PWRITE, 11, EIO, -EIO, "header");
+}
+TEST_F(Faults, FsyncFails) { expect_failed_save(CKPTIO_FAULT_FSYNC, 1, EIO, -EIO, "fdatasync"); }
+TEST_F(Faults, RenameFails) { expect_failed_save(CKPTIO_FAULT_RENAME, 1, EROFS, -EROFS, "rename"); }
+
+TEST_F(Faults, MissingDirectoryIsAClearError) {
+  std::string msg;
+  EXPECT_EQ(save(ctx_, dir_.file("no/such/dir/m.safetensors"), next_, nullptr, &msg), -ENOENT);
+  EXPECT_NE(msg.find("no/such/dir"), std::string::npos) << msg;
+}
+
+TEST_F(Faults, ReadErrorNamesTensor) {
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, path().c_str(), nullptr, &r), 0);
+  std::vector<uint8_t> buf(200000);
+  ckptio_fault_arm(CKPTIO_FAULT_PREAD, 1, EIO);
+  EXPECT_EQ(ckptio_reader_load(r, 0, buf.data(), buf.size()), -EIO);
+  ckptio_fault_clear();
+  EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("'old'"), std::string::npos) << ckptio_reader_last_error(r);
+  ckptio_reader_close(r);
+}
+
+TEST_F(Faults, FlippedDataByteCaughtByLoadAndVerify) {
+  std::vector<Tensor> ts = {make_tensor("first", CKPTIO_F32, {1000}, 4), make_tensor("second", CKPTIO_F32, {100000}, 5)};
+  ASSERT_EQ(save(ctx_, path(), ts), 0);
+  auto bytes = read_file(path());
+  bytes[bytes.size() - 1000] ^= 0x01;  // inside "second" (file order: by name)
+  write_file(path(), bytes);
+  for (auto m : {CKPTIO_LOAD_PREAD, CKPTIO_LOAD_MMAP, CKPTIO_LOAD_DIRECT}) {
+    ckptio_options o = CKPTIO_OPTIONS_INIT;
+    o.load_method = m;
+    ckptio_reader *r;
+    ASSERT_EQ(ckptio_reader_open(ctx_, path().c_str(), &o, &r), 0);
+    std::vector<uint8_t> buf(400000);
+    int64_t i = ckptio_reader_find(r, "second");
+    EXPECT_EQ(ckptio_reader_load(r, (size_t)i, buf.data(), buf.size()), CKPTIO_E_CHECKSUM);
+    EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("'second'"), std::string::npos);
+    EXPECT_EQ(ckptio_reader_verify(r, nullptr), CKPTIO_E_CHECKSUM);
+    EXPECT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, "first"), buf.data(), buf.size()), 0);
+    ckptio_reader_close(r);
+  }
+  // With CRC checks off the load succeeds: the option really switches them off.
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.crc = 0;
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, path().c_str(), &o, &r), 0);
+  std::vector<uint8_t> buf(400000);
+  EXPECT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, "second"), buf.data(), buf.size()), 0);
+  ckptio_reader_close(r);
+}
+
+TEST_F(Faults, TruncatedFileIsRejectedAtOpen) {
+  auto bytes = read_file(path());
+  for (size_t keep : {size_t(0), size_t(5), size_t(8), size_t(100), bytes.size() - 1}) {
+    write_file(path(), std::vector<uint8_t>(bytes.begin(), bytes.begin() + keep));
+    ckptio_reader *r = nullptr;
+    int rc = ckptio_reader_open(ctx_, path().c_str(), nullptr, &r);
+    EXPECT_LT(rc, 0) << "kept " << keep;
+    EXPECT_EQ(r, nullptr);
+    EXPECT_NE(std::string(ckptio_last_open_error()).find(path()), std::string::npos) << ckptio_last_open_error();
+  }
+}

@@ -1,0 +1,297 @@
+// Save and load round trips through the whole pipeline: every dtype, 0-d,
+// empty and odd-sized tensors, chunk / thread / staging variations, all load
+// methods, the two completion points, and the file's layout.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ckpt_fixture.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+std::vector<Tensor> every_dtype_model() {
+  std::vector<Tensor> ts;
+  for (int d = 0; d < CKPTIO_DTYPE_COUNT; d++) {
+    std::string name = std::string("t.") + ckptio_dtype_name((ckptio_dtype)d);
+    ts.push_back(make_tensor(name, (ckptio_dtype)d, {4, 8}, d + 1));
+  }
+  ts.push_back(make_tensor("scalar", CKPTIO_F32, {}, 100));
+  ts.push_back(make_tensor("empty", CKPTIO_BF16, {0, 4096}, 101));
+  ts.push_back(make_tensor("odd", CKPTIO_U8, {3, 5, 7}, 102));
+  ts.push_back(make_tensor("spans.chunks", CKPTIO_F32, {3, 65537}, 103));  // > 3 chunks of 64 KiB
+  ts.push_back(make_tensor("weird \"name\"\\ é\n", CKPTIO_I8, {5}, 104));
+  return ts;
+}
+
+struct Ctx {
+  explicit Ctx(const ckptio_options &o) { EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0); }
+  ~Ctx() { ckptio_ctx_free(ctx); }
+  ckptio_ctx *ctx = nullptr;
+};
+
+}  // namespace
+
+TEST(Pipeline, EveryDtypeRoundTrip) {
+  TempDir dir;
+  Ctx c(small_options());
+  auto ts = every_dtype_model();
+  std::string err;
+  ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts, nullptr, &err), 0) << err;
+  for (auto m : {CKPTIO_LOAD_PREAD, CKPTIO_LOAD_MMAP, CKPTIO_LOAD_DIRECT})
+    expect_loads(c.ctx, dir.file("m.safetensors"), ts, m);
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"m.safetensors"});  // no temp file left
+}
+
+TEST(Pipeline, ChunkThreadAndStagingVariations) {
+  std::vector<Tensor> ts;
+  for (int i = 0; i < 40; i++) ts.push_back(make_tensor("w" + std::to_string(i), CKPTIO_BF16, {i * 97 + 1, 33}, i));
+  ts.push_back(make_tensor("big", CKPTIO_F32, {300001}, 7));
+  struct V { size_t chunk, staging; int threads; int direct; };
+  for (V v : {V{64 << 10, 128 << 10, 1, CKPTIO_AUTO}, V{64 << 10, 1 << 20, 8, 0}, V{128 << 10, 512 << 10, 3, 1},
+              V{1 << 20, 2 << 20, 2, CKPTIO_AUTO}}) {
+    SCOPED_TRACE("chunk " + std::to_string(v.chunk) + " threads " + std::to_string(v.threads));
+    TempDir dir;
+    Ctx c(small_options(v.chunk, v.staging, v.threads));
+    ckptio_options o = small_options(v.chunk, v.staging, v.threads);
+    o.direct_io = v.direct;
+    std::string err;
+    ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts, &o, &err), 0) << err;
+    expect_loads(c.ctx, dir.file("m.safetensors"), ts);
+  }
+}
+
+TEST(Pipeline, LayoutDataStartsPageAlignedAndFileIsExact) {
+  TempDir dir;
+  Ctx c(small_options());
+  auto ts = every_dtype_model();
+  ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts), 0);
+  auto bytes = read_file(dir.file("m.safetensors"));
+  uint64_t n = 0;
+  memcpy(&n, bytes.data(), 8);
+  EXPECT_EQ((8 + n) % 4096, 0u);
+  EXPECT_EQ(bytes[8], '{');
+  size_t data = 0;
+  for (auto &t : ts) data += t.bytes.size();
+  EXPECT_EQ(bytes.size(), 8 + n + data);
+  std::string hdr(bytes.begin() + 8, bytes.begin() + 8 + n);
+  EXPECT_EQ(hdr.find("{\"__metadata__\":{"), 0u);
+  EXPECT_NE(hdr.find("\"ckptio.crc32.scalar\":\""), std::string::npos);
+  struct stat st;
+  ASSERT_EQ(stat(dir.file("m.safetensors").c_str(), &st), 0);
+  mode_t um = umask(0);
+  umask(um);
+  EXPECT_EQ(st.st_mode & 0777, 0666 & ~um) << "a checkpoint gets the permissions of a normal file";
+}
+
+TEST(Pipeline, NoCrcOptionWritesNoChecksums) {
+  TempDir dir;
+  Ctx c(small_options());
+  ckptio_options o = small_options();
+  o.crc = 0;
+  auto ts = every_dtype_model();
+  ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts, &o), 0);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  size_t unchecked = 0;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0);
+  EXPECT_EQ(unchecked, ts.size());
+  ckptio_reader_close(r);
+  expect_loads(c.ctx, dir.file("m.safetensors"), ts);
+}
+
+TEST(Pipeline, MetadataRoundTripAndReservedKeys) {
+  TempDir dir;
+  Ctx c(small_options());
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  EXPECT_EQ(ckptio_writer_set_metadata(w, "step", "1200"), 0);
+  EXPECT_EQ(ckptio_writer_set_metadata(w, "note", "quote \" and \\ and \xc3\xa9"), 0);
+  EXPECT_EQ(ckptio_writer_set_metadata(w, "step", "1"), CKPTIO_E_DUPLICATE);
+  EXPECT_EQ(ckptio_writer_set_metadata(w, "ckptio.crc32.x", "0"), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("reserved"), std::string::npos);
+  ASSERT_EQ(ckptio_writer_commit(w), 0);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  EXPECT_EQ(ckptio_reader_count(r), 0u);
+  EXPECT_STREQ(ckptio_reader_metadata_get(r, "step"), "1200");
+  EXPECT_STREQ(ckptio_reader_metadata_get(r, "note"), "quote \" and \\ and \xc3\xa9");
+  EXPECT_STREQ(ckptio_reader_metadata_get(r, "ckptio.version"), ckptio_version_string());
+  EXPECT_EQ(ckptio_reader_metadata_get(r, "missing"), nullptr);
+  EXPECT_EQ(ckptio_reader_find(r, "nothing"), CKPTIO_E_NOT_FOUND);
+  ckptio_reader_close(r);
+}
+
+TEST(Pipeline, AddRejectsBadTensors) {
+  TempDir dir;
+  Ctx c(small_options());
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  uint8_t buf[16] = {};
+  ckptio_tensor t{"a", CKPTIO_U8, 1, {16}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &t), 0);
+  EXPECT_EQ(ckptio_writer_add(w, &t), CKPTIO_E_DUPLICATE);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("'a'"), std::string::npos);
+  ckptio_tensor neg{"n", CKPTIO_U8, 1, {-1}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &neg), CKPTIO_E_SHAPE);
+  ckptio_tensor big{"b", CKPTIO_F64, 3, {1ll << 40, 1ll << 20, 1ll << 10}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &big), CKPTIO_E_OVERFLOW);
+  ckptio_tensor f4{"f4", CKPTIO_F4, 1, {3}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &f4), CKPTIO_E_MISALIGNED);
+  ckptio_tensor meta{"__metadata__", CKPTIO_U8, 1, {1}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &meta), CKPTIO_E_INVALID_ARG);
+  ckptio_tensor dev{"d", CKPTIO_U8, 1, {1}, buf, 0};
+  EXPECT_EQ(ckptio_writer_add(w, &dev), CKPTIO_E_DEVICE);
+  ckptio_tensor nul{"z", CKPTIO_U8, 1, {4}, nullptr, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &nul), CKPTIO_E_INVALID_ARG);
+  // Closing without commit writes nothing.
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  EXPECT_TRUE(dir.list().empty());
+}
+
+TEST(Pipeline, ManyTensorsWithDuplicateFarApart) {
+  TempDir dir;
+  Ctx c(small_options());
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  uint8_t b = 1;
+  std::vector<std::string> names;
+  for (int i = 0; i < 5000; i++) names.push_back("layer." + std::to_string(i));
+  for (auto &n : names) {
+    ckptio_tensor t{n.c_str(), CKPTIO_U8, 1, {1}, &b, CKPTIO_DEVICE_HOST};
+    ASSERT_EQ(ckptio_writer_add(w, &t), 0);
+  }
+  ckptio_tensor t{"layer.3", CKPTIO_U8, 1, {1}, &b, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &t), CKPTIO_E_DUPLICATE);
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ckptio_writer_close(w);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  EXPECT_EQ(ckptio_reader_count(r), 5000u);
+  EXPECT_GE(ckptio_reader_find(r, "layer.4999"), 0);
+  ckptio_reader_close(r);
+}
+
+// The snapshot point: once wait_snapshot returns, the caller's memory may
+// change and the file must still hold the values at the time of the save.
+TEST(Pipeline, SnapshotThenModifyKeepsSavedValues) {
+  TempDir dir;
+  Ctx c(small_options(64 << 10, 128 << 10, 2));  // 2 slots: the save runs long after add
+  std::vector<Tensor> ts = {make_tensor("a", CKPTIO_F32, {1 << 20}, 1), make_tensor("b", CKPTIO_BF16, {777}, 2)};
+  auto original = ts;
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  for (auto &t : ts) {
+    ckptio_tensor d{t.name.c_str(), t.dtype, 1, {t.shape[0]}, t.bytes.data(), CKPTIO_DEVICE_HOST};
+    ASSERT_EQ(ckptio_writer_add(w, &d), 0);
+  }
+  EXPECT_EQ(ckptio_writer_poll_snapshot(w), CKPTIO_E_STATE);
+  ASSERT_EQ(ckptio_writer_commit_async(w), 0);
+  EXPECT_EQ(ckptio_writer_commit_async(w), CKPTIO_E_STATE);
+  ASSERT_EQ(ckptio_writer_wait_snapshot(w), 0);
+  EXPECT_EQ(ckptio_writer_poll_snapshot(w), 1);
+  for (auto &t : ts) std::fill(t.bytes.begin(), t.bytes.end(), 0xFF);
+  ASSERT_EQ(ckptio_writer_wait_durable(w), 0) << ckptio_writer_last_error(w);
+  EXPECT_EQ(ckptio_writer_poll_durable(w), 1);
+  uint64_t done, total;
+  ckptio_writer_progress(w, &done, &total);
+  EXPECT_EQ(done, total);
+  EXPECT_EQ(total, (4u << 20) + 777 * 2);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  expect_loads(c.ctx, dir.file("m.safetensors"), original);
+}
+
+TEST(Pipeline, ContextReusedAcrossSavesAndConcurrentWriters) {
+  TempDir dir;
+  Ctx c(small_options(64 << 10, 256 << 10, 4));
+  std::vector<std::thread> th;
+  for (int k = 0; k < 4; k++) {
+    th.emplace_back([&, k] {
+      for (int step = 0; step < 3; step++) {
+        std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {100000 + k}, k * 10 + step)};
+        std::string p = dir.file("m" + std::to_string(k) + ".safetensors");
+        std::string err;
+        ASSERT_EQ(save(c.ctx, p, ts, nullptr, &err), 0) << err;
+        expect_loads(c.ctx, p, ts);  // overwrites the previous step atomically
+      }
+    });
+  }
+  for (auto &t : th) t.join();
+  EXPECT_EQ(dir.list().size(), 4u);
+}
+
+// A tensor beyond 4 GiB in a sparse file: offsets and sizes stay 64-bit.
+TEST(Pipeline, ReadsTensorPastFourGiBInSparseFile) {
+  TempDir dir;
+  Ctx c(small_options());
+  const uint64_t hole = (4ull << 30) + 4096;
+  std::string json = "{\"hole\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(hole) +
+                     "],\"data_offsets\":[0," + std::to_string(hole) + "]},\"tail\":{\"dtype\":\"F32\",\"shape\":[3]," +
+                     "\"data_offsets\":[" + std::to_string(hole) + "," + std::to_string(hole + 12) + "]}}";
+  while ((8 + json.size()) % 8) json += ' ';
+  std::string path = dir.file("sparse.safetensors");
+  int fd = open(path.c_str(), O_CREAT | O_WRONLY, 0644);
+  ASSERT_GE(fd, 0);
+  uint64_t n = json.size();
+  ASSERT_EQ(pwrite(fd, &n, 8, 0), 8);
+  ASSERT_EQ(pwrite(fd, json.data(), n, 8), (ssize_t)n);
+  float tail[3] = {1.5f, -2.0f, 3.25f};
+  ASSERT_EQ(pwrite(fd, tail, 12, 8 + n + hole), 12);
+  close(fd);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  int64_t i = ckptio_reader_find(r, "tail");
+  ASSERT_GE(i, 0);
+  ckptio_tensor_info info;
+  ASSERT_EQ(ckptio_reader_info(r, (size_t)i, &info), 0);
+  EXPECT_GT(info.offset, 4ull << 30);
+  for (auto m : {CKPTIO_LOAD_PREAD, CKPTIO_LOAD_MMAP, CKPTIO_LOAD_DIRECT}) {
+    ckptio_reader *rm;
+    ckptio_options o = CKPTIO_OPTIONS_INIT;
+    o.load_method = m;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), &o, &rm), 0);
+    float got[3] = {};
+    ASSERT_EQ(ckptio_reader_load(rm, (size_t)i, got, sizeof(got)), 0) << ckptio_reader_last_error(rm);
+    EXPECT_EQ(memcmp(got, tail, 12), 0) << "method " << m;
+    ckptio_reader_close(rm);
+  }
+  ckptio_reader_close(r);
+}
+
+TEST(Pipeline, LoadRejectsSmallDestination) {
+  TempDir dir;
+  Ctx c(small_options());
+  std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {10}, 1)};
+  ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts), 0);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  float buf[10];
+  EXPECT_EQ(ckptio_reader_load(r, 0, buf, 39), CKPTIO_E_BUFFER_TOO_SMALL);
+  EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("'w'"), std::string::npos);
+  EXPECT_EQ(ckptio_reader_load(r, 5, buf, 40), CKPTIO_E_INVALID_ARG);
+  ckptio_reader_close(r);
+}
+
+TEST(Pipeline, OptionsAreValidated) {
+  ckptio_ctx *ctx = nullptr;
+  ckptio_options o = small_options(1000, 1 << 20, 2);  // chunk not a page multiple
+  EXPECT_EQ(ckptio_ctx_create(&o, &ctx), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ctx, nullptr);
+  o = small_options(1 << 20, 1 << 20, 2);  // one slot: no overlap possible
+  EXPECT_EQ(ckptio_ctx_create(&o, &ctx), CKPTIO_E_INVALID_ARG);
+  ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
+  ckptio_options got;
+  ckptio_ctx_options(ctx, &got);
+  EXPECT_EQ(got.chunk_bytes, 8u << 20);
+  EXPECT_EQ(got.staging_bytes, 256u << 20);
+  EXPECT_EQ(got.crc, 1);
+  ckptio_ctx_free(ctx);
+  ckptio_ctx_free(nullptr);
+  ckptio_writer_close(nullptr);
+  ckptio_reader_close(nullptr);
+}
