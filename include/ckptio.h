@@ -96,7 +96,10 @@ int ckptio_dtype_parse(const char *name, ckptio_dtype *out);
 /* ---------------------------------------------------------------- tensors */
 
 #define CKPTIO_MAX_DIMS 8
-#define CKPTIO_DEVICE_HOST (-1)
+/* Where tensor memory lives. Zero (what an initializer leaves) is the host;
+ * GPU n is CKPTIO_DEVICE_CUDA(n). */
+#define CKPTIO_DEVICE_HOST 0
+#define CKPTIO_DEVICE_CUDA(ordinal) ((ordinal) + 1)
 
 /* A tensor handed to a writer. Plain value struct; the library copies it
  * (and the name) when it is added. `data` is borrowed: see ckptio_writer_add.
@@ -107,7 +110,7 @@ typedef struct ckptio_tensor {
   int ndim;
   int64_t shape[CKPTIO_MAX_DIMS];
   const void *data;
-  int device;          /* CKPTIO_DEVICE_HOST, or a GPU ordinal */
+  int device;          /* CKPTIO_DEVICE_HOST or CKPTIO_DEVICE_CUDA(n) */
 } ckptio_tensor;
 
 /* What a reader knows of one stored tensor. `name` is borrowed from the
@@ -267,11 +270,13 @@ int ckptio_reader_metadata_at(const ckptio_reader *r, size_t index,
 /*! @return the value of `key` (borrowed until close), or NULL. */
 const char *ckptio_reader_metadata_get(const ckptio_reader *r, const char *key);
 
-/* One tensor to load: copy tensor `index` into `dst` (at least `dst_bytes`). */
+/* One tensor to load: copy tensor `index` into `dst` (at least `dst_bytes`),
+ * which is memory of `device` (CKPTIO_DEVICE_HOST or CKPTIO_DEVICE_CUDA(n)). */
 typedef struct ckptio_load_request {
   size_t index;
   void *dst;
   uint64_t dst_bytes;
+  int device;
 } ckptio_load_request;
 
 /*! ckptio_reader_load_many() :

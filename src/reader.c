@@ -345,6 +345,11 @@ int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, s
       goto out;
     }
     const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
+    if (reqs[i].device != CKPTIO_DEVICE_HOST) {
+      rc = rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': device destinations need the CUDA device, "
+                 "which this build does not have yet", r->path, e->name);
+      goto out;
+    }
     if (reqs[i].dst_bytes < e->end - e->begin || (!reqs[i].dst && e->end > e->begin)) {
       rc = rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
                  r->path, e->name, (unsigned long long)(e->end - e->begin),
@@ -362,7 +367,7 @@ out:
 }
 
 int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes) {
-  ckptio_load_request req = {index, dst, dst_bytes};
+  ckptio_load_request req = {index, dst, dst_bytes, CKPTIO_DEVICE_HOST};
   return ckptio_reader_load_many(r, &req, 1);
 }
 

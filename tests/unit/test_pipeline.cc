@@ -145,7 +145,7 @@ TEST(Pipeline, AddRejectsBadTensors) {
   EXPECT_EQ(ckptio_writer_add(w, &f4), CKPTIO_E_MISALIGNED);
   ckptio_tensor meta{"__metadata__", CKPTIO_U8, 1, {1}, buf, CKPTIO_DEVICE_HOST};
   EXPECT_EQ(ckptio_writer_add(w, &meta), CKPTIO_E_INVALID_ARG);
-  ckptio_tensor dev{"d", CKPTIO_U8, 1, {1}, buf, 0};
+  ckptio_tensor dev{"d", CKPTIO_U8, 1, {1}, buf, CKPTIO_DEVICE_CUDA(0)};
   EXPECT_EQ(ckptio_writer_add(w, &dev), CKPTIO_E_DEVICE);
   ckptio_tensor nul{"z", CKPTIO_U8, 1, {4}, nullptr, CKPTIO_DEVICE_HOST};
   EXPECT_EQ(ckptio_writer_add(w, &nul), CKPTIO_E_INVALID_ARG);
