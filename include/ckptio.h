@@ -146,8 +146,9 @@ typedef enum ckptio_load_method {
 
 #define CKPTIO_AUTO (-1)
 
-/* Options of a context, and per save or load. Versioned: set `size` with
- * CKPTIO_OPTIONS_INIT and then change fields. A zero field means "default". */
+/* Options of a context, and per save or load. Versioned: start from
+ * CKPTIO_OPTIONS_INIT (which sets `size` and the defaults), then change
+ * fields. Zero threads, chunk_bytes or staging_bytes means the default. */
 typedef struct ckptio_options {
   size_t size;              /* sizeof(ckptio_options) */
   int threads;              /* worker threads (context only); 0: default */
@@ -157,10 +158,14 @@ typedef struct ckptio_options {
   int direct_io;            /* CKPTIO_AUTO, 0 or 1: O_DIRECT for writes */
   int fsync;                /* 1: fdatasync + directory fsync on commit; 0: off */
   ckptio_load_method load_method;
+  int cuda;                 /* context only. CKPTIO_AUTO: use the CUDA runtime when
+                               it loads and sees a GPU; 1: require it; 0: never */
+  int numa;                 /* context only. CKPTIO_AUTO / 1: place staging and
+                               workers on the NUMA node nearest the GPU; 0: off */
 } ckptio_options;
 
 #define CKPTIO_OPTIONS_INIT \
-  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO }
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO }
 
 /* ---------------------------------------------------------------- context */
 
@@ -181,6 +186,18 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
 void ckptio_ctx_free(ckptio_ctx *ctx);
 /*! The options in force (defaults resolved). */
 void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
+
+/*! ckptio_ctx_cuda() :
+ *  @return 1 when this context drives GPUs (CUDA runtime loaded, at least one
+ *          GPU, staging pinned), else 0 with *why (if not NULL) set to
+ *          "CUDA unavailable: <reason>" (static or context-owned string). */
+int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why);
+
+/*! Device memory for load destinations, when the caller has none of its own.
+ *  ckptio_device_alloc returns 0 and *ptr, or CKPTIO_E_DEVICE; free the
+ *  memory with ckptio_device_free on the same context. */
+int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr);
+int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
 
 /* ---------------------------------------------------------------- writer */
 
@@ -209,6 +226,16 @@ int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *va
  *  @return 0, or CKPTIO_E_DUPLICATE / CKPTIO_E_SHAPE / CKPTIO_E_DTYPE /
  *          CKPTIO_E_OVERFLOW / CKPTIO_E_DEVICE / CKPTIO_E_STATE. */
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t);
+
+/*! ckptio_writer_set_stream() :
+ *  The CUDA stream (a cudaStream_t) on which the training loop produces the
+ *  tensors of GPU `device` (CKPTIO_DEVICE_CUDA(n)). At commit, ckptio records
+ *  an event on it and its own copy streams wait for that event: the snapshot
+ *  holds the values of all work queued there before the commit call, and the
+ *  device is never synchronised. Without a stream, ckptio orders its copies
+ *  after the legacy default stream (cudaStreamLegacy), which waits for every
+ *  blocking stream. Borrowed until the commit call returns. */
+int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream);
 
 /*! ckptio_writer_commit_async() :
  *  Starts the save and returns at once. Two completion points follow:

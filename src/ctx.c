@@ -2,6 +2,7 @@
  * created and touched once and shared by every save and load. */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -23,7 +24,8 @@ static int copy_options(const ckptio_options *in, ckptio_options *out) {
   if (in->size < offsetof(ckptio_options, threads) + sizeof(int)) return CKPTIO_E_INVALID_ARG;
   memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
   out->size = sizeof(*out);
-  if (out->direct_io < CKPTIO_AUTO || out->direct_io > 1 || out->load_method < CKPTIO_LOAD_AUTO ||
+  if (out->direct_io < CKPTIO_AUTO || out->direct_io > 1 || out->cuda < CKPTIO_AUTO || out->cuda > 1 ||
+      out->numa < CKPTIO_AUTO || out->numa > 1 || out->load_method < CKPTIO_LOAD_AUTO ||
       out->load_method > CKPTIO_LOAD_DIRECT || out->threads < 0)
     return CKPTIO_E_INVALID_ARG;
   return 0;
@@ -50,6 +52,18 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   if ((rc = ckptio_pool_create(o->threads, &ctx->pool)) < 0) goto fail;
   if ((rc = ckptio_ring_create(o->staging_bytes / o->chunk_bytes, o->chunk_bytes, &ctx->ring)) < 0)
     goto fail;
+  if (o->cuda) {
+    rc = ckptio_gpu_open(&ctx->gpu, ckptio_ring_base(ctx->ring),
+                         ckptio_ring_slots(ctx->ring) * o->chunk_bytes, ckptio_ring_slots(ctx->ring),
+                         ctx->cuda_why, sizeof(ctx->cuda_why));
+    if (rc < 0 && o->cuda == 1) {
+      ckptio_set_open_error(ctx->cuda_why);
+      goto fail;
+    }
+    rc = 0;
+  } else {
+    snprintf(ctx->cuda_why, sizeof(ctx->cuda_why), "CUDA unavailable: turned off by the options");
+  }
   *out = ctx;
   return 0;
 fail:
@@ -59,13 +73,48 @@ fail:
 
 void ckptio_ctx_free(ckptio_ctx *ctx) {
   if (!ctx) return;
-  /* Workers first: a queued job may still hold a slot of the ring. */
+  /* Workers first: a queued job may still hold a slot of the ring; then
+   * the GPU streams, which may still be copying into it. */
   ckptio_pool_free(ctx->pool);
+  ckptio_gpu_close(ctx->gpu);
   ckptio_ring_free(ctx->ring);
   free(ctx);
 }
 
 void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) { *out = ctx->opts; }
+
+int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why) {
+  if (ctx && ctx->gpu) return 1;
+  if (why) *why = ctx ? ctx->cuda_why : "CUDA unavailable: no context";
+  return 0;
+}
+
+/* Checks a device argument against the context: 0 and the GPU ordinal, or
+ * CKPTIO_E_DEVICE with the reason in err. */
+int ckptio_ctx_gpu_ordinal(const ckptio_ctx *ctx, int device, int *ordinal, char *err, size_t errlen) {
+  if (!ctx->gpu) return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s", ctx->cuda_why);
+  *ordinal = device - CKPTIO_DEVICE_CUDA(0);
+  if (*ordinal < 0 || *ordinal >= ctx->gpu->ndev)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "no GPU %d (this machine has %d)", *ordinal,
+                          ctx->gpu->ndev);
+  return 0;
+}
+
+int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr) {
+  int ord;
+  if (!ctx || !ptr) return CKPTIO_E_INVALID_ARG;
+  *ptr = NULL;
+  if (ckptio_ctx_gpu_ordinal(ctx, device, &ord, NULL, 0) < 0) return CKPTIO_E_DEVICE;
+  return ctx->gpu->ops->mem_alloc(ord, (size_t)nbytes, ptr) ? CKPTIO_E_DEVICE : 0;
+}
+
+int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr) {
+  int ord;
+  if (!ctx) return CKPTIO_E_INVALID_ARG;
+  if (!ptr) return 0;
+  if (ckptio_ctx_gpu_ordinal(ctx, device, &ord, NULL, 0) < 0) return CKPTIO_E_DEVICE;
+  return ctx->gpu->ops->mem_free(ord, ptr) ? CKPTIO_E_DEVICE : 0;
+}
 
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out) {
   *out = ctx->opts;

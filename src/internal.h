@@ -3,6 +3,8 @@
 #define CKPTIO_INTERNAL_H
 
 #include "ckptio.h"
+#include "core/error.h"
+#include "device/gpu.h"
 #include "pool/pool.h"
 #include "staging/ring.h"
 
@@ -14,10 +16,16 @@ struct ckptio_ctx {
   ckptio_options opts; /* defaults resolved */
   ckptio_pool *pool;
   ckptio_ring *ring;   /* slots of opts.chunk_bytes */
+  ckptio_gpu *gpu;     /* NULL when CUDA is off or unavailable */
+  char cuda_why[CKPTIO_ERRLEN];
 };
 
 /* The options of one save or load: the context's, overridden by the
  * per-call fields that make sense per call (crc, direct_io, fsync, load). */
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out);
+
+/* 0 and the GPU ordinal of a CKPTIO_DEVICE_CUDA(n) value, or
+ * CKPTIO_E_DEVICE with the reason (CUDA unavailable, no such GPU) in err. */
+int ckptio_ctx_gpu_ordinal(const ckptio_ctx *ctx, int device, int *ordinal, char *err, size_t errlen);
 
 #endif

@@ -26,7 +26,10 @@ typedef struct chunk_job {
   ckptio_writer *w;
   uint64_t index;
   unsigned char *slot;
+  uint64_t gpu_mask;      /* GPUs with copies into this slot in flight */
 } chunk_job;
+
+#define MAX_GPUS 64       /* gpu_mask bits */
 
 enum { W_OPEN, W_RUNNING };
 
@@ -40,6 +43,12 @@ struct ckptio_writer {
   size_t nmeta, meta_cap;
   size_t *name_slots;     /* open-addressing set of tensor indices + 1 */
   size_t name_cap;
+
+  /* GPU tensors: the training loop's streams, and per GPU the event
+   * recorded on it at commit, which the copy streams wait for. */
+  void *user_stream[MAX_GPUS];
+  void *start_event[MAX_GPUS];
+  uint64_t gpus_used;
 
   int state;
   pthread_t thread;
@@ -148,6 +157,44 @@ static int name_set_insert(ckptio_writer *w, const char *name) {
   return 1;
 }
 
+/* The descriptor's device must be where the pointer really lives: a host
+ * pointer named as GPU memory (or the reverse) would make the copy engine
+ * read garbage or fault, so it is refused here with both places named. */
+static int check_pointer(ckptio_writer *w, const ckptio_tensor *t, int64_t nbytes) {
+  int ord = -1;
+  char msg[CKPTIO_ERRLEN];
+  if (t->device != CKPTIO_DEVICE_HOST) {
+    if (ckptio_ctx_gpu_ordinal(w->ctx, t->device, &ord, msg, sizeof(msg)) < 0)
+      return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, msg);
+    if (ord >= MAX_GPUS)
+      return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, "ckptio handles GPUs 0 to 63");
+  }
+  if (!w->ctx->gpu || !nbytes) return 0;
+  int where = -1;
+  int e = w->ctx->gpu->ops->pointer_device(t->data, &where);
+  if (e) return fail(w, ckptio_gpu_fail(w->ctx->gpu, e, msg, sizeof(msg), "cudaPointerGetAttributes"),
+                     "tensor '%s': %s", t->name, msg);
+  if (where != ord) {
+    snprintf(msg, sizeof(msg), "data is %s memory but the descriptor says %s",
+             where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
+    if (where >= 0 && ord >= 0) snprintf(msg, sizeof(msg), "data is on GPU %d but the descriptor says GPU %d", where, ord);
+    return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, msg);
+  }
+  return 0;
+}
+
+int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
+  int ord;
+  char msg[CKPTIO_ERRLEN];
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: stream set after commit%s", w->path, "");
+  if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
+    return fail(w, CKPTIO_E_DEVICE, "%s: %s", w->path, msg);
+  if (ord >= MAX_GPUS) return fail(w, CKPTIO_E_DEVICE, "%s: %s", w->path, "ckptio handles GPUs 0 to 63");
+  w->user_stream[ord] = stream;
+  return 0;
+}
+
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
@@ -155,9 +202,8 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   if (nbytes < 0)
     return fail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
                 ckptio_strerror((int)nbytes));
-  if (t->device != CKPTIO_DEVICE_HOST)
-    return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name,
-                "device tensors need the CUDA device, which this build does not have yet");
+  int rc = check_pointer(w, t, nbytes);
+  if (rc < 0) return rc;
   if (!t->data && nbytes)
     return fail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': %s", t->name, "NULL data for a non-empty tensor");
   if (strcmp(t->name, "__metadata__") == 0)
@@ -165,7 +211,7 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   if (grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
   wtensor *wt = &w->tensors[w->count];
   if (!(wt->name = strdup(t->name))) return -ENOMEM;
-  int rc = name_set_insert(w, wt->name);
+  rc = name_set_insert(w, wt->name);
   if (rc <= 0) {
     free(wt->name);
     return rc < 0 ? rc : fail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice%s", t->name, "");
@@ -173,6 +219,7 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   wt->t = *t;
   wt->t.name = wt->name;
   wt->nbytes = (uint64_t)nbytes;
+  if (t->device != CKPTIO_DEVICE_HOST) w->gpus_used |= 1ull << (t->device - CKPTIO_DEVICE_CUDA(0));
   w->count++;
   w->total_bytes += (uint64_t)nbytes;
   return 0;
@@ -199,32 +246,108 @@ static size_t first_tensor_after(const ckptio_writer *w, uint64_t pos) {
   return lo;
 }
 
-/* Copies the tensors' bytes of one chunk into its slot, CRCs each piece. */
-static void fill_chunk(ckptio_writer *w, uint64_t index, unsigned char *slot, uint64_t start,
-                       uint64_t end) {
-  for (size_t k = first_tensor_after(w, start); k < w->count && offset_at(w, k) < end; k++) {
-    const wtensor *t = tensor_at(w, k);
-    uint64_t off = offset_at(w, k);
-    uint64_t a = off > start ? off : start;
-    uint64_t b = off + t->nbytes < end ? off + t->nbytes : end;
-    if (b <= a) continue; /* empty tensor */
-    memcpy(slot + (a - start), (const unsigned char *)t->t.data + (a - off), b - a);
-    if (w->opts.crc)
-      w->piece_crc[w->piece_base[k] + (index - w->first_chunk[k])] =
-          ckptio_crc32(0, slot + (a - start), b - a);
+/* The pieces of one chunk: the overlaps of [start, end) with the tensors,
+ * in file order. Empty tensors have none. */
+typedef struct piece_iter {
+  const ckptio_writer *w;
+  uint64_t start, end;
+  size_t k;           /* tensor of the current piece */
+  uint64_t a, b;      /* its file range */
+} piece_iter;
+
+static void pieces_begin(piece_iter *it, const ckptio_writer *w, uint64_t start, uint64_t end) {
+  *it = (piece_iter){w, start, end, first_tensor_after(w, start), 0, 0};
+  it->k--; /* pieces_next moves to the first */
+}
+
+static int pieces_next(piece_iter *it) {
+  const ckptio_writer *w = it->w;
+  while (++it->k < w->count && offset_at(w, it->k) < it->end) {
+    uint64_t off = offset_at(w, it->k), n = tensor_at(w, it->k)->nbytes;
+    it->a = off > it->start ? off : it->start;
+    it->b = off + n < it->end ? off + n : it->end;
+    if (it->b > it->a) return 1;
   }
+  return 0;
+}
+
+static const unsigned char *piece_src(const piece_iter *it) {
+  return (const unsigned char *)tensor_at(it->w, it->k)->t.data + (it->a - offset_at(it->w, it->k));
+}
+
+/* Coordinator side: starts the GPU-to-slot copies of one chunk on the copy
+ * streams and records the slot's event on each GPU used. On failure, waits
+ * for the copies already started so the slot can be reused safely. */
+static int start_gpu_copies(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end) {
+  ckptio_gpu *g = w->ctx->gpu;
+  size_t slot = ckptio_ring_slot_index(w->ctx->ring, j->slot);
+  piece_iter it;
+  int e = 0;
+  const char *what = "cudaMemcpyAsync (device to host)";
+  pieces_begin(&it, w, start, end);
+  while (!e && pieces_next(&it)) {
+    const wtensor *t = tensor_at(w, it.k);
+    if (t->t.device == CKPTIO_DEVICE_HOST) continue;
+    int ord = t->t.device - CKPTIO_DEVICE_CUDA(0);
+    ckptio_gpu_dev *v;
+    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->copy_d2h(j->slot + (it.a - start), piece_src(&it), it.b - it.a, v->d2h);
+    j->gpu_mask |= 1ull << ord;
+  }
+  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
+    if (!(j->gpu_mask >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->event_record(v->slot_events[slot], v->d2h);
+    what = "cudaEventRecord";
+  }
+  if (!e) return 0;
+  char msg[CKPTIO_ERRLEN];
+  int rc = ckptio_gpu_fail(g, e, msg, sizeof(msg), what);
+  snprintf(w->err, sizeof(w->err), "%s: tensor '%s': %s", w->path,
+           it.k < w->count ? tensor_at(w, it.k)->name : "?", msg);
+  for (int ord = 0; ord < MAX_GPUS; ord++)
+    if (j->gpu_mask >> ord & 1) g->ops->set_device(ord), g->ops->stream_sync(g->dev[ord].d2h);
+  return rc;
+}
+
+/* Worker side: waits for the slot's GPU copies, copies the host tensors'
+ * bytes, CRCs every piece. @return 0 or a GPU error, described in msg. */
+static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, char *msg, size_t len) {
+  ckptio_gpu *g = w->ctx->gpu;
+  for (int ord = 0; ord < MAX_GPUS; ord++) {
+    if (!(j->gpu_mask >> ord & 1)) continue;
+    int e = g->ops->event_sync(g->dev[ord].slot_events[ckptio_ring_slot_index(w->ctx->ring, j->slot)]);
+    if (e) {
+      int rc = ckptio_gpu_fail(g, e, msg, len, "cudaEventSynchronize (device to host copy)");
+      char detail[CKPTIO_ERRLEN];
+      snprintf(detail, sizeof(detail), "%s: GPU %d: %s", w->path, ord, msg);
+      snprintf(msg, len, "%s", detail);
+      return rc;
+    }
+  }
+  piece_iter it;
+  pieces_begin(&it, w, start, end);
+  while (pieces_next(&it)) {
+    unsigned char *dst = j->slot + (it.a - start);
+    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST) memcpy(dst, piece_src(&it), it.b - it.a);
+    if (w->opts.crc)
+      w->piece_crc[w->piece_base[it.k] + (j->index - w->first_chunk[it.k])] = ckptio_crc32(0, dst, it.b - it.a);
+  }
+  return 0;
+}
+
+static void chunk_range(const ckptio_writer *w, uint64_t index, uint64_t *start, uint64_t *end) {
+  *start = w->plan.header_bytes + index * w->chunk_bytes;
+  *end = *start + w->chunk_bytes < w->plan.file_size ? *start + w->chunk_bytes : w->plan.file_size;
 }
 
 static void chunk_job_run(void *arg) {
   chunk_job *j = arg;
   ckptio_writer *w = j->w;
-  uint64_t data_start = w->plan.header_bytes;
-  uint64_t start = data_start + j->index * w->chunk_bytes;
-  uint64_t end = start + w->chunk_bytes < w->plan.file_size ? start + w->chunk_bytes : w->plan.file_size;
+  uint64_t start, end;
+  chunk_range(w, j->index, &start, &end);
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
-  if (!ckptio_batch_failed(&w->batch)) {
-    fill_chunk(w, j->index, j->slot, start, end);
+  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, msg, sizeof(msg))) == 0) {
     if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
     size_t len = (size_t)(end - start);
     int fd = w->file.fd;
@@ -297,14 +420,58 @@ static int write_header(ckptio_writer *w) {
   return rc;
 }
 
+/* On the caller's thread, at the commit call: an event on each GPU's
+ * producing stream marks the work the snapshot must include. The caller's
+ * current GPU is restored: a library must not move it. */
+static int record_start_events(ckptio_writer *w) {
+  ckptio_gpu *g = w->ctx->gpu;
+  int current = 0, e = g->ops->get_device(&current), rc = 0;
+  char msg[CKPTIO_ERRLEN];
+  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
+    if (!(w->gpus_used >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    if (!(e = ckptio_gpu_use(g, ord, &v)) && !(e = g->ops->event_create(&w->start_event[ord])))
+      e = g->ops->event_record(w->start_event[ord], w->user_stream[ord]);
+  }
+  if (e) rc = fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "recording the snapshot event"), "%s: %s", w->path, msg);
+  g->ops->set_device(current);
+  return rc;
+}
+
+/* Coordinator side: the copy streams wait for the start events. */
+static int wait_start_events(ckptio_writer *w) {
+  ckptio_gpu *g = w->ctx->gpu;
+  char msg[CKPTIO_ERRLEN];
+  for (int ord = 0; ord < MAX_GPUS; ord++) {
+    if (!(w->gpus_used >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    int e = ckptio_gpu_use(g, ord, &v);
+    if (!e) e = g->ops->stream_wait_event(v->d2h, w->start_event[ord]);
+    if (e) return fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "cudaStreamWaitEvent"), "%s: %s", w->path, msg);
+  }
+  return 0;
+}
+
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
 static int queue_chunks(ckptio_writer *w) {
+  if (w->gpus_used) {
+    int rc = wait_start_events(w);
+    if (rc < 0) return rc;
+  }
   if (w->nchunks == 0) mark_snapshot(w);
   for (uint64_t c = 0; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
     chunk_job *j = &w->jobs[c];
-    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring)};
+    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0};
+    uint64_t start, end;
+    chunk_range(w, c, &start, &end);
+    int rc = w->gpus_used ? start_gpu_copies(w, j, start, end) : 0;
+    if (rc < 0) {
+      ckptio_ring_release(w->ctx->ring, j->slot);
+      ckptio_batch_fail(&w->batch, rc, w->err);
+      break;
+    }
     ckptio_batch_add(&w->batch, 1);
-    int rc = ckptio_pool_add(w->ctx->pool, chunk_job_run, j);
+    rc = ckptio_pool_add(w->ctx->pool, chunk_job_run, j);
     if (rc < 0) {
       ckptio_ring_release(w->ctx->ring, j->slot);
       ckptio_batch_done(&w->batch, rc, "cannot queue a chunk: out of memory");
@@ -355,9 +522,11 @@ static void *save_main(void *arg) {
 int ckptio_writer_commit_async(ckptio_writer *w) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
+  int rc = w->gpus_used ? record_start_events(w) : 0;
+  if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
   w->state = W_RUNNING;
-  int rc = pthread_create(&w->thread, NULL, save_main, w);
+  rc = pthread_create(&w->thread, NULL, save_main, w);
   if (rc) {
     w->state = W_OPEN;
     ckptio_batch_destroy(&w->batch);
@@ -408,6 +577,8 @@ int ckptio_writer_close(ckptio_writer *w) {
     pthread_join(w->thread, NULL);
     ckptio_batch_destroy(&w->batch);
   }
+  for (int ord = 0; ord < MAX_GPUS; ord++)
+    if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
   ckptio_st_plan_free(&w->plan);
   free(w->first_chunk);
   free(w->piece_base);

@@ -66,3 +66,7 @@ void ckptio_ring_release(ckptio_ring *r, void *slot) {
 
 size_t ckptio_ring_slot_bytes(const ckptio_ring *r) { return r->slot_bytes; }
 size_t ckptio_ring_slots(const ckptio_ring *r) { return r->nslots; }
+void *ckptio_ring_base(const ckptio_ring *r) { return r->base; }
+size_t ckptio_ring_slot_index(const ckptio_ring *r, const void *slot) {
+  return (size_t)((const unsigned char *)slot - r->base) / r->slot_bytes;
+}

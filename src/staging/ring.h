@@ -20,5 +20,8 @@ void *ckptio_ring_acquire(ckptio_ring *r);
 void ckptio_ring_release(ckptio_ring *r, void *slot);
 size_t ckptio_ring_slot_bytes(const ckptio_ring *r);
 size_t ckptio_ring_slots(const ckptio_ring *r);
+/* The one allocation behind every slot (to pin it), and a slot's number. */
+void *ckptio_ring_base(const ckptio_ring *r);
+size_t ckptio_ring_slot_index(const ckptio_ring *r, const void *slot);
 
 #endif

@@ -62,15 +62,18 @@ void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Te
     ASSERT_EQ(info.ndim, (int)ts[i].shape.size());
     for (int d = 0; d < info.ndim; d++) EXPECT_EQ(info.shape[d], ts[i].shape[d]);
     EXPECT_EQ(info.nbytes, ts[i].bytes.size());
-    if (info.has_crc)
+    if (info.has_crc) {
       EXPECT_EQ(info.crc32, ckptio_crc32(0, ts[i].bytes.data(), ts[i].bytes.size())) << ts[i].name;
+    }
     out[i].assign(ts[i].bytes.size() + 1, 0xEE);
-    reqs.push_back({(size_t)idx, out[i].data(), ts[i].bytes.size()});
+    reqs.push_back({(size_t)idx, out[i].data(), ts[i].bytes.size(), CKPTIO_DEVICE_HOST});
     const void *view = nullptr;
     uint64_t vn = 0;
     ASSERT_EQ(ckptio_reader_view(r, (size_t)idx, &view, &vn), 0);
     ASSERT_EQ(vn, ts[i].bytes.size());
-    if (vn) EXPECT_EQ(memcmp(view, ts[i].bytes.data(), vn), 0) << "view of " << ts[i].name;
+    if (vn) {
+      EXPECT_EQ(memcmp(view, ts[i].bytes.data(), vn), 0) << "view of " << ts[i].name;
+    }
   }
   ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
   for (size_t i = 0; i < ts.size(); i++) {

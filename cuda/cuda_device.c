@@ -1,0 +1,171 @@
+/* The CUDA implementation of the device interface. The runtime library is
+ * loaded at run time, once: $CKPTIO_CUDART first, then libcudart.so.13, then
+ * libcudart.so.12 (never the development-only libcudart.so). Every symbol
+ * goes into one table; a missing one unloads the library and CUDA is
+ * reported unavailable with the reason, leaving the host path untouched.
+ * This is the only file of the library that includes a CUDA header. */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device.h"
+
+/* X(name, return, params): the runtime functions ckptio calls. */
+#define CUDART_SYMBOLS(X)                                                                   \
+  X(cudaGetDeviceCount, (int *))                                                            \
+  X(cudaSetDevice, (int))                                                                   \
+  X(cudaGetDevice, (int *))                                                                 \
+  X(cudaHostRegister, (void *, size_t, unsigned int))                                       \
+  X(cudaHostUnregister, (void *))                                                           \
+  X(cudaMalloc, (void **, size_t))                                                          \
+  X(cudaFree, (void *))                                                                     \
+  X(cudaStreamCreateWithFlags, (cudaStream_t *, unsigned int))                              \
+  X(cudaStreamDestroy, (cudaStream_t))                                                      \
+  X(cudaStreamSynchronize, (cudaStream_t))                                                  \
+  X(cudaStreamWaitEvent, (cudaStream_t, cudaEvent_t, unsigned int))                         \
+  X(cudaEventCreateWithFlags, (cudaEvent_t *, unsigned int))                                \
+  X(cudaEventDestroy, (cudaEvent_t))                                                        \
+  X(cudaEventRecord, (cudaEvent_t, cudaStream_t))                                           \
+  X(cudaEventSynchronize, (cudaEvent_t))                                                    \
+  X(cudaMemcpyAsync, (void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t))     \
+  X(cudaPointerGetAttributes, (struct cudaPointerAttributes *, const void *))               \
+  X(cudaDeviceGetPCIBusId, (char *, int, int))                                              \
+  X(cudaGetLastError, (void))
+
+static struct {
+#define X(name, params) cudaError_t (*name) params;
+  CUDART_SYMBOLS(X)
+#undef X
+  const char *(*cudaGetErrorName)(cudaError_t);
+} rt;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static void *handle;
+static char why_buf[512];
+
+static int try_open(const char *name) {
+  handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    size_t used = strlen(why_buf);
+    snprintf(why_buf + used, sizeof(why_buf) - used, "%s%s", used ? "; " : "", dlerror());
+  }
+  return handle != NULL;
+}
+
+static void load(void) {
+  const char *env = getenv("CKPTIO_CUDART");
+  if (env && *env) {
+    if (!try_open(env)) return;
+  } else if (!try_open("libcudart.so.13") && !try_open("libcudart.so.12")) {
+    return;
+  }
+  why_buf[0] = '\0';
+#define X(name, params)                                                          \
+  if (!(*(void **)&rt.name = dlsym(handle, #name))) {                             \
+    snprintf(why_buf, sizeof(why_buf), "the CUDA runtime lacks %s", #name);    \
+    goto fail;                                                                   \
+  }
+  CUDART_SYMBOLS(X)
+  X(cudaGetErrorName, ())
+#undef X
+  int n = 0;
+  cudaError_t e = rt.cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(why_buf, sizeof(why_buf), "%s", rt.cudaGetErrorName(e));
+    goto fail;
+  }
+  if (n == 0) {
+    snprintf(why_buf, sizeof(why_buf), "no GPU found");
+    goto fail;
+  }
+  return;
+fail:
+  dlclose(handle);
+  handle = NULL;
+  memset(&rt, 0, sizeof(rt));
+}
+
+static int count(int *n) { return rt.cudaGetDeviceCount(n); }
+static int set_device(int ordinal) { return rt.cudaSetDevice(ordinal); }
+static int get_device(int *ordinal) { return rt.cudaGetDevice(ordinal); }
+
+static int host_register(void *p, size_t n, int read_only) {
+  int e = rt.cudaHostRegister(p, n, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+  if (e != cudaSuccess && read_only) {
+    /* Read-only registration is not supported everywhere; the default
+     * registration of a read-only mapping still works for host-to-device. */
+    rt.cudaGetLastError();
+    e = rt.cudaHostRegister(p, n, cudaHostRegisterDefault);
+  }
+  return e;
+}
+
+static int host_unregister(void *p) { return rt.cudaHostUnregister(p); }
+
+static int mem_alloc(int ordinal, size_t n, void **p) {
+  int e = rt.cudaSetDevice(ordinal);
+  return e ? e : (int)rt.cudaMalloc(p, n);
+}
+
+static int mem_free(int ordinal, void *p) {
+  int e = rt.cudaSetDevice(ordinal);
+  return e ? e : (int)rt.cudaFree(p);
+}
+
+static int stream_create(void **s) {
+  /* Non-blocking: our copies must not serialise with the legacy default
+   * stream the training loop may be using. */
+  return rt.cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking);
+}
+static int stream_destroy(void *s) { return rt.cudaStreamDestroy(s); }
+static int event_create(void **ev) {
+  return rt.cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming);
+}
+static int event_destroy(void *ev) { return rt.cudaEventDestroy(ev); }
+static int event_record(void *ev, void *s) { return rt.cudaEventRecord(ev, s); }
+static int event_sync(void *ev) { return rt.cudaEventSynchronize(ev); }
+static int stream_wait_event(void *s, void *ev) { return rt.cudaStreamWaitEvent(s, ev, 0); }
+static int stream_sync(void *s) { return rt.cudaStreamSynchronize(s); }
+
+static int copy_d2h(void *dst, const void *src, size_t n, void *s) {
+  return rt.cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s);
+}
+static int copy_h2d(void *dst, const void *src, size_t n, void *s) {
+  return rt.cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s);
+}
+
+static int pointer_device(const void *p, int *ordinal) {
+  struct cudaPointerAttributes a;
+  memset(&a, 0, sizeof(a));
+  int e = rt.cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    rt.cudaGetLastError(); /* older runtimes flag plain host memory as an error */
+    *ordinal = -1;
+    return 0;
+  }
+  *ordinal = (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) ? a.device : -1;
+  return 0;
+}
+
+static int pci_bus_id(int ordinal, char *buf, int len) { return rt.cudaDeviceGetPCIBusId(buf, len, ordinal); }
+
+static const char *error_name(int e) { return rt.cudaGetErrorName ? rt.cudaGetErrorName(e) : "cudaError?"; }
+
+static const ckptio_device_ops cuda_ops = {
+    "cuda",         count,          set_device,   get_device,        host_register,     host_unregister,
+    mem_alloc,      mem_free,       stream_create, stream_destroy,   event_create,
+    event_destroy,  event_record,   event_sync,   stream_wait_event, stream_sync,
+    copy_d2h,       copy_h2d,       pointer_device, pci_bus_id,      error_name,
+};
+
+const ckptio_device_ops *ckptio_cuda_ops(const char **why) {
+  pthread_once(&load_once, load);
+  if (!handle) {
+    if (why) *why = why_buf;
+    return NULL;
+  }
+  return &cuda_ops;
+}

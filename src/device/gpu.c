@@ -1,0 +1,92 @@
+/* GPU state of a context. Streams and events are created lazily, per GPU,
+ * under one mutex, because a context may never touch most GPUs of a node;
+ * once created they live as long as the context so saves pay nothing. */
+#include "device/gpu.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckptio.h"
+#include "core/error.h"
+
+int ckptio_gpu_fail(const ckptio_gpu *g, int rt_err, char *err, size_t errlen, const char *what) {
+  return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s: %s", what, g->ops->error_name(rt_err));
+}
+
+int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, char *err,
+                    size_t errlen) {
+  *out = NULL;
+  const char *why = "";
+  const ckptio_device_ops *ops = ckptio_cuda_ops(&why);
+  if (!ops) return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: %s", why);
+  ckptio_gpu *g = calloc(1, sizeof(*g));
+  if (!g) return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: out of memory");
+  g->ops = ops;
+  g->nslots = nslots;
+  pthread_mutex_init(&g->mu, NULL);
+  int e = ops->count(&g->ndev);
+  int rc = 0;
+  if (e) {
+    rc = ckptio_gpu_fail(g, e, err, errlen, "CUDA unavailable: cudaGetDeviceCount");
+    goto fail;
+  }
+  if (!(g->dev = calloc((size_t)g->ndev + 1, sizeof(ckptio_gpu_dev)))) {
+    rc = ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: out of memory");
+    goto fail;
+  }
+  if ((e = ops->host_register(ring, ring_bytes, 0))) {
+    rc = ckptio_gpu_fail(g, e, err, errlen, "cannot pin the staging ring: cudaHostRegister");
+    goto fail;
+  }
+  g->pinned = ring;
+  *out = g;
+  return 0;
+fail:
+  ckptio_gpu_close(g);
+  return rc;
+}
+
+void ckptio_gpu_close(ckptio_gpu *g) {
+  if (!g) return;
+  for (int d = 0; g->dev && d < g->ndev; d++) {
+    ckptio_gpu_dev *v = &g->dev[d];
+    if (!v->ready && !v->d2h && !v->h2d && !v->slot_events) continue;
+    g->ops->set_device(d);
+    if (v->d2h) g->ops->stream_sync(v->d2h), g->ops->stream_destroy(v->d2h);
+    if (v->h2d) g->ops->stream_sync(v->h2d), g->ops->stream_destroy(v->h2d);
+    for (size_t s = 0; v->slot_events && s < g->nslots; s++)
+      if (v->slot_events[s]) g->ops->event_destroy(v->slot_events[s]);
+    free(v->slot_events);
+  }
+  if (g->pinned) g->ops->host_unregister(g->pinned);
+  free(g->dev);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+}
+
+/* Creates whatever is still missing, so a retry after a failure neither
+ * leaks nor duplicates. */
+static int create_dev(ckptio_gpu *g, ckptio_gpu_dev *v) {
+  int e;
+  if (!v->d2h && (e = g->ops->stream_create(&v->d2h))) return e;
+  if (!v->h2d && (e = g->ops->stream_create(&v->h2d))) return e;
+  if (!v->slot_events && !(v->slot_events = calloc(g->nslots, sizeof(void *))))
+    return 2; /* cudaErrorMemoryAllocation */
+  for (size_t s = 0; s < g->nslots; s++)
+    if (!v->slot_events[s] && (e = g->ops->event_create(&v->slot_events[s]))) return e;
+  v->ready = 1;
+  return 0;
+}
+
+int ckptio_gpu_use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out) {
+  if (ordinal < 0 || ordinal >= g->ndev) return 101; /* cudaErrorInvalidDevice */
+  int e = g->ops->set_device(ordinal);
+  if (e) return e;
+  ckptio_gpu_dev *v = &g->dev[ordinal];
+  pthread_mutex_lock(&g->mu);
+  if (!v->ready) e = create_dev(g, v);
+  pthread_mutex_unlock(&g->mu);
+  *out = v;
+  return e;
+}
