@@ -39,7 +39,8 @@ typedef struct piece {
   ckptio_batch *batch;
   const ckptio_st_entry *e;
   unsigned char *dst;     /* the tensor's destination, or NULL to only check */
-  unsigned char *slot;    /* staging slot, for DIRECT reads and checks */
+  unsigned char *slot;    /* staging slot: DIRECT reads, checks, GPU copies */
+  int gpu;                /* ordinal of a GPU destination, or -1 */
   ckptio_load_method method;
   uint64_t off, len;      /* within the tensor */
   int check;
@@ -218,6 +219,50 @@ static int64_t read_direct(ckptio_reader *r, unsigned char *slot, uint64_t abs, 
   return rc < 0 ? rc : (int64_t)(abs - a);
 }
 
+/* Brings the piece's bytes to host memory: into the host destination when
+ * there is one, else into the slot (or, mapped, leaves them in the map).
+ * @return 0 and *bytes, or a negative code. */
+static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
+  ckptio_reader *r = p->r;
+  unsigned char *host_dst = p->gpu < 0 && p->dst ? p->dst + p->off : NULL;
+  if (p->method == CKPTIO_LOAD_MMAP) {
+    *bytes = r->map + abs;
+    if (host_dst) *bytes = memcpy(host_dst, *bytes, p->len);
+    return 0;
+  }
+  if (p->method == CKPTIO_LOAD_DIRECT) {
+    int64_t at = read_direct(r, p->slot, abs, p->len);
+    if (at < 0) return (int)at;
+    *bytes = p->slot + at;
+    if (host_dst) *bytes = memcpy(host_dst, *bytes, p->len);
+    return 0;
+  }
+  *bytes = host_dst ? host_dst : p->slot;
+  return ckptio_pread_full(r->fd, (void *)*bytes, (size_t)p->len, abs);
+}
+
+/* Host to GPU from pinned bytes (the slot or the registered map), waiting
+ * on the slot's own event so other pieces' copies are never waited for. */
+static int copy_to_gpu(piece *p, const unsigned char *bytes, char *msg, size_t len) {
+  ckptio_gpu *g = p->r->ctx->gpu;
+  ckptio_gpu_dev *v;
+  void *ev = NULL;
+  const char *what = "cudaSetDevice";
+  int e = ckptio_gpu_use(g, p->gpu, &v);
+  if (!e) {
+    ev = v->slot_events[ckptio_ring_slot_index(p->r->ctx->ring, p->slot)];
+    what = "cudaMemcpyAsync (host to device)";
+    e = g->ops->copy_h2d(p->dst + p->off, bytes, (size_t)p->len, v->h2d);
+  }
+  if (!e) what = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
+  if (!e) what = "cudaEventSynchronize", e = g->ops->event_sync(ev);
+  if (!e) return 0;
+  char detail[CKPTIO_ERRLEN];
+  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), what);
+  snprintf(msg, len, "%s: tensor '%s' to GPU %d: %s", p->r->path, p->e->name, p->gpu, detail);
+  return rc;
+}
+
 static void piece_run(void *arg) {
   piece *p = arg;
   ckptio_reader *r = p->r;
@@ -225,25 +270,17 @@ static void piece_run(void *arg) {
   char msg[CKPTIO_ERRLEN] = "";
   if (!ckptio_batch_failed(p->batch)) {
     uint64_t abs = r->idx.data_start + p->e->begin + p->off;
-    const unsigned char *bytes = p->dst ? p->dst + p->off : p->slot;
-    if (p->method == CKPTIO_LOAD_MMAP) {
-      if (p->dst) memcpy(p->dst + p->off, r->map + abs, p->len);
-      else bytes = r->map + abs;
-    } else if (p->method == CKPTIO_LOAD_DIRECT) {
-      int64_t at = read_direct(r, p->slot, abs, p->len);
-      rc = at < 0 ? (int)at : 0;
-      if (rc == 0 && p->dst) memcpy(p->dst + p->off, p->slot + at, p->len);
-      if (rc == 0 && !p->dst) bytes = p->slot + at;
-    } else {
-      rc = ckptio_pread_full(r->fd, (void *)bytes, (size_t)p->len, abs);
-    }
-    if (rc < 0)
+    const unsigned char *bytes = NULL;
+    rc = read_piece(p, abs, &bytes);
+    if (rc < 0) {
       snprintf(msg, sizeof(msg), "%s: tensor '%s': read of %llu bytes at offset %llu failed: %s",
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
-    else {
+    } else {
+      /* The CRC runs on the host copy while nothing else waits for it. */
       if (p->check) p->crc = ckptio_crc32(0, bytes, (size_t)p->len);
-      atomic_fetch_add(&r->done_bytes, p->len);
+      if (p->gpu >= 0) rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
+      if (rc == 0) atomic_fetch_add(&r->done_bytes, p->len);
     }
   }
   if (p->slot) ckptio_ring_release(r->ctx->ring, p->slot);
@@ -258,7 +295,10 @@ static int run_pieces(ckptio_reader *r, piece *pieces, size_t n) {
   for (size_t i = 0; i < n && !ckptio_batch_failed(&batch); i++) {
     piece *p = &pieces[i];
     p->batch = &batch;
-    int need_slot = p->method == CKPTIO_LOAD_DIRECT || (!p->dst && p->method != CKPTIO_LOAD_MMAP);
+    /* A GPU piece holds a slot even when mapped: its event tracks the copy,
+     * and the ring bounds how many copies are in flight. */
+    int need_slot = p->method == CKPTIO_LOAD_DIRECT || p->gpu >= 0 ||
+                    (!p->dst && p->method != CKPTIO_LOAD_MMAP);
     p->slot = need_slot ? ckptio_ring_acquire(r->ctx->ring) : NULL;
     ckptio_batch_add(&batch, 1);
     int rc = ckptio_pool_add(r->ctx->pool, piece_run, p);
@@ -273,10 +313,19 @@ static int run_pieces(ckptio_reader *r, piece *pieces, size_t n) {
   return rc;
 }
 
-/* A job list for the given tensors (dsts[i] NULL: check only) and checks
- * the CRCs of those with one when check is set. */
-static int load_entries(ckptio_reader *r, const size_t *which, unsigned char *const *dsts, size_t n,
-                        int check) {
+/* Pins the whole mapping so GPU copies can read the file's pages directly;
+ * read-only where the runtime allows it. */
+static int register_map(ckptio_reader *r, char *msg, size_t len) {
+  ckptio_gpu *g = r->ctx->gpu;
+  size_t n = (size_t)((r->file_size + CKPTIO_IO_ALIGN - 1) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1));
+  int e = g->ops->host_register((void *)r->map, n, 1);
+  return e ? ckptio_gpu_fail(g, e, msg, len, "cudaHostRegister of the file mapping") : 0;
+}
+
+/* Cuts the requested tensors into pieces, runs them, and checks the CRCs
+ * of those that have one when `check` is set. A request with a NULL dst
+ * only checks. The requests are already validated. */
+static int load_entries(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
   ckptio_load_method method = r->opts.load_method == CKPTIO_LOAD_AUTO ? CKPTIO_LOAD_PREAD : r->opts.load_method;
   if (method == CKPTIO_LOAD_DIRECT && r->fd_direct < 0) {
     r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -286,10 +335,12 @@ static int load_entries(ckptio_reader *r, const size_t *which, unsigned char *co
   if (method == CKPTIO_LOAD_DIRECT) step -= 2 * CKPTIO_IO_ALIGN; /* room for the page edges */
   size_t total = 0;
   uint64_t bytes = 0;
+  int any_gpu = 0, registered = 0;
   for (size_t i = 0; i < n; i++) {
-    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
     total += (size_t)((e->end - e->begin + step - 1) / step);
     bytes += e->end - e->begin;
+    any_gpu |= reqs[i].device != CKPTIO_DEVICE_HOST;
   }
   piece *pieces = calloc(total + 1, sizeof(piece));
   size_t *first = calloc(n + 1, sizeof(size_t));
@@ -298,21 +349,32 @@ static int load_entries(ckptio_reader *r, const size_t *which, unsigned char *co
     rc = -ENOMEM;
     goto out;
   }
+  if (any_gpu && method == CKPTIO_LOAD_MMAP && r->map) {
+    char msg[CKPTIO_ERRLEN];
+    if ((rc = register_map(r, msg, sizeof(msg))) < 0) {
+      rfail(r, rc, "%s: %s", r->path, msg);
+      goto out;
+    }
+    registered = 1;
+  }
   atomic_store(&r->done_bytes, 0);
   atomic_store(&r->total_bytes, bytes);
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
-    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
+    int gpu = reqs[i].device == CKPTIO_DEVICE_HOST ? -1 : reqs[i].device - CKPTIO_DEVICE_CUDA(0);
     first[i] = k;
     for (uint64_t off = 0; off < e->end - e->begin; off += step) {
       uint64_t left = e->end - e->begin - off;
-      pieces[k++] = (piece){.r = r, .e = e, .dst = dsts ? dsts[i] : NULL, .method = method,
+      pieces[k++] = (piece){.r = r, .e = e, .dst = reqs[i].dst, .gpu = gpu, .method = method,
                             .off = off, .len = left < step ? left : step, .check = check && e->has_crc};
     }
   }
-  if ((rc = run_pieces(r, pieces, total)) < 0) goto out;
+  rc = run_pieces(r, pieces, total);
+  if (registered) r->ctx->gpu->ops->host_unregister((void *)r->map);
+  if (rc < 0) goto out;
   for (size_t i = 0; i < n; i++) {
-    const ckptio_st_entry *e = &r->idx.entries[which[i]];
+    const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
     if (!check || !e->has_crc) continue;
     uint32_t crc = 0;
     size_t end = i + 1 < n ? first[i + 1] : total;
@@ -329,41 +391,37 @@ out:
   return rc;
 }
 
+/* A destination must be memory of the device the request names. */
+static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t i) {
+  if (q->index >= r->idx.count)
+    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", r->path, i, q->index);
+  const ckptio_st_entry *e = &r->idx.entries[q->index];
+  uint64_t need = e->end - e->begin;
+  if (q->dst_bytes < need || (!q->dst && need))
+    return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
+                 r->path, e->name, (unsigned long long)need,
+                 (unsigned long long)(q->dst ? q->dst_bytes : 0));
+  int ord = -1, where = -1;
+  char msg[CKPTIO_ERRLEN];
+  if (q->device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, q->device, &ord, msg, sizeof(msg)) < 0)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", r->path, e->name, msg);
+  if (!r->ctx->gpu || !need) return 0;
+  int err = r->ctx->gpu->ops->pointer_device(q->dst, &where);
+  if (err) return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),
+                        "%s: tensor '%s': %s", r->path, e->name, msg);
+  if (where != ord)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': destination is %s memory but the request says %s",
+                 r->path, e->name, where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
+  return 0;
+}
+
 int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
   if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
-  size_t *which = calloc(n + 1, sizeof(size_t));
-  unsigned char **dsts = calloc(n + 1, sizeof(unsigned char *));
-  int rc = 0;
-  if (!which || !dsts) {
-    rc = -ENOMEM;
-    goto out;
-  }
   for (size_t i = 0; i < n; i++) {
-    if (reqs[i].index >= r->idx.count) {
-      rc = rfail(r, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", r->path, i,
-                 reqs[i].index);
-      goto out;
-    }
-    const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
-    if (reqs[i].device != CKPTIO_DEVICE_HOST) {
-      rc = rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': device destinations need the CUDA device, "
-                 "which this build does not have yet", r->path, e->name);
-      goto out;
-    }
-    if (reqs[i].dst_bytes < e->end - e->begin || (!reqs[i].dst && e->end > e->begin)) {
-      rc = rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
-                 r->path, e->name, (unsigned long long)(e->end - e->begin),
-                 (unsigned long long)(reqs[i].dst ? reqs[i].dst_bytes : 0));
-      goto out;
-    }
-    which[i] = reqs[i].index;
-    dsts[i] = reqs[i].dst;
+    int rc = check_request(r, &reqs[i], i);
+    if (rc < 0) return rc;
   }
-  rc = load_entries(r, which, dsts, n, r->opts.crc);
-out:
-  free(which);
-  free(dsts);
-  return rc;
+  return load_entries(r, reqs, n, r->opts.crc);
 }
 
 int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes) {
@@ -373,15 +431,13 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
 
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked) {
   if (!r) return CKPTIO_E_INVALID_ARG;
-  size_t *which = calloc(r->idx.count + 1, sizeof(size_t));
-  if (!which) return -ENOMEM;
-  size_t n = 0, skipped = 0;
-  for (size_t i = 0; i < r->idx.count; i++) {
-    if (r->idx.entries[i].has_crc) which[n++] = i;
-    else skipped++;
-  }
-  int rc = load_entries(r, which, NULL, n, 1);
-  free(which);
-  if (unchecked) *unchecked = skipped;
+  ckptio_load_request *reqs = calloc(r->idx.count + 1, sizeof(*reqs));
+  if (!reqs) return -ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < r->idx.count; i++)
+    if (r->idx.entries[i].has_crc) reqs[n++].index = i; /* dst NULL: check only */
+  int rc = load_entries(r, reqs, n, 1);
+  free(reqs);
+  if (unchecked) *unchecked = r->idx.count - n;
   return rc;
 }
