@@ -193,6 +193,10 @@ void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
  *          "CUDA unavailable: <reason>" (static or context-owned string). */
 int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why);
 
+/*! What NUMA placement did for this context ("NUMA: one node on this
+ *  machine; nothing to place", ...), or "" when CUDA is off. Borrowed. */
+const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
+
 /*! Device memory for load destinations, when the caller has none of its own.
  *  ckptio_device_alloc returns 0 and *ptr, or CKPTIO_E_DEVICE; free the
  *  memory with ckptio_device_free on the same context. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device/numa.h"
 #include "internal.h"
 
 unsigned ckptio_version_number(void) { return CKPTIO_VERSION_NUMBER; }
@@ -29,6 +30,19 @@ static int copy_options(const ckptio_options *in, ckptio_options *out) {
       out->load_method > CKPTIO_LOAD_DIRECT || out->threads < 0)
     return CKPTIO_E_INVALID_ARG;
   return 0;
+}
+
+/* Staging and workers near the first GPU: the one a single-GPU process
+ * (the common case: one process per GPU) drives. */
+static void place_near_gpu(ckptio_ctx *ctx) {
+  char busid[32] = "";
+  if (ctx->gpu->ops->pci_bus_id(0, busid, sizeof(busid))) {
+    snprintf(ctx->numa_report, sizeof(ctx->numa_report), "NUMA: no PCI bus id for GPU 0; nothing placed");
+    return;
+  }
+  ckptio_numa_place(busid, ckptio_ring_base(ctx->ring), ckptio_ring_slots(ctx->ring) * ctx->opts.chunk_bytes,
+                    ckptio_pool_handles(ctx->pool), ckptio_pool_threads(ctx->pool), ctx->numa_report,
+                    sizeof(ctx->numa_report));
 }
 
 int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
@@ -61,6 +75,7 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
       goto fail;
     }
     rc = 0;
+    if (ctx->gpu && o->numa) place_near_gpu(ctx);
   } else {
     snprintf(ctx->cuda_why, sizeof(ctx->cuda_why), "CUDA unavailable: turned off by the options");
   }
@@ -82,6 +97,8 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
 }
 
 void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) { *out = ctx->opts; }
+
+const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx) { return ctx ? ctx->numa_report : ""; }
 
 int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why) {
   if (ctx && ctx->gpu) return 1;

@@ -18,6 +18,7 @@ struct ckptio_ctx {
   ckptio_ring *ring;   /* slots of opts.chunk_bytes */
   ckptio_gpu *gpu;     /* NULL when CUDA is off or unavailable */
   char cuda_why[CKPTIO_ERRLEN];
+  char numa_report[CKPTIO_ERRLEN];
 };
 
 /* The options of one save or load: the context's, overridden by the

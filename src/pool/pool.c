@@ -102,6 +102,7 @@ void ckptio_pool_free(ckptio_pool *p) {
 }
 
 int ckptio_pool_threads(const ckptio_pool *p) { return p->nthreads; }
+const pthread_t *ckptio_pool_handles(const ckptio_pool *p) { return p->threads; }
 
 void ckptio_batch_init(ckptio_batch *b) {
   memset(b, 0, sizeof(*b));

@@ -19,6 +19,8 @@ int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg);
 /* Runs the queued jobs to the end, joins the workers, frees. Accepts NULL. */
 void ckptio_pool_free(ckptio_pool *p);
 int ckptio_pool_threads(const ckptio_pool *p);
+/* The workers' thread handles (for CPU binding); ckptio_pool_threads of them. */
+const pthread_t *ckptio_pool_handles(const ckptio_pool *p);
 
 /* A batch: add() before queueing each job, done() at the end of each job,
  * wait() for all of them. The first failure wins; later jobs can ask

@@ -1,0 +1,506 @@
+/*
+ * `ckptio bench`: saves and loads a synthetic model through one context and,
+ * in the same run, interleaved A B A B, measures the raw limits of the same
+ * disk and memory, so the report can give ratios that survive the drift of a
+ * shared machine.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/bench.h"
+
+#define ALIGN 4096ull
+
+void cli_bench_usage(FILE *out) {
+  fprintf(out,
+          "usage: ckptio bench [options]\n\n"
+          "Builds a synthetic model in memory, then for each run saves it (timed, with\n"
+          "the time to the snapshot point), writes the same bytes with raw O_DIRECT\n"
+          "(32 x 8 MiB in flight, then fdatasync), loads it cold (page cache dropped,\n"
+          "CKPTIO_LOAD_DIRECT), reads it raw with O_DIRECT, loads it warm (file in the\n"
+          "page cache) and memcpys the same bytes. Reports median and min-max of GB/s\n"
+          "and of each ratio to its raw limit, plus time to snapshot and peak RSS.\n\n"
+          "  --size BYTES        model size, e.g. 1GiB, 512MiB, 2G, 4096 (default 1GiB;\n"
+          "                      linear without --size: 10 x Linear(10000, 10000), 4 GB)\n"
+          "  --shapes llm|linear llm: Llama-like bf16 layers scaled to --size (default);\n"
+          "                      linear: 10 x Linear(d, d) fp32 weights + bias [d]\n"
+          "  --dir DIR           where the files go (default: the --keep directory, or .)\n"
+          "  --keep PATH         leave the last checkpoint written at PATH\n"
+          "  --runs N            runs (default 3)\n"
+          "  --threads N         library worker threads (default: library's)\n"
+          "  --chunk BYTES       pipeline chunk (default: library's)\n"
+          "  --staging BYTES     staging ring size (default: library's)\n"
+          "  --no-crc            no CRC32 on save or load\n"
+          "  --no-fsync          no fdatasync / directory fsync on commit\n"
+          "  --direct auto|on|off  O_DIRECT for the save's writes (default auto)\n"
+          "  --load auto|pread|mmap|direct  method of the warm load (default auto)\n"
+          "  --verify            compare every loaded byte and check every CRC32\n"
+          "  --json              one JSON object on stdout instead of the table\n\n"
+          "exit codes: 0 ok; 1 loaded data differ (--verify); 2 usage or I/O error\n");
+}
+
+/* ------------------------------------------------------------ cleanup */
+
+/* The two scratch files, unlinked on any exit, including Ctrl-C. */
+static char g_ckpt[4200], g_raw[4200];
+/* A signal during a save waits for its end: the library's temp file is only
+ * removed by the library, and a killed save would leave it behind. */
+static volatile sig_atomic_t g_in_save, g_pending, g_tty;
+
+static void remove_scratch(void) {
+  if (g_ckpt[0]) unlink(g_ckpt);
+  if (g_raw[0]) unlink(g_raw);
+}
+
+static void die_by(int sig) {
+  remove_scratch(); /* unlink is async-signal-safe */
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void on_signal(int sig) {
+  if (g_in_save && !g_pending) {
+    static const char kMsg[] = "\nckptio bench: interrupted; stopping when this save ends "
+                               "(again to stop now)\n";
+    g_pending = sig;
+    if (g_tty) {
+      ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+      (void)ignored;
+    }
+    return;
+  }
+  die_by(sig);
+}
+
+static void install_cleanup(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  g_tty = isatty(STDERR_FILENO);
+}
+
+/* --keep on another filesystem: rename cannot cross, so copy. */
+static int copy_file(const char *from, const char *to) {
+  int in = open(from, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
+  char *buf = malloc(8u << 20);
+  if (in < 0 || !buf) {
+    rc = in < 0 ? -errno : -ENOMEM;
+    goto fail;
+  }
+  if ((out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+    rc = -errno;
+    goto fail;
+  }
+  for (;;) {
+    ssize_t r = read(in, buf, 8u << 20);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) rc = -errno;
+    if (r <= 0) break;
+    for (ssize_t w = 0; w < r;) {
+      ssize_t k = write(out, buf + w, (size_t)(r - w));
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0) {
+        rc = -errno;
+        goto fail;
+      }
+      w += k;
+    }
+  }
+  if (!rc && fsync(out) != 0) rc = -errno;
+fail:
+  if (out >= 0 && close(out) != 0 && !rc) rc = -errno;
+  if (in >= 0) close(in);
+  free(buf);
+  return rc;
+}
+
+/* ------------------------------------------------------------ options */
+
+const char *bench_load_name(ckptio_load_method m) {
+  switch (m) {
+    case CKPTIO_LOAD_PREAD: return "pread";
+    case CKPTIO_LOAD_MMAP: return "mmap";
+    case CKPTIO_LOAD_DIRECT: return "direct";
+    default: return "auto";
+  }
+}
+
+const char *bench_direct_name(int direct) {
+  return direct == CKPTIO_AUTO ? "auto" : direct ? "on" : "off";
+}
+
+const char *bench_shapes_name(cli_shapes s) { return s == CLI_SHAPES_LLM ? "llm" : "linear"; }
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "ckptio bench: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(ckptio bench --help lists the options)\n");
+  return CLI_EXIT_USAGE;
+}
+
+static int parse_opts(int argc, char **argv, bench_opts *o) {
+  enum { OPT_SIZE = 256, OPT_SHAPES, OPT_DIR, OPT_KEEP, OPT_RUNS, OPT_THREADS, OPT_CHUNK, OPT_STAGING,
+         OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON };
+  static const struct option kLong[] = {
+      {"size", required_argument, 0, OPT_SIZE},       {"shapes", required_argument, 0, OPT_SHAPES},
+      {"dir", required_argument, 0, OPT_DIR},         {"keep", required_argument, 0, OPT_KEEP},
+      {"runs", required_argument, 0, OPT_RUNS},       {"threads", required_argument, 0, OPT_THREADS},
+      {"chunk", required_argument, 0, OPT_CHUNK},     {"staging", required_argument, 0, OPT_STAGING},
+      {"no-crc", no_argument, 0, OPT_NOCRC},          {"no-fsync", no_argument, 0, OPT_NOFSYNC},
+      {"direct", required_argument, 0, OPT_DIRECT},   {"load", required_argument, 0, OPT_LOAD},
+      {"verify", no_argument, 0, OPT_VERIFY},         {"json", no_argument, 0, OPT_JSON},
+      {0, 0, 0, 0},
+  };
+  memset(o, 0, sizeof(*o));
+  o->argv0 = "ckptio";
+  o->size_str = "1GiB";
+  o->size = 1ull << 30;
+  o->runs = 3;
+  o->crc = 1;
+  o->fsync = 1;
+  o->direct = CKPTIO_AUTO;
+  o->load = CKPTIO_LOAD_AUTO;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, "", kLong, NULL)) != -1) {
+    switch (c) {
+      case OPT_SIZE:
+        if (cli_parse_size(optarg, &o->size) < 0 || !o->size)
+          return usage_error("bad --size '%s' (e.g. 1GiB, 512MiB, 2G, 4096)", optarg);
+        o->size_str = optarg;
+        o->size_given = 1;
+        break;
+      case OPT_SHAPES:
+        if (!strcmp(optarg, "llm"))
+          o->shapes = CLI_SHAPES_LLM;
+        else if (!strcmp(optarg, "linear"))
+          o->shapes = CLI_SHAPES_LINEAR;
+        else
+          return usage_error("bad --shapes '%s' (llm or linear)", optarg);
+        break;
+      case OPT_DIR: o->dir = optarg; break;
+      case OPT_KEEP: o->keep = optarg; break;
+      case OPT_RUNS:
+        if (cli_parse_int(optarg, &o->runs) < 0 || o->runs < 1 || o->runs > 1000)
+          return usage_error("bad --runs '%s' (1 to 1000)", optarg);
+        break;
+      case OPT_THREADS:
+        if (cli_parse_int(optarg, &o->threads) < 0 || o->threads < 1 || o->threads > 1024)
+          return usage_error("bad --threads '%s' (1 to 1024)", optarg);
+        break;
+      case OPT_CHUNK:
+        if (cli_parse_size(optarg, &o->chunk) < 0 || !o->chunk)
+          return usage_error("bad --chunk '%s'", optarg);
+        break;
+      case OPT_STAGING:
+        if (cli_parse_size(optarg, &o->staging) < 0 || !o->staging)
+          return usage_error("bad --staging '%s'", optarg);
+        break;
+      case OPT_NOCRC: o->crc = 0; break;
+      case OPT_NOFSYNC: o->fsync = 0; break;
+      case OPT_DIRECT:
+        if (!strcmp(optarg, "auto"))
+          o->direct = CKPTIO_AUTO;
+        else if (!strcmp(optarg, "on"))
+          o->direct = 1;
+        else if (!strcmp(optarg, "off"))
+          o->direct = 0;
+        else
+          return usage_error("bad --direct '%s' (auto, on or off)", optarg);
+        break;
+      case OPT_LOAD:
+        if (!strcmp(optarg, "auto"))
+          o->load = CKPTIO_LOAD_AUTO;
+        else if (!strcmp(optarg, "pread"))
+          o->load = CKPTIO_LOAD_PREAD;
+        else if (!strcmp(optarg, "mmap"))
+          o->load = CKPTIO_LOAD_MMAP;
+        else if (!strcmp(optarg, "direct"))
+          o->load = CKPTIO_LOAD_DIRECT;
+        else
+          return usage_error("bad --load '%s' (auto, pread, mmap or direct)", optarg);
+        break;
+      case OPT_VERIFY: o->verify = 1; break;
+      case OPT_JSON: o->json = 1; break;
+      default:
+        return usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+  return 0;
+}
+
+/* ------------------------------------------------------------ one run */
+
+typedef struct bench_state {
+  bench_opts *o;
+  cli_model *m;
+  ckptio_ctx *ctx;
+  uint8_t *dst;          /* load destinations, laid out like the model's arena */
+  ckptio_load_request *reqs;
+  uint64_t raw_bytes;
+  int run;
+} bench_state;
+
+static int fail_msg(const char *step, int rc, const char *detail) {
+  fprintf(stderr, "ckptio bench: %s: %s%s%s\n", step, ckptio_strerror(rc),
+          detail && *detail ? ": " : "", detail ? detail : "");
+  return rc;
+}
+
+static int bench_save(bench_state *s, bench_run *out) {
+  ckptio_writer *w = NULL;
+  cli_progress bar = {0};
+  char label[32], run[16];
+  snprintf(label, sizeof(label), "run %d save", s->run + 1);
+  snprintf(run, sizeof(run), "%d", s->run + 1);
+  unlink(g_ckpt); /* every save makes a new file, as the raw write does */
+  double t0 = cli_now();
+  int rc = ckptio_writer_open(s->ctx, g_ckpt, CKPTIO_FORMAT_SAFETENSORS, NULL, &w);
+  if (rc < 0) return fail_msg("save: open", rc, cli_open_error(rc));
+  if ((rc = ckptio_writer_set_metadata(w, "bench.shapes", bench_shapes_name(s->m->shapes))) < 0 ||
+      (rc = ckptio_writer_set_metadata(w, "bench.run", run)) < 0)
+    goto fail;
+  for (size_t i = 0; i < s->m->count; i++)
+    if ((rc = ckptio_writer_add(w, &s->m->tensors[i])) < 0) goto fail;
+  if ((rc = ckptio_writer_commit_async(w)) < 0) goto fail;
+  cli_progress_start(&bar, label, cli_progress_writer, w);
+  rc = ckptio_writer_wait_snapshot(w);
+  out->snapshot_s = cli_now() - t0;
+  if (rc >= 0) rc = ckptio_writer_wait_durable(w);
+  out->save_s = cli_now() - t0;
+  cli_progress_stop(&bar);
+  if (rc < 0) goto fail;
+  rc = ckptio_writer_close(w);
+  if (rc < 0) return fail_msg("save: close", rc, NULL);
+  return 0;
+fail:
+  fail_msg("save", rc, ckptio_writer_last_error(w));
+  ckptio_writer_close(w);
+  return rc;
+}
+
+/* Every byte as saved? Names the first tensor that differs. */
+static int compare(bench_state *s, const char *what) {
+  for (size_t i = 0; i < s->m->count; i++) {
+    uint64_t nb = (uint64_t)ckptio_tensor_nbytes(s->m->tensors[i].dtype, s->m->tensors[i].ndim,
+                                                 s->m->tensors[i].shape);
+    uint64_t off = s->m->arena_offset[i];
+    if (memcmp(s->dst + off, s->m->arena + off, nb)) {
+      fprintf(stderr, "ckptio bench: %s load: tensor '%s' differs from what was saved\n", what,
+              s->m->tensors[i].name);
+      return CKPTIO_E_CHECKSUM;
+    }
+  }
+  return 0;
+}
+
+static int bench_load(bench_state *s, ckptio_load_method method, const char *what,
+                      double *secs) {
+  ckptio_reader *r = NULL;
+  cli_progress bar = {0};
+  char label[48];
+  snprintf(label, sizeof(label), "run %d %s load", s->run + 1, what);
+  ckptio_options lo;
+  ckptio_ctx_options(s->ctx, &lo);
+  lo.load_method = method;
+  /* Zeroed destinations make a load that silently skips bytes visible. */
+  if (s->o->verify) memset(s->dst, 0, s->m->arena_bytes);
+  double t0 = cli_now();
+  int rc = ckptio_reader_open(s->ctx, g_ckpt, &lo, &r);
+  if (rc < 0) {
+    fail_msg("load: open", rc, cli_open_error(rc));
+    goto fail;
+  }
+  for (size_t i = 0; i < s->m->count; i++) {
+    int64_t idx = ckptio_reader_find(r, s->m->tensors[i].name);
+    if (idx < 0) {
+      rc = (int)idx;
+      fail_msg("load: find", rc, s->m->tensors[i].name);
+      goto fail;
+    }
+    s->reqs[i].index = (size_t)idx;
+    s->reqs[i].dst = s->dst + s->m->arena_offset[i];
+    s->reqs[i].device = CKPTIO_DEVICE_HOST;
+    s->reqs[i].dst_bytes = (uint64_t)ckptio_tensor_nbytes(
+        s->m->tensors[i].dtype, s->m->tensors[i].ndim, s->m->tensors[i].shape);
+  }
+  cli_progress_start(&bar, label, cli_progress_reader, r);
+  rc = ckptio_reader_load_many(r, s->reqs, s->m->count);
+  *secs = cli_now() - t0;
+  cli_progress_stop(&bar);
+  if (rc < 0) {
+    fail_msg("load", rc, ckptio_reader_last_error(r));
+    goto fail;
+  }
+  if (s->o->verify) {
+    if ((rc = compare(s, what)) < 0) goto fail;
+    size_t unchecked = 0;
+    if ((rc = ckptio_reader_verify(r, &unchecked)) < 0) {
+      fail_msg("verify", rc, ckptio_reader_last_error(r));
+      goto fail;
+    }
+    if (s->o->crc && unchecked) {
+      fprintf(stderr, "ckptio bench: verify: %zu tensors saved with --crc have no CRC32\n",
+              unchecked);
+      rc = CKPTIO_E_CHECKSUM;
+      goto fail;
+    }
+  }
+fail:
+  ckptio_reader_close(r);
+  return rc;
+}
+
+static int raw_fail(const char *step, int rc) {
+  fprintf(stderr, "ckptio bench: %s %s: %s\n", step, g_raw, ckptio_strerror(rc));
+  return rc;
+}
+
+static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
+  g_in_save = 1;
+  int rc = bench_save(s, out);
+  g_in_save = 0;
+  if (g_pending) die_by(g_pending);
+  if (rc < 0) return rc;
+  unlink(g_raw);
+  if ((rc = cli_raw_write(g_raw, s->m->arena, s->raw_bytes, &out->raw_write_s,
+                          &res->raw_direct_write)) < 0)
+    return raw_fail("raw write", rc);
+
+  if ((rc = cli_drop_cache(g_ckpt)) < 0) return fail_msg("drop page cache", rc, g_ckpt);
+  if ((rc = bench_load(s, CKPTIO_LOAD_DIRECT, "cold", &out->cold_s)) < 0) return rc;
+  if ((rc = cli_raw_read(g_raw, s->dst, s->raw_bytes, &out->raw_read_s,
+                         &res->raw_direct_read)) < 0)
+    return raw_fail("raw read", rc);
+
+  /* A save with O_DIRECT and an O_DIRECT load leave the file out of the page
+   * cache: read it once, untimed, so the next load is the warm one. */
+  if ((rc = cli_warm_cache(g_ckpt)) < 0) return fail_msg("warm page cache", rc, g_ckpt);
+  if ((rc = bench_load(s, s->o->load, "warm", &out->warm_s)) < 0) return rc;
+  out->memcpy_s = cli_raw_memcpy(s->dst, s->m->arena, s->raw_bytes);
+  return 0;
+}
+
+static uint64_t maxrss_bytes(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+int cli_bench_main(int argc, char **argv) {
+  bench_opts o;
+  if (parse_opts(argc, argv, &o)) return CLI_EXIT_USAGE;
+  o.argv0 = cli_program;
+  char keepdir[4096];
+  if (!o.dir && o.keep) {
+    /* Same filesystem as the kept file, so it is renamed, never copied. */
+    snprintf(keepdir, sizeof(keepdir), "%s", o.keep);
+    o.dir = dirname(keepdir);
+  }
+  if (!o.dir) o.dir = ".";
+  struct stat st;
+  int dir_ok = stat(o.dir, &st) == 0;
+  if (!dir_ok || !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "ckptio bench: --dir %s: %s\n", o.dir,
+            dir_ok ? "not a directory" : strerror(errno));
+    return CLI_EXIT_USAGE;
+  }
+
+  int ret = CLI_EXIT_USAGE, rc;
+  cli_machine machine;
+  cli_model model;
+  memset(&model, 0, sizeof(model));
+  bench_state s;
+  memset(&s, 0, sizeof(s));
+  bench_run *runs = calloc((size_t)o.runs, sizeof(*runs));
+  bench_result res;
+  memset(&res, 0, sizeof(res));
+  cli_machine_probe(&machine, o.dir);
+  snprintf(g_ckpt, sizeof(g_ckpt), "%s/.ckptio-bench-%ld.safetensors", machine.dir, (long)getpid());
+  snprintf(g_raw, sizeof(g_raw), "%s/.ckptio-bench-%ld.raw", machine.dir, (long)getpid());
+  install_cleanup();
+  if (!runs) goto fail;
+
+  if ((rc = cli_model_build(&model, o.shapes, o.size_given || o.shapes == CLI_SHAPES_LLM ? o.size : 0)) < 0) {
+    fail_msg("building the model", rc, NULL);
+    goto fail;
+  }
+  s.o = &o;
+  s.m = &model;
+  s.raw_bytes = (model.tensor_bytes + ALIGN - 1) / ALIGN * ALIGN;
+  s.dst = cli_buffer_alloc(model.arena_bytes);
+  s.reqs = calloc(model.count, sizeof(*s.reqs));
+  if (!s.dst || !s.reqs) {
+    fail_msg("allocating load buffers", -ENOMEM, NULL);
+    goto fail;
+  }
+  res.rss_baseline = maxrss_bytes();
+
+  ckptio_options co = CKPTIO_OPTIONS_INIT;
+  co.threads = o.threads;
+  co.chunk_bytes = o.chunk;
+  co.staging_bytes = o.staging;
+  co.crc = o.crc;
+  co.fsync = o.fsync;
+  co.direct_io = o.direct;
+  co.load_method = o.load;
+  if ((rc = ckptio_ctx_create(&co, &s.ctx)) < 0) {
+    fail_msg("creating the context", rc, cli_open_error(rc));
+    goto fail;
+  }
+  ckptio_ctx_options(s.ctx, &res.ctx_opts);
+
+  res.opts = &o;
+  res.machine = &machine;
+  res.model = &model;
+  res.raw_bytes = s.raw_bytes;
+  res.runs = runs;
+  for (s.run = 0; s.run < o.runs; s.run++) {
+    if ((rc = bench_one(&s, &res, &runs[s.run])) < 0) {
+      /* A data mismatch is the one failure that is the library's answer. */
+      ret = rc == CKPTIO_E_CHECKSUM ? CLI_EXIT_INVALID : CLI_EXIT_USAGE;
+      goto fail;
+    }
+    res.runs_done++;
+  }
+  if (stat(g_ckpt, &st) == 0) res.file_bytes = (uint64_t)st.st_size;
+  res.rss_peak = maxrss_bytes();
+
+  if (o.keep) {
+    if (rename(g_ckpt, o.keep) != 0) {
+      rc = errno == EXDEV ? copy_file(g_ckpt, o.keep) : -errno;
+      if (rc < 0) {
+        fprintf(stderr, "ckptio bench: --keep %s: %s\n", o.keep, ckptio_strerror(rc));
+        goto fail;
+      }
+    }
+  }
+  if (o.json)
+    bench_report_json(stdout, &res);
+  else
+    bench_report_table(stdout, &res);
+  ret = fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+fail:
+  remove_scratch();
+  ckptio_ctx_free(s.ctx);
+  free(s.reqs);
+  cli_buffer_free(s.dst, model.arena_bytes);
+  cli_model_free(&model);
+  free(runs);
+  return ret;
+}

@@ -1,0 +1,153 @@
+/*
+ * The `ckptio` command's private interface: the subcommands, and the small
+ * helpers they share (sizes, clocks, JSON strings, the progress bar, exit
+ * codes). Only include/ckptio.h is used from the library.
+ */
+#ifndef CKPTIO_CLI_H
+#define CKPTIO_CLI_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ckptio.h"
+
+/* Exit codes shared by every subcommand. */
+enum {
+  CLI_EXIT_OK = 0,
+  CLI_EXIT_INVALID = 1, /* the file is not a valid checkpoint, or data differ */
+  CLI_EXIT_USAGE = 2,   /* bad command line, or an I/O / system error */
+};
+
+/* argv[0] of the command, for the reproducing command lines it prints. */
+extern const char *cli_program;
+
+/* Subcommands: argv[0] is the subcommand name. */
+int cli_inspect_main(int argc, char **argv);
+int cli_verify_main(int argc, char **argv);
+int cli_bench_main(int argc, char **argv);
+
+void cli_inspect_usage(FILE *out);
+void cli_verify_usage(FILE *out);
+void cli_bench_usage(FILE *out);
+
+/* ------------------------------------------------------------ util.c */
+
+/* Parses "4096", "512MiB", "2G" (binary: K M G T, KiB..TiB), "2GB" (decimal:
+ * KB MB GB TB), with an optional fraction ("1.5GiB"). @return 0, or -1. */
+int cli_parse_size(const char *s, uint64_t *out);
+/* Parses a non-negative decimal int. @return 0, or -1. */
+int cli_parse_int(const char *s, int *out);
+/* "1.00 GiB", "512.0 MiB", "4096 B" into buf. @return buf. */
+const char *cli_fmt_bytes(uint64_t n, char *buf, size_t len);
+/* Monotonic seconds. */
+double cli_now(void);
+/* Writes s as a JSON string literal, quotes included. */
+void cli_json_string(FILE *out, const char *s);
+/* Writes s quoted for a POSIX shell when it needs quoting. */
+void cli_shell_word(FILE *out, const char *s);
+/* The detail of the last failed open or context creation in this thread,
+ * or the error's name when the library left none. */
+const char *cli_open_error(int rc);
+/* Which exit code a library error while reading a file maps to. */
+int cli_exit_for_read_error(int rc);
+
+/* Median, minimum and maximum of n values (n >= 1; v is reordered). */
+typedef struct cli_stat {
+  double median, min, max;
+} cli_stat;
+cli_stat cli_stat_of(double *v, size_t n);
+
+/* ------------------------------------------------------------ progress.c */
+
+/* Reports bytes done and in all; called from the progress thread while the
+ * operation runs on another. */
+typedef void (*cli_progress_fn)(void *arg, uint64_t *done, uint64_t *total);
+
+/* A progress bar on stderr: drawn only when stderr is a terminal and the
+ * operation has run for more than a second; polled every 100 ms. */
+typedef struct cli_progress {
+  int active;
+  int drawn;
+  int stop;
+  char label[64];
+  double start;
+  cli_progress_fn fn;
+  void *arg;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} cli_progress;
+
+/* Starts the poller (or nothing when stderr is not a terminal). */
+void cli_progress_start(cli_progress *p, const char *label, cli_progress_fn fn, void *arg);
+/* Stops the poller and erases the bar. Safe on a progress never started. */
+void cli_progress_stop(cli_progress *p);
+
+/* Progress functions for the two kinds of handle. */
+void cli_progress_writer(void *writer, uint64_t *done, uint64_t *total);
+void cli_progress_reader(void *reader, uint64_t *done, uint64_t *total);
+
+/* ------------------------------------------------------------ synth.c */
+
+typedef enum cli_shapes { CLI_SHAPES_LLM, CLI_SHAPES_LINEAR } cli_shapes;
+
+/* A synthetic model: tensors laid out in one page-aligned arena, filled with
+ * deterministic pseudo-random bytes and touched before anything is timed. */
+typedef struct cli_model {
+  cli_shapes shapes;
+  int hidden, layers, vocab, inter; /* llm: the dimensions chosen */
+  int linear_dim;                   /* linear: d of Linear(d, d) */
+  size_t count;
+  ckptio_tensor *tensors;           /* data points into arena */
+  char **names;                     /* owned */
+  uint64_t *arena_offset;           /* tensor i's offset in the arena */
+  uint64_t tensor_bytes;            /* sum of every tensor's bytes */
+  uint64_t arena_bytes;             /* a multiple of 4096, >= tensor_bytes */
+  uint8_t *arena;
+} cli_model;
+
+/* Chooses the shapes for about target_bytes (linear with target 0: the
+ * 10 x Linear(10000, 10000) model), allocates, fills and touches. */
+int cli_model_build(cli_model *m, cli_shapes shapes, uint64_t target_bytes);
+void cli_model_free(cli_model *m);
+/* A touched page-aligned buffer of n bytes (munmap with cli_buffer_free). */
+void *cli_buffer_alloc(uint64_t n);
+void cli_buffer_free(void *p, uint64_t n);
+
+/* ------------------------------------------------------------ rawlimit.c */
+
+#define CLI_RAW_BLOCK (8u << 20)
+#define CLI_RAW_DEPTH 32
+
+/* Sequential write of n bytes of buf (page-aligned; n a multiple of 4096) to
+ * a new file at path with O_DIRECT, CLI_RAW_DEPTH blocks of CLI_RAW_BLOCK in
+ * flight, then fdatasync. *direct says whether O_DIRECT was accepted.
+ * @return 0 and *seconds, or -errno. */
+int cli_raw_write(const char *path, const void *buf, uint64_t n, double *seconds, int *direct);
+/* Sequential O_DIRECT read of n bytes of path into buf, same depth. */
+int cli_raw_read(const char *path, void *buf, uint64_t n, double *seconds, int *direct);
+/* Single-thread memcpy of n bytes. @return seconds. */
+double cli_raw_memcpy(void *dst, const void *src, uint64_t n);
+/* fdatasync, then drop the file from the page cache. @return 0 or -errno. */
+int cli_drop_cache(const char *path);
+/* Reads the file once through the page cache so a following load is warm. */
+int cli_warm_cache(const char *path);
+
+/* ------------------------------------------------------------ machine.c */
+
+typedef struct cli_machine {
+  long nproc;
+  uint64_t mem_bytes;
+  char kernel[160];
+  char cpu[128];
+  char fs_type[32];
+  char fs_device[256];
+  char fs_mount[256];
+  char dir[4096]; /* absolute */
+} cli_machine;
+
+void cli_machine_probe(cli_machine *m, const char *dir);
+
+#endif

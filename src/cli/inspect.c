@@ -1,0 +1,206 @@
+/*
+ * `ckptio inspect FILE [--json]`: what a checkpoint holds, read from its
+ * header alone (no tensor data is touched): format, sizes, one line per
+ * tensor, and the metadata.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+void cli_inspect_usage(FILE *out) {
+  fprintf(out,
+          "usage: ckptio inspect FILE [--json]\n\n"
+          "Prints the format, file size, header size, data start and tensor count,\n"
+          "then one line per tensor (name, dtype, shape, byte offset in the file,\n"
+          "bytes, recorded CRC32 or \"-\") and the metadata. Only the header is read.\n\n"
+          "  --json   one JSON object instead of the table\n\n"
+          "exit codes: 0 ok; 1 not a valid checkpoint; 2 usage or I/O error\n");
+}
+
+/* Open-time facts the reader does not report: the format's magic and, for
+ * safetensors, the header length prefix. */
+typedef struct file_facts {
+  uint64_t file_size;
+  const char *format;
+  uint64_t header_bytes; /* the JSON header, without the 8-byte prefix */
+  uint64_t data_start;
+} file_facts;
+
+static int read_facts(const char *path, file_facts *f) {
+  memset(f, 0, sizeof(*f));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  struct stat st;
+  uint8_t prefix[8] = {0};
+  int rc = 0;
+  if (fstat(fd, &st) != 0) {
+    rc = -errno;
+    goto fail;
+  }
+  f->file_size = (uint64_t)st.st_size;
+  ssize_t got = pread(fd, prefix, sizeof(prefix), 0);
+  if (got < 0) {
+    rc = -errno;
+    goto fail;
+  }
+  if (got >= 4 && !memcmp(prefix, "PK\3\4", 4)) {
+    f->format = "pytorch-zip";
+  } else {
+    f->format = "safetensors";
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | prefix[i];
+    f->header_bytes = n;
+    f->data_start = 8 + n;
+  }
+fail:
+  close(fd);
+  return rc;
+}
+
+static void shape_str(const ckptio_tensor_info *t, char *buf, size_t len) {
+  size_t p = 0;
+  p += (size_t)snprintf(buf + p, len - p, "[");
+  for (int d = 0; d < t->ndim && p < len; d++)
+    p += (size_t)snprintf(buf + p, len - p, "%s%" PRId64, d ? ", " : "", t->shape[d]);
+  if (p < len) snprintf(buf + p, len - p, "]");
+}
+
+static void print_json(const char *path, const file_facts *f, ckptio_reader *r) {
+  size_t n = ckptio_reader_count(r);
+  printf("{\"file\":");
+  cli_json_string(stdout, path);
+  printf(",\"format\":\"%s\",\"file_size\":%" PRIu64 ",\"header_size\":%" PRIu64
+         ",\"data_start\":%" PRIu64 ",\"tensor_count\":%zu,\"tensors\":[",
+         f->format, f->file_size, f->header_bytes, f->data_start, n);
+  for (size_t i = 0; i < n; i++) {
+    ckptio_tensor_info t;
+    if (ckptio_reader_info(r, i, &t) < 0) continue;
+    printf("%s{\"name\":", i ? "," : "");
+    cli_json_string(stdout, t.name);
+    printf(",\"dtype\":\"%s\",\"shape\":[", ckptio_dtype_name(t.dtype));
+    for (int d = 0; d < t.ndim; d++) printf("%s%" PRId64, d ? "," : "", t.shape[d]);
+    printf("],\"offset\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",\"crc32\":", t.offset, t.nbytes);
+    if (t.has_crc)
+      printf("\"%08" PRIx32 "\"}", t.crc32);
+    else
+      printf("null}");
+  }
+  printf("],\"metadata\":{");
+  size_t nm = ckptio_reader_metadata_count(r);
+  for (size_t i = 0; i < nm; i++) {
+    const char *k, *v;
+    if (ckptio_reader_metadata_at(r, i, &k, &v) < 0) continue;
+    if (i) putchar(',');
+    cli_json_string(stdout, k);
+    putchar(':');
+    cli_json_string(stdout, v);
+  }
+  printf("}}\n");
+}
+
+static void print_table(const char *path, const file_facts *f, ckptio_reader *r) {
+  size_t n = ckptio_reader_count(r);
+  uint64_t total = 0;
+  int wname = 4, wshape = 5, woff = 6, wbytes = 6;
+  char shape[256], num[32], hb[32];
+  for (size_t i = 0; i < n; i++) {
+    ckptio_tensor_info t;
+    if (ckptio_reader_info(r, i, &t) < 0) continue;
+    total += t.nbytes;
+    shape_str(&t, shape, sizeof(shape));
+    int l = (int)strlen(t.name);
+    if (l > wname) wname = l;
+    if ((l = (int)strlen(shape)) > wshape) wshape = l;
+    if ((l = snprintf(num, sizeof(num), "%" PRIu64, t.offset)) > woff) woff = l;
+    if ((l = snprintf(num, sizeof(num), "%" PRIu64, t.nbytes)) > wbytes) wbytes = l;
+  }
+  printf("file         %s\n", path);
+  printf("format       %s\n", f->format);
+  printf("file size    %" PRIu64 " bytes (%s)\n", f->file_size,
+         cli_fmt_bytes(f->file_size, hb, sizeof(hb)));
+  if (f->data_start) {
+    printf("header size  %" PRIu64 " bytes (+ 8-byte length prefix)\n", f->header_bytes);
+    printf("data start   %" PRIu64 "\n", f->data_start);
+  }
+  printf("tensors      %zu (%" PRIu64 " bytes, %s)\n", n, total, cli_fmt_bytes(total, hb, sizeof(hb)));
+  printf("metadata     %zu keys\n\n", ckptio_reader_metadata_count(r));
+  printf("%-*s  %-5s  %-*s  %*s  %*s  %s\n", wname, "name", "dtype", wshape, "shape", woff, "offset",
+         wbytes, "nbytes", "crc32");
+  for (size_t i = 0; i < n; i++) {
+    ckptio_tensor_info t;
+    if (ckptio_reader_info(r, i, &t) < 0) continue;
+    shape_str(&t, shape, sizeof(shape));
+    char crc[16] = "-";
+    if (t.has_crc) snprintf(crc, sizeof(crc), "%08" PRIx32, t.crc32);
+    printf("%-*s  %-5s  %-*s  %*" PRIu64 "  %*" PRIu64 "  %s\n", wname, t.name,
+           ckptio_dtype_name(t.dtype), wshape, shape, woff, t.offset, wbytes, t.nbytes, crc);
+  }
+  size_t nm = ckptio_reader_metadata_count(r);
+  if (nm) printf("\nmetadata\n");
+  for (size_t i = 0; i < nm; i++) {
+    const char *k, *v;
+    if (ckptio_reader_metadata_at(r, i, &k, &v) == 0) printf("  %s = %s\n", k, v);
+  }
+}
+
+int cli_inspect_main(int argc, char **argv) {
+  const char *path = NULL;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) {
+      json = 1;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "ckptio inspect: unknown option '%s'\n\n", argv[i]);
+      cli_inspect_usage(stderr);
+      return CLI_EXIT_USAGE;
+    } else if (path) {
+      fprintf(stderr, "ckptio inspect: one FILE only\n");
+      return CLI_EXIT_USAGE;
+    } else {
+      path = argv[i];
+    }
+  }
+  if (!path) {
+    cli_inspect_usage(stderr);
+    return CLI_EXIT_USAGE;
+  }
+
+  int ret = CLI_EXIT_USAGE;
+  ckptio_ctx *ctx = NULL;
+  ckptio_reader *r = NULL;
+  file_facts facts;
+  int rc = read_facts(path, &facts);
+  if (rc < 0) {
+    fprintf(stderr, "ckptio inspect: %s: %s\n", path, ckptio_strerror(rc));
+    goto fail;
+  }
+  /* Only the header is read: one thread and the smallest staging ring. */
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.threads = 1;
+  o.chunk_bytes = 64 << 10;
+  o.staging_bytes = 128 << 10;
+  if ((rc = ckptio_ctx_create(&o, &ctx)) < 0) {
+    fprintf(stderr, "ckptio inspect: %s\n", cli_open_error(rc));
+    goto fail;
+  }
+  if ((rc = ckptio_reader_open(ctx, path, NULL, &r)) < 0) {
+    fprintf(stderr, "ckptio inspect: %s\n", cli_open_error(rc));
+    ret = cli_exit_for_read_error(rc);
+    goto fail;
+  }
+  if (json)
+    print_json(path, &facts, r);
+  else
+    print_table(path, &facts, r);
+  ret = fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+fail:
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+  return ret;
+}
