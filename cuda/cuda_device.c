@@ -140,12 +140,10 @@ static int copy_h2d(void *dst, const void *src, size_t n, void *s) {
 static int pointer_device(const void *p, int *ordinal) {
   struct cudaPointerAttributes a;
   memset(&a, 0, sizeof(a));
+  /* Since CUDA 11 plain host memory is a success (cudaMemoryTypeUnregistered);
+   * the runtimes we load (12, 13) report a real failure only. */
   int e = rt.cudaPointerGetAttributes(&a, p);
-  if (e != cudaSuccess) {
-    rt.cudaGetLastError(); /* older runtimes flag plain host memory as an error */
-    *ordinal = -1;
-    return 0;
-  }
+  if (e) return e;
   *ordinal = (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) ? a.device : -1;
   return 0;
 }

@@ -1,12 +1,49 @@
 #include "ckpt_fixture.h"
 
+#include <dlfcn.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 extern "C" {
 #include "core/crc32.h"
 }
 
 namespace ckptio_test {
+
+bool on_gpu() {
+  const char *d = getenv("CKPTIO_TEST_DEVICE");
+  return d && std::string(d) == "cuda";
+}
+
+void *cudart() {
+  static void *h = on_gpu() ? dlopen(getenv("CKPTIO_CUDART"), RTLD_NOW) : nullptr;
+  return h;
+}
+
+namespace {
+template <typename F>
+F rt(const char *name) {
+  void *f = cudart() ? dlsym(cudart(), name) : nullptr;
+  if (!f) throw std::runtime_error(std::string("CUDA runtime lacks ") + name);
+  return reinterpret_cast<F>(f);
+}
+// cudaMemcpy(dst, src, n, kind): 1 host to device, 2 device to host.
+void copy(void *dst, const void *src, size_t n, int kind) {
+  if (!n) return;
+  int e = rt<int (*)(void *, const void *, size_t, int)>("cudaMemcpy")(dst, src, n, kind);
+  if (e) throw std::runtime_error("cudaMemcpy failed: " + std::to_string(e));
+}
+}  // namespace
+
+int gpu_count() {
+  int n = 0;
+  rt<int (*)(int *)>("cudaGetDeviceCount")(&n);
+  return n;
+}
+void to_gpu(void *dst, const void *src, size_t n) { copy(dst, src, n, 1); }
+void from_gpu(void *dst, const void *src, size_t n) { copy(dst, src, n, 2); }
 
 Tensor make_tensor(const std::string &name, ckptio_dtype dtype, std::vector<int64_t> shape, uint64_t seed) {
   int64_t n = ckptio_tensor_nbytes(dtype, (int)shape.size(), shape.data());
@@ -27,7 +64,9 @@ int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts
   ckptio_writer *w = nullptr;
   int rc = ckptio_writer_open(ctx, path.c_str(), CKPTIO_FORMAT_SAFETENSORS, opts, &w);
   if (rc < 0) return rc;
-  for (const auto &t : ts) {
+  std::vector<std::pair<int, void *>> on_device;
+  for (size_t k = 0; k < ts.size() && rc == 0; k++) {
+    const Tensor &t = ts[k];
     ckptio_tensor d{};
     d.name = t.name.c_str();
     d.dtype = t.dtype;
@@ -35,11 +74,20 @@ int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts
     for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
     d.data = t.bytes.data();
     d.device = CKPTIO_DEVICE_HOST;
-    if ((rc = ckptio_writer_add(w, &d)) < 0) break;
+    if (on_gpu()) {
+      d.device = CKPTIO_DEVICE_CUDA((int)(k % (size_t)gpu_count()));
+      void *p = nullptr;
+      if ((rc = ckptio_device_alloc(ctx, d.device, t.bytes.size(), &p)) < 0) break;
+      on_device.push_back({d.device, p});
+      to_gpu(p, t.bytes.data(), t.bytes.size());
+      d.data = p;
+    }
+    rc = ckptio_writer_add(w, &d);
   }
   if (rc == 0) rc = ckptio_writer_commit(w);
   if (err) *err = ckptio_writer_last_error(w);
   int rc2 = ckptio_writer_close(w);
+  for (auto &dp : on_device) ckptio_device_free(ctx, dp.first, dp.second);
   return rc < 0 ? rc : rc2;
 }
 
@@ -75,7 +123,20 @@ void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Te
       EXPECT_EQ(memcmp(view, ts[i].bytes.data(), vn), 0) << "view of " << ts[i].name;
     }
   }
-  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  std::vector<void *> dev(ts.size(), nullptr);
+  if (on_gpu()) {
+    for (size_t i = 0; i < ts.size(); i++) {
+      reqs[i].device = CKPTIO_DEVICE_CUDA((int)(i % (size_t)gpu_count()));
+      ASSERT_EQ(ckptio_device_alloc(ctx, reqs[i].device, ts[i].bytes.size(), &dev[i]), 0);
+      reqs[i].dst = dev[i];
+    }
+  }
+  int rc = ckptio_reader_load_many(r, reqs.data(), reqs.size());
+  for (size_t i = 0; i < ts.size() && on_gpu(); i++) {
+    if (rc == 0) from_gpu(out[i].data(), dev[i], ts[i].bytes.size());
+    ckptio_device_free(ctx, reqs[i].device, dev[i]);
+  }
+  ASSERT_EQ(rc, 0) << ckptio_reader_last_error(r);
   for (size_t i = 0; i < ts.size(); i++) {
     EXPECT_TRUE(std::equal(ts[i].bytes.begin(), ts[i].bytes.end(), out[i].begin())) << ts[i].name;
     EXPECT_EQ(out[i].back(), 0xEE) << "wrote past the tensor: " << ts[i].name;

@@ -29,6 +29,18 @@ ckptio_options small_options(size_t chunk = 64 << 10, size_t staging = 256 << 10
 int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
          const ckptio_options *opts = nullptr, std::string *err = nullptr);
 
+// True in the cuda-fake variant of a test (CKPTIO_TEST_DEVICE=cuda): save()
+// then uploads every tensor to a GPU (round robin over the GPUs) and saves
+// from device memory, and expect_loads() loads onto GPUs and downloads.
+bool on_gpu();
+// The CUDA runtime the library uses (CKPTIO_CUDART), for uploads and
+// downloads in the tests; nullptr when not on_gpu().
+void *cudart();
+int gpu_count();
+// Copies between host and a GPU pointer through the runtime's cudaMemcpy.
+void to_gpu(void *dst, const void *src, size_t n);
+void from_gpu(void *dst, const void *src, size_t n);
+
 // Opens path and checks every tensor's info and bytes (through load_many
 // with the given method, and through view).
 void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,

@@ -1,0 +1,197 @@
+// The CUDA path over the fake runtime (label cuda-fake): the hot path makes
+// no pageable copies, the snapshot includes work still queued on the
+// caller's stream at the commit and nothing queued after the snapshot, host/device pointer
+// mix-ups are refused, every injected CUDA failure fails the save or load
+// cleanly with the CUDA error's name, and nothing pinned or created leaks.
+#include <dlfcn.h>
+
+#include <cstring>
+
+#include "ckpt_fixture.h"
+#include "fake_cudart.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+template <typename F>
+F sym(const char *name) {
+  return reinterpret_cast<F>(dlsym(cudart(), name));
+}
+
+struct fake_cudart_stats stats() {
+  struct fake_cudart_stats s = FAKE_CUDART_STATS_INIT;
+  sym<int (*)(struct fake_cudart_stats *)>("fake_cudart_stats")(&s);
+  return s;
+}
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!on_gpu()) GTEST_SKIP() << "needs the fake CUDA runtime: run as the cuda-fake ctest variant";
+    ckptio_options o = small_options(64 << 10, 512 << 10, 4);
+    o.cuda = 1;
+    ASSERT_EQ(ckptio_ctx_create(&o, &ctx_), 0) << ckptio_last_open_error();
+    sym<void (*)()>("fake_cudart_reset_stats")();
+  }
+  void TearDown() override {
+    if (!on_gpu()) return;
+    sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")(nullptr, 0, 0);
+    ckptio_ctx_free(ctx_);
+    struct fake_cudart_stats s = stats();
+    EXPECT_EQ(s.registered_ranges, 0u) << "pinned staging leaked";
+    EXPECT_EQ(s.pinned_allocs, 0u);
+    EXPECT_EQ(s.streams, 0u);
+    EXPECT_EQ(s.events, 0u);
+    EXPECT_EQ(s.device_allocs, 0u);
+  }
+  void fail_nth(const char *func, long nth, int err) {
+    sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")(func, nth, err);
+  }
+  std::vector<Tensor> model() {
+    return {make_tensor("a", CKPTIO_BF16, {300000}, 1), make_tensor("b", CKPTIO_F32, {7}, 2),
+            make_tensor("c", CKPTIO_F32, {100000}, 3)};
+  }
+  TempDir dir_;
+  ckptio_ctx *ctx_ = nullptr;
+};
+
+}  // namespace
+
+TEST_F(Cuda, HotPathMakesNoPageableCopies) {
+  auto ts = model();
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  for (auto m : {CKPTIO_LOAD_PREAD, CKPTIO_LOAD_DIRECT, CKPTIO_LOAD_MMAP})
+    expect_loads(ctx_, dir_.file("m.safetensors"), ts, m);
+  struct fake_cudart_stats s = stats();
+  // The fixture's own uploads / downloads use cudaMemcpy on pageable vectors;
+  // ckptio's copies are all cudaMemcpyAsync from pinned staging.
+  EXPECT_GT(s.async_copies, 0u);
+  EXPECT_EQ(s.pageable_copies, s.sync_copies) << "ckptio made a pageable async copy";
+}
+
+TEST_F(Cuda, SnapshotHoldsWorkQueuedBeforeCommitAndNothingAfter) {
+  const size_t n = 1 << 20;
+  void *buf = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &buf), 0);
+  std::vector<uint8_t> ones(n, 0x11);
+  to_gpu(buf, ones.data(), n);
+  sym<int (*)(int)>("cudaSetDevice")(1);
+  void *stream = nullptr;
+  ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
+  auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
+  // The training step's last kernel, still queued (the fake delays it).
+  ASSERT_EQ(memset_async(buf, 0x22, n, stream), 0);
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("s.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  ckptio_tensor t{"w", CKPTIO_U8, 1, {(int64_t)n}, buf, CKPTIO_DEVICE_CUDA(1)};
+  ASSERT_EQ(ckptio_writer_add(w, &t), 0);
+  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(ckptio_writer_commit_async(w), 0);
+  // The next step's kernel may be queued once the snapshot is taken (the
+  // tensors are borrowed until then).
+  ASSERT_EQ(ckptio_writer_wait_snapshot(w), 0) << ckptio_writer_last_error(w);
+  ASSERT_EQ(memset_async(buf, 0x33, n, stream), 0);
+  ASSERT_EQ(ckptio_writer_wait_durable(w), 0) << ckptio_writer_last_error(w);
+  ckptio_writer_close(w);
+  sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
+  sym<int (*)(void *)>("cudaStreamDestroy")(stream);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), buf);
+  auto bytes = read_file(dir_.file("s.safetensors"));
+  ASSERT_GE(bytes.size(), n);
+  for (size_t i = bytes.size() - n; i < bytes.size(); i += 4093) ASSERT_EQ(bytes[i], 0x22) << "at " << i;
+}
+
+TEST_F(Cuda, PointerMixUpsAreRefusedNotCrashed) {
+  void *dev = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(0), 4096, &dev), 0);
+  std::vector<uint8_t> host(4096);
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("x.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  ckptio_tensor as_host{"h", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add(w, &as_host), CKPTIO_E_DEVICE);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("GPU memory but the descriptor says host"), std::string::npos)
+      << ckptio_writer_last_error(w);
+  ckptio_tensor as_dev{"d", CKPTIO_U8, 1, {4096}, host.data(), CKPTIO_DEVICE_CUDA(0)};
+  EXPECT_EQ(ckptio_writer_add(w, &as_dev), CKPTIO_E_DEVICE);
+  ckptio_tensor wrong_gpu{"g", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(1)};
+  EXPECT_EQ(ckptio_writer_add(w, &wrong_gpu), CKPTIO_E_DEVICE);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("on GPU 0"), std::string::npos);
+  ckptio_tensor no_gpu{"n", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(7)};
+  EXPECT_EQ(ckptio_writer_add(w, &no_gpu), CKPTIO_E_DEVICE);
+  ckptio_tensor ok{"ok", CKPTIO_U8, 1, {4096}, host.data(), CKPTIO_DEVICE_HOST};
+  ASSERT_EQ(ckptio_writer_add(w, &ok), 0);
+  ASSERT_EQ(ckptio_writer_commit(w), 0);
+  ckptio_writer_close(w);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("x.safetensors").c_str(), nullptr, &r), 0);
+  ckptio_load_request into_host_as_dev{0, host.data(), 4096, CKPTIO_DEVICE_CUDA(0)};
+  EXPECT_EQ(ckptio_reader_load_many(r, &into_host_as_dev, 1), CKPTIO_E_DEVICE);
+  ckptio_load_request into_dev_as_host{0, dev, 4096, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_reader_load_many(r, &into_dev_as_host, 1), CKPTIO_E_DEVICE);
+  ckptio_reader_close(r);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(0), dev);
+}
+
+// Each CUDA call of the save path, failed in turn: the save fails with the
+// CUDA error's name, the previous checkpoint is untouched, no temp file is
+// left, and the context still saves afterwards.
+TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
+  auto old = model();
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), old), 0);
+  auto old_bytes = read_file(dir_.file("m.safetensors"));
+  auto next = old;
+  for (auto &t : next) t.bytes = pattern(t.bytes.size(), 99);
+  struct Case { const char *func; long nth; int err; const char *name; };
+  for (Case c : {Case{"cudaMemcpyAsync", 1, 719, "cudaErrorLaunchFailure"},
+                 Case{"cudaMemcpyAsync", 4, 700, "cudaErrorIllegalAddress"},
+                 Case{"cudaEventRecord", 3, 999, "cudaErrorUnknown"},
+                 Case{"cudaEventSynchronize", 2, 719, "cudaErrorLaunchFailure"},
+                 Case{"cudaStreamWaitEvent", 1, 400, "cudaErrorInvalidResourceHandle"},
+                 Case{"cudaPointerGetAttributes", 2, 1, "cudaErrorInvalidValue"}}) {
+    SCOPED_TRACE(std::string(c.func) + " #" + std::to_string(c.nth));
+    // Uploads in the fixture use cudaMemcpy (not Async): counts stay ours.
+    fail_nth(c.func, c.nth, c.err);
+    std::string msg;
+    EXPECT_EQ(save(ctx_, dir_.file("m.safetensors"), next, nullptr, &msg), CKPTIO_E_DEVICE) << msg;
+    fail_nth(nullptr, 0, 0);
+    EXPECT_NE(msg.find(c.name), std::string::npos) << msg;
+    EXPECT_EQ(read_file(dir_.file("m.safetensors")), old_bytes);
+    EXPECT_EQ(dir_.list(), std::vector<std::string>{"m.safetensors"});
+  }
+  expect_loads(ctx_, dir_.file("m.safetensors"), old);
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), next), 0);
+  expect_loads(ctx_, dir_.file("m.safetensors"), next);
+}
+
+TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {
+  auto ts = model();
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("m.safetensors").c_str(), nullptr, &r), 0);
+  void *dev = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(0), 1 << 20, &dev), 0);
+  int64_t i = ckptio_reader_find(r, "a");
+  for (const char *func : {"cudaMemcpyAsync", "cudaEventSynchronize"}) {
+    fail_nth(func, 2, 719);
+    ckptio_load_request q{(size_t)i, dev, 1 << 20, CKPTIO_DEVICE_CUDA(0)};
+    EXPECT_EQ(ckptio_reader_load_many(r, &q, 1), CKPTIO_E_DEVICE);
+    fail_nth(nullptr, 0, 0);
+    std::string msg = ckptio_reader_last_error(r);
+    EXPECT_NE(msg.find("'a'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cudaErrorLaunchFailure"), std::string::npos) << msg;
+  }
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(0), dev);
+  ckptio_reader_close(r);
+}
+
+TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {
+  struct fake_cudart_stats before = stats();
+  EXPECT_EQ(before.registered_ranges, 1u) << "the context pins its ring once";
+  EXPECT_EQ(before.registered_bytes, 512u << 10);
+  auto ts = model();
+  for (int k = 0; k < 3; k++) ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  struct fake_cudart_stats after = stats();
+  EXPECT_EQ(after.registered_ranges, 1u);
+  EXPECT_EQ(after.peak_locked_bytes, 512u << 10) << "saves must not pin more than the ring";
+}
