@@ -12,6 +12,7 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "formats/layout.h"
 #include "formats/safetensors.h"
 #include "internal.h"
 #include "io/file.h"
@@ -39,7 +40,7 @@ struct ckptio_writer {
   char *path;
   wtensor *tensors;
   size_t count, cap;
-  ckptio_st_kv *meta;
+  ckptio_kv *meta;       /* strings owned by the writer */
   size_t nmeta, meta_cap;
   size_t *name_slots;     /* open-addressing set of tensor indices + 1 */
   size_t name_cap;
@@ -60,7 +61,8 @@ struct ckptio_writer {
   _Atomic uint64_t chunks_copied;
 
   /* Valid while a commit runs. Tensor k means the k-th in file order. */
-  ckptio_st_plan plan;
+  ckptio_format format;
+  ckptio_layout layout;
   ckptio_tmpfile file;
   uint64_t chunk_bytes, nchunks;
   uint64_t *first_chunk;  /* [k]: chunk holding tensor k's first byte */
@@ -90,6 +92,7 @@ int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
     return rc < 0 ? rc : -ENOMEM;
   }
   w->ctx = ctx;
+  w->format = format;
   w->file.fd = w->file.fd_direct = -1;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
@@ -117,13 +120,13 @@ int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *va
     if (strcmp(w->meta[i].key, key) == 0)
       return fail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice%s", key, "");
   if (grow((void **)&w->meta, &w->meta_cap, w->nmeta, sizeof(*w->meta)) < 0) return -ENOMEM;
-  ckptio_st_kv kv = {strdup(key), strdup(value)};
-  if (!kv.key || !kv.value) {
-    free(kv.key);
-    free(kv.value);
+  char *k = strdup(key), *v = strdup(value);
+  if (!k || !v) {
+    free(k);
+    free(v);
     return -ENOMEM;
   }
-  w->meta[w->nmeta++] = kv;
+  w->meta[w->nmeta++] = (ckptio_kv){k, v};
   return 0;
 }
 
@@ -225,8 +228,8 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   return 0;
 }
 
-static const wtensor *tensor_at(const ckptio_writer *w, size_t k) { return &w->tensors[w->plan.order[k]]; }
-static uint64_t offset_at(const ckptio_writer *w, size_t k) { return w->plan.offset[w->plan.order[k]]; }
+static const wtensor *tensor_at(const ckptio_writer *w, size_t k) { return &w->tensors[w->layout.order[k]]; }
+static uint64_t offset_at(const ckptio_writer *w, size_t k) { return w->layout.offset[w->layout.order[k]]; }
 
 static void mark_snapshot(ckptio_writer *w) {
   pthread_mutex_lock(&w->mu);
@@ -309,9 +312,27 @@ static int start_gpu_copies(ckptio_writer *w, chunk_job *j, uint64_t start, uint
   return rc;
 }
 
+/* The format's own bytes (headers, zip records) that fall in [start, end). */
+static void copy_extents(const ckptio_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
+  const ckptio_extent *x = w->layout.extents;
+  size_t lo = 0, hi = w->layout.nextents;
+  while (lo < hi) { /* first extent ending after start */
+    size_t mid = lo + (hi - lo) / 2;
+    if (x[mid].offset + x[mid].len <= start) lo = mid + 1;
+    else hi = mid;
+  }
+  for (; lo < w->layout.nextents && x[lo].offset < end; lo++) {
+    uint64_t a = x[lo].offset > start ? x[lo].offset : start;
+    uint64_t b = x[lo].offset + x[lo].len < end ? x[lo].offset + x[lo].len : end;
+    memcpy(slot + (a - start), x[lo].bytes + (a - x[lo].offset), b - a);
+  }
+}
+
 /* Worker side: waits for the slot's GPU copies, copies the host tensors'
- * bytes, CRCs every piece. @return 0 or a GPU error, described in msg. */
-static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, char *msg, size_t len) {
+ * bytes and the format's, CRCs every piece and counts the tensor bytes.
+ * @return 0 or a GPU error, described in msg. */
+static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
+                      char *msg, size_t len) {
   ckptio_gpu *g = w->ctx->gpu;
   for (int ord = 0; ord < MAX_GPUS; ord++) {
     if (!(j->gpu_mask >> ord & 1)) continue;
@@ -328,16 +349,18 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
   pieces_begin(&it, w, start, end);
   while (pieces_next(&it)) {
     unsigned char *dst = j->slot + (it.a - start);
+    *tensor_bytes += it.b - it.a;
     if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST) memcpy(dst, piece_src(&it), it.b - it.a);
     if (w->opts.crc)
       w->piece_crc[w->piece_base[it.k] + (j->index - w->first_chunk[it.k])] = ckptio_crc32(0, dst, it.b - it.a);
   }
+  copy_extents(w, j->slot, start, end);
   return 0;
 }
 
 static void chunk_range(const ckptio_writer *w, uint64_t index, uint64_t *start, uint64_t *end) {
-  *start = w->plan.header_bytes + index * w->chunk_bytes;
-  *end = *start + w->chunk_bytes < w->plan.file_size ? *start + w->chunk_bytes : w->plan.file_size;
+  *start = index * w->chunk_bytes;
+  *end = *start + w->chunk_bytes < w->layout.file_size ? *start + w->chunk_bytes : w->layout.file_size;
 }
 
 static void chunk_job_run(void *arg) {
@@ -347,7 +370,8 @@ static void chunk_job_run(void *arg) {
   chunk_range(w, j->index, &start, &end);
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
-  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, msg, sizeof(msg))) == 0) {
+  uint64_t tensor_bytes = 0;
+  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, &tensor_bytes, msg, sizeof(msg))) == 0) {
     if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
     size_t len = (size_t)(end - start);
     int fd = w->file.fd;
@@ -364,7 +388,7 @@ static void chunk_job_run(void *arg) {
       snprintf(msg, sizeof(msg), "%s: write of %zu bytes at offset %llu failed: %s", w->path, len,
                (unsigned long long)start, ckptio_strerror(rc));
     else
-      atomic_fetch_add(&w->done_bytes, end - start);
+      atomic_fetch_add(&w->done_bytes, tensor_bytes);
   }
   ckptio_ring_release(w->ctx->ring, j->slot);
   ckptio_batch_done(&w->batch, rc, msg);
@@ -373,7 +397,7 @@ static void chunk_job_run(void *arg) {
 /* Chunk bookkeeping for the planned file: which chunks each tensor spans
  * and where its piece CRCs go. */
 static int plan_chunks(ckptio_writer *w) {
-  uint64_t data_bytes = w->plan.file_size - w->plan.header_bytes;
+  uint64_t data_bytes = w->layout.file_size;
   w->chunk_bytes = ckptio_ring_slot_bytes(w->ctx->ring);
   w->nchunks = (data_bytes + w->chunk_bytes - 1) / w->chunk_bytes;
   w->first_chunk = calloc(w->count + 1, sizeof(uint64_t));
@@ -382,10 +406,20 @@ static int plan_chunks(ckptio_writer *w) {
   if (!w->first_chunk || !w->piece_base || !w->jobs) return -ENOMEM;
   size_t pieces = 0;
   for (size_t k = 0; k < w->count; k++) {
-    uint64_t rel = offset_at(w, k) - w->plan.header_bytes, n = tensor_at(w, k)->nbytes;
+    uint64_t rel = offset_at(w, k), n = tensor_at(w, k)->nbytes;
     w->first_chunk[k] = rel / w->chunk_bytes;
     w->piece_base[k] = pieces;
     if (n) pieces += (rel + n - 1) / w->chunk_bytes - w->first_chunk[k] + 1;
+  }
+  /* Tensors and extents must cover the file exactly: a hole would be
+   * written with whatever a reused slot held before. */
+  uint64_t covered = 0;
+  for (size_t k = 0; k < w->count; k++) covered += tensor_at(w, k)->nbytes;
+  for (size_t x = 0; x < w->layout.nextents; x++) covered += w->layout.extents[x].len;
+  if (covered != w->layout.file_size) {
+    snprintf(w->err, sizeof(w->err), "%s: internal error: layout covers %llu of %llu bytes", w->path,
+             (unsigned long long)covered, (unsigned long long)w->layout.file_size);
+    return CKPTIO_E_FORMAT;
   }
   w->piece_crc = calloc(pieces + 1, sizeof(uint32_t));
   return w->piece_crc ? 0 : -ENOMEM;
@@ -397,27 +431,38 @@ static void combine_crcs(ckptio_writer *w) {
     uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
     uint32_t crc = 0;
     for (size_t p = w->piece_base[k]; pos < off + n; p++) {
-      uint64_t chunk_end = w->plan.header_bytes + (w->first_chunk[k] + (p - w->piece_base[k]) + 1) * w->chunk_bytes;
+      uint64_t chunk_end = (w->first_chunk[k] + (p - w->piece_base[k]) + 1) * w->chunk_bytes;
       uint64_t b = chunk_end < off + n ? chunk_end : off + n;
       crc = ckptio_crc32_combine(crc, w->piece_crc[p], b - pos);
       pos = b;
     }
-    ckptio_st_plan_set_crc(&w->plan, w->plan.order[k], crc);
+    w->layout.set_crc(&w->layout, w->layout.order[k], crc);
   }
 }
 
-static int write_header(ckptio_writer *w) {
-  size_t n = (size_t)w->plan.header_bytes;
-  int fd = w->file.fd_direct >= 0 ? w->file.fd_direct : w->file.fd;
-  void *buf = NULL;
-  if (posix_memalign(&buf, CKPTIO_IO_ALIGN, n)) return -ENOMEM;
-  memcpy(buf, w->plan.header, n);
-  int rc = ckptio_pwrite_full(fd, buf, n, 0);
-  free(buf);
-  if (rc < 0)
-    snprintf(w->err, sizeof(w->err), "%s: write of the %zu-byte header failed: %s", w->path, n,
-             ckptio_strerror(rc));
-  return rc;
+/* After the data: the extents that changed when the CRCs were patched in
+ * (a safetensors header, zip data descriptors and directory). Whole pages go
+ * through O_DIRECT; the rest through the page cache, which reads back the
+ * pages the chunks wrote directly (they are complete by now). */
+static int rewrite_crc_extents(ckptio_writer *w) {
+  for (size_t x = 0; x < w->layout.nextents; x++) {
+    const ckptio_extent *e = &w->layout.extents[x];
+    if (!e->holds_crc) continue;
+    int aligned = w->file.fd_direct >= 0 && e->offset % CKPTIO_IO_ALIGN == 0 && e->len % CKPTIO_IO_ALIGN == 0;
+    void *buf = e->bytes;
+    if (aligned) {
+      if (posix_memalign(&buf, CKPTIO_IO_ALIGN, (size_t)e->len)) return -ENOMEM;
+      memcpy(buf, e->bytes, (size_t)e->len);
+    }
+    int rc = ckptio_pwrite_full(aligned ? w->file.fd_direct : w->file.fd, buf, (size_t)e->len, e->offset);
+    if (aligned) free(buf);
+    if (rc < 0) {
+      snprintf(w->err, sizeof(w->err), "%s: write of the %llu-byte header at offset %llu failed: %s", w->path,
+               (unsigned long long)e->len, (unsigned long long)e->offset, ckptio_strerror(rc));
+      return rc;
+    }
+  }
+  return 0;
 }
 
 /* On the caller's thread, at the commit call: an event on each GPU's
@@ -482,25 +527,30 @@ static int queue_chunks(ckptio_writer *w) {
   return rc;
 }
 
-static int save_run(ckptio_writer *w) {
-  int rc;
-  ckptio_st_input *in = calloc(w->count + 1, sizeof(*in));
+static int make_layout(ckptio_writer *w) {
+  ckptio_layout_input *in = calloc(w->count + 1, sizeof(*in));
   if (!in) return -ENOMEM;
   for (size_t i = 0; i < w->count; i++)
-    in[i] = (ckptio_st_input){w->tensors[i].name, w->tensors[i].t.dtype, w->tensors[i].t.ndim,
-                              w->tensors[i].t.shape, w->tensors[i].nbytes};
-  rc = ckptio_st_plan_make(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->plan,
-                           w->err, sizeof(w->err));
+    in[i] = (ckptio_layout_input){w->tensors[i].name, w->tensors[i].t.dtype, w->tensors[i].t.ndim,
+                                  w->tensors[i].t.shape, w->tensors[i].nbytes};
+  int rc = ckptio_st_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
+                            sizeof(w->err));
   free(in);
+  return rc;
+}
+
+static int save_run(ckptio_writer *w) {
+  int rc = make_layout(w);
   if (rc < 0) return rc;
   if ((rc = plan_chunks(w)) < 0) return rc;
-  rc = ckptio_tmpfile_open(&w->file, w->path, w->opts.direct_io, w->plan.file_size, w->err,
-                           sizeof(w->err));
+  rc = ckptio_tmpfile_open(&w->file, w->path, w->opts.direct_io, w->layout.file_size, w->err, sizeof(w->err));
   if (rc < 0) return rc;
   if ((rc = queue_chunks(w)) < 0) goto fail;
-  if (w->opts.crc) combine_crcs(w);
-  if ((rc = write_header(w)) < 0) goto fail;
-  return ckptio_tmpfile_commit(&w->file, w->plan.file_size, w->opts.fsync, w->err, sizeof(w->err));
+  if (w->layout.set_crc) {
+    combine_crcs(w);
+    if ((rc = rewrite_crc_extents(w)) < 0) goto fail;
+  }
+  return ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
 fail:
   ckptio_tmpfile_abort(&w->file);
   return rc;
@@ -579,15 +629,15 @@ int ckptio_writer_close(ckptio_writer *w) {
   }
   for (int ord = 0; ord < MAX_GPUS; ord++)
     if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
-  ckptio_st_plan_free(&w->plan);
+  ckptio_layout_free(&w->layout);
   free(w->first_chunk);
   free(w->piece_base);
   free(w->piece_crc);
   free(w->jobs);
   for (size_t i = 0; i < w->count; i++) free(w->tensors[i].name);
   for (size_t i = 0; i < w->nmeta; i++) {
-    free(w->meta[i].key);
-    free(w->meta[i].value);
+    free((char *)w->meta[i].key);
+    free((char *)w->meta[i].value);
   }
   free(w->tensors);
   free(w->name_slots);

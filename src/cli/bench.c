@@ -256,9 +256,10 @@ typedef struct bench_state {
   int run;
 } bench_state;
 
+/* The library's detail names the file and the rule; the bare error name is
+ * the fallback when it has none. */
 static int fail_msg(const char *step, int rc, const char *detail) {
-  fprintf(stderr, "ckptio bench: %s: %s%s%s\n", step, ckptio_strerror(rc),
-          detail && *detail ? ": " : "", detail ? detail : "");
+  fprintf(stderr, "ckptio bench: %s: %s\n", step, detail && *detail ? detail : ckptio_strerror(rc));
   return rc;
 }
 
@@ -330,7 +331,8 @@ static int bench_load(bench_state *s, ckptio_load_method method, const char *wha
     int64_t idx = ckptio_reader_find(r, s->m->tensors[i].name);
     if (idx < 0) {
       rc = (int)idx;
-      fail_msg("load: find", rc, s->m->tensors[i].name);
+      fprintf(stderr, "ckptio bench: load: tensor '%s' not in the file: %s\n",
+              s->m->tensors[i].name, ckptio_strerror(rc));
       goto fail;
     }
     s->reqs[i].index = (size_t)idx;
@@ -382,7 +384,7 @@ static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
                           &res->raw_direct_write)) < 0)
     return raw_fail("raw write", rc);
 
-  if ((rc = cli_drop_cache(g_ckpt)) < 0) return fail_msg("drop page cache", rc, g_ckpt);
+  if ((rc = cli_drop_cache(g_ckpt)) < 0) return fail_msg("dropping the page cache", rc, NULL);
   if ((rc = bench_load(s, CKPTIO_LOAD_DIRECT, "cold", &out->cold_s)) < 0) return rc;
   if ((rc = cli_raw_read(g_raw, s->dst, s->raw_bytes, &out->raw_read_s,
                          &res->raw_direct_read)) < 0)
@@ -390,7 +392,7 @@ static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
 
   /* A save with O_DIRECT and an O_DIRECT load leave the file out of the page
    * cache: read it once, untimed, so the next load is the warm one. */
-  if ((rc = cli_warm_cache(g_ckpt)) < 0) return fail_msg("warm page cache", rc, g_ckpt);
+  if ((rc = cli_warm_cache(g_ckpt)) < 0) return fail_msg("reading the file into the page cache", rc, NULL);
   if ((rc = bench_load(s, s->o->load, "warm", &out->warm_s)) < 0) return rc;
   out->memcpy_s = cli_raw_memcpy(s->dst, s->m->arena, s->raw_bytes);
   return 0;
@@ -460,7 +462,9 @@ int cli_bench_main(int argc, char **argv) {
   co.direct_io = o.direct;
   co.load_method = o.load;
   if ((rc = ckptio_ctx_create(&co, &s.ctx)) < 0) {
-    fail_msg("creating the context", rc, cli_open_error(rc));
+    fprintf(stderr, "ckptio bench: creating the context (--threads %d --chunk %llu --staging %llu): %s\n",
+            o.threads, (unsigned long long)o.chunk, (unsigned long long)o.staging,
+            cli_open_error(rc));
     goto fail;
   }
   ckptio_ctx_options(s.ctx, &res.ctx_opts);

@@ -88,4 +88,13 @@ int ckptio_st_plan_make(const ckptio_st_input *inputs, size_t n,
 void ckptio_st_plan_set_crc(ckptio_st_plan *p, size_t i, uint32_t crc);
 void ckptio_st_plan_free(ckptio_st_plan *p);
 
+/* ------------------------------------------------------------ layout */
+
+#include "formats/layout.h"
+
+/* The plan as a writer layout: one extent, the header (rewritten once the
+ * CRCs are patched in), data page-aligned at data_align. */
+int ckptio_st_layout(const ckptio_layout_input *in, size_t n, const ckptio_kv *meta, size_t nmeta,
+                     int with_crc, uint64_t data_align, ckptio_layout *out, char *err, size_t errlen);
+
 #endif
