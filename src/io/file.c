@@ -99,7 +99,13 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
                         strerror(errno));
     goto fail;
   }
-  if (ftruncate(t->fd, (off_t)size) < 0) {
+  /* Allocating every block up front spares the O_DIRECT writes the block
+   * allocation and size updates of an extending write: measured here, that
+   * halves write throughput (fio preallocates the same way). Filesystems
+   * without fallocate get a sparse file. */
+  if (size && fallocate(t->fd, 0, 0, (off_t)size) == 0) {
+    /* allocated and sized */
+  } else if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot size temp file to %llu bytes: %s", path,
                         (unsigned long long)size, strerror(errno));
     goto fail;

@@ -25,6 +25,13 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t n, enum cudaM
   default: break;
   }
   if (dc != want_d || sc != want_s) return cudaErrorInvalidValue;
+  /* Pageable memory must at least be mapped, or the copy engine would crash
+   * the process where real CUDA returns an error. */
+  int dlocked = dc == FC_MEM_HOST && fc_host_locked(dst, n);
+  int slocked = sc == FC_MEM_HOST && fc_host_locked(src, n);
+  if ((dc == FC_MEM_HOST && !dlocked && !fc_host_mapped(dst, n)) ||
+      (sc == FC_MEM_HOST && !slocked && !fc_host_mapped(src, n)))
+    return cudaErrorInvalidValue;
   cudaError_t e = fc_stream_push_copy(s, da, sa, 0, n, (uintptr_t)dst, (uintptr_t)src, exec_err,
                                       ticket);
   if (e) return e;
@@ -32,10 +39,10 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t n, enum cudaM
     fc_st.bytes_d2d += n;
   } else if (dc == FC_MEM_DEVICE) {
     fc_st.bytes_h2d += n;
-    fc_st.pageable_copies += !fc_host_locked(src, n);
+    fc_st.pageable_copies += !slocked;
   } else if (sc == FC_MEM_DEVICE) {
     fc_st.bytes_d2h += n;
-    fc_st.pageable_copies += !fc_host_locked(dst, n);
+    fc_st.pageable_copies += !dlocked;
   } else {
     fc_st.bytes_h2h += n;
   }

@@ -89,8 +89,9 @@ void fake_cudart_set_delay_us(long us);
 
 /* hold(1): queued copies and memsets do not start until hold(0); event
  * records and waits queued behind them wait too. Lets a test observe the
- * "not yet copied" state deterministically. A sync call made while held
- * blocks until hold(0) from another thread. */
+ * "not yet copied" state deterministically. While held, anything that waits
+ * for a queued copy (a sync, cudaMemcpy, cudaMemset, freeing or unregistering
+ * memory a queued copy uses) blocks until hold(0) from another thread. */
 void fake_cudart_hold(int on);
 
 /* Prints every live pinned allocation, registered range, device allocation,

@@ -94,6 +94,8 @@ enum { FC_MEM_BAD = -1, FC_MEM_HOST = 0, FC_MEM_DEVICE = 1 };
 int fc_classify(const void *p, size_t n, int *dev, char **access);
 /* Under fc_lock: [p, p + n) lies inside one pinned or registered range. */
 int fc_host_locked(const void *p, size_t n);
+/* [p, p + n) is mapped (not checked: that it is writable). */
+int fc_host_mapped(const void *p, size_t n);
 void fc_memory_leaks(int *count);   /* under fc_lock; prints */
 
 /* ------------------------------------------------------------ streams.c */

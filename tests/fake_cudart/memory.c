@@ -190,6 +190,15 @@ cudaError_t CUDARTAPI cudaFree(void *devPtr) {
 
 /* ------------------------------------------------------------ host ranges */
 
+int fc_host_mapped(const void *p, size_t n) {
+  size_t pg = page_size();
+  uintptr_t first = (uintptr_t)p & ~(pg - 1);
+  if (!p || n > UINTPTR_MAX - pg || (uintptr_t)p > UINTPTR_MAX - pg - n) return 0;
+  size_t span = (((uintptr_t)p + n + pg - 1) & ~(pg - 1)) - first;
+  /* msync(MS_ASYNC) does no I/O here; it fails with ENOMEM on unmapped pages. */
+  return !(msync((void *)first, span, MS_ASYNC) && errno == ENOMEM);
+}
+
 /* Index of the range with the greatest base <= a, or -1. */
 static long range_at_or_below(uintptr_t a) {
   long lo = 0, hi = (long)nhr - 1, best = -1;
@@ -320,10 +329,7 @@ cudaError_t CUDARTAPI cudaHostRegister(void *ptr, size_t size, unsigned int flag
                            cudaHostRegisterReadOnly)))
     return fc_ret(cudaErrorInvalidValue);
   /* Real registration pins the pages, so unmapped memory is refused. */
-  size_t pg = page_size();
-  uintptr_t first = (uintptr_t)ptr & ~(pg - 1);
-  size_t span = (((uintptr_t)ptr + size + pg - 1) & ~(pg - 1)) - first;
-  if (msync((void *)first, span, MS_ASYNC) && errno == ENOMEM) return fc_ret(cudaErrorInvalidValue);
+  if (!fc_host_mapped(ptr, size)) return fc_ret(cudaErrorInvalidValue);
   int dev;
   char *access;
   pthread_mutex_lock(&fc_lock);

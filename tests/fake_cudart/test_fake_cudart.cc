@@ -6,10 +6,13 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -180,6 +183,23 @@ TEST_F(Fake, PageableCopiesAreCountedPinnedAndRegisteredAreNot) {
   EXPECT_EQ(0u, Snap().frees_while_busy);
 
   free(reg);
+
+  // A read-only file mapping registered for H2D, the way loads use it; and
+  // memory that is not mapped at all cannot be registered.
+  FILE *f = tmpfile();
+  ASSERT_NE(nullptr, f);
+  ASSERT_EQ(0, ftruncate(fileno(f), n));
+  void *map = mmap(nullptr, n, PROT_READ, MAP_SHARED, fileno(f), 0);
+  ASSERT_NE(MAP_FAILED, map);
+  ASSERT_EQ(cudaSuccess, cudaHostRegister(map, n, cudaHostRegisterReadOnly));
+  ASSERT_EQ(cudaSuccess, cudaMemcpy(d, map, n, cudaMemcpyHostToDevice));
+  EXPECT_EQ(3u, Snap().pageable_copies);
+  ASSERT_EQ(cudaSuccess, cudaHostUnregister(map));
+  ASSERT_EQ(0, munmap(map, n));
+  fclose(f);
+  EXPECT_EQ(cudaErrorInvalidValue, cudaHostRegister(map, n, 0)) << "unmapped";
+  EXPECT_EQ(cudaErrorInvalidValue, cudaMemcpy(d, map, n, cudaMemcpyHostToDevice)) << "unmapped";
+
   EXPECT_EQ(cudaSuccess, cudaFreeHost(pinned));
   EXPECT_EQ(cudaSuccess, cudaFree(d));
 }
@@ -529,6 +549,9 @@ TEST_F(Fake, HostAndDevicePointerMixUpsAreInvalidValueNotACrash) {
   ASSERT_EQ(cudaSuccess, cudaPointerGetAttributes(&a, d));
   EXPECT_EQ(cudaMemoryTypeUnregistered, a.type);
   EXPECT_EQ(cudaErrorInvalidValue, cudaPointerGetAttributes(nullptr, d));
+  void *huge = nullptr;
+  EXPECT_EQ(cudaErrorMemoryAllocation, cudaMalloc(&huge, size_t{1} << 50));
+  EXPECT_EQ(nullptr, huge);
   EXPECT_EQ(cudaSuccess, cudaFreeHost(pinned));
 }
 
