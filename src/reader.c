@@ -220,25 +220,39 @@ static int64_t read_direct(ckptio_reader *r, unsigned char *slot, uint64_t abs, 
 }
 
 /* Brings the piece's bytes to host memory: into the host destination when
- * there is one, else into the slot (or, mapped, leaves them in the map).
+ * there is one, else into the slot (or, mapped, leaves them in the map),
+ * and continues p->crc over them in cache-sized steps when checking.
  * @return 0 and *bytes, or a negative code. */
 static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
   ckptio_reader *r = p->r;
   unsigned char *host_dst = p->gpu < 0 && p->dst ? p->dst + p->off : NULL;
+  uint32_t *crc = p->check ? &p->crc : NULL;
+  const unsigned char *src = NULL;
   if (p->method == CKPTIO_LOAD_MMAP) {
-    *bytes = r->map + abs;
-    if (host_dst) *bytes = memcpy(host_dst, *bytes, p->len);
-    return 0;
-  }
-  if (p->method == CKPTIO_LOAD_DIRECT) {
+    src = r->map + abs;
+  } else if (p->method == CKPTIO_LOAD_DIRECT) {
     int64_t at = read_direct(r, p->slot, abs, p->len);
     if (at < 0) return (int)at;
-    *bytes = p->slot + at;
-    if (host_dst) *bytes = memcpy(host_dst, *bytes, p->len);
+    src = p->slot + at;
+  } else {
+    unsigned char *to = host_dst ? host_dst : p->slot;
+    for (uint64_t off = 0; off < p->len; off += CKPTIO_CRC_STEP) {
+      size_t len = (size_t)(p->len - off < CKPTIO_CRC_STEP ? p->len - off : CKPTIO_CRC_STEP);
+      int rc = ckptio_pread_full(r->fd, to + off, len, abs + off);
+      if (rc < 0) return rc;
+      if (crc) *crc = ckptio_crc32(*crc, to + off, len);
+    }
+    *bytes = to;
     return 0;
   }
-  *bytes = host_dst ? host_dst : p->slot;
-  return ckptio_pread_full(r->fd, (void *)*bytes, (size_t)p->len, abs);
+  if (host_dst) {
+    ckptio_copy_crc(host_dst, src, (size_t)p->len, crc);
+    src = host_dst;
+  } else if (crc) {
+    *crc = ckptio_crc32(0, src, (size_t)p->len);
+  }
+  *bytes = src;
+  return 0;
 }
 
 /* Host to GPU from pinned bytes (the slot or the registered map), waiting
@@ -277,8 +291,6 @@ static void piece_run(void *arg) {
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
     } else {
-      /* The CRC runs on the host copy while nothing else waits for it. */
-      if (p->check) p->crc = ckptio_crc32(0, bytes, (size_t)p->len);
       if (p->gpu >= 0) rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
       if (rc == 0) atomic_fetch_add(&r->done_bytes, p->len);
     }

@@ -350,9 +350,10 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
   while (pieces_next(&it)) {
     unsigned char *dst = j->slot + (it.a - start);
     *tensor_bytes += it.b - it.a;
-    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST) memcpy(dst, piece_src(&it), it.b - it.a);
-    if (w->opts.crc)
-      w->piece_crc[w->piece_base[it.k] + (j->index - w->first_chunk[it.k])] = ckptio_crc32(0, dst, it.b - it.a);
+    uint32_t *crc = w->opts.crc ? &w->piece_crc[w->piece_base[it.k] + (j->index - w->first_chunk[it.k])] : NULL;
+    if (crc) *crc = 0;
+    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST) ckptio_copy_crc(dst, piece_src(&it), it.b - it.a, crc);
+    else if (crc) *crc = ckptio_crc32(0, dst, it.b - it.a);
   }
   copy_extents(w, j->slot, start, end);
   return 0;

@@ -5,11 +5,22 @@
 
 #include <isa-l/crc.h>
 #include <pthread.h>
+#include <string.h>
 
 #define POLY 0xedb88320u
 
 uint32_t ckptio_crc32(uint32_t crc, const void *buf, size_t len) {
   return crc32_gzip_refl(crc, (const unsigned char *)buf, (uint64_t)len);
+}
+
+void ckptio_copy_crc(void *dst, const void *src, size_t n, uint32_t *crc) {
+  unsigned char *d = dst;
+  const unsigned char *s = src;
+  for (size_t off = 0; off < n; off += CKPTIO_CRC_STEP) {
+    size_t len = n - off < CKPTIO_CRC_STEP ? n - off : CKPTIO_CRC_STEP;
+    memcpy(d + off, s + off, len);
+    if (crc) *crc = ckptio_crc32(*crc, d + off, len);
+  }
 }
 
 /* a * b modulo POLY; bit 31 is x^0 in the reflected representation. */

@@ -28,6 +28,8 @@ static const char *const kNames[] = {
     "buffer too small",
     "device error",
     "short read or write",
+    "pickle refused",
+    "corrupt zip archive",
 };
 
 const char *ckptio_strerror(int code) {
