@@ -60,7 +60,9 @@ typedef enum ckptio_error {
   CKPTIO_E_BUFFER_TOO_SMALL = -1018, /* destination smaller than the tensor */
   CKPTIO_E_DEVICE = -1019,        /* device unavailable or device call failed */
   CKPTIO_E_SHORT_IO = -1020,      /* read or write moved fewer bytes than asked */
-  CKPTIO_E_ERROR_MIN = CKPTIO_E_SHORT_IO
+  CKPTIO_E_PICKLE = -1021,        /* pickle refused (opcode or global not allowed) or malformed */
+  CKPTIO_E_ZIP = -1022,           /* corrupt zip archive (directory, headers, bounds) */
+  CKPTIO_E_ERROR_MIN = CKPTIO_E_ZIP
 } ckptio_error;
 
 /*! ckptio_strerror() :
@@ -134,7 +136,9 @@ int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape)
 /* ---------------------------------------------------------------- options */
 
 typedef enum ckptio_format {
-  CKPTIO_FORMAT_SAFETENSORS = 0,
+  CKPTIO_FORMAT_SAFETENSORS = 0,  /* .safetensors, with CRC32s in __metadata__ */
+  CKPTIO_FORMAT_PYTORCH = 1,      /* torch.save zip (.pt); torch.load(weights_only=True,
+                                     mmap=True) opens it; CRC32s in the zip records */
 } ckptio_format;
 
 typedef enum ckptio_load_method {
@@ -261,6 +265,29 @@ int ckptio_writer_poll_durable(ckptio_writer *w);
 /*! Bytes of tensor data written so far and in all. Either pointer may be NULL. */
 void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total);
 
+/* Where the time of one save or load went. Stage times are summed over the
+ * worker threads (busy time), so bytes / stage seconds x threads bounds that
+ * stage's throughput; `seconds` is the wall time of the whole operation. */
+typedef struct ckptio_stats {
+  size_t size;              /* sizeof(ckptio_stats): set before the call */
+  uint64_t bytes;           /* tensor bytes moved */
+  double seconds;           /* wall time: commit_async to durable; load start to end */
+  double snapshot_seconds;  /* save: commit_async to the snapshot point */
+  double device_seconds;    /* save: waiting for device-to-host copies;
+                               load: host-to-device copies until complete */
+  double copy_seconds;      /* save: host tensors into staging (with their CRC);
+                               load: file into host memory (with its CRC) */
+  double write_seconds;     /* save: pwrite of chunks and headers */
+  double commit_seconds;    /* save: fdatasync, rename, directory fsync */
+  int threads;              /* workers of the context */
+  uint64_t staging_bytes;   /* pinned / staging memory of the context (its peak) */
+} ckptio_stats;
+
+#define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/*! Stage timings of the finished (or running) save / of the last load. */
+int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out);
+
 /*! Blocking save: commit_async then wait_durable. */
 int ckptio_writer_commit(ckptio_writer *w);
 
@@ -328,6 +355,9 @@ int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64
  *  (detail names the first bad tensor), or an I/O error. Tensors without a
  *  recorded CRC are counted in *unchecked when it is not NULL. */
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
+
+/*! Stage timings of the last load_many / verify. */
+int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
 
 /*! Bytes loaded so far by the running load / verify, and in all. */
 void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total);

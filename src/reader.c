@@ -15,6 +15,7 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "formats/safetensors.h"
 #include "internal.h"
 #include "io/file.h"
@@ -30,6 +31,7 @@ struct ckptio_reader {
   const unsigned char *map;
   _Atomic uint64_t done_bytes;
   _Atomic uint64_t total_bytes;
+  ckptio_timers timers;
   char err[CKPTIO_ERRLEN];
 };
 
@@ -207,6 +209,13 @@ void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total) {
 
 const char *ckptio_reader_last_error(const ckptio_reader *r) { return r ? r->err : ""; }
 
+int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {
+  if (!r) return CKPTIO_E_INVALID_ARG;
+  const ckptio_options *o = &r->ctx->opts;
+  return ckptio_timers_report(&r->timers, atomic_load(&r->done_bytes), o->threads,
+                              o->staging_bytes / o->chunk_bytes * o->chunk_bytes, out);
+}
+
 /* ---------------------------------------------------------------- pieces */
 
 /* O_DIRECT read of the pages around [abs, abs+len) into the slot; the last
@@ -285,13 +294,18 @@ static void piece_run(void *arg) {
   if (!ckptio_batch_failed(p->batch)) {
     uint64_t abs = r->idx.data_start + p->e->begin + p->off;
     const unsigned char *bytes = NULL;
+    uint64_t t = ckptio_now_ns();
     rc = read_piece(p, abs, &bytes);
+    ckptio_lap(&r->timers.copy_ns, &t);
     if (rc < 0) {
       snprintf(msg, sizeof(msg), "%s: tensor '%s': read of %llu bytes at offset %llu failed: %s",
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
     } else {
-      if (p->gpu >= 0) rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
+      if (p->gpu >= 0) {
+        rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
+        ckptio_lap(&r->timers.device_ns, &t);
+      }
       if (rc == 0) atomic_fetch_add(&r->done_bytes, p->len);
     }
   }
@@ -371,6 +385,8 @@ static int load_entries(ckptio_reader *r, const ckptio_load_request *reqs, size_
   }
   atomic_store(&r->done_bytes, 0);
   atomic_store(&r->total_bytes, bytes);
+  memset(&r->timers, 0, sizeof(r->timers));
+  r->timers.start_ns = ckptio_now_ns();
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
     const ckptio_st_entry *e = &r->idx.entries[reqs[i].index];
@@ -383,6 +399,7 @@ static int load_entries(ckptio_reader *r, const ckptio_load_request *reqs, size_
     }
   }
   rc = run_pieces(r, pieces, total);
+  r->timers.end_ns = ckptio_now_ns();
   if (registered) r->ctx->gpu->ops->host_unregister((void *)r->map);
   if (rc < 0) goto out;
   for (size_t i = 0; i < n; i++) {

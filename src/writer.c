@@ -12,8 +12,10 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "formats/layout.h"
 #include "formats/safetensors.h"
+#include "formats/torch_write.h"
 #include "internal.h"
 #include "io/file.h"
 
@@ -59,6 +61,7 @@ struct ckptio_writer {
   _Atomic uint64_t done_bytes;
   uint64_t total_bytes;
   _Atomic uint64_t chunks_copied;
+  ckptio_timers timers;
 
   /* Valid while a commit runs. Tensor k means the k-th in file order. */
   ckptio_format format;
@@ -83,7 +86,7 @@ int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
   if (!ctx || !path || !*path) return CKPTIO_E_INVALID_ARG;
-  if (format != CKPTIO_FORMAT_SAFETENSORS) return CKPTIO_E_FORMAT;
+  if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_PYTORCH) return CKPTIO_E_FORMAT;
   ckptio_writer *w = calloc(1, sizeof(*w));
   if (!w) return -ENOMEM;
   int rc = ckptio_options_for_call(ctx, opts, &w->opts);
@@ -232,6 +235,7 @@ static const wtensor *tensor_at(const ckptio_writer *w, size_t k) { return &w->t
 static uint64_t offset_at(const ckptio_writer *w, size_t k) { return w->layout.offset[w->layout.order[k]]; }
 
 static void mark_snapshot(ckptio_writer *w) {
+  w->timers.snapshot_ns = ckptio_now_ns();
   pthread_mutex_lock(&w->mu);
   w->snapshot_done = 1;
   pthread_cond_broadcast(&w->cv);
@@ -334,6 +338,7 @@ static void copy_extents(const ckptio_writer *w, unsigned char *slot, uint64_t s
 static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
                       char *msg, size_t len) {
   ckptio_gpu *g = w->ctx->gpu;
+  uint64_t t = ckptio_now_ns();
   for (int ord = 0; ord < MAX_GPUS; ord++) {
     if (!(j->gpu_mask >> ord & 1)) continue;
     int e = g->ops->event_sync(g->dev[ord].slot_events[ckptio_ring_slot_index(w->ctx->ring, j->slot)]);
@@ -345,6 +350,7 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
       return rc;
     }
   }
+  if (j->gpu_mask) ckptio_lap(&w->timers.device_ns, &t);
   piece_iter it;
   pieces_begin(&it, w, start, end);
   while (pieces_next(&it)) {
@@ -356,6 +362,7 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
     else if (crc) *crc = ckptio_crc32(0, dst, it.b - it.a);
   }
   copy_extents(w, j->slot, start, end);
+  ckptio_lap(&w->timers.copy_ns, &t);
   return 0;
 }
 
@@ -384,7 +391,9 @@ static void chunk_job_run(void *arg) {
       len = padded;
       fd = w->file.fd_direct;
     }
+    uint64_t t = ckptio_now_ns();
     rc = ckptio_pwrite_full(fd, j->slot, len, start);
+    ckptio_lap(&w->timers.write_ns, &t);
     if (rc < 0)
       snprintf(msg, sizeof(msg), "%s: write of %zu bytes at offset %llu failed: %s", w->path, len,
                (unsigned long long)start, ckptio_strerror(rc));
@@ -534,8 +543,25 @@ static int make_layout(ckptio_writer *w) {
   for (size_t i = 0; i < w->count; i++)
     in[i] = (ckptio_layout_input){w->tensors[i].name, w->tensors[i].t.dtype, w->tensors[i].t.ndim,
                                   w->tensors[i].t.shape, w->tensors[i].nbytes};
-  int rc = ckptio_st_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
-                            sizeof(w->err));
+  int rc;
+  if (w->format == CKPTIO_FORMAT_PYTORCH) {
+    /* torch.save names the archive folder after the file: basename without
+     * its last extension (readers take it from the file, so this is cosmetic). */
+    const char *base = strrchr(w->path, '/') ? strrchr(w->path, '/') + 1 : w->path;
+    char *archive = strdup(base);
+    if (!archive) {
+      free(in);
+      return -ENOMEM;
+    }
+    char *dot = strrchr(archive, '.');
+    if (dot && dot != archive) *dot = '\0';
+    rc = ckptio_torch_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, archive, &w->layout, w->err,
+                             sizeof(w->err));
+    free(archive);
+  } else {
+    rc = ckptio_st_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
+                          sizeof(w->err));
+  }
   free(in);
   return rc;
 }
@@ -547,11 +573,15 @@ static int save_run(ckptio_writer *w) {
   rc = ckptio_tmpfile_open(&w->file, w->path, w->opts.direct_io, w->layout.file_size, w->err, sizeof(w->err));
   if (rc < 0) return rc;
   if ((rc = queue_chunks(w)) < 0) goto fail;
+  uint64_t t = ckptio_now_ns();
   if (w->layout.set_crc) {
     combine_crcs(w);
     if ((rc = rewrite_crc_extents(w)) < 0) goto fail;
   }
-  return ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
+  ckptio_lap(&w->timers.write_ns, &t);
+  rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
+  ckptio_lap(&w->timers.commit_ns, &t);
+  return rc;
 fail:
   ckptio_tmpfile_abort(&w->file);
   return rc;
@@ -562,6 +592,7 @@ static void *save_main(void *arg) {
   int rc = save_run(w);
   if (rc < 0 && !w->err[0])
     snprintf(w->err, sizeof(w->err), "%s: save failed: %s", w->path, ckptio_strerror(rc));
+  w->timers.end_ns = ckptio_now_ns();
   pthread_mutex_lock(&w->mu);
   w->result = rc;
   w->snapshot_done = w->durable_done = 1;
@@ -577,6 +608,7 @@ int ckptio_writer_commit_async(ckptio_writer *w) {
   if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
   w->state = W_RUNNING;
+  w->timers.start_ns = ckptio_now_ns();
   rc = pthread_create(&w->thread, NULL, save_main, w);
   if (rc) {
     w->state = W_OPEN;
@@ -613,6 +645,12 @@ int ckptio_writer_poll_durable(ckptio_writer *w) { return poll_flag(w, w ? &w->d
 void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
   if (done) *done = w ? atomic_load(&w->done_bytes) : 0;
   if (total) *total = w ? w->total_bytes : 0;
+}
+
+int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  return ckptio_timers_report(&w->timers, atomic_load(&w->done_bytes), w->ctx->opts.threads,
+                              w->ctx->opts.staging_bytes / w->ctx->opts.chunk_bytes * w->ctx->opts.chunk_bytes, out);
 }
 
 int ckptio_writer_commit(ckptio_writer *w) {
