@@ -126,6 +126,9 @@ typedef struct ckptio_tensor_info {
   uint64_t offset;     /* absolute offset of the data in the file */
   int has_crc;         /* 1 when the file records a CRC32 of this tensor */
   uint32_t crc32;      /* the recorded CRC32 (zip polynomial), if has_crc */
+  int strided;         /* 1: a view into a larger storage (PyTorch); loads
+                          gather it contiguously, views are refused, and
+                          offset / crc32 describe the whole storage record */
 } ckptio_tensor_info;
 
 /*! Bytes of a tensor of this dtype and shape.
@@ -316,6 +319,10 @@ void ckptio_reader_close(ckptio_reader *r);
 
 /*! @return the number of tensors. */
 size_t ckptio_reader_count(const ckptio_reader *r);
+/*! @return "safetensors" or "pytorch" (static). */
+const char *ckptio_reader_format(const ckptio_reader *r);
+/*! @return bytes before the first tensor's data (header, zip records). */
+uint64_t ckptio_reader_header_bytes(const ckptio_reader *r);
 /*! Fills *out for tensor `index` (file order, by offset). */
 int ckptio_reader_info(const ckptio_reader *r, size_t index, ckptio_tensor_info *out);
 /*! @return the index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */

@@ -1,0 +1,156 @@
+"""ctypes view of include/ckptio.h: the structs, the function signatures, and
+finding libckptio.so. Mirrors the header exactly; a change there must be made
+here too (the interop tests catch a mismatch)."""
+
+import ctypes
+import os
+import pathlib
+import threading
+
+MAX_DIMS = 8
+DEVICE_HOST = 0  # CKPTIO_DEVICE_HOST; GPU n is n + 1
+AUTO = -1
+FORMAT_SAFETENSORS = 0
+
+# enum ckptio_error in header order: CKPTIO_E_INVALID_ARG = -1000, then down by one.
+_ERROR_NAMES = [
+    "INVALID_ARG", "STATE", "HEADER_TOO_SMALL", "HEADER_TOO_LARGE", "HEADER_LENGTH",
+    "HEADER_UTF8", "HEADER_JSON", "INVALID_OFFSET", "OVERFLOW", "MISALIGNED",
+    "TENSOR_INFO", "INCOMPLETE_BUFFER", "CHECKSUM", "NOT_FOUND", "DUPLICATE", "DTYPE",
+    "SHAPE", "FORMAT", "BUFFER_TOO_SMALL", "DEVICE", "SHORT_IO", "PICKLE", "ZIP",
+]
+ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES)}
+E_CHECKSUM = ERRORS["CHECKSUM"]
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+
+class Tensor_(ctypes.Structure):  # ckptio_tensor
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),  # ckptio_dtype: an int-sized C enum
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("data", ctypes.c_void_p),
+        ("device", ctypes.c_int),
+    ]
+
+
+class TensorInfo(ctypes.Structure):  # ckptio_tensor_info
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("nbytes", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("has_crc", ctypes.c_int),
+        ("crc32", ctypes.c_uint32),
+        ("strided", ctypes.c_int),
+    ]
+
+
+class Options(ctypes.Structure):  # ckptio_options
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("threads", ctypes.c_int),
+        ("chunk_bytes", ctypes.c_size_t),
+        ("staging_bytes", ctypes.c_size_t),
+        ("crc", ctypes.c_int),
+        ("direct_io", ctypes.c_int),
+        ("fsync", ctypes.c_int),
+        ("load_method", ctypes.c_int),
+        ("cuda", ctypes.c_int),
+        ("numa", ctypes.c_int),
+    ]
+
+    @classmethod
+    def init(cls):
+        """CKPTIO_OPTIONS_INIT."""
+        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO)
+
+
+class LoadRequest(ctypes.Structure):  # ckptio_load_request
+    _fields_ = [
+        ("index", ctypes.c_size_t),
+        ("dst", ctypes.c_void_p),
+        ("dst_bytes", ctypes.c_uint64),
+        ("device", ctypes.c_int),
+    ]
+
+
+_P = ctypes.c_void_p  # every opaque handle
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_I = ctypes.c_int
+_S = ctypes.c_char_p
+
+# name: (restype, argtypes)
+_SIGNATURES = {
+    "ckptio_version_number": (ctypes.c_uint, []),
+    "ckptio_version_string": (_S, []),
+    "ckptio_strerror": (_S, [_I]),
+    "ckptio_last_open_error": (_S, []),
+    "ckptio_dtype_bits": (_I, [_I]),
+    "ckptio_dtype_name": (_S, [_I]),
+    "ckptio_dtype_parse": (_I, [_S, ctypes.POINTER(ctypes.c_int)]),
+    "ckptio_tensor_nbytes": (ctypes.c_int64, [_I, _I, c_int64_p]),
+    "ckptio_ctx_create": (_I, [ctypes.POINTER(Options), _PP]),
+    "ckptio_ctx_free": (None, [_P]),
+    "ckptio_ctx_options": (None, [_P, ctypes.POINTER(Options)]),
+    "ckptio_writer_open": (_I, [_P, _S, _I, ctypes.POINTER(Options), _PP]),
+    "ckptio_writer_set_metadata": (_I, [_P, _S, _S]),
+    "ckptio_writer_add": (_I, [_P, ctypes.POINTER(Tensor_)]),
+    "ckptio_writer_commit": (_I, [_P]),
+    "ckptio_writer_close": (_I, [_P]),
+    "ckptio_writer_last_error": (_S, [_P]),
+    "ckptio_reader_open": (_I, [_P, _S, ctypes.POINTER(Options), _PP]),
+    "ckptio_reader_close": (None, [_P]),
+    "ckptio_reader_count": (ctypes.c_size_t, [_P]),
+    "ckptio_reader_info": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(TensorInfo)]),
+    "ckptio_reader_find": (ctypes.c_int64, [_P, _S]),
+    "ckptio_reader_metadata_count": (ctypes.c_size_t, [_P]),
+    "ckptio_reader_metadata_at": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(_S),
+                                       ctypes.POINTER(_S)]),
+    "ckptio_reader_load_many": (_I, [_P, ctypes.POINTER(LoadRequest), ctypes.c_size_t]),
+    "ckptio_reader_verify": (_I, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "ckptio_reader_last_error": (_S, [_P]),
+}
+
+_lock = threading.Lock()
+_lib = None
+
+
+def _candidates():
+    env = os.environ.get("CKPTIO_LIB")
+    if env:
+        return [env]  # an explicit choice is never second-guessed
+    repo = pathlib.Path(__file__).resolve().parent.parent.parent
+    return [str(repo / "build" / "libckptio.so"), "libckptio.so.0"]
+
+
+def lib():
+    """The loaded library with every signature set; loaded once."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        errors = []
+        for path in _candidates():
+            try:
+                handle = ctypes.CDLL(path)
+                break
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+        else:
+            raise OSError("libckptio not found (set CKPTIO_LIB, or build it with "
+                          "scripts/build.sh): " + "; ".join(errors))
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            try:
+                fn = getattr(handle, name)
+            except AttributeError:
+                raise OSError(f"{handle._name} does not export {name}: "
+                              "the library is older than this binding") from None
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _lib = handle
+        return _lib

@@ -1,0 +1,377 @@
+/* Moving a checkpoint's bytes: loads and verifies are cut into pieces that
+ * the worker pool runs — pread straight into the destination, memcpy from
+ * the map, or O_DIRECT reads through staging slots — checksumming each
+ * piece as it lands; GPU destinations get their piece from a pinned slot
+ * (or the registered map) with an async copy waited on by that slot's
+ * event. PyTorch views into larger storages are gathered from the map;
+ * big-endian files are swapped after the checksum. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/crc32.h"
+#include "io/file.h"
+#include "reader_internal.h"
+
+#define rfail ckptio_reader_fail
+
+/* One piece of one tensor, copied (or only checked) by one job. */
+typedef struct piece {
+  ckptio_reader *r;
+  ckptio_batch *batch;
+  const ckptio_entry *e;
+  unsigned char *dst;     /* the tensor's destination, or NULL to only check */
+  unsigned char *slot;    /* staging slot: DIRECT reads, checks, GPU copies */
+  int gpu;                /* ordinal of a GPU destination, or -1 */
+  ckptio_load_method method;
+  uint64_t off, len;      /* within the tensor (or its storage record) */
+  int check;
+  int gather;             /* a strided view: off/len count the tensor's own
+                             row-major bytes, gathered from its storage */
+  uint32_t crc;
+} piece;
+
+
+/* O_DIRECT read of the pages around [abs, abs+len) into the slot; the last
+ * page may run past the end of the file. @return the bytes' position in the
+ * slot, or a negative code. */
+static int64_t read_direct(ckptio_reader *r, unsigned char *slot, uint64_t abs, uint64_t len) {
+  uint64_t a = abs & ~(uint64_t)(CKPTIO_IO_ALIGN - 1);
+  uint64_t e = (abs + len + CKPTIO_IO_ALIGN - 1) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1);
+  int rc = ckptio_pread_min(r->fd_direct, slot, (size_t)(e - a), a, (size_t)(abs + len - a));
+  return rc < 0 ? rc : (int64_t)(abs - a);
+}
+
+static size_t elem_size(const ckptio_entry *e) { return (size_t)ckptio_dtype_bits(e->dtype) / 8; }
+
+/* Logical elements [first, first + count) of a strided view, in row-major
+ * order, from its storage at base into dst; runs along a unit-stride last
+ * dimension are copied whole. The parser has checked every index is inside
+ * the storage. */
+static void gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e, uint64_t first,
+                   uint64_t count) {
+  size_t es = elem_size(e);
+  int nd = e->ndim;
+  int64_t idx[CKPTIO_MAX_DIMS];
+  uint64_t rem = first;
+  for (int d = nd - 1; d >= 0; d--) {
+    idx[d] = (int64_t)(rem % (uint64_t)e->shape[d]);
+    rem /= (uint64_t)e->shape[d];
+  }
+  while (count) {
+    int64_t pos = (int64_t)e->elem_offset;
+    for (int d = 0; d < nd; d++) pos += idx[d] * e->stride[d];
+    uint64_t run = 1;
+    if (nd > 0 && e->stride[nd - 1] == 1) {
+      run = (uint64_t)(e->shape[nd - 1] - idx[nd - 1]);
+      if (run > count) run = count;
+    }
+    memcpy(dst, base + (uint64_t)pos * es, (size_t)(run * es));
+    dst += run * es;
+    count -= run;
+    if (nd == 0) break;
+    idx[nd - 1] += (int64_t)run;
+    for (int d = nd - 1; d > 0 && idx[d] >= e->shape[d]; d--) {
+      idx[d] = 0;
+      idx[d - 1]++;
+    }
+  }
+}
+
+/* Big-endian elements to little-endian, in place. */
+static void byteswap(unsigned char *p, uint64_t len, size_t es) {
+  for (uint64_t i = 0; i + es <= len; i += es)
+    for (size_t a = 0, b = es - 1; a < b; a++, b--) {
+      unsigned char c = p[i + a];
+      p[i + a] = p[i + b];
+      p[i + b] = c;
+    }
+}
+
+/* Brings the piece's bytes to host memory: into the host destination when
+ * there is one, else into the slot (or, mapped, leaves them in the map),
+ * and continues p->crc over them in cache-sized steps when checking.
+ * @return 0 and *bytes, or a negative code. */
+static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
+  ckptio_reader *r = p->r;
+  unsigned char *host_dst = p->gpu < 0 && p->dst ? p->dst + p->off : NULL;
+  uint32_t *crc = p->check ? &p->crc : NULL;
+  const unsigned char *src = NULL;
+  if (p->gather) {
+    unsigned char *to = host_dst ? host_dst : p->slot;
+    size_t es = elem_size(p->e);
+    gather(to, r->map + p->e->offset, p->e, p->off / es, p->len / es);
+    *bytes = to;
+    return 0;
+  }
+  if (p->method == CKPTIO_LOAD_MMAP) {
+    src = r->map + abs;
+  } else if (p->method == CKPTIO_LOAD_DIRECT) {
+    int64_t at = read_direct(r, p->slot, abs, p->len);
+    if (at < 0) return (int)at;
+    src = p->slot + at;
+  } else {
+    unsigned char *to = host_dst ? host_dst : p->slot;
+    for (uint64_t off = 0; off < p->len; off += CKPTIO_CRC_STEP) {
+      size_t len = (size_t)(p->len - off < CKPTIO_CRC_STEP ? p->len - off : CKPTIO_CRC_STEP);
+      int rc = ckptio_pread_full(r->fd, to + off, len, abs + off);
+      if (rc < 0) return rc;
+      if (crc) *crc = ckptio_crc32(*crc, to + off, len);
+    }
+    *bytes = to;
+    return 0;
+  }
+  if (host_dst) {
+    ckptio_copy_crc(host_dst, src, (size_t)p->len, crc);
+    src = host_dst;
+  } else if (crc) {
+    *crc = ckptio_crc32(0, src, (size_t)p->len);
+  }
+  *bytes = src;
+  return 0;
+}
+
+/* Host to GPU from pinned bytes (the slot or the registered map), waiting
+ * on the slot's own event so other pieces' copies are never waited for. */
+static int copy_to_gpu(piece *p, const unsigned char *bytes, char *msg, size_t len) {
+  ckptio_gpu *g = p->r->ctx->gpu;
+  ckptio_gpu_dev *v;
+  void *ev = NULL;
+  const char *what = "cudaSetDevice";
+  int e = ckptio_gpu_use(g, p->gpu, &v);
+  if (!e) {
+    ev = v->slot_events[ckptio_ring_slot_index(p->r->ctx->ring, p->slot)];
+    what = "cudaMemcpyAsync (host to device)";
+    e = g->ops->copy_h2d(p->dst + p->off, bytes, (size_t)p->len, v->h2d);
+  }
+  if (!e) what = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
+  if (!e) what = "cudaEventSynchronize", e = g->ops->event_sync(ev);
+  if (!e) return 0;
+  char detail[CKPTIO_ERRLEN];
+  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), what);
+  snprintf(msg, len, "%s: tensor '%s' to GPU %d: %s", p->r->path, p->e->name, p->gpu, detail);
+  return rc;
+}
+
+static void piece_run(void *arg) {
+  piece *p = arg;
+  ckptio_reader *r = p->r;
+  int rc = 0;
+  char msg[CKPTIO_ERRLEN] = "";
+  if (!ckptio_batch_failed(p->batch)) {
+    uint64_t abs = p->e->offset + p->off;
+    const unsigned char *bytes = NULL;
+    uint64_t t = ckptio_now_ns();
+    rc = read_piece(p, abs, &bytes);
+    ckptio_lap(&r->timers.copy_ns, &t);
+    if (rc < 0) {
+      snprintf(msg, sizeof(msg), "%s: tensor '%s': read of %llu bytes at offset %llu failed: %s",
+               r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
+               ckptio_strerror(rc));
+    } else {
+      if (p->e->byteswap && elem_size(p->e) > 1) {
+        /* After the CRC, which covers the file's bytes. Mapped bytes are
+         * read-only: a GPU piece swaps in its slot. */
+        unsigned char *w = (unsigned char *)bytes;
+        if (bytes >= r->map && bytes < r->map + r->file_size) w = memcpy(p->slot, bytes, (size_t)p->len);
+        byteswap(w, p->len, elem_size(p->e));
+        bytes = w;
+      }
+      if (p->gpu >= 0) {
+        rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
+        ckptio_lap(&r->timers.device_ns, &t);
+      }
+      if (rc == 0) atomic_fetch_add(&r->done_bytes, p->len);
+    }
+  }
+  if (p->slot) ckptio_ring_release(r->ctx->ring, p->slot);
+  ckptio_batch_done(p->batch, rc, msg);
+}
+
+/* Runs the pieces on the pool; those that need a staging slot take one
+ * first, so a check of a file larger than memory stays bounded. */
+static int run_pieces(ckptio_reader *r, piece *pieces, size_t n) {
+  ckptio_batch batch;
+  ckptio_batch_init(&batch);
+  for (size_t i = 0; i < n && !ckptio_batch_failed(&batch); i++) {
+    piece *p = &pieces[i];
+    p->batch = &batch;
+    /* A GPU piece holds a slot even when mapped: its event tracks the copy,
+     * and the ring bounds how many copies are in flight. */
+    int need_slot = p->method == CKPTIO_LOAD_DIRECT || p->gpu >= 0 ||
+                    (!p->dst && p->method != CKPTIO_LOAD_MMAP);
+    p->slot = need_slot ? ckptio_ring_acquire(r->ctx->ring) : NULL;
+    ckptio_batch_add(&batch, 1);
+    int rc = ckptio_pool_add(r->ctx->pool, piece_run, p);
+    if (rc < 0) {
+      if (p->slot) ckptio_ring_release(r->ctx->ring, p->slot);
+      ckptio_batch_done(&batch, rc, "cannot queue a read: out of memory");
+    }
+  }
+  int rc = ckptio_batch_wait(&batch);
+  if (rc < 0) snprintf(r->err, sizeof(r->err), "%s", batch.err);
+  ckptio_batch_destroy(&batch);
+  return rc;
+}
+
+/* Pins the whole mapping so GPU copies can read the file's pages directly;
+ * read-only where the runtime allows it. */
+static int register_map(ckptio_reader *r, char *msg, size_t len) {
+  ckptio_gpu *g = r->ctx->gpu;
+  size_t n = (size_t)((r->file_size + CKPTIO_IO_ALIGN - 1) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1));
+  int e = g->ops->host_register((void *)r->map, n, 1);
+  return e ? ckptio_gpu_fail(g, e, msg, len, "cudaHostRegister of the file mapping") : 0;
+}
+
+/* Appends the pieces covering len bytes; @return the new count. */
+static size_t cut(piece *pieces, size_t k, piece proto, uint64_t len, uint64_t step) {
+  for (uint64_t off = 0; off < len; off += step) {
+    pieces[k] = proto;
+    pieces[k].off = off;
+    pieces[k].len = len - off < step ? len - off : step;
+    k++;
+  }
+  return k;
+}
+
+/* Bytes a request moves: a strided view's own bytes, else its range. */
+static uint64_t view_bytes(const ckptio_entry *e) {
+  return e->strided ? (uint64_t)ckptio_tensor_nbytes(e->dtype, e->ndim, e->shape) : e->nbytes;
+}
+
+/* Cuts the requested tensors into pieces, runs them, and checks the CRCs
+ * of those that have one when `check` is set. A request with a NULL dst
+ * only checks. A strided view is gathered in pieces of its own bytes, and
+ * its storage record, which the CRC covers, is checked by pieces of its
+ * own. The requests are already validated. */
+int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
+  ckptio_load_method method = r->opts.load_method == CKPTIO_LOAD_AUTO ? CKPTIO_LOAD_PREAD : r->opts.load_method;
+  if (method == CKPTIO_LOAD_DIRECT && r->fd_direct < 0) {
+    r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (r->fd_direct < 0) method = CKPTIO_LOAD_PREAD; /* e.g. tmpfs: the page cache is the disk */
+  }
+  uint64_t step = ckptio_ring_slot_bytes(r->ctx->ring);
+  if (method == CKPTIO_LOAD_DIRECT) step -= 2 * CKPTIO_IO_ALIGN; /* room for the page edges */
+  size_t total = 0;
+  uint64_t bytes = 0;
+  int any_gpu = 0, registered = 0;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
+    int gathered = e->strided && reqs[i].dst;
+    total += (size_t)((e->nbytes + step - 1) / step);
+    if (gathered) total += (size_t)((view_bytes(e) + step - 1) / step);
+    bytes += gathered ? view_bytes(e) : e->nbytes;
+    any_gpu |= reqs[i].device != CKPTIO_DEVICE_HOST;
+  }
+  piece *pieces = calloc(total + 1, sizeof(piece));
+  size_t *crc_first = calloc(n + 1, sizeof(size_t)), *crc_end = calloc(n + 1, sizeof(size_t));
+  int rc = 0;
+  if (!pieces || !crc_first || !crc_end) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  if (any_gpu && method == CKPTIO_LOAD_MMAP && r->map) {
+    char msg[CKPTIO_ERRLEN];
+    if ((rc = register_map(r, msg, sizeof(msg))) < 0) {
+      rfail(r, rc, "%s: %s", r->path, msg);
+      goto out;
+    }
+    registered = 1;
+  }
+  atomic_store(&r->done_bytes, 0);
+  atomic_store(&r->total_bytes, bytes);
+  memset(&r->timers, 0, sizeof(r->timers));
+  r->timers.start_ns = ckptio_now_ns();
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
+    int gpu = reqs[i].device == CKPTIO_DEVICE_HOST ? -1 : reqs[i].device - CKPTIO_DEVICE_CUDA(0);
+    piece proto = {.r = r, .e = e, .dst = reqs[i].dst, .gpu = gpu, .method = method, .check = check && e->has_crc};
+    if (e->strided && reqs[i].dst) {
+      piece g = proto;
+      g.gather = 1;
+      g.check = 0;
+      k = cut(pieces, k, g, view_bytes(e), step);
+      proto.dst = NULL; /* then check the storage record */
+      proto.gpu = -1;
+      if (!proto.check) continue;
+    }
+    crc_first[i] = k;
+    k = cut(pieces, k, proto, e->nbytes, step);
+    crc_end[i] = k;
+  }
+  rc = run_pieces(r, pieces, k);
+  r->timers.end_ns = ckptio_now_ns();
+  if (registered) r->ctx->gpu->ops->host_unregister((void *)r->map);
+  if (rc < 0) goto out;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
+    if (!check || !e->has_crc) continue;
+    uint32_t crc = 0;
+    for (size_t j = crc_first[i]; j < crc_end[i]; j++) crc = ckptio_crc32_combine(crc, pieces[j].crc, pieces[j].len);
+    if (crc != e->crc) {
+      rc = rfail(r, CKPTIO_E_CHECKSUM, "%s: tensor '%s': checksum mismatch (recorded %08x, data %08x)",
+                 r->path, e->name, e->crc, crc);
+      goto out;
+    }
+  }
+out:
+  free(pieces);
+  free(crc_first);
+  free(crc_end);
+  return rc;
+}
+
+/* A destination must be memory of the device the request names. */
+static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t i) {
+  if (q->index >= r->idx.count)
+    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", r->path, i, q->index);
+  const ckptio_entry *e = &r->idx.entries[q->index];
+  uint64_t need = view_bytes(e);
+  if (q->dst_bytes < need || (!q->dst && need))
+    return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
+                 r->path, e->name, (unsigned long long)need,
+                 (unsigned long long)(q->dst ? q->dst_bytes : 0));
+  int ord = -1, where = -1;
+  char msg[CKPTIO_ERRLEN];
+  if (q->device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, q->device, &ord, msg, sizeof(msg)) < 0)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", r->path, e->name, msg);
+  if (!r->ctx->gpu || !need) return 0;
+  int err = r->ctx->gpu->ops->pointer_device(q->dst, &where);
+  if (err) return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),
+                        "%s: tensor '%s': %s", r->path, e->name, msg);
+  if (where != ord)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': destination is %s memory but the request says %s",
+                 r->path, e->name, where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
+  return 0;
+}
+
+int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
+  if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_request(r, &reqs[i], i);
+    if (rc < 0) return rc;
+  }
+  return ckptio_reader_run(r, reqs, n, r->opts.crc);
+}
+
+int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes) {
+  ckptio_load_request req = {index, dst, dst_bytes, CKPTIO_DEVICE_HOST};
+  return ckptio_reader_load_many(r, &req, 1);
+}
+
+int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked) {
+  if (!r) return CKPTIO_E_INVALID_ARG;
+  ckptio_load_request *reqs = calloc(r->idx.count + 1, sizeof(*reqs));
+  if (!reqs) return -ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < r->idx.count; i++)
+    if (r->idx.entries[i].has_crc) reqs[n++].index = i; /* dst NULL: check only */
+  int rc = ckptio_reader_run(r, reqs, n, 1);
+  free(reqs);
+  if (unchecked) *unchecked = r->idx.count - n;
+  return rc;
+}

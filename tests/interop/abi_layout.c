@@ -1,0 +1,77 @@
+/*
+ * Prints, as JSON, the layout of the public structs and the constants that
+ * python/ckptio/_lib.py copies from include/ckptio.h, as the C compiler sees
+ * them; the interop tests compare the binding against this (and the error
+ * names against the header's text, so this file need not list every code).
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "ckptio.h"
+
+#define FIELD(T, f) printf("%s\"%s.%s\": [%zu, %zu]", sep(), #T, #f, offsetof(T, f), \
+                           sizeof(((T *)0)->f))
+#define SIZE(T) printf("%s\"%s\": %zu", sep(), #T, sizeof(T))
+#define CONST(c) printf("%s\"%s\": %lld", sep(), #c, (long long)(c))
+
+static int first = 1;
+static const char *sep(void) {
+  const char *s = first ? "" : ", ";
+  first = 0;
+  return s;
+}
+
+int main(void) {
+  printf("{\"sizeof\": {");
+  first = 1;
+  SIZE(ckptio_tensor);
+  SIZE(ckptio_tensor_info);
+  SIZE(ckptio_options);
+  SIZE(ckptio_load_request);
+  printf("},\n \"fields\": {");
+  first = 1;
+  FIELD(ckptio_tensor, name);
+  FIELD(ckptio_tensor, dtype);
+  FIELD(ckptio_tensor, ndim);
+  FIELD(ckptio_tensor, shape);
+  FIELD(ckptio_tensor, data);
+  FIELD(ckptio_tensor, device);
+  FIELD(ckptio_tensor_info, name);
+  FIELD(ckptio_tensor_info, dtype);
+  FIELD(ckptio_tensor_info, ndim);
+  FIELD(ckptio_tensor_info, shape);
+  FIELD(ckptio_tensor_info, nbytes);
+  FIELD(ckptio_tensor_info, offset);
+  FIELD(ckptio_tensor_info, has_crc);
+  FIELD(ckptio_tensor_info, crc32);
+  FIELD(ckptio_tensor_info, strided);
+  FIELD(ckptio_options, size);
+  FIELD(ckptio_options, threads);
+  FIELD(ckptio_options, chunk_bytes);
+  FIELD(ckptio_options, staging_bytes);
+  FIELD(ckptio_options, crc);
+  FIELD(ckptio_options, direct_io);
+  FIELD(ckptio_options, fsync);
+  FIELD(ckptio_options, load_method);
+  FIELD(ckptio_options, cuda);
+  FIELD(ckptio_options, numa);
+  FIELD(ckptio_load_request, index);
+  FIELD(ckptio_load_request, dst);
+  FIELD(ckptio_load_request, dst_bytes);
+  FIELD(ckptio_load_request, device);
+  printf("},\n \"options_init\": [");
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d", o.size, o.threads, o.chunk_bytes,
+         o.staging_bytes, o.crc, o.direct_io, o.fsync, (int)o.load_method, o.cuda, o.numa);
+  printf("],\n \"constants\": {");
+  first = 1;
+  CONST(CKPTIO_MAX_DIMS);
+  CONST(CKPTIO_DEVICE_HOST);
+  CONST(CKPTIO_AUTO);
+  CONST(CKPTIO_FORMAT_SAFETENSORS);
+  CONST(CKPTIO_E_INVALID_ARG);
+  CONST(CKPTIO_E_CHECKSUM);
+  CONST(CKPTIO_E_ERROR_MIN);
+  printf("}}\n");
+  return 0;
+}
