@@ -27,10 +27,12 @@ extern const char *cli_program;
 int cli_inspect_main(int argc, char **argv);
 int cli_verify_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
+int cli_convert_main(int argc, char **argv);
 
 void cli_inspect_usage(FILE *out);
 void cli_verify_usage(FILE *out);
 void cli_bench_usage(FILE *out);
+void cli_convert_usage(FILE *out);
 
 /* ------------------------------------------------------------ util.c */
 

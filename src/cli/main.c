@@ -20,6 +20,8 @@ static const command kCommands[] = {
      cli_inspect_usage},
     {"verify", "check a checkpoint's structure and every checksum", cli_verify_main,
      cli_verify_usage},
+    {"convert", "convert between safetensors and PyTorch .pt", cli_convert_main,
+     cli_convert_usage},
     {"bench", "save / load throughput next to this machine's raw limits", cli_bench_main,
      cli_bench_usage},
 };
