@@ -1,8 +1,8 @@
 /*
  * `ckptio bench`: saves and loads a synthetic model through one context and,
  * in the same run, interleaved A B A B, measures the raw limits of the same
- * disk and memory, so the report can give ratios that survive the drift of a
- * shared machine.
+ * disk and memory (and, with --device cuda:N, of the GPU's copy engines), so
+ * the report can give ratios that survive the drift of a shared machine.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,8 +43,16 @@ void cli_bench_usage(FILE *out) {
           "  --direct auto|on|off  O_DIRECT for the save's writes (default auto)\n"
           "  --load auto|pread|mmap|direct  method of the warm load (default auto)\n"
           "  --verify            compare every loaded byte and check every CRC32\n"
+          "  --format safetensors|pt  file format (default safetensors; pt: torch.save zip)\n"
+          "  --device host|cuda:N  where the tensors live (default host). cuda:N: the model\n"
+          "                      is uploaded to GPU N, saved from it and loaded back onto it\n"
+          "                      (--verify downloads and compares); adds the pinned\n"
+          "                      cudaMemcpy D2H and H2D limits of the same byte count\n"
           "  --json              one JSON object on stdout instead of the table\n\n"
-          "exit codes: 0 ok; 1 loaded data differ (--verify); 2 usage or I/O error\n");
+          "The report breaks each save and load into the library's stages (device copy,\n"
+          "copy + CRC, write, commit; read, host to device) from ckptio_*_stats.\n\n"
+          "exit codes: 0 ok; 1 loaded data differ (--verify); 2 usage or I/O error, or\n"
+          "CUDA unavailable with --device cuda:N\n");
 }
 
 /* ------------------------------------------------------------ cleanup */
@@ -144,6 +152,21 @@ const char *bench_direct_name(int direct) {
 
 const char *bench_shapes_name(cli_shapes s) { return s == CLI_SHAPES_LLM ? "llm" : "linear"; }
 
+const char *bench_format_name(ckptio_format f) { return f == CKPTIO_FORMAT_PYTORCH ? "pt" : "safetensors"; }
+
+/* "host" / "cpu" is the host, "cuda" GPU 0, "cuda:N" GPU N. */
+static int parse_device(const char *s, int *gpu) {
+  if (!strcmp(s, "host") || !strcmp(s, "cpu")) {
+    *gpu = -1;
+    return 0;
+  }
+  if (!strcmp(s, "cuda")) {
+    *gpu = 0;
+    return 0;
+  }
+  return strncmp(s, "cuda:", 5) || cli_parse_int(s + 5, gpu) < 0 || *gpu > 1023 ? -1 : 0;
+}
+
 static int usage_error(const char *fmt, const char *arg) {
   fprintf(stderr, "ckptio bench: ");
   fprintf(stderr, fmt, arg);
@@ -153,7 +176,8 @@ static int usage_error(const char *fmt, const char *arg) {
 
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   enum { OPT_SIZE = 256, OPT_SHAPES, OPT_DIR, OPT_KEEP, OPT_RUNS, OPT_THREADS, OPT_CHUNK, OPT_STAGING,
-         OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON };
+         OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON, OPT_FORMAT,
+         OPT_DEVICE };
   static const struct option kLong[] = {
       {"size", required_argument, 0, OPT_SIZE},       {"shapes", required_argument, 0, OPT_SHAPES},
       {"dir", required_argument, 0, OPT_DIR},         {"keep", required_argument, 0, OPT_KEEP},
@@ -162,6 +186,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       {"no-crc", no_argument, 0, OPT_NOCRC},          {"no-fsync", no_argument, 0, OPT_NOFSYNC},
       {"direct", required_argument, 0, OPT_DIRECT},   {"load", required_argument, 0, OPT_LOAD},
       {"verify", no_argument, 0, OPT_VERIFY},         {"json", no_argument, 0, OPT_JSON},
+      {"format", required_argument, 0, OPT_FORMAT},   {"device", required_argument, 0, OPT_DEVICE},
       {0, 0, 0, 0},
   };
   memset(o, 0, sizeof(*o));
@@ -173,6 +198,8 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   o->fsync = 1;
   o->direct = CKPTIO_AUTO;
   o->load = CKPTIO_LOAD_AUTO;
+  o->gpu = -1;
+  o->format = CKPTIO_FORMAT_SAFETENSORS;
   opterr = 0;
   optind = 1;
   int c;
@@ -236,6 +263,18 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
         break;
       case OPT_VERIFY: o->verify = 1; break;
       case OPT_JSON: o->json = 1; break;
+      case OPT_FORMAT:
+        if (!strcmp(optarg, "safetensors"))
+          o->format = CKPTIO_FORMAT_SAFETENSORS;
+        else if (!strcmp(optarg, "pt") || !strcmp(optarg, "pytorch"))
+          o->format = CKPTIO_FORMAT_PYTORCH;
+        else
+          return usage_error("bad --format '%s' (safetensors or pt)", optarg);
+        break;
+      case OPT_DEVICE:
+        if (parse_device(optarg, &o->gpu) < 0)
+          return usage_error("bad --device '%s' (host, cuda or cuda:N)", optarg);
+        break;
       default:
         return usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
     }

@@ -1,11 +1,13 @@
 /*
  * What `ckptio bench` measures and how it reports it: the options, one
- * run's timings, and the report (a table for people, JSON for scripts).
+ * run's timings and stage statistics, the GPU side of a --device cuda:N run,
+ * and the report (a table for people, JSON for scripts).
  */
 #ifndef CKPTIO_CLI_BENCH_H
 #define CKPTIO_CLI_BENCH_H
 
 #include "cli/cli.h"
+#include "device/device.h"
 
 typedef struct bench_opts {
   const char *argv0;
@@ -22,17 +24,65 @@ typedef struct bench_opts {
   int direct; /* CKPTIO_AUTO, 0, 1 */
   ckptio_load_method load;
   int verify, json;
+  int gpu;              /* --device: -1 the host, else the GPU ordinal */
+  ckptio_format format; /* --format */
 } bench_opts;
 
-/* Seconds of each step of one run, in the order they ran (A B A B). */
+/* Seconds of each step of one run, in the order they ran (A B A B), and
+ * the library's stage timings of the save and the two loads. The raw_d2h /
+ * raw_h2d copies run only with --device cuda:N. */
 typedef struct bench_run {
   double save_s, snapshot_s;
   double raw_write_s;
+  double raw_d2h_s;
+  double raw_h2d_s;
   double cold_s;
   double raw_read_s;
   double warm_s;
   double memcpy_s;
+  ckptio_stats save, cold, warm;
 } bench_run;
+
+/* The GPU side of a --device cuda:N run (synth.c): the model's bytes in the
+ * memory of one GPU, a stream of the bench's own for uploads, downloads and
+ * the raw copy limits, and the fake runtime's accounting when the loaded
+ * CUDA runtime is the test fake (tests/fake_cudart) rather than a GPU's. */
+typedef struct bench_gpu {
+  const ckptio_device_ops *ops;
+  int ordinal;
+  void *stream;
+  uint8_t *src, *dst;   /* device arenas laid out like the model's: saved from, loaded into */
+  uint64_t bytes;       /* of each */
+  uint8_t *pinned;      /* the host buffer the bench registered (not owned) */
+  uint64_t pinned_bytes;
+  char runtime[256];    /* the file of the loaded runtime, or its name */
+  char busid[32];
+  void *handle;         /* dlopen(RTLD_NOLOAD) of the loaded runtime, or NULL */
+  int (*fake_stats)(void *st);
+  void (*fake_reset)(void);
+} bench_gpu;
+
+/* What the fake runtime counted since bench_gpu_fake_reset. */
+typedef struct bench_fake {
+  uint64_t peak_locked_bytes; /* pinned + registered host memory, its peak */
+  uint64_t pageable_copies;   /* device copies from unpinned host memory */
+  uint64_t async_copies;
+} bench_fake;
+
+/* Allocates the two device arenas on GPU `ordinal` through the context,
+ * registers `pinned` (n bytes, page-aligned) and uploads the model's arena.
+ * @return 0, or a negative code with the reason printed. */
+int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *m, uint8_t *pinned,
+                   uint64_t n);
+/* Frees what open made. Safe on a zeroed struct. */
+void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx);
+/* One copy of n bytes on the bench's stream, then a stream sync; *secs (may
+ * be NULL) is the time of both. @return 0, or CKPTIO_E_DEVICE, printed. */
+int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_device,
+                   double *secs);
+/* The fake's accounting: restart it / read it. @return 0, or -1 (not the fake). */
+void bench_gpu_fake_reset(bench_gpu *g);
+int bench_gpu_fake_read(bench_gpu *g, bench_fake *out);
 
 typedef struct bench_result {
   const bench_opts *opts;
@@ -46,11 +96,18 @@ typedef struct bench_result {
   bench_run *runs;
   uint64_t rss_baseline;   /* ru_maxrss once the model and buffers exist */
   uint64_t rss_peak;       /* ru_maxrss at the end */
+  const bench_gpu *gpu;    /* --device cuda:N, else NULL */
+  const char *numa;        /* ckptio_ctx_numa_report */
+  int fake;                /* the loaded CUDA runtime is the test fake */
+  bench_fake fake_stats;
+  uint64_t staging_peak;   /* max of the stats' staging_bytes */
+  const char *load_skipped; /* why the loads were skipped (a .pt the reader refused), or NULL */
 } bench_result;
 
 const char *bench_load_name(ckptio_load_method m);
 const char *bench_direct_name(int direct);
 const char *bench_shapes_name(cli_shapes s);
+const char *bench_format_name(ckptio_format f);
 
 /* The command line that reproduces this benchmark, every option explicit. */
 void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *in_force);

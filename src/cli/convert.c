@@ -3,7 +3,7 @@
  * Contiguous little-endian tensors are handed to the writer as zero-copy
  * views of the input's mapping, so memory stays bounded by the staging ring
  * (plus the page cache); only strided or big-endian PyTorch tensors are
- * materialised, one at a time.
+ * materialised, and held until the commit (the writer borrows them).
  */
 #include <stdlib.h>
 #include <string.h>
