@@ -177,7 +177,8 @@ static void piece_run(void *arg) {
          * read-only: a GPU piece swaps in its slot. */
         unsigned char *w = (unsigned char *)bytes;
         if (bytes >= r->map && bytes < r->map + r->file_size) w = memcpy(p->slot, bytes, (size_t)p->len);
-        byteswap(w, p->len, elem_size(p->e));
+        /* A complex number is two floats, each swapped on its own. */
+        byteswap(w, p->len, p->e->dtype == CKPTIO_C64 ? 4 : elem_size(p->e));
         bytes = w;
       }
       if (p->gpu >= 0) {

@@ -1,0 +1,286 @@
+"""ckptio for Python: save and load safetensors checkpoints through libckptio.
+
+A minimal ctypes binding (a later issue grows it into the full one):
+
+    save_file({"w": np.ones((2, 3), np.float32)}, "m.safetensors", metadata={"step": "7"})
+    tensors = load_file("m.safetensors")      # {"w": array(...)}
+    verify("m.safetensors")                   # raises CkptioError on a bad CRC
+
+numpy arrays are passed to the library by pointer (a copy is made only for a
+non-contiguous or big-endian array). dtypes numpy cannot represent (BF16, the
+F8 / F6 / F4 types) travel as Tensor(dtype_name, shape, buffer) holding the raw
+little-endian bytes; load_file returns those as Tensor too.
+
+The library is build/libckptio.so of this repository, or the path in the
+environment variable CKPTIO_LIB.
+"""
+
+import atexit
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from . import _lib
+from ._lib import E_CHECKSUM, ERRORS
+
+__all__ = ["save_file", "load_file", "load_metadata", "verify", "Tensor",
+           "CkptioError", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES"]
+
+# safetensors dtype name -> numpy dtype, for every dtype numpy has.
+NUMPY_DTYPES = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
+    "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"),
+    "I32": np.dtype("<i4"), "U32": np.dtype("<u4"), "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "U64": np.dtype("<u8"),
+    "C64": np.dtype("<c8"),
+}
+
+
+class CkptioError(RuntimeError):
+    """A failure reported by libckptio. `code` is the library's negative code
+    (a CKPTIO_E_* value from ERRORS, or -errno); the message carries the
+    library's detail (file, tensor, rule)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class Tensor:
+    """A tensor of any safetensors dtype as raw bytes: `dtype` is the
+    safetensors name ("BF16", "F8_E4M3", ...), `shape` counts elements, and
+    `buffer` (bytes, bytearray, memoryview or a contiguous numpy array) holds
+    exactly the tensor's bytes, little-endian, row-major."""
+
+    __slots__ = ("dtype", "shape", "buffer")
+
+    def __init__(self, dtype, shape, buffer):
+        self.dtype = str(dtype)
+        self.shape = tuple(int(d) for d in shape)
+        self.buffer = buffer
+
+    def tobytes(self):
+        return _byte_view(self.buffer).tobytes()
+
+    def __eq__(self, other):
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return (self.dtype, self.shape, self.tobytes()) == \
+               (other.dtype, other.shape, other.tobytes())
+
+    def __repr__(self):
+        return f"Tensor({self.dtype!r}, {self.shape}, <{_byte_view(self.buffer).nbytes} bytes>)"
+
+
+def _byte_view(buffer):
+    """The buffer's bytes as a flat uint8 array, without copying."""
+    if isinstance(buffer, np.ndarray):
+        if not buffer.flags.c_contiguous:
+            raise ValueError("Tensor buffer must be C-contiguous")
+        return buffer.reshape(-1).view(np.uint8)
+    return np.frombuffer(buffer, dtype=np.uint8)
+
+
+def _check(rc, what, detail=None):
+    if rc >= 0:
+        return rc
+    name = _lib.lib().ckptio_strerror(rc).decode(errors="replace")
+    detail = detail.decode(errors="replace") if detail else ""
+    msg = f"{what}: {name}" + (f": {detail}" if detail else "")
+    raise CkptioError(rc, msg)
+
+
+# One context per process, created at first use: a context allocates and
+# touches its staging ring once, which is too costly to repeat per call.
+_ctx_lock = threading.Lock()
+_ctx_handle = None
+
+
+def _ctx():
+    global _ctx_handle
+    with _ctx_lock:
+        if _ctx_handle is None:
+            lib = _lib.lib()
+            handle = ctypes.c_void_p()
+            _check(lib.ckptio_ctx_create(None, ctypes.byref(handle)), "ckptio_ctx_create",
+                   lib.ckptio_last_open_error())
+            _ctx_handle = handle
+            atexit.register(_ctx_free)
+        return _ctx_handle
+
+
+def _ctx_free():
+    global _ctx_handle
+    with _ctx_lock:
+        if _ctx_handle is not None:
+            _lib.lib().ckptio_ctx_free(_ctx_handle)
+            _ctx_handle = None
+
+
+def _options(ctx, crc):
+    opts = _lib.Options.init()
+    _lib.lib().ckptio_ctx_options(ctx, ctypes.byref(opts))
+    opts.crc = 1 if crc else 0
+    return opts
+
+
+def _dtype_code(name):
+    code = ctypes.c_int()
+    _check(_lib.lib().ckptio_dtype_parse(name.encode(), ctypes.byref(code)),
+           f"dtype {name!r}")
+    return code.value
+
+
+def _describe(name, value):
+    """(dtype name, shape, flat uint8 view of the bytes) of one tensor to save."""
+    if isinstance(value, Tensor):
+        data = _byte_view(value.buffer)
+        shape = value.shape
+        dtype = value.dtype
+    else:
+        arr = np.asarray(value)
+        dtype = None
+        for st_name, np_dtype in NUMPY_DTYPES.items():
+            if arr.dtype == np_dtype:
+                dtype = st_name
+                break
+            if arr.dtype.newbyteorder("<") == np_dtype:  # big-endian: swap once
+                arr = arr.astype(np_dtype)
+                dtype = st_name
+                break
+        if dtype is None:
+            raise TypeError(f"tensor {name!r}: numpy dtype {arr.dtype} has no safetensors "
+                            "dtype; pass a ckptio.Tensor for raw bytes")
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d 1-d)
+            arr = arr.copy(order="C")
+        shape = arr.shape
+        data = arr.reshape(-1).view(np.uint8)
+    if len(shape) > _lib.MAX_DIMS:
+        raise ValueError(f"tensor {name!r}: {len(shape)} dims, at most {_lib.MAX_DIMS}")
+    return dtype, tuple(shape), data
+
+
+def save_file(tensors, path, metadata=None, crc=True):
+    """Saves a dict of name -> numpy array (or Tensor) as a safetensors file at
+    `path`, atomically. `metadata` is a dict of str -> str. With crc, every
+    tensor's CRC32 is recorded in the metadata as ckptio.crc32.<name>."""
+    lib = _lib.lib()
+    ctx = _ctx()
+    opts = _options(ctx, crc)
+    fspath = os.fsencode(os.fspath(path))
+    w = ctypes.c_void_p()
+    _check(lib.ckptio_writer_open(ctx, fspath, _lib.FORMAT_SAFETENSORS, ctypes.byref(opts),
+                                  ctypes.byref(w)), f"cannot save {os.fsdecode(fspath)}",
+           lib.ckptio_last_open_error())
+    keep = []  # the data must outlive the commit
+    try:
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+            _check(lib.ckptio_writer_set_metadata(w, key.encode(), value.encode()),
+                   f"metadata {key!r}", lib.ckptio_writer_last_error(w))
+        for name, value in tensors.items():
+            if not isinstance(name, str):
+                raise TypeError(f"tensor names must be str, got {name!r}")
+            dtype, shape, data = _describe(name, value)
+            code = _dtype_code(dtype)
+            c_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*shape)
+            nbytes = _check(lib.ckptio_tensor_nbytes(code, len(shape), c_shape),
+                            f"tensor {name!r} ({dtype} {list(shape)})")
+            if data.nbytes != nbytes:
+                raise ValueError(f"tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
+                                 f"the buffer has {data.nbytes}")
+            keep.append(data)
+            desc = _lib.Tensor_(name.encode(), code, len(shape), c_shape,
+                                data.ctypes.data, _lib.DEVICE_HOST)
+            _check(lib.ckptio_writer_add(w, ctypes.byref(desc)), f"tensor {name!r}",
+                   lib.ckptio_writer_last_error(w))
+        _check(lib.ckptio_writer_commit(w), f"cannot save {os.fsdecode(fspath)}",
+               lib.ckptio_writer_last_error(w))
+    finally:
+        lib.ckptio_writer_close(w)  # after a failure it only repeats it
+    del keep
+
+
+class _Reader:
+    def __init__(self, path, crc=True):
+        self.lib = _lib.lib()
+        ctx = _ctx()
+        opts = _options(ctx, crc)
+        self.path = os.fsencode(os.fspath(path))
+        self.handle = ctypes.c_void_p()
+        _check(self.lib.ckptio_reader_open(ctx, self.path, ctypes.byref(opts),
+                                           ctypes.byref(self.handle)),
+               f"cannot open {os.fsdecode(self.path)}", self.lib.ckptio_last_open_error())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lib.ckptio_reader_close(self.handle)
+        self.handle = None
+
+    def check(self, rc, what):
+        return _check(rc, f"{os.fsdecode(self.path)}: {what}",
+                      self.lib.ckptio_reader_last_error(self.handle))
+
+    def infos(self):
+        out = []
+        for i in range(self.lib.ckptio_reader_count(self.handle)):
+            info = _lib.TensorInfo()
+            self.check(self.lib.ckptio_reader_info(self.handle, i, ctypes.byref(info)),
+                       f"tensor {i}")
+            out.append(info)
+        return out
+
+
+def load_file(path, crc=True):
+    """Loads every tensor of a safetensors file: a dict of name -> numpy
+    array, or Tensor for the dtypes numpy lacks. With crc, each recorded CRC32
+    is checked and a mismatch raises CkptioError (code E_CHECKSUM)."""
+    with _Reader(path, crc) as r:
+        infos = r.infos()
+        out = {}
+        reqs = (_lib.LoadRequest * max(len(infos), 1))()
+        for i, info in enumerate(infos):
+            name = info.name.decode()
+            dtype = r.lib.ckptio_dtype_name(info.dtype).decode()
+            shape = tuple(info.shape[:info.ndim])
+            if dtype in NUMPY_DTYPES:
+                arr = np.empty(shape, NUMPY_DTYPES[dtype])
+                out[name] = arr
+            else:
+                arr = np.empty(info.nbytes, np.uint8)
+                out[name] = Tensor(dtype, shape, arr)
+            if arr.nbytes != info.nbytes:
+                raise CkptioError(ERRORS["TENSOR_INFO"],
+                                  f"{os.fsdecode(r.path)}: tensor {name!r}: {dtype} "
+                                  f"{list(shape)} is {arr.nbytes} bytes, the file says "
+                                  f"{info.nbytes}")
+            reqs[i] = _lib.LoadRequest(i, arr.ctypes.data, info.nbytes, _lib.DEVICE_HOST)
+        if infos:
+            r.check(r.lib.ckptio_reader_load_many(r.handle, reqs, len(infos)), "load")
+        return out
+
+
+def load_metadata(path):
+    """The file's __metadata__ as a dict, without ckptio's CRC keys."""
+    with _Reader(path) as r:
+        out = {}
+        for i in range(r.lib.ckptio_reader_metadata_count(r.handle)):
+            key, value = ctypes.c_char_p(), ctypes.c_char_p()
+            r.check(r.lib.ckptio_reader_metadata_at(r.handle, i, ctypes.byref(key),
+                                                    ctypes.byref(value)), f"metadata {i}")
+            out[key.value.decode()] = value.value.decode()
+        return out
+
+
+def verify(path):
+    """Checks every recorded CRC32 of the file. Raises CkptioError on a
+    mismatch; returns the number of tensors that have no recorded CRC."""
+    with _Reader(path) as r:
+        unchecked = ctypes.c_size_t()
+        r.check(r.lib.ckptio_reader_verify(r.handle, ctypes.byref(unchecked)), "verify")
+        return unchecked.value

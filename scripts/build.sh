@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Configures (Ninja, RelWithDebInfo, warnings as errors) and builds ckptio.
+# Usage: scripts/build.sh [dir] [extra cmake args...]
+#   dir defaults to build/ in the repository; a relative dir is taken from the
+#   current directory. Extra arguments go to the configure step, e.g.
+#   scripts/build.sh build-asan -DCKPTIO_SANITIZE=ON
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+die() { echo "build.sh: ERROR: $*" >&2; exit 1; }
+
+DIR="${1:-$ROOT/build}"
+shift $(($# > 0 ? 1 : 0))
+[[ "$DIR" == -* ]] && die "the first argument is the build directory, got '$DIR'"
+[[ "$DIR" = /* ]] || DIR="$PWD/$DIR"
+
+command -v cmake >/dev/null || die "cmake not found: run scripts/setup.sh"
+command -v ninja >/dev/null || die "ninja not found: run scripts/setup.sh"
+
+# A directory configured with another generator cannot be switched to Ninja.
+if [[ -f "$DIR/CMakeCache.txt" ]] &&
+   ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$DIR/CMakeCache.txt"; then
+  die "$DIR was configured with another generator; remove it or pick another dir"
+fi
+
+echo "build.sh: configuring $DIR $*"
+cmake -S "$ROOT" -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCKPTIO_WERROR=ON "$@" || die "cmake configure of $DIR failed"
+echo "build.sh: building $DIR"
+cmake --build "$DIR" -j "$(nproc)" || die "build of $DIR failed"
+echo "build.sh: built $DIR"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs what ckptio needs to build and test on a fresh Debian 12 machine:
+# the toolchain and libraries from Debian (the CUDA toolkit is optional: the
+# CUDA device is built when CMake finds it), and a project-local Python venv
+# (.venv) with the real numpy / safetensors / pytest the interop tests use.
+# Idempotent: a second run checks and does nothing (no network needed).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+
+APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
+              libhwloc-dev libgtest-dev fio python3-venv)
+# pip name = import name for all of these.
+PY_PACKAGES=(numpy safetensors pytest)
+
+say() { echo "setup.sh: $*"; }
+die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
+
+SUDO=()
+if [[ "$(id -u)" != 0 ]]; then
+  command -v sudo >/dev/null || die "not root and no sudo: run this script as root"
+  SUDO=(sudo)
+fi
+
+# ------------------------------------------------------------ Debian packages
+installed() {
+  [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  installed "$p" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null || die "apt-get not found: this script targets Debian 12"
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${SUDO[@]}" apt-get update -q || die "apt-get update failed"
+  "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}" \
+    || die "apt-get install ${missing[*]} failed"
+  for p in "${missing[@]}"; do
+    installed "$p" || die "package $p still not installed after apt-get install"
+  done
+else
+  say "Debian packages present: ${APT_PACKAGES[*]}"
+fi
+
+# ------------------------------------------------------------ Python venv
+command -v python3 >/dev/null || die "python3 not found (it comes with Debian 12)"
+if [[ -e "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+  # A venv whose interpreter moved or vanished, or a half-made one, cannot be
+  # repaired in place.
+  say "$VENV is broken (its python does not start): recreating it"
+  rm -rf "$VENV"
+fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+  say "creating the venv $VENV with $(command -v python3) ($(python3 --version 2>&1))"
+  python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (is python3-venv installed?)"
+fi
+
+py_missing=()
+for p in "${PY_PACKAGES[@]}"; do
+  "$VENV/bin/python" -c "import $p" 2>/dev/null || py_missing+=("$p")
+done
+if ((${#py_missing[@]})); then
+  say "pip installing into $VENV: ${py_missing[*]}"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${py_missing[@]}" \
+    || die "pip install ${py_missing[*]} failed"
+  for p in "${py_missing[@]}"; do
+    "$VENV/bin/python" -c "import $p" || die "$p still does not import after pip install"
+  done
+fi
+say "venv ready: $("$VENV/bin/python" -c '
+import numpy, safetensors, pytest, sys
+print("python %d.%d.%d" % sys.version_info[:3], "numpy", numpy.__version__,
+      "safetensors", safetensors.__version__, "pytest", pytest.__version__)')"
