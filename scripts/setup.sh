@@ -11,8 +11,10 @@ VENV="$ROOT/.venv"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev fio python3-venv)
-# pip name = import name for all of these.
-PY_PACKAGES=(numpy safetensors pytest)
+# pip name = import name for all of these. torch is the real PyTorch the
+# .pt interop tests check against (a large download the first time: the
+# registry's wheel brings its CUDA libraries; nothing here uses a GPU).
+PY_PACKAGES=(numpy safetensors pytest torch)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
@@ -72,6 +74,7 @@ if ((${#py_missing[@]})); then
   done
 fi
 say "venv ready: $("$VENV/bin/python" -c '
-import numpy, safetensors, pytest, sys
+import numpy, safetensors, pytest, torch, sys
 print("python %d.%d.%d" % sys.version_info[:3], "numpy", numpy.__version__,
-      "safetensors", safetensors.__version__, "pytest", pytest.__version__)')"
+      "safetensors", safetensors.__version__, "pytest", pytest.__version__,
+      "torch", torch.__version__)')"

@@ -162,16 +162,21 @@ def _describe(name, value):
     return dtype, tuple(shape), data
 
 
-def save_file(tensors, path, metadata=None, crc=True):
-    """Saves a dict of name -> numpy array (or Tensor) as a safetensors file at
-    `path`, atomically. `metadata` is a dict of str -> str. With crc, every
-    tensor's CRC32 is recorded in the metadata as ckptio.crc32.<name>."""
+def save_file(tensors, path, metadata=None, crc=True, format="safetensors"):
+    """Saves a dict of name -> numpy array (or Tensor) at `path`, atomically,
+    as safetensors or, with format="pt", as a torch.save zip archive that
+    torch.load(weights_only=True) opens. `metadata` is a dict of str -> str.
+    With crc, every tensor's CRC32 is recorded (safetensors: in the metadata
+    as ckptio.crc32.<name>; pt: in the zip records)."""
+    formats = {"safetensors": _lib.FORMAT_SAFETENSORS, "pt": _lib.FORMAT_PYTORCH}
+    if format not in formats:
+        raise ValueError(f"format must be one of {sorted(formats)}, got {format!r}")
     lib = _lib.lib()
     ctx = _ctx()
     opts = _options(ctx, crc)
     fspath = os.fsencode(os.fspath(path))
     w = ctypes.c_void_p()
-    _check(lib.ckptio_writer_open(ctx, fspath, _lib.FORMAT_SAFETENSORS, ctypes.byref(opts),
+    _check(lib.ckptio_writer_open(ctx, fspath, formats[format], ctypes.byref(opts),
                                   ctypes.byref(w)), f"cannot save {os.fsdecode(fspath)}",
            lib.ckptio_last_open_error())
     keep = []  # the data must outlive the commit

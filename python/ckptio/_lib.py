@@ -11,6 +11,7 @@ MAX_DIMS = 8
 DEVICE_HOST = 0  # CKPTIO_DEVICE_HOST; GPU n is n + 1
 AUTO = -1
 FORMAT_SAFETENSORS = 0
+FORMAT_PYTORCH = 1
 
 # enum ckptio_error in header order: CKPTIO_E_INVALID_ARG = -1000, then down by one.
 _ERROR_NAMES = [

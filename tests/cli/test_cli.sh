@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The `ckptio` command end to end: a checkpoint made by `bench --keep` must
 # inspect and verify clean, a flipped data byte and a truncation must fail
-# verify with exit 1 and say why, and bench must run in its main variants.
-# Usage: test_cli.sh PATH/TO/ckptio
+# verify with exit 1 and say why, and bench must run in its main variants:
+# both formats, and --device cuda:0 over the fake CUDA runtime when its path
+# is given (without it that part is skipped, loudly).
+# Usage: test_cli.sh PATH/TO/ckptio [PATH/TO/fake/libcudart.so.13]
 set -u
-CKPTIO=${1:?usage: test_cli.sh PATH/TO/ckptio}
+CKPTIO=${1:?usage: test_cli.sh PATH/TO/ckptio [PATH/TO/fake/libcudart.so.13]}
+FAKE_CUDART=${2:-}
 T=$(mktemp -d "${PWD}/cli-test.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
 fails=0
@@ -93,6 +96,42 @@ expect 0 "bench --shapes linear --json" "$CKPTIO" bench --shapes linear --size 8
 if command -v python3 >/dev/null; then
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["save_vs_raw_write"]["median"]>0' \
     "$T/out" 2>/dev/null && pass "bench --json parses" || fail "bench --json is not the expected JSON"
+fi
+expect 0 "bench --format pt" "$CKPTIO" bench --format pt --size 32MiB --runs 1 --dir "$T"
+mentions "bench --format pt" "format    pt"
+mentions "bench --format pt" "copy + CRC"
+expect 2 "bench --format bogus" "$CKPTIO" bench --format npz
+
+# No GPU: a runtime that cannot be loaded must give exit 2 and the reason.
+expect 2 "bench --device cuda:0 (no CUDA runtime)" \
+  env CKPTIO_CUDART=/nonexistent/libcudart.so.13 "$CKPTIO" bench --device cuda:0 --size 8MiB --runs 1 --dir "$T"
+mentions "bench --device cuda:0 (no CUDA runtime)" "CUDA unavailable"
+expect 2 "bench --device bogus" "$CKPTIO" bench --device gpu0
+
+if [ -z "$FAKE_CUDART" ]; then
+  echo "skip bench --device cuda:0: no fake CUDA runtime path given (built only with the CUDA toolkit headers)"
+elif [ ! -e "$FAKE_CUDART" ]; then
+  fail "fake CUDA runtime $FAKE_CUDART does not exist"
+else
+  # Leak reporting on: the bench must free every device buffer, stream and
+  # registration it made (the fake exits 3 otherwise).
+  expect 0 "bench --device cuda:0 --verify (fake runtime)" \
+    env CKPTIO_CUDART="$FAKE_CUDART" FAKE_CUDART_DEVICES=2 FAKE_CUDART_REPORT_LEAKS=1 \
+    "$CKPTIO" bench --device cuda:0 --size 32MiB --runs 1 --verify --dir "$T"
+  mentions "bench --device cuda:0" "figures are from the fake CUDA runtime, not from a GPU"
+  mentions "bench --device cuda:0" "pinned D2H"
+  mentions "bench --device cuda:0" "host to device"
+  mentions "bench --device cuda:0" "0 from pageable memory"
+  expect 0 "bench --device cuda:1 --format pt --json (fake runtime)" \
+    env CKPTIO_CUDART="$FAKE_CUDART" FAKE_CUDART_DEVICES=2 FAKE_CUDART_REPORT_LEAKS=1 FAKE_CUDART_DELAY_US=50 \
+    "$CKPTIO" bench --device cuda:1 --format pt --shapes linear --size 8MiB --runs 1 --verify --json --dir "$T"
+  if command -v python3 >/dev/null; then
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["fake_cuda_runtime"] and d["device"]=="cuda:1" and d["raw_h2d_gbps"]["median"]>0' \
+      <(head -n 1 "$T/out") 2>/dev/null && pass "bench --device --json parses" || fail "bench --device --json is not the expected JSON"
+  fi
+  expect 2 "bench --device cuda:2 (two fake GPUs)" \
+    env CKPTIO_CUDART="$FAKE_CUDART" FAKE_CUDART_DEVICES=2 "$CKPTIO" bench --device cuda:2 --size 8MiB --runs 1 --dir "$T"
+  mentions "bench --device cuda:2 (two fake GPUs)" "no GPU 2"
 fi
 leftover=$(find "$T" -name '.ckptio-bench-*' | wc -l)
 [ "$leftover" -eq 0 ] && pass "no scratch files left" || fail "$leftover scratch files left in $T"

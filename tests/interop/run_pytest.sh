@@ -12,7 +12,8 @@ if [[ ! -x "$PY" ]]; then
   echo "SKIP interop: no Python venv at $PY; run scripts/setup.sh to create it"
   exit 77
 fi
-for mod in numpy safetensors pytest; do
+# CKPTIO_PYTEST_NEEDS adds modules a test needs beyond these (e.g. torch).
+for mod in numpy safetensors pytest ${CKPTIO_PYTEST_NEEDS:-}; do
   if ! out="$("$PY" -c "import $mod" 2>&1)"; then
     echo "SKIP interop: the venv at $PY cannot import $mod; run scripts/setup.sh"
     echo "$out" | tail -n 3

@@ -341,6 +341,7 @@ def test_binding_matches_header_layout():
     assert const["CKPTIO_DEVICE_HOST"] == lib.DEVICE_HOST
     assert const["CKPTIO_AUTO"] == lib.AUTO
     assert const["CKPTIO_FORMAT_SAFETENSORS"] == lib.FORMAT_SAFETENSORS
+    assert const["CKPTIO_FORMAT_PYTORCH"] == lib.FORMAT_PYTORCH
     assert const["CKPTIO_E_INVALID_ARG"] == ckptio.ERRORS["INVALID_ARG"]
     assert const["CKPTIO_E_CHECKSUM"] == ckptio.E_CHECKSUM
     assert const["CKPTIO_E_ERROR_MIN"] == min(ckptio.ERRORS.values())
