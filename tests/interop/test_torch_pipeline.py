@@ -125,3 +125,26 @@ def test_hostile_pickle_is_refused_by_load(tmp_path):
         ckptio.load_file(path)
     assert "system" in str(e.value)
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.skipif(os.environ.get("CKPTIO_TEST_SLOW") != "1", reason="slow: set CKPTIO_TEST_SLOW=1")
+def test_zip64_past_four_gib(tmp_path):
+    """A tensor over 4 GiB and one after it: zip64 sizes and offsets, written
+    through the pipeline, loaded by torch with mmap (nothing is read but the
+    pages looked at). The big source is untouched calloc memory: zero pages
+    that cost no RAM."""
+    big = np.zeros((4 << 30) + 100, np.uint8)
+    tail = np.arange(1000, dtype=np.float32)
+    path = tmp_path / "big.pt"
+    ckptio.save_file({"big": big, "tail": tail}, path, format="pt")
+    loaded = torch.load(path, weights_only=True, mmap=True)
+    assert loaded["big"].shape == (big.size,)
+    assert int(loaded["big"][-100:].sum()) == 0
+    np.testing.assert_array_equal(loaded["tail"].numpy(), tail)
+    import zipfile
+    info = {i.filename.split("/", 1)[1]: i for i in zipfile.ZipFile(path).infolist()}
+    assert info["data/0"].file_size == big.size
+    assert info["data/1"].header_offset > 0xFFFFFFFF
+    # ckptio reads it back too, checking both CRCs (the big one over 4 GiB).
+    got = ckptio.load_file(path)
+    np.testing.assert_array_equal(got["tail"], tail)
