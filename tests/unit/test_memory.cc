@@ -1,0 +1,121 @@
+// Memory bounds of a load: into host buffers the peak RSS grows by at most
+// the data plus 64 MiB (no hidden copy of the file, no per-element
+// expansion of a .pt's pickle); onto a GPU the host side stays within the
+// staging ring plus 64 MiB whatever the checkpoint's size. Peak RSS is
+// VmHWM, reset before each phase through /proc/self/clear_refs.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "ckpt_fixture.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+uint64_t status_kib(const char *field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field, 0) == 0) return std::strtoull(line.c_str() + strlen(field), nullptr, 10);
+  return 0;
+}
+
+bool reset_peak() {
+  int fd = open("/proc/self/clear_refs", O_WRONLY);
+  bool ok = fd >= 0 && write(fd, "5", 1) == 1;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+const uint64_t kSize = 512ull << 20;
+const uint64_t kSlack = 64ull << 20;
+
+// Writes a 512 MiB checkpoint (eight 64 MiB tensors) from untouched calloc
+// memory: zero pages, which cost the writer no RSS.
+void write_big(ckptio_ctx *ctx, const std::string &path, ckptio_format format) {
+  void *zeros = calloc(1, kSize);
+  ASSERT_NE(zeros, nullptr);
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(ctx, path.c_str(), format, nullptr, &w), 0);
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; i++) names.push_back("layer." + std::to_string(i));
+  for (int i = 0; i < 8; i++) {
+    ckptio_tensor t{names[i].c_str(), CKPTIO_BF16, 2, {4096, 8192}, (char *)zeros + i * (kSize / 8),
+                    CKPTIO_DEVICE_HOST};
+    ASSERT_EQ(ckptio_writer_add(w, &t), 0);
+  }
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ckptio_writer_close(w);
+  free(zeros);
+}
+
+}  // namespace
+
+class Memory : public ::testing::TestWithParam<ckptio_format> {};
+
+TEST_P(Memory, HostLoadPeakIsDataPlus64MiB) {
+  if (on_gpu()) GTEST_SKIP() << "host variant only";
+  TempDir dir;
+  ckptio_ctx *ctx;
+  ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
+  std::string path = dir.file(GetParam() == CKPTIO_FORMAT_PYTORCH ? "m.pt" : "m.safetensors");
+  write_big(ctx, path, GetParam());
+  if (!reset_peak()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+  uint64_t base = status_kib("VmRSS:") << 10;
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  char *dst = (char *)malloc(kSize);
+  std::vector<ckptio_load_request> reqs;
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+    ckptio_tensor_info info;
+    ckptio_reader_info(r, i, &info);
+    reqs.push_back({i, dst + i * (kSize / 8), info.nbytes, CKPTIO_DEVICE_HOST});
+  }
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  uint64_t peak = status_kib("VmHWM:") << 10;
+  EXPECT_LE(peak - base, kSize + kSlack) << "peak grew by " << ((peak - base) >> 20) << " MiB";
+  EXPECT_GE(peak - base, kSize - kSlack) << "the destination was not even touched?";
+  free(dst);
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
+TEST_P(Memory, GpuLoadHostSideStaysWithinStaging) {
+  if (!on_gpu()) GTEST_SKIP() << "needs the fake CUDA runtime (cuda-fake variant)";
+  TempDir dir;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.staging_bytes = 32u << 20;
+  o.chunk_bytes = 4u << 20;
+  ckptio_ctx *ctx;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  std::string path = dir.file(GetParam() == CKPTIO_FORMAT_PYTORCH ? "m.pt" : "m.safetensors");
+  write_big(ctx, path, GetParam());
+  void *dev = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx, CKPTIO_DEVICE_CUDA(0), kSize, &dev), 0);
+  if (!reset_peak()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+  uint64_t base = status_kib("VmRSS:") << 10;
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx, path.c_str(), nullptr, &r), 0);
+  std::vector<ckptio_load_request> reqs;
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+    ckptio_tensor_info info;
+    ckptio_reader_info(r, i, &info);
+    reqs.push_back({i, (char *)dev + i * (kSize / 8), info.nbytes, CKPTIO_DEVICE_CUDA(0)});
+  }
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  uint64_t peak = status_kib("VmHWM:") << 10;
+  // The fake keeps "device memory" in a shared mapping of this process, so
+  // its 512 MiB show in RSS too; what is left is the host side.
+  uint64_t host = peak - base > kSize ? peak - base - kSize : 0;
+  EXPECT_LE(host, o.staging_bytes + kSlack) << "host side grew by " << (host >> 20) << " MiB";
+  ckptio_reader_close(r);
+  ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(0), dev);
+  ckptio_ctx_free(ctx);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Memory, ::testing::Values(CKPTIO_FORMAT_SAFETENSORS, CKPTIO_FORMAT_PYTORCH));
