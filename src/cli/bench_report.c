@@ -1,8 +1,9 @@
 /*
  * The report of `ckptio bench`: how to reproduce it, the machine, the
  * options, then median and min-max of each rate and of each ratio to the raw
- * limit measured in the same run. Ratios are taken per run (the pair ran
- * side by side) before the median, so drift between runs cancels.
+ * limit measured in the same run, and the library's own stage timings next
+ * to the raw limit each stage runs into. Ratios are taken per run (the pair
+ * ran side by side) before the median, so drift between runs cancels.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -11,9 +12,9 @@
 #include "cli/bench.h"
 
 typedef enum series {
-  S_SAVE, S_RAW_WRITE, S_SAVE_RATIO, S_SNAPSHOT, S_SAVE_S,
-  S_COLD, S_RAW_READ, S_COLD_RATIO,
-  S_WARM, S_MEMCPY, S_WARM_RATIO,
+  S_SAVE, S_RAW_WRITE, S_SAVE_RATIO, S_SNAPSHOT, S_SAVE_S, S_RAW_D2H,
+  S_COLD, S_RAW_READ, S_COLD_RATIO, S_RAW_H2D,
+  S_WARM, S_MEMCPY, S_WARM_RATIO, S_WARM_H2D_RATIO,
   S_COUNT
 } series;
 
@@ -27,6 +28,9 @@ static double value(const bench_result *r, const bench_run *x, series k) {
     case S_SAVE_RATIO: return gbps(data, x->save_s) / gbps(raw, x->raw_write_s);
     case S_SNAPSHOT: return x->snapshot_s;
     case S_SAVE_S: return x->save_s;
+    case S_RAW_D2H: return gbps(raw, x->raw_d2h_s);
+    case S_RAW_H2D: return gbps(raw, x->raw_h2d_s);
+    case S_WARM_H2D_RATIO: return gbps(data, x->warm_s) / gbps(raw, x->raw_h2d_s);
     case S_COLD: return gbps(data, x->cold_s);
     case S_RAW_READ: return gbps(raw, x->raw_read_s);
     case S_COLD_RATIO: return gbps(data, x->cold_s) / gbps(raw, x->raw_read_s);
@@ -44,6 +48,71 @@ static cli_stat stat_of(const bench_result *r, series k) {
   return cli_stat_of(v, n);
 }
 
+/* ------------------------------------------------------------ stages */
+
+/* The three timed operations of a run, and the stages of their stats. */
+typedef enum op { OP_SAVE, OP_COLD, OP_WARM } op;
+typedef enum stage { ST_DEVICE, ST_COPY, ST_WRITE, ST_COMMIT } stage;
+
+static const ckptio_stats *op_stats(const bench_run *x, op o) {
+  return o == OP_SAVE ? &x->save : o == OP_COLD ? &x->cold : &x->warm;
+}
+
+static double stage_busy(const ckptio_stats *st, stage k) {
+  switch (k) {
+    case ST_DEVICE: return st->device_seconds;
+    case ST_COPY: return st->copy_seconds;
+    case ST_WRITE: return st->write_seconds;
+    default: return st->commit_seconds;
+  }
+}
+
+/* Busy seconds are summed over the workers: bytes x workers / busy is the
+ * rate the stage alone would allow with every worker on it. The commit runs
+ * on one thread, so its bound would mean nothing. */
+static cli_stat stage_stat(const bench_result *r, op o, stage k, int bound) {
+  double v[1000];
+  size_t n = 0;
+  for (int i = 0; i < r->runs_done && n < 1000; i++) {
+    const ckptio_stats *st = op_stats(&r->runs[i], o);
+    double busy = stage_busy(st, k);
+    v[n++] = !bound ? busy : busy > 0 ? (double)st->bytes * st->threads / busy / 1e9 : 0;
+  }
+  return cli_stat_of(v, n);
+}
+
+static void stage_row(FILE *out, const bench_result *r, const char *opname, op o, stage k,
+                      const char *name, const char *limit, series lim) {
+  char bound[24] = "-";
+  if (k != ST_COMMIT) snprintf(bound, sizeof(bound), "%.2f", stage_stat(r, o, k, 1).median);
+  fprintf(out, "  %-10s %-28s %8.3f %10s", opname, name, stage_stat(r, o, k, 0).median, bound);
+  if (limit) fprintf(out, "  %9.2f  %s", stat_of(r, lim).median, limit);
+  fputc('\n', out);
+}
+
+static void stage_table(FILE *out, const bench_result *r) {
+  int gpu = r->gpu != NULL, threads = r->ctx_opts.threads;
+  fprintf(out, "\nstages (median; busy time summed over the %d workers; bound = bytes x %d / busy,\n"
+          "        the rate that stage alone would allow; the raw limit measured in this run)\n",
+          threads, threads);
+  fprintf(out, "  %-10s %-28s %8s %10s %10s\n", "", "", "busy s", "bound GB/s", "raw GB/s");
+  if (gpu) stage_row(out, r, "save", OP_SAVE, ST_DEVICE, "device to host (waiting)", "pinned D2H", S_RAW_D2H);
+  stage_row(out, r, gpu ? "" : "save", OP_SAVE, ST_COPY, gpu ? "CRC in staging" : "copy + CRC", NULL,
+            S_COUNT);
+  stage_row(out, r, "", OP_SAVE, ST_WRITE, "write", "O_DIRECT write", S_RAW_WRITE);
+  stage_row(out, r, "", OP_SAVE, ST_COMMIT, "commit (fdatasync, rename)", NULL, S_COUNT);
+  if (r->load_skipped) {
+    fprintf(out, "  %-10s skipped: %s\n", "loads", r->load_skipped);
+    return;
+  }
+  stage_row(out, r, "cold load", OP_COLD, ST_COPY, "read (O_DIRECT) + CRC", "O_DIRECT read", S_RAW_READ);
+  if (gpu) stage_row(out, r, "", OP_COLD, ST_DEVICE, "host to device", "pinned H2D", S_RAW_H2D);
+  char warm[48];
+  snprintf(warm, sizeof(warm), "read (%s) + CRC", bench_load_name(r->ctx_opts.load_method));
+  stage_row(out, r, "warm load", OP_WARM, ST_COPY, warm, "memcpy", S_MEMCPY);
+  if (gpu) stage_row(out, r, "", OP_WARM, ST_DEVICE, "host to device", "pinned H2D", S_RAW_H2D);
+}
+
 void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *f) {
   cli_shell_word(out, o->argv0);
   fputs(" bench", out);
@@ -51,7 +120,12 @@ void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *f
     fputs(" --size ", out);
     cli_shell_word(out, o->size_str);
   }
-  fprintf(out, " --shapes %s --dir ", bench_shapes_name(o->shapes));
+  fprintf(out, " --shapes %s --format %s", bench_shapes_name(o->shapes), bench_format_name(o->format));
+  if (o->gpu >= 0)
+    fprintf(out, " --device cuda:%d", o->gpu);
+  else
+    fputs(" --device host", out);
+  fputs(" --dir ", out);
   cli_shell_word(out, o->dir);
   fprintf(out, " --runs %d --threads %d --chunk %zu --staging %zu%s%s --direct %s --load %s%s",
           o->runs, f->threads, f->chunk_bytes, f->staging_bytes, f->crc ? "" : " --no-crc",
@@ -92,6 +166,15 @@ void bench_report_table(FILE *out, const bench_result *r) {
   char b1[32], b2[32], b3[32];
   fprintf(out, "ckptio %s bench: %d run%s, each step next to its raw limit (A B A B)\n\n",
           ckptio_version_string(), r->runs_done, r->runs_done == 1 ? "" : "s");
+  if (r->fake) {
+    const char *delay = getenv("FAKE_CUDART_DELAY_US");
+    fprintf(out,
+            "!! FAKE CUDA RUNTIME: these figures are from the fake CUDA runtime, not from a GPU.\n"
+            "!! Its \"device\" copies are memcpys on a host thread after a %s us delay each\n"
+            "!! (FAKE_CUDART_DELAY_US): they test the plumbing, not PCIe or HBM.\n"
+            "!! runtime: %s (tests/fake_cudart)\n\n",
+            delay && *delay ? delay : "2000", r->gpu->runtime);
+  }
   fputs("command   ", out);
   bench_print_command(out, r->opts, f);
   fprintf(out, "\nmachine   %ld cpus (%s), %s memory, %s\n", mc->nproc, mc->cpu[0] ? mc->cpu : "?",
@@ -106,6 +189,10 @@ void bench_report_table(FILE *out, const bench_result *r) {
           cli_fmt_bytes(f->staging_bytes, b2, sizeof(b2)), f->crc ? "on" : "off",
           f->fsync ? "on" : "off", bench_direct_name(f->direct_io), bench_load_name(f->load_method),
           r->opts->verify ? "on (every byte compared, every CRC checked)" : "off");
+  if (r->gpu)
+    fprintf(out, "gpu       cuda:%d (PCI %s), runtime %s%s; %s\n", r->gpu->ordinal, r->gpu->busid,
+            r->gpu->runtime, r->fake ? " (FAKE)" : "", r->numa && *r->numa ? r->numa : "NUMA: -");
+  fprintf(out, "format    %s\n", bench_format_name(r->opts->format));
   fputs("model     ", out);
   model_line(out, r);
   fprintf(out, "\nfile      %" PRIu64 " bytes\n\n", r->file_bytes);
@@ -116,25 +203,51 @@ void bench_report_table(FILE *out, const bench_result *r) {
   row(out, r, "save / raw write", "x", S_SAVE_RATIO);
   row(out, r, "save time", "s", S_SAVE_S);
   row(out, r, "time to snapshot", "s", S_SNAPSHOT);
+  if (r->gpu) row(out, r, "pinned D2H (cudaMemcpy)", "GB/s", S_RAW_D2H);
   fputc('\n', out);
-  row(out, r, "cold load (direct)", "GB/s", S_COLD);
-  row(out, r, "raw O_DIRECT read", "GB/s", S_RAW_READ);
-  row(out, r, "cold load / raw read", "x", S_COLD_RATIO);
-  fputc('\n', out);
-  char warm[48];
-  snprintf(warm, sizeof(warm), "warm load (%s)", bench_load_name(f->load_method));
-  row(out, r, warm, "GB/s", S_WARM);
-  row(out, r, "memcpy (1 thread)", "GB/s", S_MEMCPY);
-  row(out, r, "warm load / memcpy", "x", S_WARM_RATIO);
+  if (r->load_skipped) {
+    fprintf(out, "  loads skipped: %s\n", r->load_skipped);
+  } else {
+    row(out, r, "cold load (direct)", "GB/s", S_COLD);
+    row(out, r, "raw O_DIRECT read", "GB/s", S_RAW_READ);
+    row(out, r, "cold load / raw read", "x", S_COLD_RATIO);
+    if (r->gpu) row(out, r, "pinned H2D (cudaMemcpy)", "GB/s", S_RAW_H2D);
+    fputc('\n', out);
+    char warm[48];
+    snprintf(warm, sizeof(warm), "warm load (%s)", bench_load_name(f->load_method));
+    row(out, r, warm, "GB/s", S_WARM);
+    row(out, r, "memcpy (1 thread)", "GB/s", S_MEMCPY);
+    row(out, r, "warm load / memcpy", "x", S_WARM_RATIO);
+    if (r->gpu) row(out, r, "warm load / pinned H2D", "x", S_WARM_H2D_RATIO);
+  }
+  stage_table(out, r);
   uint64_t above = r->rss_peak > r->rss_baseline ? r->rss_peak - r->rss_baseline : 0;
   fprintf(out, "\npeak RSS  %s; %s above the model's tensors and load buffers (%s)\n",
           cli_fmt_bytes(r->rss_peak, b1, sizeof(b1)), cli_fmt_bytes(above, b2, sizeof(b2)),
           cli_fmt_bytes(r->rss_baseline, b3, sizeof(b3)));
+  fprintf(out, "pinned    staging %s (ckptio_stats.staging_bytes)",
+          cli_fmt_bytes(r->staging_peak, b1, sizeof(b1)));
+  if (r->fake)
+    fprintf(out, "\n          fake runtime: peak %s locked by the library; %" PRIu64
+            " async copies (the bench's included), %" PRIu64 " from pageable memory",
+            cli_fmt_bytes(r->fake_stats.peak_locked_bytes, b2, sizeof(b2)), r->fake_stats.async_copies,
+            r->fake_stats.pageable_copies);
+  fputc('\n', out);
+  if (r->fake) fputs("\n!! figures from the fake CUDA runtime, not from a GPU\n", out);
 }
 
 static void json_stat(FILE *out, const char *key, const bench_result *r, series k) {
   cli_stat s = stat_of(r, k);
   fprintf(out, ",\"%s\":{\"median\":%.6g,\"min\":%.6g,\"max\":%.6g}", key, s.median, s.min, s.max);
+}
+
+static void json_run_stats(FILE *out, const char *key, const ckptio_stats *st) {
+  fprintf(out,
+          ",\"%s\":{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"snapshot_seconds\":%.6f,"
+          "\"device_seconds\":%.6f,\"copy_seconds\":%.6f,\"write_seconds\":%.6f,"
+          "\"commit_seconds\":%.6f,\"threads\":%d,\"staging_bytes\":%" PRIu64 "}",
+          key, st->bytes, st->seconds, st->snapshot_seconds, st->device_seconds, st->copy_seconds,
+          st->write_seconds, st->commit_seconds, st->threads, st->staging_bytes);
 }
 
 void bench_report_json(FILE *out, const bench_result *r) {
@@ -151,7 +264,20 @@ void bench_report_json(FILE *out, const bench_result *r) {
   }
   cli_json_string(out, cmd ? cmd : "");
   free(cmd);
-  fprintf(out, ",\"version\":\"%s\"", ckptio_version_string());
+  fprintf(out, ",\"version\":\"%s\",\"format\":\"%s\"", ckptio_version_string(),
+          bench_format_name(r->opts->format));
+  if (r->gpu) {
+    fprintf(out, ",\"device\":\"cuda:%d\",\"cuda_runtime\":", r->gpu->ordinal);
+    cli_json_string(out, r->gpu->runtime);
+    fprintf(out, ",\"fake_cuda_runtime\":%s,\"pci_bus_id\":", r->fake ? "true" : "false");
+    cli_json_string(out, r->gpu->busid);
+  } else {
+    fputs(",\"device\":\"host\"", out);
+  }
+  if (r->load_skipped) {
+    fputs(",\"loads_skipped\":", out);
+    cli_json_string(out, r->load_skipped);
+  }
   fprintf(out, ",\"machine\":{\"nproc\":%ld,\"mem_bytes\":%" PRIu64 ",\"cpu\":", mc->nproc,
           mc->mem_bytes);
   cli_json_string(out, mc->cpu);
@@ -190,9 +316,16 @@ void bench_report_json(FILE *out, const bench_result *r) {
     const bench_run *x = &r->runs[i];
     fprintf(out,
             "%s{\"save_s\":%.6f,\"snapshot_s\":%.6f,\"raw_write_s\":%.6f,\"cold_load_s\":%.6f,"
-            "\"raw_read_s\":%.6f,\"warm_load_s\":%.6f,\"memcpy_s\":%.6f}",
+            "\"raw_read_s\":%.6f,\"warm_load_s\":%.6f,\"memcpy_s\":%.6f",
             i ? "," : "", x->save_s, x->snapshot_s, x->raw_write_s, x->cold_s, x->raw_read_s,
             x->warm_s, x->memcpy_s);
+    if (r->gpu) fprintf(out, ",\"raw_d2h_s\":%.6f,\"raw_h2d_s\":%.6f", x->raw_d2h_s, x->raw_h2d_s);
+    json_run_stats(out, "save_stats", &x->save);
+    if (!r->load_skipped) {
+      json_run_stats(out, "cold_load_stats", &x->cold);
+      json_run_stats(out, "warm_load_stats", &x->warm);
+    }
+    fputc('}', out);
   }
   fputc(']', out);
   json_stat(out, "save_gbps", r, S_SAVE);
@@ -200,12 +333,24 @@ void bench_report_json(FILE *out, const bench_result *r) {
   json_stat(out, "save_vs_raw_write", r, S_SAVE_RATIO);
   json_stat(out, "save_s", r, S_SAVE_S);
   json_stat(out, "snapshot_s", r, S_SNAPSHOT);
-  json_stat(out, "cold_load_gbps", r, S_COLD);
-  json_stat(out, "raw_read_gbps", r, S_RAW_READ);
-  json_stat(out, "cold_load_vs_raw_read", r, S_COLD_RATIO);
-  json_stat(out, "warm_load_gbps", r, S_WARM);
+  if (!r->load_skipped) {
+    json_stat(out, "cold_load_gbps", r, S_COLD);
+    json_stat(out, "raw_read_gbps", r, S_RAW_READ);
+    json_stat(out, "cold_load_vs_raw_read", r, S_COLD_RATIO);
+    json_stat(out, "warm_load_gbps", r, S_WARM);
+    json_stat(out, "warm_load_vs_memcpy", r, S_WARM_RATIO);
+  }
   json_stat(out, "memcpy_gbps", r, S_MEMCPY);
-  json_stat(out, "warm_load_vs_memcpy", r, S_WARM_RATIO);
+  if (r->gpu) {
+    json_stat(out, "raw_d2h_gbps", r, S_RAW_D2H);
+    json_stat(out, "raw_h2d_gbps", r, S_RAW_H2D);
+    if (!r->load_skipped) json_stat(out, "warm_load_vs_raw_h2d", r, S_WARM_H2D_RATIO);
+  }
+  fprintf(out, ",\"staging_bytes\":%" PRIu64, r->staging_peak);
+  if (r->fake)
+    fprintf(out, ",\"fake_cudart\":{\"peak_locked_bytes_library\":%" PRIu64 ",\"async_copies\":%" PRIu64
+            ",\"pageable_copies\":%" PRIu64 "}",
+            r->fake_stats.peak_locked_bytes, r->fake_stats.async_copies, r->fake_stats.pageable_copies);
   uint64_t above = r->rss_peak > r->rss_baseline ? r->rss_peak - r->rss_baseline : 0;
   fprintf(out,
           ",\"peak_rss_bytes\":%" PRIu64 ",\"rss_baseline_bytes\":%" PRIu64

@@ -259,7 +259,13 @@ int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *
     return CKPTIO_E_DEVICE;
   }
   find_runtime(g);
-  int e, rc;
+  int e, rc, ndev = 0;
+  if ((e = g->ops->count(&ndev))) return gpu_fail(g, "cudaGetDeviceCount", e);
+  if (ordinal >= ndev) {
+    fprintf(stderr, "ckptio bench: --device cuda:%d: no GPU %d (the runtime sees %d)\n", ordinal,
+            ordinal, ndev);
+    return CKPTIO_E_DEVICE;
+  }
   if ((e = g->ops->set_device(ordinal))) return gpu_fail(g, "cudaSetDevice", e);
   if (g->ops->pci_bus_id(ordinal, g->busid, sizeof(g->busid))) snprintf(g->busid, sizeof(g->busid), "?");
   if ((e = g->ops->stream_create(&g->stream))) {
@@ -279,7 +285,11 @@ int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *
   if ((e = g->ops->host_register(pinned, (size_t)n, 0))) return gpu_fail(g, "cudaHostRegister", e);
   g->pinned = pinned;
   g->pinned_bytes = n;
-  return bench_gpu_copy(g, g->src, m->arena, m->arena_bytes, 1, NULL);
+  /* Both arenas written once, untimed: the fake's device memory is host
+   * pages that fault on first touch, as the host buffers would. */
+  memset(pinned, 0, (size_t)n);
+  int rc2 = bench_gpu_copy(g, g->dst, pinned, m->arena_bytes < n ? m->arena_bytes : n, 1, NULL);
+  return rc2 < 0 ? rc2 : bench_gpu_copy(g, g->src, m->arena, m->arena_bytes, 1, NULL);
 }
 
 void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx) {
@@ -303,7 +313,9 @@ int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_
   double t0 = cli_now();
   e = to_device ? g->ops->copy_h2d(dst, src, (size_t)n, g->stream)
                 : g->ops->copy_d2h(dst, src, (size_t)n, g->stream);
-  if (e) return gpu_fail(g, to_device ? "cudaMemcpyAsync (host to device)" : "cudaMemcpyAsync (device to host)", e);
+  if (e)
+    return gpu_fail(g, to_device ? "cudaMemcpyAsync (host to device)" : "cudaMemcpyAsync (device to host)",
+                    e);
   if ((e = g->ops->stream_sync(g->stream))) return gpu_fail(g, "cudaStreamSynchronize", e);
   if (secs) *secs = cli_now() - t0;
   return 0;
@@ -320,7 +332,8 @@ int bench_gpu_fake_read(bench_gpu *g, bench_fake *out) {
   if (!g->fake_stats || g->fake_stats(&st) != 0) return -1;
   /* The bench's own registered buffer is live the whole time: what is above
    * it is the library's. */
-  out->peak_locked_bytes = st.peak_locked_bytes > g->pinned_bytes ? st.peak_locked_bytes - g->pinned_bytes : 0;
+  out->peak_locked_bytes =
+      st.peak_locked_bytes > g->pinned_bytes ? st.peak_locked_bytes - g->pinned_bytes : 0;
   out->pageable_copies = st.pageable_copies;
   out->async_copies = st.async_copies;
   return 0;
