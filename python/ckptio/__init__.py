@@ -13,6 +13,8 @@ little-endian bytes; load_file returns those as Tensor too.
 
 The library is build/libckptio.so of this repository, or the path in the
 environment variable CKPTIO_LIB.
+
+torch tensors (CPU and CUDA, safetensors.torch's API, async saves): ckptio.torch.
 """
 
 import atexit

@@ -13,6 +13,12 @@ AUTO = -1
 FORMAT_SAFETENSORS = 0
 FORMAT_PYTORCH = 1
 
+
+def device_cuda(ordinal):
+    """CKPTIO_DEVICE_CUDA(ordinal)."""
+    return ordinal + 1
+
+
 # enum ckptio_error in header order: CKPTIO_E_INVALID_ARG = -1000, then down by one.
 _ERROR_NAMES = [
     "INVALID_ARG", "STATE", "HEADER_TOO_SMALL", "HEADER_TOO_LARGE", "HEADER_LENGTH",
@@ -115,6 +121,17 @@ _SIGNATURES = {
     "ckptio_reader_load_many": (_I, [_P, ctypes.POINTER(LoadRequest), ctypes.c_size_t]),
     "ckptio_reader_verify": (_I, [_P, ctypes.POINTER(ctypes.c_size_t)]),
     "ckptio_reader_last_error": (_S, [_P]),
+    # Added for ckptio.torch: asynchronous saves, CUDA streams, device checks.
+    "ckptio_ctx_cuda": (_I, [_P, ctypes.POINTER(_S)]),
+    "ckptio_writer_set_stream": (_I, [_P, _I, _P]),
+    "ckptio_writer_commit_async": (_I, [_P]),
+    "ckptio_writer_wait_snapshot": (_I, [_P]),
+    "ckptio_writer_wait_durable": (_I, [_P]),
+    "ckptio_writer_poll_snapshot": (_I, [_P]),
+    "ckptio_writer_poll_durable": (_I, [_P]),
+    "ckptio_writer_progress": (None, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.POINTER(ctypes.c_uint64)]),
+    "ckptio_reader_format": (_S, [_P]),
 }
 
 _lock = threading.Lock()

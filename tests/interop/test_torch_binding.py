@@ -1,0 +1,520 @@
+"""ckptio.torch (python/ckptio/torch.py) against the real torch and safetensors:
+every dtype both have round-trips bit for bit, files it writes open in
+safetensors.torch and torch.load, files they write load through it, the CRCs
+catch a flipped byte, an async save keeps the values of its snapshot, and a
+contiguous tensor is saved from its own memory (no host copy).
+Needs torch: ctest runs it through run_pytest.sh with CKPTIO_PYTEST_NEEDS=torch,
+which skips loudly (77) when the venv lacks it."""
+
+import gc
+import os
+import pathlib
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.torch
+import torch
+from safetensors import safe_open as st_safe_open
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+import ckptio  # noqa: E402
+import ckptio.torch as ct  # noqa: E402
+
+# The pairs the binding promises; checked against its table below so a dtype
+# dropped from the binding fails here rather than going untested.
+EXPECTED = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+    "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
+    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+    "C64": "complex64", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+}
+if hasattr(torch, "float8_e8m0fnu"):
+    EXPECTED["F8_E8M0"] = "float8_e8m0fnu"
+DTYPES = [getattr(torch, name) for name in EXPECTED.values()]
+
+
+def dtype_id(dt):
+    return str(dt).replace("torch.", "")
+
+
+# ------------------------------------------------------------ helpers
+
+def random_tensor(dtype, shape, seed=0):
+    """Random bit patterns of any dtype (NaNs included), or 0/1 for bool."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (n * size,), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape)
+
+
+def raw_bytes(t):
+    """The tensor's values as little-endian bytes, row-major (bit-exact)."""
+    t = t.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same(got, want, name=""):
+    assert isinstance(got, torch.Tensor), (name, type(got))
+    assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+    assert tuple(got.shape) == tuple(want.shape), (name, got.shape, want.shape)
+    assert got.device.type == "cpu", (name, got.device)
+    assert got.is_contiguous(), name
+    assert raw_bytes(got) == raw_bytes(want), name
+
+
+def assert_same_dicts(got, want):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert_same(got[name], want[name], name)
+
+
+def every_dtype_tensors():
+    """Per dtype: a 2-d tensor, a 0-d scalar, an empty tensor and a
+    non-contiguous view; plus names and shapes that stress the header."""
+    t = {}
+    for i, dt in enumerate(DTYPES):
+        d = dtype_id(dt)
+        t[f"{d}.matrix"] = random_tensor(dt, (3, 5), seed=i)
+        t[f"{d}.scalar"] = random_tensor(dt, (), seed=100 + i)
+        t[f"{d}.empty"] = random_tensor(dt, (2, 0, 3), seed=0)
+        t[f"{d}.transposed"] = random_tensor(dt, (4, 6), seed=200 + i).t()
+        t[f"{d}.strided"] = random_tensor(dt, (5, 8), seed=300 + i)[1:, ::3]
+    t["layers.0.attn/q_proj.weight"] = torch.randn(3, 7)
+    t["ünï cöde \"name\" \\"] = torch.arange(3, dtype=torch.int32)
+    t["eight_dims"] = torch.randn(1, 2, 1, 2, 1, 2, 1, 3)
+    # More than one 8 MiB pipeline chunk, with an odd tail.
+    t["big"] = torch.randn(9 * 262144 + 1)
+    return t
+
+
+def data_range(path, name):
+    """[begin, end) of a tensor's bytes in a safetensors file, from its header."""
+    import json
+    import struct
+    raw = pathlib.Path(path).read_bytes()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(raw[8:8 + n])
+    a, b = header[name]["data_offsets"]
+    return 8 + n + a, 8 + n + b
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+# ------------------------------------------------------------ the dtype table
+
+def test_dtype_table_matches_torch_and_the_library():
+    assert {k: dtype_id(v) for k, v in ct.TORCH_DTYPES.items()} == EXPECTED
+    lib = ckptio._lib.lib()
+    for name, dt in ct.TORCH_DTYPES.items():
+        code = ckptio._dtype_code(name)
+        assert lib.ckptio_dtype_name(code).decode() == name
+        assert lib.ckptio_dtype_bits(code) == 8 * torch.empty((), dtype=dt).element_size(), name
+
+
+# ------------------------------------------------------------ round trips
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_every_dtype_round_trips(tmp_path, fmt):
+    tensors = every_dtype_tensors()
+    path = tmp_path / f"all.{fmt}"
+    ct.save_file(tensors, path, metadata={"step": "7"}, format=fmt)
+    got = ct.load_file(path)
+    assert_same_dicts(got, tensors)
+    with ct.safe_open(path) as f:
+        assert f.metadata()["step"] == "7"
+        assert f.format() == {"safetensors": "safetensors", "pt": "pytorch"}[fmt]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_each_dtype_alone(tmp_path, dtype):
+    # One file per dtype: a failure names the dtype.
+    t = {"x": random_tensor(dtype, (2, 3, 4), seed=5), "s": random_tensor(dtype, (), seed=6)}
+    path = tmp_path / "one.safetensors"
+    ct.save_file(t, path)
+    assert_same_dicts(ct.load_file(path), t)
+    assert_same_dicts(safetensors.torch.load_file(str(path)), t)
+
+
+def test_views_parameters_and_lazy_bits_are_saved_by_value(tmp_path):
+    base = torch.arange(40, dtype=torch.float32)
+    c = torch.randn(6, dtype=torch.complex64)
+    tensors = {
+        "offset_view": base[7:19],                       # contiguous, storage offset
+        "param": torch.nn.Parameter(torch.randn(3, 3)),  # requires_grad
+        "conj": c.conj(),                                # lazy conjugate bit
+        "neg": c.conj().imag,                            # lazy negative bit
+        "expanded": torch.randn(3, 1).expand(3, 4),      # stride 0
+        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    }
+    assert tensors["conj"].is_conj() and tensors["neg"].is_neg()
+    path = tmp_path / "views.safetensors"
+    ct.save_file(tensors, path)
+    got = ct.load_file(path)
+    want = {k: v.detach().resolve_conj().resolve_neg().contiguous() for k, v in tensors.items()}
+    assert_same_dicts(got, want)
+    assert torch.equal(got["conj"], torch.conj_physical(c))
+    assert torch.equal(got["neg"], -c.imag)
+    # Only the view's own bytes are stored, not the rest of its storage.
+    assert data_range(path, "offset_view")[1] - data_range(path, "offset_view")[0] == 12 * 4
+
+
+# ------------------------------------------------------------ interop
+
+def test_ckptio_file_opens_in_safetensors(tmp_path):
+    tensors = every_dtype_tensors()
+    path = tmp_path / "ours.safetensors"
+    ct.save_file(tensors, path, metadata={"framework": "pt", "unicode": "grüße ✓"})
+    assert_same_dicts(safetensors.torch.load_file(str(path)), tensors)
+    with st_safe_open(str(path), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(tensors)
+        meta = f.metadata()
+        assert meta["framework"] == "pt" and meta["unicode"] == "grüße ✓"
+        assert_same(f.get_tensor("bfloat16.matrix"), tensors["bfloat16.matrix"])
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_ckptio_pt_opens_in_torch_load(tmp_path, mmap):
+    tensors = every_dtype_tensors()
+    path = tmp_path / "ours.pt"
+    ct.save_file(tensors, path, format="pt")
+    got = torch.load(path, weights_only=True, mmap=mmap)
+    assert list(got) == list(tensors)  # torch.load keeps the order they were given in
+    assert_same_dicts({k: v.contiguous() for k, v in got.items()}, tensors)
+
+
+def test_safetensors_file_loads_in_ckptio(tmp_path):
+    tensors = {k: v.contiguous() for k, v in every_dtype_tensors().items()}
+    path = tmp_path / "theirs.safetensors"
+    safetensors.torch.save_file(tensors, str(path), metadata={"format": "pt"})
+    assert_same_dicts(ct.load_file(path), tensors)
+    with ct.safe_open(path, framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert f.format() == "safetensors"
+
+
+def test_torch_save_file_loads_in_ckptio(tmp_path):
+    tensors = every_dtype_tensors()
+    base = torch.arange(30, dtype=torch.float64)
+    tensors["shared_a"] = base[3:9]             # two views of one storage
+    tensors["shared_b"] = base.view(5, 6)[:, 2]  # ... one of them strided
+    path = tmp_path / "theirs.pt"
+    torch.save(tensors, path)
+    got = ct.load_file(path)
+    assert_same_dicts(got, tensors)
+    with ct.safe_open(path) as f:
+        assert f.format() == "pytorch"
+        assert f.metadata() is None
+        assert_same(f.get_tensor("shared_b"), tensors["shared_b"])
+
+
+# ------------------------------------------------------------ safe_open
+
+def test_safe_open_keys_metadata_get_tensor(tmp_path):
+    tensors = {"b.weight": torch.randn(4, 3), "a.bias": torch.arange(5, dtype=torch.int16),
+               "c": torch.tensor(True)}
+    path = tmp_path / "m.safetensors"
+    ct.save_file(tensors, path, metadata={"step": "12", "note": "x"})
+    with ct.safe_open(path, framework="pt", device="cpu") as f:
+        assert f.keys() == sorted(tensors)                  # sorted, as safetensors
+        assert sorted(f.offset_keys()) == sorted(tensors)   # file order
+        meta = f.metadata()
+        assert meta["step"] == "12" and meta["note"] == "x"
+        assert not any(k.startswith("ckptio.crc32.") for k in meta)
+        for name in f.keys():
+            assert_same(f.get_tensor(name), tensors[name], name)
+        with pytest.raises(ckptio.CkptioError) as e:
+            f.get_tensor("missing")
+        assert e.value.code == ckptio.ERRORS["NOT_FOUND"] and "missing" in str(e.value)
+        with pytest.raises(NotImplementedError, match="get_slice"):
+            f.get_slice("c")
+    with pytest.raises(ValueError, match="closed"):
+        f.keys()
+    with pytest.raises(ValueError, match="framework"):
+        ct.safe_open(path, framework="np")
+    # Same answers as safetensors' own safe_open on the same file.
+    with st_safe_open(str(path), framework="pt") as theirs, ct.safe_open(path) as ours:
+        assert ours.keys() == sorted(theirs.keys())
+        assert {k: v for k, v in theirs.metadata().items()
+                if not k.startswith("ckptio.crc32.")} == ours.metadata()
+
+
+# ------------------------------------------------------------ integrity
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pt"])
+def test_corrupted_byte_raises_checksum(tmp_path, fmt):
+    tensors = {"keep": torch.randn(64), "victim": torch.randn(1000)}
+    path = tmp_path / f"bad.{fmt}"
+    ct.save_file(tensors, path, format=fmt)
+    if fmt == "safetensors":
+        a, b = data_range(path, "victim")
+    else:  # the victim's storage record, found by its bytes
+        raw = path.read_bytes()
+        a = raw.index(raw_bytes(tensors["victim"]))
+        b = a + 4000
+    flip_byte(path, (a + b) // 2)
+    with pytest.raises(ckptio.CkptioError) as e:
+        ct.load_file(path)
+    assert e.value.code == ckptio.E_CHECKSUM
+    assert "checksum" in str(e.value).lower() and "victim" in str(e.value), e.value
+    with ct.safe_open(path) as f:  # the other tensor is intact and loads
+        assert_same(f.get_tensor("keep"), tensors["keep"])
+        with pytest.raises(ckptio.CkptioError, match="(?i)checksum"):
+            f.get_tensor("victim")
+
+
+def test_crc_off_records_nothing(tmp_path):
+    path = tmp_path / "nocrc.safetensors"
+    ct.save_file({"x": torch.randn(10)}, path, crc=False)
+    with st_safe_open(str(path), framework="pt") as f:
+        assert not any(k.startswith("ckptio.crc32.") for k in (f.metadata() or {}))
+    assert ckptio.verify(path) == 1  # one tensor without a recorded CRC
+
+
+def test_failed_save_leaves_no_file_and_raises(tmp_path):
+    path = tmp_path / "never.safetensors"
+    bad_inputs = [
+        ({"x": torch.randn(2, dtype=torch.complex128)}, TypeError, "complex128"),
+        ({"x": torch.zeros(2, dtype=torch.float4_e2m1fn_x2)}, TypeError, "float4"),
+        ({"x": torch.randn(2).to_sparse()}, TypeError, "sparse"),
+        ({"x": torch.empty(2, device="meta")}, TypeError, "meta"),
+        ({"x": torch.randn(*[1] * 9)}, ValueError, "9 dims"),
+        ({3: torch.randn(2)}, TypeError, "names must be str"),
+        ({"x": np.ones(2)}, TypeError, "torch.Tensor"),
+        ({"__metadata__": torch.randn(2)}, ckptio.CkptioError, "reserved"),
+    ]
+    for tensors, exc, match in bad_inputs:
+        with pytest.raises(exc, match=match):
+            ct.save_file(tensors, path)
+        assert not path.exists(), match
+    with pytest.raises(TypeError, match="metadata"):
+        ct.save_file({"x": torch.randn(2)}, path, metadata={"step": 3})
+    with pytest.raises(ValueError, match="format"):
+        ct.save_file({"x": torch.randn(2)}, path, format="npz")
+    with pytest.raises(ckptio.CkptioError):
+        ct.save_file({"x": torch.randn(2)}, tmp_path / "no" / "such" / "dir.safetensors")
+    assert not path.exists()
+
+
+def test_dtype_torch_lacks_is_a_clear_error(tmp_path):
+    path = tmp_path / "f4.safetensors"
+    ckptio.save_file({"f4": ckptio.Tensor("F4", (4,), b"\x12\x34"),
+                      "ok": np.ones(2, np.float32)}, path)
+    with pytest.raises(ckptio.CkptioError, match="F4") as e:
+        ct.load_file(path)
+    assert e.value.code == ckptio.ERRORS["DTYPE"]
+    with ct.safe_open(path) as f:  # the others still load one by one
+        assert torch.equal(f.get_tensor("ok"), torch.ones(2))
+
+
+# ------------------------------------------------------------ async saves
+
+def test_async_save_keeps_snapshot_values(tmp_path):
+    # Larger than the default 256 MiB staging ring would make the snapshot wait
+    # for the disk; 96 MiB in several tensors keeps the test quick.
+    tensors = {f"w{i}": torch.randn(4 << 20) for i in range(6)}
+    tensors["nc"] = torch.randn(512, 1024).t()  # saved from a private contiguous copy
+    want = {k: v.clone() for k, v in tensors.items()}
+    path = tmp_path / "async.safetensors"
+    h = ct.save_file_async(tensors, path, metadata={"step": "1"})
+    h.wait_snapshot()
+    assert h.snapshot_done()
+    for t in tensors.values():  # the training step after the snapshot
+        t.add_(1.0)
+    h.wait_durable()
+    assert h.done()
+    done, total = h.progress()
+    assert done == total == sum(v.numel() * 4 for v in want.values())
+    h.wait_durable()  # repeatable
+    h.wait_snapshot()
+    assert_same_dicts(ct.load_file(path), want)
+
+
+def test_async_handle_keeps_tensors_alive_until_durable(tmp_path):
+    t = torch.randn(1 << 20)
+    alive = weakref.ref(t)
+    want = t.clone()
+    path = tmp_path / "alive.safetensors"
+    with ct.save_file_async({"t": t}, path) as h:
+        del t
+        gc.collect()
+        assert alive() is not None  # the handle holds it
+    assert h.done() and alive() is None  # dropped once durable
+    assert_same(ct.load_file(path)["t"], want)
+
+
+def test_dropped_handle_still_completes(tmp_path):
+    path = tmp_path / "dropped.safetensors"
+    want = torch.randn(1 << 20)
+    ct.save_file_async({"t": want.clone()}, path)  # handle dropped at once
+    gc.collect()
+    assert_same(ct.load_file(path)["t"], want)
+
+
+def test_async_waits_from_several_threads(tmp_path):
+    path = tmp_path / "threads.safetensors"
+    tensors = {f"w{i}": torch.randn(1 << 20) for i in range(8)}
+    h = ct.save_file_async(tensors, path)
+    errors = []
+
+    def waiter(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=waiter, args=(f,)) for f in
+               [h.wait_snapshot, h.wait_durable, h.wait_durable, h.done, h.progress, h.close]]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors and h.done()
+    assert_same_dicts(ct.load_file(path), tensors)
+
+
+def test_async_failure_is_raised_by_every_wait(tmp_path):
+    # A directory where the file should go: the rename at commit must fail.
+    path = tmp_path / "is_a_dir.safetensors"
+    (path / "inside").mkdir(parents=True)
+    h = ct.save_file_async({"t": torch.randn(100)}, path)  # fails only at the rename
+    with pytest.raises(ckptio.CkptioError) as e1:
+        h.wait_durable()
+    with pytest.raises(ckptio.CkptioError) as e2:
+        h.wait_snapshot()
+    assert e1.value is e2.value and h.done()
+    assert str(path) in str(e1.value)
+
+
+# ------------------------------------------------------------ CUDA
+
+def cuda_usable():
+    return torch.cuda.is_available() and ct._cuda_unavailable(torch.device("cuda", 0)) is None
+
+
+def test_cuda_device(tmp_path):
+    # No skip: without a GPU the expected behaviour is a clear error naming
+    # CUDA; with one, a real round trip ordered on a side stream.
+    path = tmp_path / "gpu.safetensors"
+    ct.save_file({"x": torch.arange(6.0)}, path)
+    if not cuda_usable():
+        for device in ["cuda:0", "cuda", 0, torch.device("cuda", 0)]:
+            with pytest.raises(ckptio.CkptioError) as e:
+                ct.load_file(path, device=device)
+            assert "CUDA" in str(e.value), e.value
+            assert e.value.code == ckptio.ERRORS["DEVICE"]
+            with pytest.raises(ckptio.CkptioError, match="CUDA"):
+                ct.safe_open(path, device=device)
+        with pytest.raises(ValueError, match="cpu or cuda"):
+            ct.load_file(path, device="meta")
+        return
+    got = ct.load_file(path, device="cuda:0")
+    assert got["x"].device == torch.device("cuda", 0)
+    assert torch.equal(got["x"].cpu(), torch.arange(6.0))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros(1 << 22, device="cuda:0")
+        torch.cuda._sleep(200_000_000)  # the save must wait for this stream
+        x.add_(3.0)
+        path2 = tmp_path / "gpu2.safetensors"
+        h = ct.save_file_async({"x": x, "nc": x.view(1024, -1).t()}, path2)
+        h.wait_snapshot()
+        x.add_(1.0)  # after the snapshot: not in the file
+        h.wait_durable()
+    got = ct.load_file(path2)
+    assert torch.equal(got["x"], torch.full((1 << 22,), 3.0))
+    assert torch.equal(got["nc"], torch.full((4096, 1024), 3.0))
+    with ct.safe_open(path2, device="cuda:0") as f:
+        assert f.get_tensor("nc").device.type == "cuda"
+
+
+# ------------------------------------------------------------ zero copy
+
+MiB = 1 << 20
+
+
+def rss_kib(field):
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def peak_rss_growth(fn):
+    """Bytes by which the resident set peaked above its level before fn().
+    Resets the kernel's high-water mark (clear_refs 5) and, where that is not
+    allowed, samples VmRSS from a thread every millisecond instead."""
+    gc.collect()
+    before = rss_kib("VmRSS")
+    try:
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+        fn()
+        return (rss_kib("VmHWM") - before) * 1024
+    except OSError:
+        pass
+    peak, stop = [before], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_kib("VmRSS"))
+            time.sleep(0.001)
+
+    th = threading.Thread(target=sample)
+    th.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        th.join()
+    return (max(peak[0], rss_kib("VmRSS")) - before) * 1024
+
+
+def test_save_reads_contiguous_tensors_in_place(tmp_path):
+    ct.save_file({"warm": torch.ones(4)}, tmp_path / "warm.safetensors")  # context + staging
+    big = torch.empty(256 * MiB, dtype=torch.uint8)
+    big.random_()  # every page resident before the measurement
+    path = tmp_path / "big.safetensors"
+    growth = peak_rss_growth(lambda: ct.save_file({"big": big}, path))
+    assert growth < 32 * MiB, f"saving a 256 MiB tensor grew the RSS by {growth / MiB:.0f} MiB"
+    os.unlink(path)
+    # The measurement can see a copy: a non-contiguous tensor of the same size
+    # is copied (documented), and that shows.
+    nc = big.view(16 * MiB, 16).t()
+    growth_nc = peak_rss_growth(lambda: ct.save_file({"big": nc}, path))
+    assert growth_nc > 200 * MiB, f"the copy of a non-contiguous 256 MiB tensor showed as " \
+                                  f"{growth_nc / MiB:.0f} MiB"
+    print(f"peak RSS growth: contiguous {growth / MiB:.1f} MiB, "
+          f"non-contiguous {growth_nc / MiB:.1f} MiB")
+
+
+def test_load_allocates_only_the_destinations(tmp_path):
+    # The library's own bound for a load is the data plus 64 MiB
+    # (tests/unit/test_memory.cc); a copy on the Python side would add the
+    # data again.
+    path = tmp_path / "big.safetensors"
+    ct.save_file({"big": torch.ones(256 * MiB, dtype=torch.uint8)}, path)
+    holder = {}
+    growth = peak_rss_growth(lambda: holder.update(ct.load_file(path)))
+    assert int(holder["big"].sum()) == 256 * MiB
+    assert growth < (256 + 64 + 16) * MiB, \
+        f"loading 256 MiB grew the RSS by {growth / MiB:.0f} MiB"
+    print(f"peak RSS growth of a 256 MiB load: {growth / MiB:.1f} MiB")
+
+
+def test_versions_reported():
+    print(f"torch {torch.__version__} safetensors {safetensors.__version__} "
+          f"ckptio {ckptio._lib.lib().ckptio_version_string().decode()}")
