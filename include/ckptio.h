@@ -359,6 +359,17 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
  *  ckptio_reader_verify). Valid until ckptio_reader_close. */
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
 
+/*! ckptio_reader_set_stream() :
+ *  The CUDA stream (a cudaStream_t) on which the caller queues work that
+ *  uses the load destinations on GPU `device` (CKPTIO_DEVICE_CUDA(n)). Each
+ *  load's host-to-device copies wait on an event recorded on it when the
+ *  load starts, so kernels queued earlier that still read or write the
+ *  destination buffers finish first; the device is never synchronised.
+ *  Without a stream the copies wait for the legacy default stream. Loads
+ *  return once the data is on the GPU, so work queued afterwards sees it.
+ *  Borrowed until the reader is closed or the stream is replaced. */
+int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream);
+
 /*! Checks every recorded CRC32 in parallel. @return 0, CKPTIO_E_CHECKSUM
  *  (detail names the first bad tensor), or an I/O error. Tensors without a
  *  recorded CRC are counted in *unchecked when it is not NULL. */

@@ -280,6 +280,28 @@ static uint64_t view_bytes(const ckptio_entry *e) {
   return e->strided ? (uint64_t)ckptio_tensor_nbytes(e->dtype, e->ndim, e->shape) : e->nbytes;
 }
 
+/* On the caller's thread, as the load starts: each GPU's host-to-device
+ * stream waits on an event recorded on the caller's stream, so work queued
+ * before the load that still uses the destinations finishes first. The
+ * caller's current GPU is restored. */
+static int order_after_caller(ckptio_reader *r, uint64_t gpus, void **events) {
+  ckptio_gpu *g = r->ctx->gpu;
+  int current = 0, e = g->ops->get_device(&current);
+  const char *what = "cudaGetDevice";
+  for (int ord = 0; ord < CKPTIO_READER_MAX_GPUS && !e; ord++) {
+    if (!(gpus >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    what = "ordering the load after the caller's stream";
+    if (!(e = ckptio_gpu_use(g, ord, &v)) && !(e = g->ops->event_create(&events[ord])) &&
+        !(e = g->ops->event_record(events[ord], r->user_stream[ord])))
+      e = g->ops->stream_wait_event(v->h2d, events[ord]);
+  }
+  g->ops->set_device(current);
+  if (!e) return 0;
+  char msg[CKPTIO_ERRLEN];
+  return rfail(r, ckptio_gpu_fail(g, e, msg, sizeof(msg), what), "%s: %s", r->path, msg);
+}
+
 /* Cuts the requested tensors into pieces, runs them, and checks the CRCs
  * of those that have one when `check` is set. A request with a NULL dst
  * only checks. A strided view is gathered in pieces of its own bytes, and
@@ -301,14 +323,16 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
   if (method == CKPTIO_LOAD_DIRECT) step -= 2 * CKPTIO_IO_ALIGN; /* room for the page edges */
   size_t total = 0;
   uint64_t bytes = 0;
-  int any_gpu = 0, registered = 0;
+  int registered = 0;
+  uint64_t gpus = 0;
+  void *events[CKPTIO_READER_MAX_GPUS] = {0};
   for (size_t i = 0; i < n; i++) {
     const ckptio_entry *e = &r->idx.entries[reqs[i].index];
     int gathered = e->strided && reqs[i].dst;
     total += (size_t)((e->nbytes + step - 1) / step);
     if (gathered) total += (size_t)((view_bytes(e) + step - 1) / step);
     bytes += gathered ? view_bytes(e) : e->nbytes;
-    any_gpu |= reqs[i].device != CKPTIO_DEVICE_HOST;
+    if (reqs[i].device != CKPTIO_DEVICE_HOST) gpus |= 1ull << (reqs[i].device - CKPTIO_DEVICE_CUDA(0));
   }
   piece *pieces = calloc(total + 1, sizeof(piece));
   size_t *crc_first = calloc(n + 1, sizeof(size_t)), *crc_end = calloc(n + 1, sizeof(size_t));
@@ -317,7 +341,8 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
     rc = -ENOMEM;
     goto out;
   }
-  if (any_gpu && method == CKPTIO_LOAD_MMAP && r->map) {
+  if (gpus && (rc = order_after_caller(r, gpus, events)) < 0) goto out;
+  if (gpus && method == CKPTIO_LOAD_MMAP && r->map) {
     char msg[CKPTIO_ERRLEN];
     if ((rc = register_map(r, msg, sizeof(msg))) < 0) {
       rfail(r, rc, "%s: %s", r->path, msg);
@@ -363,6 +388,8 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
     }
   }
 out:
+  for (int ord = 0; ord < CKPTIO_READER_MAX_GPUS; ord++)
+    if (events[ord]) r->ctx->gpu->ops->event_destroy(events[ord]);
   free(pieces);
   free(crc_first);
   free(crc_end);
@@ -383,6 +410,8 @@ static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t 
   char msg[CKPTIO_ERRLEN];
   if (q->device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, q->device, &ord, msg, sizeof(msg)) < 0)
     return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", r->path, e->name, msg);
+  if (ord >= CKPTIO_READER_MAX_GPUS)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': ckptio handles GPUs 0 to 63", r->path, e->name);
   if (!r->ctx->gpu || !need) return 0;
   int err = r->ctx->gpu->ops->pointer_device(q->dst, &where);
   if (err) return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),

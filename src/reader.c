@@ -228,6 +228,17 @@ void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total) {
 
 const char *ckptio_reader_last_error(const ckptio_reader *r) { return r ? r->err : ""; }
 
+int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream) {
+  int ord;
+  char msg[CKPTIO_ERRLEN];
+  if (!r) return CKPTIO_E_INVALID_ARG;
+  if (ckptio_ctx_gpu_ordinal(r->ctx, device, &ord, msg, sizeof(msg)) < 0)
+    return rfail(r, CKPTIO_E_DEVICE, "%s: %s", r->path, msg);
+  if (ord >= CKPTIO_READER_MAX_GPUS) return rfail(r, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", r->path);
+  r->user_stream[ord] = stream;
+  return 0;
+}
+
 int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {
   if (!r) return CKPTIO_E_INVALID_ARG;
   const ckptio_options *o = &r->ctx->opts;

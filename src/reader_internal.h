@@ -11,6 +11,8 @@
 #include "formats/index.h"
 #include "internal.h"
 
+#define CKPTIO_READER_MAX_GPUS 64
+
 struct ckptio_reader {
   ckptio_ctx *ctx;
   ckptio_options opts;
@@ -23,6 +25,7 @@ struct ckptio_reader {
   _Atomic uint64_t done_bytes;
   _Atomic uint64_t total_bytes;
   ckptio_timers timers;
+  void *user_stream[CKPTIO_READER_MAX_GPUS]; /* set_stream; NULL: legacy default */
   char err[CKPTIO_ERRLEN];
 };
 

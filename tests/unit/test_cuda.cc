@@ -195,3 +195,32 @@ TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {
   EXPECT_EQ(after.registered_ranges, 1u);
   EXPECT_EQ(after.peak_locked_bytes, 512u << 10) << "saves must not pin more than the ring";
 }
+
+// A load onto buffers the caller's queued work still writes: with the
+// caller's stream named, ckptio's copies land after that work; the fake's
+// delayed memset would otherwise overwrite the loaded bytes.
+TEST_F(Cuda, LoadWaitsForWorkQueuedOnTheCallersStream) {
+  const size_t n = 1 << 20;
+  std::vector<Tensor> ts = {make_tensor("w", CKPTIO_U8, {(int64_t)n}, 5)};
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  void *dst = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &dst), 0);
+  sym<int (*)(int)>("cudaSetDevice")(1);
+  void *stream = nullptr;
+  ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
+  auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("m.safetensors").c_str(), nullptr, &r), 0);
+  ASSERT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(memset_async(dst, 0x5A, n, stream), 0);  // the last step still clearing the buffer
+  ckptio_load_request q{0, dst, n, CKPTIO_DEVICE_CUDA(1)};
+  ASSERT_EQ(ckptio_reader_load_many(r, &q, 1), 0) << ckptio_reader_last_error(r);
+  std::vector<uint8_t> got(n);
+  from_gpu(got.data(), dst, n);
+  EXPECT_EQ(got, ts[0].bytes);
+  EXPECT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
+  ckptio_reader_close(r);
+  sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
+  sym<int (*)(void *)>("cudaStreamDestroy")(stream);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), dst);
+}
