@@ -145,8 +145,9 @@ typedef enum ckptio_format {
 } ckptio_format;
 
 typedef enum ckptio_load_method {
-  CKPTIO_LOAD_AUTO = 0,  /* PREAD: as fast as MMAP here (bench/RESULTS.md), and a
-                            file cut short under a load is an error, not SIGBUS */
+  CKPTIO_LOAD_AUTO = 0,  /* PREAD when the page cache holds most of the data,
+                            else DIRECT (a sample of pages, mincore); see
+                            bench/RESULTS.md */
   CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
   CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping */
   CKPTIO_LOAD_DIRECT,    /* O_DIRECT reads into staging, then copies: cold cache */

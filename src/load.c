@@ -302,19 +302,43 @@ static int order_after_caller(ckptio_reader *r, uint64_t gpus, void **events) {
   return rfail(r, ckptio_gpu_fail(g, e, msg, sizeof(msg), what), "%s: %s", r->path, msg);
 }
 
+/* Whether the page cache holds most of what the requests read, from a
+ * sample of up to 64 pages across them (mincore on the map: no I/O). A cold
+ * file is read with O_DIRECT, many large requests in flight (0.90x of the
+ * raw read in bench/RESULTS.md); a warm one with pread, which copies from
+ * the cache at memory speed. */
+static int mostly_cached(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += r->idx.entries[reqs[i].index].nbytes;
+  if (!r->map || total == 0) return 1;
+  int samples = 0, resident = 0;
+  uint64_t stride = total / 64 + 1, at = 0, seen = 0;
+  for (size_t i = 0; i < n && samples < 64; i++) {
+    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
+    for (; at < seen + e->nbytes && samples < 64; at += stride, samples++) {
+      uintptr_t page = (uintptr_t)(r->map + e->offset + (at - seen)) & ~(uintptr_t)(CKPTIO_IO_ALIGN - 1);
+      unsigned char v = 0;
+      resident += mincore((void *)page, CKPTIO_IO_ALIGN, &v) == 0 && (v & 1);
+    }
+    seen += e->nbytes;
+  }
+  return samples == 0 || resident * 2 >= samples;
+}
+
 /* Cuts the requested tensors into pieces, runs them, and checks the CRCs
  * of those that have one when `check` is set. A request with a NULL dst
  * only checks. A strided view is gathered in pieces of its own bytes, and
  * its storage record, which the CRC covers, is checked by pieces of its
  * own. The requests are already validated. */
 int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
-  /* AUTO is pread, into the destination or the pinned ring for a GPU. With
-   * the map's pages populated a piece at a time and dropped once copied (so
-   * RSS stays bounded), MMAP measured the same within the noise here
-   * (bench/RESULTS.md); pread wins on what matters beyond speed: a file cut
-   * short under us is a clean read error, not a SIGBUS, and GPU loads need no
-   * registration of the file's pages. */
-  ckptio_load_method method = r->opts.load_method == CKPTIO_LOAD_AUTO ? CKPTIO_LOAD_PREAD : r->opts.load_method;
+  /* AUTO: pread from a warm cache, O_DIRECT from a cold one. Never the map:
+   * with its pages populated a piece at a time and dropped once copied (so
+   * RSS stays bounded) MMAP measured the same as pread within the noise here
+   * (bench/RESULTS.md), and pread wins on what matters beyond speed: a file
+   * cut short under us is a clean read error, not a SIGBUS, and GPU loads
+   * need no registration of the file's pages. */
+  ckptio_load_method method = r->opts.load_method;
+  if (method == CKPTIO_LOAD_AUTO) method = mostly_cached(r, reqs, n) ? CKPTIO_LOAD_PREAD : CKPTIO_LOAD_DIRECT;
   if (method == CKPTIO_LOAD_DIRECT && r->fd_direct < 0) {
     r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (r->fd_direct < 0) method = CKPTIO_LOAD_PREAD; /* e.g. tmpfs: the page cache is the disk */
