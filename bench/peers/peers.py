@@ -1,0 +1,1064 @@
+"""ckptio next to its peers (torch.save / torch.load, safetensors, numpy) on
+the same in-memory state dicts, each figure beside the raw limit of the disk
+or memory measured in the same run, interleaved, as bench/README.md asks.
+
+Run it through bench/peers/run.sh, which builds the library and picks the
+interpreter; `python peers.py --help` lists the options.
+"""
+
+import argparse
+import csv
+import ctypes
+import gc
+import json
+import math
+import mmap
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PAGE = 4096
+RAW_BLOCK = 8 << 20          # as src/cli/rawlimit.c: 8 MiB requests ...
+RAW_DEPTH = 32               # ... 32 in flight (32 threads doing blocking pwrite/pread)
+RAW_BUF = 512 << 20          # the raw steps cycle through this much touched memory
+MEMCPY_BUF = 256 << 20       # memcpy: copies between two touched buffers of this size
+
+
+def import_peers():
+    """The modules every contender (and the RSS baseline) imports."""
+    import torch  # noqa: F401
+    import safetensors  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import ckptio  # noqa: F401
+    return sys.modules["torch"], sys.modules["safetensors"], sys.modules["ckptio"]
+
+
+# ------------------------------------------------------------------ sizes
+
+def parse_size(text):
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+             "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper()
+    i = 0
+    while i < len(t) and (t[i].isdigit() or t[i] == "."):
+        i += 1
+    if i == 0 or t[i:] not in units:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 256MiB, 1GiB)")
+    return int(float(t[:i]) * units[t[i:]])
+
+
+def size_label(n):
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= f and n % f == 0:
+            return f"{n // f}{unit}"
+    return f"{n}B"
+
+
+# ------------------------------------------------------------------ models
+
+LLM_VOCAB = 32000
+
+
+def _round_up(v, to):
+    return (v + to - 1) // to * to
+
+
+def llm_dims(target):
+    """The shapes `ckptio bench --shapes llm` builds (src/cli/synth.c): the
+    widest hidden size with about 128 units per layer that fits, then the
+    nearest number of layers."""
+    inter = lambda h: _round_up(8 * h // 3, 256)  # noqa: E731
+    fixed = lambda h: 2 * LLM_VOCAB * h * 2 + 4 * h  # noqa: E731
+    layer = lambda h: 4 * h * h * 2 + 3 * inter(h) * h * 2 + 2 * h * 4  # noqa: E731
+    for h in range(16384, 63, -64):
+        layers = max(h // 128, 1)
+        if fixed(h) + layers * layer(h) > target:
+            continue
+        layers = (target - fixed(h) + layer(h) // 2) // layer(h)
+        return h, max(layers, 1), inter(h)
+    raise SystemExit(f"size {target} is too small for the llm model")
+
+
+def model_specs(kind, target):
+    """[(name, torch dtype name, shape)] of the state dict."""
+    if kind == "llm":
+        h, layers, f = llm_dims(target)
+        specs = [("model.embed_tokens.weight", "bfloat16", (LLM_VOCAB, h))]
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            for k in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                specs.append((p + f"self_attn.{k}.weight", "bfloat16", (h, h)))
+            specs.append((p + "mlp.gate_proj.weight", "bfloat16", (f, h)))
+            specs.append((p + "mlp.up_proj.weight", "bfloat16", (f, h)))
+            specs.append((p + "mlp.down_proj.weight", "bfloat16", (h, f)))
+            specs.append((p + "input_layernorm.weight", "float32", (h,)))
+            specs.append((p + "post_attention_layernorm.weight", "float32", (h,)))
+        specs.append(("model.norm.weight", "float32", (h,)))
+        specs.append(("lm_head.weight", "bfloat16", (LLM_VOCAB, h)))
+        return specs, f"hidden {h}, {layers} layers, MLP {f}, vocab {LLM_VOCAB}; bf16, norms fp32"
+    # nn.Sequential of 10 x Linear(d, d), fp32: 10 * (4 d^2 + 4 d) <= target
+    d = int(math.isqrt(target // 40))
+    while 10 * (4 * (d + 1) ** 2 + 4 * (d + 1)) <= target:
+        d += 1
+    while 10 * (4 * d * d + 4 * d) > target:
+        d -= 1
+    specs = []
+    for i in range(10):
+        specs.append((f"{i}.weight", "float32", (d, d)))
+        specs.append((f"{i}.bias", "float32", (d,)))
+    return specs, f"10 x Linear({d}, {d}) fp32, weights + biases"
+
+
+def build_state_dict(torch, specs):
+    """Allocates every tensor and writes every byte (normal_ touches each
+    page), before anything is timed."""
+    gen = torch.Generator().manual_seed(1234)
+    sd = {}
+    for name, dt, shape in specs:
+        t = torch.empty(shape, dtype=getattr(torch, dt))
+        t.normal_(0.0, 0.02, generator=gen)
+        sd[name] = t
+    return sd
+
+
+def byte_view(v):
+    """A flat uint8 numpy view (no copy) of whatever a contender returned."""
+    import torch
+    import ckptio
+    if isinstance(v, torch.Tensor):
+        return v.reshape(-1).view(torch.uint8).numpy()
+    if isinstance(v, ckptio.Tensor):
+        return np.asarray(v.buffer).reshape(-1).view(np.uint8)
+    return np.asarray(v).reshape(-1).view(np.uint8)
+
+
+TOUCH = {"mode": "page"}
+
+
+def touch(obj):
+    """Reads one byte of every 4 KiB page of every returned tensor (plus its
+    last byte, so a tensor that straddles pages has each of them read): the
+    same cheap pass for every contender, and enough to fault in every page of
+    a lazily mapped (mmap) result. With --touch byte, sums every byte
+    instead (as 8-byte words; the tail byte by byte)."""
+    total = 0
+    full = TOUCH["mode"] == "byte"
+    for v in obj.values():
+        u = byte_view(v)
+        if not u.size:
+            continue
+        if full:
+            # The buffer's start may not be 8-byte aligned: sum the head and
+            # tail bytes, the aligned middle as words.
+            head = (-u.ctypes.data) % 8
+            head = min(head, u.size)
+            mid = (u.size - head) // 8 * 8
+            total += int(u[:head].sum(dtype=np.uint64))
+            total += int(u[head:head + mid].view(np.uint64).sum(dtype=np.uint64))
+            total += int(u[head + mid:].sum(dtype=np.uint64))
+        else:
+            total += int(u[::PAGE].sum(dtype=np.uint64)) + int(u[-1])
+    return total
+
+
+# ------------------------------------------------------------------ contenders
+
+def ckptio_views(torch, ckptio, sd):
+    """What ckptio.save_file takes, without copies: numpy views of the torch
+    tensors; bf16 (which numpy lacks) as ckptio.Tensor over an int16 view."""
+    out = {}
+    for k, t in sd.items():
+        if t.dtype == torch.bfloat16:
+            out[k] = ckptio.Tensor("BF16", t.shape, t.view(torch.int16).numpy())
+        else:
+            out[k] = t.numpy()
+    return out
+
+
+def numpy_views(torch, sd):
+    """np.savez takes numpy arrays: the same views (bf16 as int16)."""
+    return {k: (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
+            for k, t in sd.items()}
+
+
+def fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path):
+    fsync_path(os.path.dirname(os.path.abspath(path)) or ".")
+
+
+class Contenders:
+    def __init__(self):
+        self.torch, self.safetensors, self.ckptio = import_peers()
+        import safetensors.torch as st_torch
+        self.st_torch = st_torch
+        self._options = self.ckptio._options
+
+    # Saves. `durable` adds what makes the bytes durable: ckptio does it
+    # itself (fdatasync of its temp file, rename, directory fsync); the peers
+    # get an fsync of the file and of its directory.
+    def save_ckptio(self, sd, path, durable, fmt):
+        views = ckptio_views(self.torch, self.ckptio, sd)
+        if durable:
+            self.ckptio.save_file(views, path, format=fmt)
+            return
+        # The binding has no fsync switch: swap in options with fsync = 0
+        # (the library's own CKPTIO_OPTIONS_INIT field) for this call only.
+        orig = self._options
+
+        def no_fsync(ctx, crc):
+            o = orig(ctx, crc)
+            o.fsync = 0
+            return o
+        self.ckptio._options = no_fsync
+        try:
+            self.ckptio.save_file(views, path, format=fmt)
+        finally:
+            self.ckptio._options = orig
+
+    def save_torch(self, sd, path, durable):
+        with open(path, "wb") as f:
+            self.torch.save(sd, f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if durable:
+            fsync_dir(path)
+
+    def save_safetensors(self, sd, path, durable):
+        self.st_torch.save_file(sd, path)
+        if durable:
+            fsync_path(path)
+            fsync_dir(path)
+
+    def save_numpy(self, sd, path, durable):
+        arrays = numpy_views(self.torch, sd)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)  # uncompressed zip of one .npy per tensor
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if durable:
+            fsync_dir(path)
+
+    # Loads: each returns name -> tensor / array.
+    def load_ckptio(self, path):
+        return self.ckptio.load_file(path)
+
+    def load_torch(self, path):
+        return self.torch.load(path)
+
+    def load_torch_mmap(self, path):
+        return self.torch.load(path, mmap=True, weights_only=True)
+
+    def load_safetensors(self, path):
+        return self.st_torch.load_file(path)
+
+    def load_safetensors_pread(self, path):
+        # safetensors >= 0.8 only; its default backend is "mmap".
+        return self.st_torch.load_file(path, backend="pread")
+
+    def load_numpy(self, path):
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+
+
+# name, label, file key, save function
+SAVES = [
+    ("ckptio_st", "ckptio save_file (safetensors)", "ckptio_st",
+     lambda c, sd, p, d: c.save_ckptio(sd, p, d, "safetensors")),
+    ("ckptio_pt", "ckptio save_file (format=pt)", "ckptio_pt",
+     lambda c, sd, p, d: c.save_ckptio(sd, p, d, "pt")),
+    ("torch", "torch.save", "torch", lambda c, sd, p, d: c.save_torch(sd, p, d)),
+    ("safetensors", "safetensors.torch.save_file", "safetensors",
+     lambda c, sd, p, d: c.save_safetensors(sd, p, d)),
+    ("numpy", "numpy.savez (uncompressed)", "numpy", lambda c, sd, p, d: c.save_numpy(sd, p, d)),
+]
+FILE_EXT = {"ckptio_st": ".safetensors", "ckptio_pt": ".pt", "torch": ".pt",
+            "safetensors": ".safetensors", "numpy": ".npz"}
+# name, label, file it reads (written by that save), load function
+LOADS = [
+    ("ckptio_st", "ckptio load_file (safetensors)", "ckptio_st", lambda c, p: c.load_ckptio(p)),
+    ("ckptio_pt", "ckptio load_file (.pt)", "ckptio_pt", lambda c, p: c.load_ckptio(p)),
+    ("torch", "torch.load", "torch", lambda c, p: c.load_torch(p)),
+    ("torch_mmap", "torch.load(mmap=True, weights_only=True)", "torch",
+     lambda c, p: c.load_torch_mmap(p)),
+    ("safetensors", "safetensors.torch.load_file", "safetensors",
+     lambda c, p: c.load_safetensors(p)),
+    ("safetensors_pread", "safetensors.torch.load_file(backend=\"pread\")", "safetensors",
+     lambda c, p: c.load_safetensors_pread(p)),
+    ("numpy", "numpy.load (.npz)", "numpy", lambda c, p: c.load_numpy(p)),
+]
+LOAD_BY_NAME = {l[0]: l for l in LOADS}
+
+
+# ------------------------------------------------------------------ page cache
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_fraction(path):
+    """Share of the file's pages in the page cache (mincore on a mapping that
+    is never touched, so asking does not change the answer)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 1.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap")
+        pages = (size + PAGE - 1) // PAGE
+        vec = (ctypes.c_ubyte * pages)()
+        try:
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            _libc.munmap(addr, size)
+        return float((np.frombuffer(vec, np.uint8) & 1).sum()) / pages
+    finally:
+        os.close(fd)
+
+
+def drop_cache(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)  # dirty pages are not dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm_cache(path):
+    buf = bytearray(8 << 20)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def cold_probe(path):
+    """The timing sanity check: GB/s of a buffered 16 MiB read from the middle
+    of a just-dropped file, and the same read again (now cached). Drops the
+    file again afterwards."""
+    size = os.path.getsize(path)
+    n = min(16 << 20, size)
+    off = (size // 2 - n // 2) // PAGE * PAGE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        buf = bytearray(b"\1" * n)  # touched: the probe must time the read, not page faults
+        rates = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            got = os.preadv(fd, [buf], off)
+            rates.append(got / (time.perf_counter() - t0) / 1e9)
+    finally:
+        os.close(fd)
+    drop_cache(path)
+    return rates
+
+
+# ------------------------------------------------------------------ raw limits
+
+class Raw:
+    """Sequential O_DIRECT write and read of the same byte count on the same
+    filesystem, with the method of src/cli/rawlimit.c: 32 threads each
+    holding one blocking 8 MiB pwrite / pread (GIL released in the call), the
+    file preallocated with posix_fallocate before the clock starts (as fio
+    does by default), fdatasync inside the write's time. And memcpy: one
+    thread (numpy.copyto) between two touched buffers."""
+
+    def __init__(self):
+        self.buf = mmap.mmap(-1, RAW_BUF)  # page aligned, as O_DIRECT needs
+        self.view = memoryview(self.buf)
+        rng = np.random.default_rng(7)
+        np.frombuffer(self.buf, np.uint8)[:] = rng.integers(0, 256, RAW_BUF, np.uint8)
+        self.src = np.frombuffer(self.buf, np.uint8)[:MEMCPY_BUF]
+        self.dst = np.ones(MEMCPY_BUF, np.uint8)  # touched
+
+    def _run(self, fd, n, writing):
+        nxt = [0]
+        lock = threading.Lock()
+        err = []
+        start = threading.Barrier(RAW_DEPTH + 1)
+
+        def worker():
+            start.wait()
+            while not err:
+                with lock:
+                    off = nxt[0]
+                    nxt[0] += RAW_BLOCK
+                if off >= n:
+                    return
+                ln = min(RAW_BLOCK, n - off)
+                slot = off % RAW_BUF
+                mv = self.view[slot:slot + ln]
+                done = 0
+                try:
+                    while done < ln:
+                        if writing:
+                            r = os.pwrite(fd, mv[done:], off + done)
+                        else:
+                            r = os.preadv(fd, [mv[done:]], off + done)
+                        if r <= 0:
+                            raise OSError("short I/O")
+                        done += r
+                except OSError as e:
+                    err.append(e)
+                    return
+
+        threads = [threading.Thread(target=worker) for _ in range(RAW_DEPTH)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        if err:
+            raise err[0]
+        if writing:
+            os.fdatasync(fd)
+        return time.perf_counter() - t0
+
+    def write(self, path, n):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, n)
+            return self._run(fd, n, True)
+        finally:
+            os.close(fd)
+
+    def read(self, path, n):
+        drop_cache(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            return self._run(fd, n, False)
+        finally:
+            os.close(fd)
+
+    def memcpy(self, n):
+        t0 = time.perf_counter()
+        left = n
+        while left > 0:
+            k = min(left, MEMCPY_BUF)
+            np.copyto(self.dst[:k], self.src[:k])
+            left -= k
+        return time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------ measuring
+
+def usage():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime, ru.ru_stime, ru.ru_minflt, ru.ru_majflt
+
+
+def settle():
+    """Between timed steps: no writeback of an earlier step may overlap the
+    next one, and nothing freed may linger."""
+    gc.collect()
+    os.sync()
+
+
+def timed(fn):
+    u0 = usage()
+    t0 = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t0
+    u1 = usage()
+    return dt, out, {"user_s": u1[0] - u0[0], "sys_s": u1[1] - u0[1],
+                     "minflt": u1[2] - u0[2], "majflt": u1[3] - u0[3]}
+
+
+def rm(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def verify_load(sd, got, what):
+    """Untimed, once per case: every byte of every tensor as saved."""
+    if set(got) != set(sd):
+        raise SystemExit(f"{what}: names differ from the state dict")
+    for k, t in sd.items():
+        if not np.array_equal(byte_view(got[k]), byte_view(t)):
+            raise SystemExit(f"{what}: tensor {k} differs from what was saved")
+
+
+def run_case(c, raw, kind, target, runs, d, rows, log):
+    torch = c.torch
+    specs, desc = model_specs(kind, target)
+    t0 = time.perf_counter()
+    sd = build_state_dict(torch, specs)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    raw_n = _round_up(nbytes, PAGE)
+    label = size_label(target)
+    log(f"\n== {kind} {label}: {len(sd)} tensors, {nbytes / 1e9:.3f} GB ({desc}); "
+        f"built and touched in {time.perf_counter() - t0:.1f} s")
+    base = os.path.join(d, f".peers-{os.getpid()}-{kind}-{label}")
+    files = {k: base + "." + k + ext for k, ext in FILE_EXT.items()}
+    raw_path = base + ".raw"
+    nofsync_path = base + ".nofsync"
+    case = {"model": kind, "size": label, "bytes": nbytes, "tensors": len(sd), "desc": desc}
+    probes = []
+
+    def row(run, op, name, seconds, limit_s, extra=None):
+        r = dict(case)
+        r.update(run=run, op=op, contender=name, seconds=seconds,
+                 gbps=nbytes / seconds / 1e9,
+                 limit_gbps=(raw_n / limit_s / 1e9) if limit_s else "",
+                 vs_limit=(nbytes / seconds) / (raw_n / limit_s) if limit_s else "")
+        r.update(extra or {})
+        rows.append(r)
+        lim = f"  ({r['vs_limit']:.2f} of limit)" if limit_s else ""
+        if "resident_before" in r:
+            lim += f"  cached before: {r['resident_before']:.0%}"
+        if "touch_s" in r:
+            lim += f", touch pass {r['touch_s']:.3f} s, {r['minflt']} minor faults"
+        log(f"  run {run} {op:12s} {name:12s} {seconds:7.3f} s {r['gbps']:6.2f} GB/s{lim}")
+
+    try:
+        for run in range(runs):
+            log(f"-- run {run + 1}/{runs}")
+            # Saves, durable: raw write before and after, their mean is the
+            # run's limit (the disk drifts within a run too).
+            settle()
+            w0 = raw.write(raw_path, raw_n)
+            rm(raw_path)
+            results = {}
+            for name, _, fkey, fn in SAVES:
+                rm(files[fkey])
+                settle()
+                results[name] = timed(lambda: fn(c, sd, files[fkey], True))
+            settle()
+            w1 = raw.write(raw_path, raw_n)
+            rm(raw_path)
+            wlim = (w0 + w1) / 2
+            row(run, "limit", "raw_write", wlim, wlim, {"first_s": w0, "second_s": w1})
+            for name, (dt, _, u) in results.items():
+                row(run, "save", name, dt, wlim, u)
+            # Saves without fsync (the page cache keeps what it likes).
+            results = {}
+            for name, _, fkey, fn in SAVES:
+                settle()
+                results[name] = timed(lambda: fn(c, sd, nofsync_path, False))
+                rm(nofsync_path)
+            settle()
+            w2 = raw.write(raw_path, raw_n)
+            rm(raw_path)
+            for name, (dt, _, u) in results.items():
+                row(run, "save_nofsync", name, dt, (w1 + w2) / 2, u)
+
+            # Cold loads: each file fdatasync'ed and dropped from the page cache.
+            settle()
+            raw.write(raw_path, raw_n)  # untimed: the file the raw reads read
+            settle()
+            r0 = raw.read(raw_path, raw_n)
+            results = {}
+            for name, _, fkey, fn in LOADS:
+                path = files[fkey]
+                settle()
+                drop_cache(path)
+                if run == 0 and name != "torch_mmap":
+                    p = cold_probe(path)
+                    probes.append((fkey, p))
+                res = resident_fraction(path)
+                dt, out, u = timed(lambda: _load_touch(fn, c, path))
+                u["resident_before"] = res
+                u["touch_s"] = out[1]
+                results[name] = (dt, None, u)
+                del out
+            settle()
+            r1 = raw.read(raw_path, raw_n)
+            rlim = (r0 + r1) / 2
+            row(run, "limit", "raw_read", rlim, rlim, {"first_s": r0, "second_s": r1})
+            for name, (dt, _, u) in results.items():
+                row(run, "load_cold", name, dt, rlim, u)
+            rm(raw_path)
+
+            # Warm loads: each file read once through the page cache first.
+            settle()
+            m0 = raw.memcpy(nbytes)
+            results = {}
+            for name, _, fkey, fn in LOADS:
+                path = files[fkey]
+                settle()
+                warm_cache(path)
+                res = resident_fraction(path)
+                dt, out, u = timed(lambda: _load_touch(fn, c, path))
+                u["resident_before"] = res
+                u["touch_s"] = out[1]
+                if run == 0:
+                    verify_load(sd, out[0], f"{name} ({path})")
+                results[name] = (dt, None, u)
+                del out
+            settle()
+            m1 = raw.memcpy(nbytes)
+            mlim = (m0 + m1) / 2 * raw_n / nbytes  # limits count raw_n bytes
+            row(run, "limit", "memcpy", mlim, mlim, {"first_s": m0, "second_s": m1})
+            for name, (dt, _, u) in results.items():
+                row(run, "load_warm", name, dt, mlim, u)
+        for fkey, p in probes:
+            log(f"  cold-cache check {fkey}: 16 MiB read right after the drop {p[0]:.2f} GB/s, "
+                f"the same again (cached) {p[1]:.2f} GB/s: "
+                + ("dropped" if p[1] > 1.5 * p[0] else "NOT CLEARLY DROPPED"))
+        case["probes"] = {k: p for k, p in probes}
+        case["file_bytes"] = {k: os.path.getsize(p) for k, p in files.items()}
+        return case, sd, files
+    except BaseException:
+        for p in list(files.values()) + [raw_path, nofsync_path]:
+            rm(p)
+        raise
+
+
+def warm_up(c, d):
+    sd = {"a": c.torch.ones(64, 64, dtype=c.torch.bfloat16), "b": c.torch.ones(64)}
+    path = os.path.join(d, f".peers-{os.getpid()}-warmup")
+    try:
+        for name, _, fkey, fn in SAVES:
+            fn(c, sd, path + "." + fkey, True)
+        for name, _, fkey, fn in LOADS:
+            _load_touch(fn, c, path + "." + fkey)
+    finally:
+        for k in FILE_EXT:
+            rm(path + "." + k)
+
+
+def _load_touch(fn, c, path):
+    """Loads and touches; returns (result, seconds of the touch pass)."""
+    out = fn(c, path)
+    t0 = time.perf_counter()
+    touch(out)
+    return out, time.perf_counter() - t0
+
+
+# ------------------------------------------------------------------ peak RSS
+
+def rss_child(name, path):
+    """Runs in a fresh interpreter: imports what every contender imports,
+    then (unless name is "baseline") loads `path` with contender `name` and
+    touches it. Prints ru_maxrss and VmHWM in bytes."""
+    import_peers()
+
+    def status():
+        got = {}
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmHWM", "VmRSS"):
+                    got[k] = int(v.split()[0]) * 1024
+        return got
+    out = {}
+    if name != "baseline":
+        c = Contenders()
+        warm_cache(path)
+        fn = LOAD_BY_NAME[name][3]
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS now
+        out["rss_before"] = status()["VmRSS"]
+        res = _load_touch(fn, c, path)
+        out["touched"] = touch(res[0])
+    out.update(status())
+    print(json.dumps(out))
+
+
+def measure_rss(case, files, log):
+    def child(name, path=""):
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--rss-child", name,
+                            path, TOUCH["mode"]], capture_output=True, text=True, env=os.environ)
+        if p.returncode != 0:
+            raise SystemExit(f"rss child {name} failed:\n{p.stderr}")
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    base = [child("baseline")["VmHWM"] for _ in range(2)]
+    baseline = min(base)
+    out = {"baseline": baseline}
+    for name, _, fkey, _ in LOADS:
+        settle()
+        got = child(name, files[fkey])
+        out[name] = got["VmHWM"] - baseline
+        out[name + "_reset"] = got["VmHWM"] - got["rss_before"]
+        log(f"  peak RSS {name:12s} {got['VmHWM'] / 2**20:8.0f} MiB - baseline "
+            f"{baseline / 2**20:.0f} MiB = {out[name] / 2**20:8.0f} MiB "
+            f"({out[name] / case['bytes']:.2f} x the tensors); above the RSS after imports "
+            f"{out[name + '_reset'] / 2**20:.0f} MiB")
+    return out
+
+
+# ------------------------------------------------------------------ report
+
+def machine_info(d):
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    real = os.path.realpath(d)
+    best = ("", "?", "?")
+    with open("/proc/mounts") as f:
+        for line in f:
+            dev, mnt, fs = line.split()[:3]
+            mnt = mnt.replace("\\040", " ")
+            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
+                best = (mnt, fs, dev)
+    return {"nproc": os.cpu_count(), "mem_bytes": mem, "cpu": cpu,
+            "kernel": platform.release(), "dir": real, "fs_type": best[1],
+            "fs_device": best[2], "fs_mount": best[0]}
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+def summarize(rows):
+    """Per case, op and contender: median and min / max of GB/s, the median
+    of the per-run ratios to the limit and to ckptio (each run's pair ran
+    side by side, so the ratio is taken per run first)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["model"], r["size"], r["op"], r["contender"]), []).append(r)
+    ref = {"save": ("ckptio_st", "ckptio_pt"), "save_nofsync": ("ckptio_st", "ckptio_pt"),
+           "load_cold": ("ckptio_st", "ckptio_pt"), "load_warm": ("ckptio_st", "ckptio_pt")}
+    out = []
+    for (model, size, op, name), rs in by.items():
+        g = [r["gbps"] for r in rs]
+        s = {"model": model, "size": size, "bytes": rs[0]["bytes"], "op": op, "contender": name,
+             "runs": len(rs), "gbps_median": med(g), "gbps_min": min(g), "gbps_max": max(g),
+             "seconds_median": med([r["seconds"] for r in rs]),
+             "vs_limit_median": med([r["vs_limit"] for r in rs]) if op != "limit" else 1.0,
+             "vs_limit_min": min(r["vs_limit"] for r in rs) if op != "limit" else 1.0,
+             "vs_limit_max": max(r["vs_limit"] for r in rs) if op != "limit" else 1.0}
+        if op in ref:
+            for refname in ref[op]:
+                refrows = {r["run"]: r for r in by.get((model, size, op, refname), [])}
+                # ckptio / this: how many times faster ckptio was, per run
+                ratios = [refrows[r["run"]]["gbps"] / r["gbps"] for r in rs if r["run"] in refrows]
+                s[f"{refname}_over_this"] = med(ratios)
+        for k in ("minflt", "user_s", "sys_s", "resident_before", "touch_s"):
+            vals = [r[k] for r in rs if k in r and r[k] != ""]
+            if vals:
+                s[k + "_median"] = med(vals)
+        out.append(s)
+    return out
+
+
+OP_TITLES = [("save", "save, durable (fsync of file and directory)", "raw_write"),
+             ("save_nofsync", "save, without fsync", "raw_write"),
+             ("load_cold", "load, cold page cache (+ touch every page)", "raw_read"),
+             ("load_warm", "load, warm page cache (+ touch every page)", "memcpy")]
+
+
+def format_tables(summary, cases, rss):
+    lines = []
+    save_labels = {n: l for n, l, *_ in SAVES}
+    load_labels = {n: l for n, l, *_ in LOADS}
+    lim_labels = dict(raw_write="raw O_DIRECT write (limit)", raw_read="raw O_DIRECT read (limit)",
+                      memcpy="memcpy (limit)")
+    idx = {(s["model"], s["size"], s["op"], s["contender"]): s for s in summary}
+    for case in cases:
+        m, sz = case["model"], case["size"]
+        lines.append(f"\n### {m} {sz}: {case['tensors']} tensors, {case['bytes'] / 1e9:.3f} GB "
+                     f"({case['desc']})\n")
+        lines.append("| step | contender | GB/s median | min-max | x limit | ckptio st / this "
+                     "| ckptio pt / this | minor faults / 4 KiB |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for op, title, lim in OP_TITLES:
+            names = [n for n, *_ in (SAVES if op.startswith("save") else LOADS)]
+            labels = save_labels if op.startswith("save") else load_labels
+            limop = idx.get((m, sz, "limit", lim))
+            if limop:
+                lines.append(f"| {title} | {lim_labels[lim]} | {limop['gbps_median']:.2f} | "
+                             f"{limop['gbps_min']:.2f}-{limop['gbps_max']:.2f} | 1 | | | |")
+            for n in names:
+                s = idx.get((m, sz, op, n))
+                if not s:
+                    continue
+                flt = s.get("minflt_median")
+                flt = f"{flt / (s['bytes'] / PAGE):.2f}" if flt is not None else ""
+                lines.append(
+                    f"| {title} | {labels[n]} | {s['gbps_median']:.2f} | "
+                    f"{s['gbps_min']:.2f}-{s['gbps_max']:.2f} | {s['vs_limit_median']:.2f} | "
+                    f"{s.get('ckptio_st_over_this', float('nan')):.2f} | "
+                    f"{s.get('ckptio_pt_over_this', float('nan')):.2f} | {flt} |")
+        r = rss.get((m, sz))
+        if r:
+            lines.append("")
+            lines.append(f"Peak RSS loading it (a fresh interpreter per contender, warm cache, "
+                         f"load + touch; its VmHWM minus the {r['baseline'] / 2**20:.0f} MiB "
+                         "VmHWM of one that only imported torch, safetensors, numpy and ckptio; "
+                         "cross-check: the peak above the RSS once imports were done, with "
+                         "VmHWM reset through /proc/self/clear_refs):\n")
+            lines.append("| contender | peak RSS above baseline, MiB | x tensor bytes "
+                         "| peak above RSS after imports, MiB |")
+            lines.append("|---|---|---|---|")
+            for n, *_ in LOADS:
+                if n in r:
+                    lines.append(f"| {load_labels[n]} | {r[n] / 2**20:.0f} | "
+                                 f"{r[n] / case['bytes']:.2f} | {r[n + '_reset'] / 2**20:.0f} |")
+    return "\n".join(lines)
+
+
+GOALS = [
+    # (text, op, ckptio contender, peer, goal ratio, which model/size or None = every case)
+    ("ckptio safetensors save >= 5x torch.save", "save", "ckptio_st", "torch", 5.0),
+    ("ckptio safetensors save >= 3x safetensors save_file", "save", "ckptio_st",
+     "safetensors", 3.0),
+    ("ckptio safetensors load >= 3x torch.load (cold)", "load_cold", "ckptio_st", "torch", 3.0),
+    ("ckptio safetensors load >= 3x torch.load (warm)", "load_warm", "ckptio_st", "torch", 3.0),
+    ("ckptio safetensors load >= safetensors load_file (cold)", "load_cold", "ckptio_st",
+     "safetensors", 1.0),
+    ("ckptio safetensors load >= safetensors load_file (warm)", "load_warm", "ckptio_st",
+     "safetensors", 1.0),
+    ("(not a goal) ckptio safetensors load >= safetensors load_file(backend=pread) (cold)",
+     "load_cold", "ckptio_st", "safetensors_pread", 1.0),
+    ("(not a goal) ckptio safetensors load >= safetensors load_file(backend=pread) (warm)",
+     "load_warm", "ckptio_st", "safetensors_pread", 1.0),
+    ("ckptio .pt save >= 5x torch.save", "save", "ckptio_pt", "torch", 5.0),
+    ("ckptio .pt load >= 3x torch.load(mmap=True) + touch (cold)", "load_cold", "ckptio_pt",
+     "torch_mmap", 3.0),
+    ("ckptio .pt load >= 3x torch.load(mmap=True) + touch (warm)", "load_warm", "ckptio_pt",
+     "torch_mmap", 3.0),
+]
+
+
+def format_goals(rows, cases):
+    """Per goal and case: the median over runs of (ckptio GB/s / peer GB/s)
+    taken per run, and its min-max."""
+    lines = ["| goal | case | measured ratio median (min-max) | met | ceiling: limit / peer |",
+             "|---|---|---|---|---|"]
+    limit_of = {"save": "raw_write", "load_cold": "raw_read", "load_warm": "memcpy"}
+    goals = []
+    for text, op, mine, peer, goal in GOALS:
+        for case in cases:
+            m, sz = case["model"], case["size"]
+            a = {r["run"]: r["gbps"] for r in rows
+                 if (r["model"], r["size"], r["op"], r["contender"]) == (m, sz, op, mine)}
+            b = {r["run"]: r["gbps"] for r in rows
+                 if (r["model"], r["size"], r["op"], r["contender"]) == (m, sz, op, peer)}
+            lim = {r["run"]: r["limit_gbps"] for r in rows
+                   if (r["model"], r["size"], r["op"], r["contender"]) == (m, sz, op, peer)}
+            ratios = [a[k] / b[k] for k in a if k in b]
+            if not ratios:
+                continue
+            # What a loader / saver running exactly at the limit would score.
+            ceil = med([lim[k] / b[k] for k in b if k in lim and lim[k] != ""])
+            mr = med(ratios)
+            met = "yes" if mr >= goal else f"no ({mr / goal:.0%} of the goal)"
+            lines.append(f"| {text} | {m} {sz} | {mr:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+                         f"| {met} | {ceil:.2f} ({limit_of[op]}) |")
+            goals.append({"goal": text, "model": m, "size": sz, "ratio": mr, "target": goal,
+                          "ceiling": ceil, "ratios": ratios})
+    return "\n".join(lines), goals
+
+
+def draw(summary, cases, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    idx = {(s["model"], s["size"], s["op"], s["contender"]): s for s in summary}
+    ops = [("save", "raw_write"), ("load_cold", "raw_read"), ("load_warm", "memcpy")]
+    fig, axes = plt.subplots(len(ops), len(cases), figsize=(4.2 * len(cases), 9.5),
+                             squeeze=False)
+    colors = {"ckptio_st": "#1f77b4", "ckptio_pt": "#6baed6", "torch": "#d62728",
+              "torch_mmap": "#ff9896", "safetensors": "#2ca02c",
+              "safetensors_pread": "#98df8a", "numpy": "#9467bd"}
+    for j, case in enumerate(cases):
+        m, sz = case["model"], case["size"]
+        for i, (op, lim) in enumerate(ops):
+            ax = axes[i][j]
+            names = [n for n, *_ in (SAVES if op == "save" else LOADS)]
+            vals, lo, hi, cols = [], [], [], []
+            for n in names:
+                s = idx.get((m, sz, op, n))
+                v = s["vs_limit_median"] if s else 0
+                vals.append(v)
+                lo.append(v - (s["vs_limit_min"] if s else 0))
+                hi.append((s["vs_limit_max"] if s else 0) - v)
+                cols.append(colors.get(n, "grey"))
+            ax.bar(range(len(names)), vals, yerr=[lo, hi], color=cols, capsize=3)
+            ax.axhline(1.0, color="black", lw=0.8, ls="--")
+            ax.set_xticks(range(len(names)))
+            ax.set_xticklabels(names, rotation=35, ha="right", fontsize=8)
+            l = idx.get((m, sz, "limit", lim))
+            lg = f"{l['gbps_median']:.2f} GB/s" if l else "?"
+            ax.set_title(f"{m} {sz}: {op}\n(1 = {lim} {lg})", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("x limit of the same run (median, min-max)")
+            for k, v in enumerate(vals):
+                s = idx.get((m, sz, op, names[k]))
+                if s:
+                    ax.text(k, v, f"{s['gbps_median']:.2f}", ha="center", va="bottom", fontsize=7)
+    fig.suptitle("ckptio vs peers: throughput as a fraction of the raw limit measured in the "
+                 "same run (labels: median GB/s)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+# ------------------------------------------------------------------ main
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "--rss-child":
+        if len(sys.argv) > 4:
+            TOUCH["mode"] = sys.argv[4]
+        rss_child(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "")
+        return
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="256MiB,1GiB",
+                    help="comma-separated model sizes (default 256MiB,1GiB)")
+    ap.add_argument("--big", action="store_true", help="add 4GiB")
+    ap.add_argument("--models", default="llm,linear",
+                    help="llm (bf16 Llama-like) and/or linear (10 x Linear fp32)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", default=".", help="where the checkpoints go (default .)")
+    ap.add_argument("--out", default=HERE, help="results.{csv,png,md} go here")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS children")
+    ap.add_argument("--touch", choices=("page", "byte"), default="page",
+                    help="after each load, read one byte per 4 KiB page (default) or sum "
+                         "every byte")
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.runs < 1:
+        ap.error("--runs must be >= 1")
+    TOUCH["mode"] = a.touch
+    sizes = [parse_size(s) for s in a.sizes.split(",") if s]
+    if a.big and (4 << 30) not in sizes:
+        sizes.append(4 << 30)
+    models = [m for m in a.models.split(",") if m]
+    for m in models:
+        if m not in ("llm", "linear"):
+            ap.error(f"unknown model {m!r}")
+    os.makedirs(a.dir, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+
+    report = []
+
+    def log(msg=""):
+        print(msg, flush=True)
+        report.append(msg)
+
+    c = Contenders()
+    import safetensors
+    mi = machine_info(a.dir)
+    ck = c.ckptio._lib.lib()
+    versions = {"python": platform.python_version(), "torch": c.torch.__version__,
+                "safetensors": safetensors.__version__, "numpy": np.__version__,
+                "ckptio": ck.ckptio_version_string().decode(),
+                "libckptio": ck._name}
+    cmd = a.command or " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv)
+    log(f"command:  {cmd}")
+    log(f"resolved: --sizes {','.join(size_label(s) for s in sizes)} --models {','.join(models)} "
+        f"--runs {a.runs} --dir {mi['dir']} --touch {a.touch}")
+    log(f"machine:  {mi['nproc']} CPUs ({mi['cpu']}), {mi['mem_bytes'] / 2**30:.1f} GiB, "
+        f"Linux {mi['kernel']}")
+    log(f"dir:      {mi['dir']} on {mi['fs_type']} ({mi['fs_device']} at {mi['fs_mount']})")
+    log("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    log(f"torch threads: {c.torch.get_num_threads()}")
+    log("limits:   raw write/read: O_DIRECT, 32 x 8 MiB in flight (32 threads, blocking "
+        "pwrite/pread, as src/cli/rawlimit.c), same byte count, same directory, measured "
+        "before and after each block of contenders (mean); memcpy: numpy.copyto, 1 thread")
+    if a.touch == "page":
+        log("touch:    every load is timed with a pass reading one byte per 4 KiB page (and the "
+            "last byte) of each returned tensor")
+    else:
+        log("touch:    every load is timed with a pass summing every byte of each returned "
+            "tensor (as 8-byte words)")
+
+    log("load avg: %.2f %.2f %.2f (other work on this machine competes for its %d CPUs)"
+        % (os.getloadavg() + (mi["nproc"],)))
+    # Untimed: ckptio's context (its staging ring is allocated and touched
+    # once, at first use) and every contender's lazy imports, on a tiny dict.
+    t0 = time.perf_counter()
+    c.ckptio._ctx()
+    log(f"ckptio context created in {time.perf_counter() - t0:.3f} s (untimed, once)")
+    warm_up(c, a.dir)
+    raw = Raw()
+    rows, cases, rss = [], [], {}
+    all_files = []
+    try:
+        for target in sizes:
+            for kind in models:
+                case, sd, files = run_case(c, raw, kind, target, a.runs, a.dir, rows, log)
+                all_files.append(files)
+                del sd
+                gc.collect()
+                cases.append(case)
+                if not a.no_rss:
+                    rss[(kind, case["size"])] = measure_rss(case, files, log)
+                for p in files.values():
+                    rm(p)
+    finally:
+        for files in all_files:
+            for p in files.values():
+                rm(p)
+
+    log("load avg at the end: %.2f %.2f %.2f" % os.getloadavg())
+    summary = summarize(rows)
+    log("\n## Results (GB = 10^9 bytes of tensor data; limits count the same bytes rounded up "
+        "to 4 KiB; 'x limit' and 'ckptio / this' are medians of per-run ratios)")
+    log(format_tables(summary, cases, rss))
+    goals_md, goals = format_goals(rows, cases)
+    log("\n## Goals\n")
+    log(goals_md)
+
+    keys = []
+    for r in rows:
+        for k in r:
+            if k not in keys:
+                keys.append(k)
+    with open(os.path.join(a.out, "results_runs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    keys = []
+    for s in summary:
+        for k in s:
+            if k not in keys:
+                keys.append(k)
+    with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(summary)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump({"command": cmd, "machine": mi, "versions": versions, "cases": cases,
+                   "rss": {f"{k[0]} {k[1]}": v for k, v in rss.items()},
+                   "goals": goals, "summary": summary}, f, indent=1, default=str)
+    png = os.path.join(a.out, "results.png")
+    draw(summary, cases, png)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write("\n".join(report) + "\n")
+    log(f"\nwrote {a.out}/results.csv, results_runs.csv, results.json, results.md, results.png")
+
+
+if __name__ == "__main__":
+    main()
