@@ -209,7 +209,7 @@ static void piece_run(void *arg) {
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
     } else {
-      if (p->e->byteswap && elem_size(p->e) > 1) {
+      if (p->e->byteswap && elem_size(p->e) > 1 && p->dst) { /* a check only needs the file's bytes */
         /* After the CRC, which covers the file's bytes. Mapped bytes are
          * read-only: a GPU piece swaps in its slot. */
         unsigned char *w = (unsigned char *)bytes;
