@@ -422,9 +422,11 @@ typedef struct ckptio_slice_request {
   int verified;        /* out: 1 when the bytes were checked against a recorded
                           CRC32 (full slices only, see above), else 0 */
   uint64_t bytes_read; /* out: bytes this request read from the file: the
-                          slice's bytes for PREAD and MMAP, plus page rounding
-                          for DIRECT; a verified slice counts the bytes its
-                          CRC covers (a view's whole storage record) */
+                          slice's bytes for PREAD and MMAP; for DIRECT plus
+                          the page rounding of each O_DIRECT request (at
+                          most 8 KiB per run and per staging chunk); a
+                          verified slice counts the bytes its CRC covers (a
+                          view's whole storage record, once more) */
 } ckptio_slice_request;
 
 /*! ckptio_reader_slice_nbytes() :
@@ -438,13 +440,16 @@ int64_t ckptio_reader_slice_nbytes(ckptio_reader *r, size_t index, int dim, int6
                                    int64_t stop);
 
 /*! ckptio_reader_load_slices() :
- *  Loads the slices in parallel on the context's pool, with the load method
- *  of the reader's options (AUTO: as for whole loads, except that a cold
- *  file whose runs are under 1 MiB is read with pread: an O_DIRECT request
- *  per small run costs more than the bytes it saves). Runs of at least a
- *  staging chunk are read straight into host destinations; GPU destinations
- *  get their runs gathered into pinned staging slots, one host-to-device
- *  copy per slot, ordered as ckptio_reader_set_stream says.
+ *  Loads the slices in parallel on the context's pool (jobs of one staging
+ *  chunk of output each), with the load method of the reader's options.
+ *  PREAD and MMAP put every run straight into its place in a host
+ *  destination. DIRECT reads through the bounded staging ring: runs whose
+ *  pages touch share one O_DIRECT request, a run longer than a chunk is
+ *  read a chunk at a time. AUTO is PREAD for a warm file, DIRECT for a cold
+ *  one, but PREAD whenever the runs are under 1 MiB (an O_DIRECT request per
+ *  small run costs more than the bytes it saves). GPU destinations get
+ *  their runs gathered into a pinned staging slot, one host-to-device copy
+ *  per slot, ordered as ckptio_reader_set_stream says.
  *  Sets each request's `verified` and `bytes_read`. Same threading rules as
  *  ckptio_reader_load_many; ckptio_reader_stats reports the slices' bytes.
  *  @return 0, or the first error (other destinations may be partly written):
