@@ -48,6 +48,9 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
                  "%s: tensor '%s': slice %lld:%lld of dim %d is outside the tensor (a slice needs "
                  "0 <= start <= stop <= %lld)",
                  r->path, e->name, (long long)start, (long long)stop, dim, (long long)size);
+  g->full = start == 0 && stop == size;
+  for (int d = 0; d < e->ndim; d++)
+    if (e->shape[d] == 0) return 0; /* no elements: nothing to read, whatever the other dims */
   int bits = ckptio_dtype_bits(e->dtype);
   uint64_t outer = 1, inner = 1, first, len = (uint64_t)(stop - start), whole;
   int over = 0;
@@ -55,7 +58,7 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
   for (int d = dim + 1; d < e->ndim; d++) over |= __builtin_mul_overflow(inner, (uint64_t)e->shape[d], &inner);
   over |= __builtin_mul_overflow(inner, (uint64_t)size, &whole);
   over |= __builtin_mul_overflow(inner, (uint64_t)start, &first);
-  if (over) /* only a shape with a zero somewhere can get here: its numel was checked at open */
+  if (over) /* cannot happen: a tensor's numel x bits was checked at open; kept for a format that forgets */
     return rfail(r, CKPTIO_E_OVERFLOW, "%s: tensor '%s': the shape's element counts overflow 64 bits", r->path,
                  e->name);
   /* Every run starts at first + k * whole elements and holds len * inner:
@@ -78,7 +81,6 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
     g->count = 1;
   }
   g->nbytes = g->run * g->count;
-  g->full = start == 0 && stop == size;
   return 0;
 }
 

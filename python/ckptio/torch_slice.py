@@ -25,10 +25,6 @@ from . import CkptioError, ERRORS
 __all__ = ["TorchSlice"]
 
 
-def _index_error(msg):
-    return IndexError(msg)
-
-
 class TorchSlice:
     """One tensor of an open file, loaded a slice at a time. Valid while the
     safe_open it came from is open."""
@@ -40,7 +36,8 @@ class TorchSlice:
         self.name = info.name.decode()
         self._shape = tuple(info.shape[:info.ndim])
         self._dtype_name = reader.lib.ckptio_dtype_name(info.dtype).decode()
-        self.verified = None  # of the last load: True / False; None before any
+        self.verified = None    # of the last load: True / False; None before any
+        self.bytes_read = None  # of the last load: bytes taken from the file
 
     def get_shape(self):
         """The tensor's shape, as a list (safetensors' get_slice API)."""

@@ -237,6 +237,30 @@ TEST(Slice, BadSlicesAreRefusedWithTheRule) {
   }
 }
 
+TEST(Slice, EmptyTensorsWithHugeDimsReadNothing) {
+  // [0, 2^40, 2^40] is a valid empty tensor, but the other dims' products
+  // overflow 64 bits: slices of it are empty, not an overflow.
+  TempDir dir;
+  Ctx c;
+  std::string json =
+      "{\"w\":{\"dtype\":\"F32\",\"shape\":[0,1099511627776,1099511627776],\"data_offsets\":[0,0]}}";
+  while (json.size() % 8) json += ' ';
+  std::string file(8, '\0');
+  for (int k = 0; k < 8; k++) file[(size_t)k] = (char)(json.size() >> (8 * k));
+  write_file(dir.file("e.safetensors"), file + json);
+  Reader rd(c.ctx, dir.file("e.safetensors"));
+  for (int d = 0; d < 3; d++) {
+    int64_t size = d ? INT64_C(1) << 40 : 0;
+    EXPECT_EQ(ckptio_reader_slice_nbytes(rd.r, 0, d, 0, size), 0) << rd.err();
+    EXPECT_EQ(ckptio_reader_slice_nbytes(rd.r, 0, d, size / 2, size), 0) << rd.err();
+    EXPECT_EQ(ckptio_reader_slice_ranges(rd.r, 0, d, 0, size, nullptr, 0), 0);
+    int verified = -1;
+    EXPECT_EQ(ckptio_reader_load_slice(rd.r, 0, d, 0, size, nullptr, 0, &verified), 0) << rd.err();
+    EXPECT_EQ(ckptio_reader_plan_rank(rd.r, 0, d, 1, 2, nullptr, nullptr, nullptr, 0), 0);
+  }
+  EXPECT_EQ(ckptio_reader_slice_nbytes(rd.r, 0, 1, 0, (INT64_C(1) << 40) + 1), CKPTIO_E_INVALID_ARG);
+}
+
 TEST(Slice, SubByteDtypesCutOnlyOnByteBoundaries) {
   TempDir dir;
   Ctx c;
