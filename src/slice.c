@@ -27,7 +27,7 @@
 /* Mapped runs from this size on are populated and dropped like load.c's. */
 #define MAP_POPULATE_MIN (64u << 10)
 
-/* Elements of a bit count (bits / 8 without overflowing bits). */
+/* Bytes of elems elements of `bits` bits: elems * bits / 8 without the product overflowing. */
 static uint64_t bytes_of(uint64_t elems, int bits) {
   return elems / 8 * (uint64_t)bits + elems % 8 * (uint64_t)bits / 8;
 }
