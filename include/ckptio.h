@@ -384,6 +384,125 @@ void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total);
 
 const char *ckptio_reader_last_error(const ckptio_reader *r);
 
+/* ---------------------------------------------------------------- slices */
+
+/* Partial loads for tensor-parallel ranks: a range start:stop of ONE
+ * dimension of a tensor, read from the file without reading the rest.
+ *
+ * The slice lands in `dst` contiguous and row-major, shaped as the tensor
+ * with shape[dim] replaced by stop - start. In the file those bytes are one
+ * run when the slice is on the leading dimension (or every dimension before
+ * `dim` has size 1), else one run per index of the dimensions before `dim`;
+ * only those runs are read (O_DIRECT reads round each run out to pages, and
+ * neighbours that share a page are read together). PyTorch views (strided)
+ * are gathered element runs by element runs from the file mapping, and
+ * big-endian files are swapped, as whole loads do.
+ *
+ * CRC: a recorded CRC32 covers a whole tensor, so a partial slice cannot be
+ * verified and is loaded unchecked (`verified` = 0). A slice that covers the
+ * whole tensor (start 0, stop shape[dim]) is loaded exactly as
+ * ckptio_reader_load_many loads it, CRC checked when crc is on and the file
+ * records one (`verified` = 1). No format ckptio reads records CRCs of parts
+ * of a tensor today; if one does, partial slices will check the parts they
+ * cover. ckptio_reader_verify checks the whole file.
+ *
+ * Sub-byte dtypes (F4, F6_*): each run must start and end on a byte
+ * boundary, else CKPTIO_E_MISALIGNED. */
+
+/* One slice to load. `dst` is memory of `device` (as in
+ * ckptio_load_request), written, never kept; it may be NULL when the slice
+ * is empty. `verified` and `bytes_read` are outputs. */
+typedef struct ckptio_slice_request {
+  size_t index;        /* the tensor */
+  int dim;             /* 0 .. ndim - 1 */
+  int64_t start, stop; /* 0 <= start <= stop <= shape[dim] */
+  void *dst;
+  uint64_t dst_bytes;  /* at least ckptio_reader_slice_nbytes() */
+  int device;          /* CKPTIO_DEVICE_HOST or CKPTIO_DEVICE_CUDA(n) */
+  int verified;        /* out: 1 when the bytes were checked against a recorded
+                          CRC32 (full slices only, see above), else 0 */
+  uint64_t bytes_read; /* out: bytes this request read from the file: the
+                          slice's bytes for PREAD and MMAP; for DIRECT plus
+                          the page rounding of each O_DIRECT request (at
+                          most 8 KiB per run and per staging chunk); a
+                          verified slice counts the bytes its CRC covers (a
+                          view's whole storage record, once more) */
+} ckptio_slice_request;
+
+/*! ckptio_reader_slice_nbytes() :
+ *  Checks a slice against tensor `index` without reading anything.
+ *  @return the bytes of the slice (what dst must hold), or
+ *          CKPTIO_E_INVALID_ARG (no such tensor, dim outside 0 .. ndim - 1,
+ *          start < 0, start > stop, stop > shape[dim]) or
+ *          CKPTIO_E_MISALIGNED (a sub-byte dtype cut inside a byte), with
+ *          the detail in ckptio_reader_last_error. */
+int64_t ckptio_reader_slice_nbytes(ckptio_reader *r, size_t index, int dim, int64_t start,
+                                   int64_t stop);
+
+/*! ckptio_reader_load_slices() :
+ *  Loads the slices in parallel on the context's pool (jobs of one staging
+ *  chunk of output each), with the load method of the reader's options.
+ *  PREAD and MMAP put every run straight into its place in a host
+ *  destination. DIRECT reads through the bounded staging ring: runs whose
+ *  pages touch share one O_DIRECT request, a run longer than a chunk is
+ *  read a chunk at a time. AUTO is PREAD for a warm file, DIRECT for a cold
+ *  one, but PREAD whenever the runs are under 1 MiB (an O_DIRECT request per
+ *  small run costs more than the bytes it saves). GPU destinations get
+ *  their runs gathered into a pinned staging slot, one host-to-device copy
+ *  per slot, ordered as ckptio_reader_set_stream says.
+ *  Sets each request's `verified` and `bytes_read`. Same threading rules as
+ *  ckptio_reader_load_many; ckptio_reader_stats reports the slices' bytes.
+ *  @return 0, or the first error (other destinations may be partly written):
+ *          the codes of ckptio_reader_slice_nbytes, CKPTIO_E_BUFFER_TOO_SMALL,
+ *          CKPTIO_E_DEVICE, CKPTIO_E_CHECKSUM (full slices), I/O errors. */
+int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size_t n);
+
+/*! One slice into host memory: ckptio_reader_load_slices with one request.
+ *  @verified  may be NULL; else gets the request's `verified`. */
+int ckptio_reader_load_slice(ckptio_reader *r, size_t index, int dim, int64_t start, int64_t stop,
+                             void *dst, uint64_t dst_bytes, int *verified);
+
+/* A range of bytes of a checkpoint's file. */
+typedef struct ckptio_byte_range {
+  uint32_t file;       /* which file of the checkpoint: 0 for a single file */
+  uint64_t offset;     /* absolute offset in that file */
+  uint64_t length;
+} ckptio_byte_range;
+
+/*! ckptio_split_rank() :
+ *  The range of a dimension of `size` that rank `rank` of `nranks` owns, by
+ *  torch.chunk's rule: chunks of ceil(size / nranks), in rank order, so that
+ *  rank r gets [min(r * c, size), min((r + 1) * c, size)). When nranks
+ *  divides size this is Megatron-LM's split (size / nranks each, which
+ *  Megatron requires); otherwise the last ranks get less, and a rank past
+ *  the last chunk gets an empty range (start == stop == size).
+ *  @return 0, or CKPTIO_E_INVALID_ARG (size < 0, nranks < 1, rank outside
+ *          0 .. nranks - 1, NULL pointer). */
+int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_t *stop);
+
+/*! ckptio_reader_slice_ranges() :
+ *  The bytes of the file that the slice start:stop of `dim` of tensor
+ *  `index` is read from: (file, offset, length) ranges in the order of the
+ *  slice's bytes, adjacent ones merged. For a plain tensor they are sorted
+ *  and disjoint; for a PyTorch view they are the storage bytes its elements
+ *  live in (several ranks of a broadcast view may share them). The first
+ *  min(count, cap) ranges go to `ranges`; ask the count first with cap 0
+ *  (ranges may then be NULL).
+ *  @return the number of ranges (>= 0), or the codes of
+ *          ckptio_reader_slice_nbytes. */
+int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start,
+                                   int64_t stop, ckptio_byte_range *ranges, size_t cap);
+
+/*! ckptio_reader_plan_rank() :
+ *  What rank `rank` of `nranks` reads of tensor `index` split on `dim`:
+ *  ckptio_split_rank on shape[dim] gives *start / *stop (either may be
+ *  NULL), then ckptio_reader_slice_ranges of that slice. Loading that slice
+ *  with ckptio_reader_load_slices reads exactly these ranges (PREAD).
+ *  @return the number of ranges, or a negative code. */
+int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int rank, int nranks,
+                                int64_t *start, int64_t *stop, ckptio_byte_range *ranges,
+                                size_t cap);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

@@ -209,7 +209,7 @@ static void piece_run(void *arg) {
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
     } else {
-      if (p->e->byteswap && elem_size(p->e) > 1) {
+      if (p->e->byteswap && elem_size(p->e) > 1 && p->dst) { /* a check only needs the file's bytes */
         /* After the CRC, which covers the file's bytes. Mapped bytes are
          * read-only: a GPU piece swaps in its slot. */
         unsigned char *w = (unsigned char *)bytes;
@@ -471,4 +471,27 @@ int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked) {
   free(reqs);
   if (unchecked) *unchecked = r->idx.count - n;
   return rc;
+}
+
+/* ---- the helpers above, for slice.c (declared in load_share.h) */
+
+void ckptio_load_gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e,
+                        uint64_t first, uint64_t count) {
+  gather(dst, base, e, first, count);
+}
+
+void ckptio_load_byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len) {
+  if (e->byteswap && elem_size(e) > 1) byteswap(p, len, e->dtype == CKPTIO_C64 ? 4 : elem_size(e));
+}
+
+void ckptio_load_populate(const unsigned char *p, uint64_t len) { populate(p, len); }
+
+void ckptio_load_unmap(const unsigned char *p, uint64_t len) { unmap_pages(p, len); }
+
+int ckptio_load_order_after_caller(ckptio_reader *r, uint64_t gpus, void **events) {
+  return order_after_caller(r, gpus, events);
+}
+
+int ckptio_load_mostly_cached(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
+  return mostly_cached(r, reqs, n);
 }

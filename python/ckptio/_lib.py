@@ -86,6 +86,28 @@ class LoadRequest(ctypes.Structure):  # ckptio_load_request
     ]
 
 
+class SliceRequest(ctypes.Structure):  # ckptio_slice_request
+    _fields_ = [
+        ("index", ctypes.c_size_t),
+        ("dim", ctypes.c_int),
+        ("start", ctypes.c_int64),
+        ("stop", ctypes.c_int64),
+        ("dst", ctypes.c_void_p),
+        ("dst_bytes", ctypes.c_uint64),
+        ("device", ctypes.c_int),
+        ("verified", ctypes.c_int),
+        ("bytes_read", ctypes.c_uint64),
+    ]
+
+
+class ByteRange(ctypes.Structure):  # ckptio_byte_range
+    _fields_ = [
+        ("file", ctypes.c_uint32),
+        ("offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+    ]
+
+
 _P = ctypes.c_void_p  # every opaque handle
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I = ctypes.c_int
@@ -132,6 +154,17 @@ _SIGNATURES = {
     "ckptio_writer_progress": (None, [_P, ctypes.POINTER(ctypes.c_uint64),
                                       ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_format": (_S, [_P]),
+    # Slices and tensor-parallel plans.
+    "ckptio_reader_slice_nbytes": (ctypes.c_int64, [_P, ctypes.c_size_t, _I, ctypes.c_int64,
+                                                    ctypes.c_int64]),
+    "ckptio_reader_load_slices": (_I, [_P, ctypes.POINTER(SliceRequest), ctypes.c_size_t]),
+    "ckptio_split_rank": (_I, [ctypes.c_int64, _I, _I, c_int64_p, c_int64_p]),
+    "ckptio_reader_slice_ranges": (ctypes.c_int64, [_P, ctypes.c_size_t, _I, ctypes.c_int64,
+                                                    ctypes.c_int64, ctypes.POINTER(ByteRange),
+                                                    ctypes.c_size_t]),
+    "ckptio_reader_plan_rank": (ctypes.c_int64, [_P, ctypes.c_size_t, _I, _I, _I, c_int64_p,
+                                                 c_int64_p, ctypes.POINTER(ByteRange),
+                                                 ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()

@@ -431,7 +431,8 @@ class safe_open:
             for name in f.keys():
                 t = f.get_tensor(name)   # loaded (and CRC-checked) on demand
 
-    framework must be "pt" (or "torch"). get_slice is not supported."""
+    framework must be "pt" (or "torch"). get_slice(name) reads parts of a
+    tensor (one dimension's start:stop; see ckptio/torch_slice.py)."""
 
     def __init__(self, filename, framework="pt", device="cpu"):
         if framework not in ("pt", "torch", "pytorch"):
@@ -495,6 +496,12 @@ class safe_open:
         return r.load([i])[name]
 
     def get_slice(self, name):
-        raise NotImplementedError("ckptio.torch.safe_open has no get_slice: load the tensor "
-                                  "with get_tensor(name) and slice it, or use "
-                                  "safetensors.safe_open for partial reads")
+        """A TorchSlice of the tensor (ckptio/torch_slice.py): get_shape(),
+        get_dtype(), and [...] reading only one dimension's start:stop."""
+        from .torch_slice import TorchSlice
+        r = self._reader()
+        i = r.by_name.get(name)
+        if i is None:
+            raise CkptioError(ERRORS["NOT_FOUND"],
+                              f"{os.fsdecode(r.path)}: no tensor named {name!r}")
+        return TorchSlice(r, i)

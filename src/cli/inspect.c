@@ -15,11 +15,15 @@
 
 void cli_inspect_usage(FILE *out) {
   fprintf(out,
-          "usage: ckptio inspect FILE [--json]\n\n"
+          "usage: ckptio inspect FILE [--json] [--plan NAME:DIM:N]\n\n"
           "Prints the format, file size, header size, data start and tensor count,\n"
           "then one line per tensor (name, dtype, shape, byte offset in the file,\n"
           "bytes, recorded CRC32 or \"-\") and the metadata. Only the header is read.\n\n"
-          "  --json   one JSON object instead of the table\n\n"
+          "  --json   one JSON object instead of the table\n"
+          "  --plan NAME:DIM:N\n"
+          "           instead: what each of N tensor-parallel ranks reads of tensor NAME\n"
+          "           split on DIM (torch.chunk's rule): its start:stop, bytes, and the\n"
+          "           file byte ranges (all of them with --json)\n\n"
           "exit codes: 0 ok; 1 not a valid checkpoint; 2 usage or I/O error\n");
 }
 
@@ -151,10 +155,13 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
 
 int cli_inspect_main(int argc, char **argv) {
   const char *path = NULL;
+  const char *plan = NULL;
   int json = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) {
       json = 1;
+    } else if (!strcmp(argv[i], "--plan") && i + 1 < argc) {
+      plan = argv[++i];
     } else if (argv[i][0] == '-' && argv[i][1]) {
       fprintf(stderr, "ckptio inspect: unknown option '%s'\n\n", argv[i]);
       cli_inspect_usage(stderr);
@@ -192,6 +199,10 @@ int cli_inspect_main(int argc, char **argv) {
   if ((rc = ckptio_reader_open(ctx, path, NULL, &r)) < 0) {
     fprintf(stderr, "ckptio inspect: %s\n", cli_open_error(rc));
     ret = cli_exit_for_read_error(rc);
+    goto fail;
+  }
+  if (plan) {
+    ret = cli_inspect_plan(r, plan, json);
     goto fail;
   }
   if (json)

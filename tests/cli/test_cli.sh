@@ -53,6 +53,30 @@ if command -v python3 >/dev/null; then
     "$T/out" && pass "inspect --json parses" || fail "inspect --json is not valid JSON"
 fi
 
+# --plan: 3 ranks of the embedding split on dim 1; their ranges tile it.
+expect 0 "inspect --plan" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:1:3
+mentions "inspect --plan" "torch.chunk"
+mentions "inspect --plan" "^2 "
+expect 0 "inspect --plan --json" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:1:3 --json
+if command -v python3 >/dev/null; then
+  cp "$T/out" "$T/plan.json"
+  "$CKPTIO" inspect --json "$F" >"$T/inspect.json"
+  python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+t = [x for x in json.load(open(sys.argv[2]))["tensors"] if x["name"] == p["tensor"]][0]
+rs = sorted((o, n) for r in p["ranks"] for _, o, n in r["ranges"])
+assert [r["start"] for r in p["ranks"]][0] == 0 and p["ranks"][-1]["stop"] == t["shape"][1]
+assert sum(r["nbytes"] for r in p["ranks"]) == t["nbytes"] == sum(n for _, n in rs)
+assert rs[0][0] == t["offset"] and all(a + n == b for (a, n), (b, _) in zip(rs, rs[1:]))
+' "$T/plan.json" "$T/inspect.json" && pass "inspect --plan ranges tile the tensor" ||
+    fail "inspect --plan ranges do not tile the tensor"
+fi
+expect 2 "inspect --plan bad spec" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:x:3
+mentions "inspect --plan bad spec" "NAME:DIM:N"
+expect 2 "inspect --plan bad dim" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:5:3
+mentions "inspect --plan bad dim" "no dim 5"
+
 expect 0 "verify (intact)" "$CKPTIO" verify "$F"
 mentions "verify (intact)" "^OK"
 if [ -s "$T/err" ]; then fail "verify wrote to stderr though it is not a terminal"; else

@@ -28,6 +28,8 @@ int main(void) {
   SIZE(ckptio_tensor_info);
   SIZE(ckptio_options);
   SIZE(ckptio_load_request);
+  SIZE(ckptio_slice_request);
+  SIZE(ckptio_byte_range);
   printf("},\n \"fields\": {");
   first = 1;
   FIELD(ckptio_tensor, name);
@@ -59,6 +61,18 @@ int main(void) {
   FIELD(ckptio_load_request, dst);
   FIELD(ckptio_load_request, dst_bytes);
   FIELD(ckptio_load_request, device);
+  FIELD(ckptio_slice_request, index);
+  FIELD(ckptio_slice_request, dim);
+  FIELD(ckptio_slice_request, start);
+  FIELD(ckptio_slice_request, stop);
+  FIELD(ckptio_slice_request, dst);
+  FIELD(ckptio_slice_request, dst_bytes);
+  FIELD(ckptio_slice_request, device);
+  FIELD(ckptio_slice_request, verified);
+  FIELD(ckptio_slice_request, bytes_read);
+  FIELD(ckptio_byte_range, file);
+  FIELD(ckptio_byte_range, offset);
+  FIELD(ckptio_byte_range, length);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d", o.size, o.threads, o.chunk_bytes,

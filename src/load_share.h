@@ -1,0 +1,24 @@
+/* What load.c lends to slice.c: its gather, byte swap, mapping and GPU
+ * ordering helpers, so a partial load moves bytes exactly as a whole one. */
+#ifndef CKPTIO_LOAD_SHARE_H
+#define CKPTIO_LOAD_SHARE_H
+
+#include "reader_internal.h"
+
+/* Logical elements [first, first + count) of a strided view, row-major,
+ * from its storage at base into dst. */
+void ckptio_load_gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e,
+                        uint64_t first, uint64_t count);
+/* Swaps a big-endian entry's elements in place (nothing for little-endian
+ * entries or one-byte elements; a complex number's two floats apart). */
+void ckptio_load_byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len);
+/* Maps the pages of [p, p + len) in one call / drops them once copied. */
+void ckptio_load_populate(const unsigned char *p, uint64_t len);
+void ckptio_load_unmap(const unsigned char *p, uint64_t len);
+/* Each GPU in the mask waits on the caller's stream; events[ord] are
+ * created for the caller to destroy. @return 0 or a failure (message set). */
+int ckptio_load_order_after_caller(ckptio_reader *r, uint64_t gpus, void **events);
+/* 1 when the page cache holds most of the requested tensors' bytes. */
+int ckptio_load_mostly_cached(ckptio_reader *r, const ckptio_load_request *reqs, size_t n);
+
+#endif
