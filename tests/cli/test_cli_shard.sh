@@ -79,6 +79,11 @@ mentions "verify (tensor missing from its shard)" "which does not hold it"
 cp "$T/bad/model.safetensors.index.json" "$T/bad/other.safetensors.index.json"
 expect 1 "inspect (two indexes in a directory)" "$CKPTIO" inspect "$T/bad"
 mentions "inspect (two indexes in a directory)" "other.safetensors.index.json"
+expect 0 "bench --max-shard-size" "$CKPTIO" bench --size 16MiB --runs 1 --max-shard-size 4MiB --json --dir "$T"
+python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).readline()); assert d["shards"] >= 4 and d["sharded_save_gbps"]["median"] > 0' \
+  "$T/out" && pass "bench reports the sharded save" || fail "bench --json has no sharded save"
+leftover=$(find "$T" -maxdepth 1 -name '.ckptio-bench-*' | wc -l)
+[ "$leftover" -eq 0 ] && pass "bench left no scratch files" || fail "$leftover scratch files left in $T"
 expect 2 "convert --max-shard-size 0" "$CKPTIO" convert "$F" "$T/x" --max-shard-size 0
 
 if [ "$fails" -ne 0 ]; then echo "$fails checks failed"; exit 1; fi
