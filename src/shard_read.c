@@ -7,6 +7,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -492,6 +494,49 @@ static size_t shard_of(const struct ckptio_shard_set *s, size_t i) {
   return lo;
 }
 
+/* Shard loads run this many at a time: each one already fills the pool, and
+ * a few together hide the start and the tail of each (its last pieces, its
+ * final CRC check) behind the others'. */
+#define SHARD_LOADS_IN_FLIGHT 4
+
+typedef struct shard_job {
+  ckptio_reader *r;
+  const ckptio_load_request *sub;
+  const size_t *end;        /* [k]: end of shard k's requests in sub */
+  int check;
+  _Atomic size_t next;      /* next shard to take */
+  pthread_mutex_t mu;
+  int rc;                   /* first failure */
+} shard_job;
+
+static void *shard_worker(void *arg) {
+  shard_job *j = arg;
+  struct ckptio_shard_set *s = j->r->set;
+  for (;;) {
+    size_t k = atomic_fetch_add(&j->next, 1);
+    if (k >= s->nfiles) break;
+    size_t first = k ? j->end[k - 1] : 0;
+    pthread_mutex_lock(&j->mu);
+    int stop = j->rc < 0;
+    pthread_mutex_unlock(&j->mu);
+    if (stop) break;
+    if (j->end[k] == first) continue;
+    ckptio_reader *x = s->sub[k];
+    int rc = ckptio_reader_run(x, j->sub + first, j->end[k] - first, j->check);
+    ckptio_reader *r = j->r;
+    atomic_fetch_add(&r->done_bytes, atomic_load(&x->done_bytes));
+    atomic_fetch_add(&r->timers.copy_ns, atomic_load(&x->timers.copy_ns));
+    atomic_fetch_add(&r->timers.device_ns, atomic_load(&x->timers.device_ns));
+    pthread_mutex_lock(&j->mu);
+    if (rc < 0 && j->rc == 0) {
+      j->rc = rc;
+      snprintf(r->err, sizeof(r->err), "%s", x->err);
+    }
+    pthread_mutex_unlock(&j->mu);
+  }
+  return NULL;
+}
+
 int ckptio_shard_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
   struct ckptio_shard_set *s = r->set;
   size_t *count = calloc(s->nfiles + 1, sizeof(size_t));
@@ -502,8 +547,10 @@ int ckptio_shard_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n
     goto out;
   }
   uint64_t bytes = 0;
+  size_t active = 0;
   for (size_t i = 0; i < n; i++) {
-    count[shard_of(s, reqs[i].index) + 1]++;
+    size_t k = shard_of(s, reqs[i].index);
+    active += count[k + 1]++ == 0;
     bytes += r->idx.entries[reqs[i].index].nbytes;
   }
   for (size_t k = 0; k < s->nfiles; k++) count[k + 1] += count[k]; /* count[k]: start of shard k */
@@ -511,24 +558,23 @@ int ckptio_shard_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n
     size_t k = shard_of(s, reqs[i].index);
     ckptio_load_request q = reqs[i];
     q.index -= s->base[k];
-    sub[count[k]++] = q;
+    sub[count[k]++] = q; /* count[k] ends as the end of shard k's requests */
   }
   atomic_store(&r->done_bytes, 0);
   atomic_store(&r->total_bytes, bytes);
   memset(&r->timers, 0, sizeof(r->timers));
   r->timers.start_ns = ckptio_now_ns();
-  /* count[k] is now the end of shard k's requests. One shard after another:
-   * each load already fills the pool, and the pieces of one shard still run
-   * in parallel. */
-  for (size_t k = 0, first = 0; k < s->nfiles && rc == 0; first = count[k], k++) {
-    if (count[k] == first) continue;
-    ckptio_reader *x = s->sub[k];
-    rc = ckptio_reader_run(x, sub + first, count[k] - first, check);
-    if (rc < 0) snprintf(r->err, sizeof(r->err), "%s", x->err);
-    atomic_fetch_add(&r->done_bytes, atomic_load(&x->done_bytes));
-    atomic_fetch_add(&r->timers.copy_ns, atomic_load(&x->timers.copy_ns));
-    atomic_fetch_add(&r->timers.device_ns, atomic_load(&x->timers.device_ns));
-  }
+  shard_job j = {.r = r, .sub = sub, .end = count, .check = check, .rc = 0};
+  atomic_init(&j.next, 0);
+  pthread_mutex_init(&j.mu, NULL);
+  pthread_t helpers[SHARD_LOADS_IN_FLIGHT - 1];
+  size_t started = 0;
+  for (; started + 1 < active && started + 1 < SHARD_LOADS_IN_FLIGHT; started++)
+    if (pthread_create(&helpers[started], NULL, shard_worker, &j) != 0) break; /* fewer at once */
+  shard_worker(&j);
+  for (size_t t = 0; t < started; t++) pthread_join(helpers[t], NULL);
+  pthread_mutex_destroy(&j.mu);
+  rc = j.rc;
   r->timers.end_ns = ckptio_now_ns();
 out:
   free(count);
