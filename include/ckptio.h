@@ -439,7 +439,10 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * metadata ("ckptio.save_id") and into every shard's __metadata__ (with
  * "ckptio.shard" = "k/N"); the reader refuses a set whose shards do not carry
  * the index's id, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
- * hidden temp files (".NAME.ckptio-tmp-*") may remain in `dir`. */
+ * hidden temp files (".NAME.ckptio-tmp-*") may remain in `dir`. Once the new
+ * index is in place, shards of an earlier save with another shard count
+ * (`{prefix}-NNNNN-of-MMMMM.safetensors`, MMMMM != N) are removed, as
+ * transformers' save_pretrained does; no other file is touched. */
 typedef struct ckptio_shard_writer ckptio_shard_writer;
 
 /*! ckptio_shard_writer_open() :

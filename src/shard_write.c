@@ -3,6 +3,7 @@
  * held at "temp file synced"; a coordinator thread then swaps every shard
  * into place and writes the index last, undoing the swaps if anything fails
  * before the index is renamed. See ckptio.h for the guarantees. */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -313,6 +314,32 @@ static int write_index(ckptio_shard_writer *w, ckptio_tmpfile *t) {
   return rc;
 }
 
+/* After a set is published, shards of an earlier save with another count
+ * ({prefix}-NNNNN-of-MMMMM.safetensors, MMMMM != N) are stale: nothing
+ * refers to them any more. Removed as transformers' save_pretrained does;
+ * best effort, and nothing else in the directory is touched. */
+static void remove_stale_shards(ckptio_shard_writer *w) {
+  DIR *d = opendir(w->dir);
+  if (!d) return;
+  size_t plen = strlen(w->prefix);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    unsigned k, m;
+    int used = 0;
+    if (strncmp(n, w->prefix, plen) || n[plen] != '-') continue;
+    if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0')
+      continue;
+    char want[4096];
+    snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", w->prefix, k, m);
+    if (strcmp(want, n) || m == w->nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
+    char *p = join(w->dir, n);
+    if (p) unlink(p);
+    free(p);
+  }
+  closedir(d);
+}
+
 /* Every shard is synced in its temp file: swap them in, then the index.
  * Until the index is renamed every step can be undone. */
 static int publish(ckptio_shard_writer *w) {
@@ -332,6 +359,7 @@ static int publish(ckptio_shard_writer *w) {
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how);
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
+  remove_stale_shards(w);
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
   return rc;

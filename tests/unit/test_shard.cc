@@ -233,6 +233,22 @@ TEST_F(Shard, OneShardAndSingleFileDirectories) {
   expect_open_error(dir_.path(), CKPTIO_E_SHARD, "b.safetensors.index.json");
 }
 
+TEST_F(Shard, StaleShardsOfAnotherCountAreRemoved) {
+  std::string err;
+  ASSERT_EQ(save_set(ctx_, dir_.path(), model(30), 100000, &err), 0) << err;
+  write_file(dir_.file("notes.txt"), std::string("keep me"));
+  write_file(dir_.file("model-00001-of-00004.safetensors.bak"), std::string("keep me"));
+  write_file(dir_.file("other-00001-of-00002.safetensors"), std::string("keep me"));
+  size_t n = 0;
+  ASSERT_EQ(save_set(ctx_, dir_.path(), model(31), 1ull << 30, &err, &n), 0) << err;
+  ASSERT_EQ(n, 1u);
+  std::vector<std::string> want = {kIndex, shard_name(1, 1), "model-00001-of-00004.safetensors.bak", "notes.txt",
+                                   "other-00001-of-00002.safetensors"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(dir_.list(), want);
+  expect_loads(ctx_, dir_.path(), model(31));
+}
+
 TEST_F(Shard, BadWriterArguments) {
   ckptio_shard_writer *w = nullptr;
   EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "a/b", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w),
