@@ -320,6 +320,18 @@ TEST_F(ShardFaults, RenameOfIndexFails) {
 }
 TEST_F(ShardFaults, FsyncOfIndexFails) { expect_failed_save(CKPTIO_FAULT_FSYNC, 5, EIO, kIndex); }
 
+TEST_F(Shard, FailedFirstSaveLeavesAnEmptyDirectory) {
+  // Nothing to exchange with: the shards renamed in before the failure are
+  // removed again.
+  for (long nth : {1L, 3L, 5L}) {
+    ckptio_fault_arm(CKPTIO_FAULT_RENAME, nth, EIO);
+    std::string err;
+    EXPECT_EQ(save_set(ctx_, dir_.path(), model(50), 100000, &err), -EIO) << err;
+    ckptio_fault_clear();
+    EXPECT_TRUE(dir_.list().empty()) << "rename " << nth << " failed; left: " << dir_.list().size() << " files";
+  }
+}
+
 TEST_F(ShardFaults, MixedSavesAreDetected) {
   // What a crash between two renames leaves: one shard of the old save
   // beside the new save's index and other shards.
