@@ -399,7 +399,8 @@ const char *ckptio_reader_last_error(const ckptio_reader *r);
  * count / find / info / metadata / load_many / view / verify cover every
  * shard; ckptio_reader_format says "safetensors-sharded"; info's `offset` is
  * within the tensor's own shard file. The index is checked: file names are
- * plain names in the index's directory (no '/', '\\', "..", NUL, not empty),
+ * plain names in the index's directory (no '/', '\\', "..", NUL, not empty;
+ * a symbolic link of that name is followed, as the Hugging Face cache needs),
  * every named file is a valid safetensors file holding the tensors mapped to
  * it, and every tensor of every shard is mapped to its own file (so none is in
  * two shards); the index is at most 100,000,000 bytes; total_size is not used.
