@@ -62,7 +62,9 @@ typedef enum ckptio_error {
   CKPTIO_E_SHORT_IO = -1020,      /* read or write moved fewer bytes than asked */
   CKPTIO_E_PICKLE = -1021,        /* pickle refused (opcode or global not allowed) or malformed */
   CKPTIO_E_ZIP = -1022,           /* corrupt zip archive (directory, headers, bounds) */
-  CKPTIO_E_ERROR_MIN = CKPTIO_E_ZIP
+  /* -1023 is assigned on another branch. */
+  CKPTIO_E_SHARD = -1024,         /* invalid shard index or inconsistent shard set */
+  CKPTIO_E_ERROR_MIN = CKPTIO_E_SHARD
 } ckptio_error;
 
 /*! ckptio_strerror() :
@@ -464,7 +466,8 @@ int ckptio_reader_load_slice(ckptio_reader *r, size_t index, int dim, int64_t st
 
 /* A range of bytes of a checkpoint's file. */
 typedef struct ckptio_byte_range {
-  uint32_t file;       /* which file of the checkpoint: 0 for a single file */
+  uint32_t file;       /* which file: 0 for a single file, else the shard number
+                          (ckptio_reader_shard gives its path) */
   uint64_t offset;     /* absolute offset in that file */
   uint64_t length;
 } ckptio_byte_range;
@@ -502,6 +505,102 @@ int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int6
 int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int rank, int nranks,
                                 int64_t *start, int64_t *stop, ckptio_byte_range *ranges,
                                 size_t cap);
+
+/* ---------------------------------------------------------------- shards */
+
+/* Sharded checkpoints, the Hugging Face way: `{prefix}-00001-of-0000N.safetensors`
+ * ... plus `{prefix}.safetensors.index.json` =
+ *   {"metadata": {"total_size": <sum of tensor bytes>, "ckptio.save_id": ID},
+ *    "weight_map": {tensor: file}}   (keys sorted, 2-space indent)
+ *
+ * Reading: ckptio_reader_open on a `*.index.json` path, or on a directory
+ * holding exactly one `*.safetensors.index.json` (else exactly one
+ * `*.safetensors`, opened as a single file), opens the set as one checkpoint:
+ * count / find / info / metadata / load_many / view / verify cover every
+ * shard; ckptio_reader_format says "safetensors-sharded"; info's `offset` is
+ * within the tensor's own shard file. The index is checked: file names are
+ * plain names in the index's directory (no '/', '\\', "..", NUL, not empty;
+ * a symbolic link of that name is followed, as the Hugging Face cache needs),
+ * every named file is a valid safetensors file holding the tensors mapped to
+ * it, and every tensor of every shard is mapped to its own file (so none is in
+ * two shards); the index is at most 100,000,000 bytes; total_size is not used.
+ * When the index metadata carries "ckptio.save_id", every shard must carry
+ * the same id and "ckptio.shard" = "k/N": see the crash note below.
+ * Failures are CKPTIO_E_SHARD (or the shard's own header error), naming the
+ * index, the shard and the tensor. Metadata of a set: the index's metadata
+ * (numbers as decimal strings), then each shard's keys not seen before
+ * (ckptio.shard excepted). */
+
+/*! Shard files of a set opened through an index: their count, or 0 when the
+ *  reader is a single file. */
+size_t ckptio_reader_shard_count(const ckptio_reader *r);
+/*! Shard k of a set: its path (borrowed until close), its tensor count and
+ *  tensor bytes. Any out pointer may be NULL. @return 0 or CKPTIO_E_INVALID_ARG. */
+int ckptio_reader_shard(const ckptio_reader *r, size_t k, const char **path, size_t *tensors,
+                        uint64_t *bytes);
+/*! @return the shard holding tensor `index` (0 for a single file), or
+ *  CKPTIO_E_INVALID_ARG. */
+int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
+
+/* A sharded save. Like ckptio_writer, but the tensors are spread over shard
+ * files in the order added, each filled up to max_shard_bytes of tensor data
+ * (a tensor larger than the limit gets a shard of its own, as Hugging Face
+ * does). The shards are written concurrently, one pipeline each, sharing the
+ * context's pool and staging ring. Used by one thread at a time, except the
+ * wait and progress calls, which any thread may call while a commit runs.
+ *
+ * Atomic as a set: every shard is written to a temp file in `dir` and synced
+ * but not renamed; only when all are durable are they renamed into place
+ * (an existing file of the same name is exchanged with the new one, so it can
+ * be put back), then the index is written last (temp, fsync, rename,
+ * directory fsync). A failure at any point before the index's rename puts
+ * every replaced shard back, removes every temp file and leaves no existing
+ * file changed. A crash between the renames cannot be hidden by rename alone:
+ * it is made detectable instead. A random save id goes into the index
+ * metadata ("ckptio.save_id") and into every shard's __metadata__ (with
+ * "ckptio.shard" = "k/N"); the reader refuses a set whose shards do not carry
+ * the index's id, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
+ * hidden temp files (".NAME.ckptio-tmp-*") may remain in `dir`. Once the new
+ * index is in place, shards of an earlier save with another shard count
+ * (`{prefix}-NNNNN-of-MMMMM.safetensors`, MMMMM != N) are removed, as
+ * transformers' save_pretrained does; no other file is touched. */
+typedef struct ckptio_shard_writer ckptio_shard_writer;
+
+/*! ckptio_shard_writer_open() :
+ *  @dir     the directory of the set (must exist); copied.
+ *  @prefix  file name prefix, e.g. "model" (no '/'); copied.
+ *  @format  CKPTIO_FORMAT_SAFETENSORS (the only sharded format).
+ *  @max_shard_bytes  tensor bytes per shard, > 0.
+ *  @opts    NULL for the context's defaults; copied.
+ *  @return 0 and *out, or a negative code (detail: ckptio_last_open_error). */
+int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                             uint64_t max_shard_bytes, const ckptio_options *opts,
+                             ckptio_shard_writer **out);
+/*! Metadata written into every shard's __metadata__. Copied; "ckptio." keys
+ *  are reserved. @return 0, CKPTIO_E_DUPLICATE, CKPTIO_E_INVALID_ARG, ... */
+int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value);
+/*! Adds one tensor: same descriptor and borrow rules as ckptio_writer_add
+ *  (`t->data` borrowed until the snapshot point). Dtype, shape and duplicate
+ *  names are refused here; the device of the pointer is checked at commit. */
+int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t);
+/*! Starts every shard's save and returns; outcome from the waits.
+ *  @return 0 if the save started, or a negative code (nothing written). */
+int ckptio_shard_writer_commit_async(ckptio_shard_writer *w);
+/*! Blocks until every shard's snapshot point. @return 0 or the save's error. */
+int ckptio_shard_writer_wait_snapshot(ckptio_shard_writer *w);
+/*! Blocks until the set and its index are durable and in place. */
+int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w);
+/*! Blocking save: commit_async then wait_durable. */
+int ckptio_shard_writer_commit(ckptio_shard_writer *w);
+/*! Tensor bytes written so far and in all. Either pointer may be NULL. */
+void ckptio_shard_writer_progress(ckptio_shard_writer *w, uint64_t *done, uint64_t *total);
+/*! Shards of the committed (or committing) set; 0 before commit. */
+size_t ckptio_shard_writer_shard_count(const ckptio_shard_writer *w);
+/*! Waits for a running commit, then frees the writer. Accepts NULL.
+ *  @return the save's outcome. */
+int ckptio_shard_writer_close(ckptio_shard_writer *w);
+/*! The detail of the last failure, or "". Borrowed until the next call. */
+const char *ckptio_shard_writer_last_error(const ckptio_shard_writer *w);
 
 #pragma GCC visibility pop
 

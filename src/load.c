@@ -16,6 +16,7 @@
 #include "core/crc32.h"
 #include "io/file.h"
 #include "reader_internal.h"
+#include "shard.h"
 
 #define rfail ckptio_reader_fail
 
@@ -331,6 +332,7 @@ static int mostly_cached(ckptio_reader *r, const ckptio_load_request *reqs, size
  * its storage record, which the CRC covers, is checked by pieces of its
  * own. The requests are already validated. */
 int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
+  if (r->set) return ckptio_shard_run(r, reqs, n, check);
   /* AUTO: pread from a warm cache, O_DIRECT from a cold one. Never the map:
    * with its pages populated a piece at a time and dropped once copied (so
    * RSS stays bounded) MMAP measured the same as pread within the noise here

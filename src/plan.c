@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "shard.h"
 #include "slice.h"
 
 #define rfail ckptio_reader_fail
@@ -84,6 +85,7 @@ static void emit_view(emitter *m, const ckptio_entry *e, uint64_t first, uint64_
 int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start, int64_t stop,
                                    ckptio_byte_range *ranges, size_t cap) {
   if (!r || (cap && !ranges)) return CKPTIO_E_INVALID_ARG;
+  if (r->set) return ckptio_shard_slice_ranges(r, index, dim, start, stop, ranges, cap);
   ckptio_slice_geom g;
   int rc = ckptio_slice_geom_of(r, index, dim, start, stop, &g);
   if (rc < 0) return rc;

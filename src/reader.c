@@ -15,6 +15,7 @@
 #include "formats/torch_read.h"
 #include "io/file.h"
 #include "reader_internal.h"
+#include "shard.h"
 
 int ckptio_reader_fail(ckptio_reader *r, int code, const char *fmt, ...) {
   va_list ap;
@@ -90,6 +91,7 @@ static int parse_header(ckptio_reader *r) {
 
 static const ckptio_reader *sort_reader; /* qsort has no context argument */
 static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+static int open_file(ckptio_reader *r);
 static int cmp_by_name(const void *a, const void *b) {
   return strcmp(sort_reader->idx.entries[*(const size_t *)a].name,
                 sort_reader->idx.entries[*(const size_t *)b].name);
@@ -110,6 +112,30 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
     rc = -ENOMEM;
     goto fail;
   }
+  /* An index or a directory: a set of shards, or the directory's one file. */
+  if ((rc = ckptio_shard_open(r)) < 0) goto fail;
+  if (rc == 0 && (rc = open_file(r)) < 0) goto fail;
+  if (!(r->by_name = malloc((r->idx.count + 1) * sizeof(size_t)))) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  for (size_t i = 0; i < r->idx.count; i++) r->by_name[i] = i;
+  pthread_mutex_lock(&sort_mu);
+  sort_reader = r;
+  qsort(r->by_name, r->idx.count, sizeof(size_t), cmp_by_name);
+  pthread_mutex_unlock(&sort_mu);
+  *out = r;
+  return 0;
+fail:
+  ckptio_set_open_error(r->err[0] ? r->err : ckptio_strerror(rc));
+  ckptio_reader_close(r);
+  return rc;
+}
+
+/* One file at r->path: open, map, parse its header. */
+static int open_file(ckptio_reader *r) {
+  const char *path = r->path;
+  int rc;
   struct stat st;
   if ((r->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(r->fd, &st) < 0) {
     rc = rfail(r, -errno, "%s: %s", path, strerror(errno));
@@ -128,26 +154,14 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
     }
     r->map = m;
   }
-  if ((rc = parse_header(r)) < 0) goto fail;
-  if (!(r->by_name = malloc((r->idx.count + 1) * sizeof(size_t)))) {
-    rc = -ENOMEM;
-    goto fail;
-  }
-  for (size_t i = 0; i < r->idx.count; i++) r->by_name[i] = i;
-  pthread_mutex_lock(&sort_mu);
-  sort_reader = r;
-  qsort(r->by_name, r->idx.count, sizeof(size_t), cmp_by_name);
-  pthread_mutex_unlock(&sort_mu);
-  *out = r;
-  return 0;
+  return parse_header(r);
 fail:
-  ckptio_set_open_error(r->err[0] ? r->err : ckptio_strerror(rc));
-  ckptio_reader_close(r);
   return rc;
 }
 
 void ckptio_reader_close(ckptio_reader *r) {
   if (!r) return;
+  ckptio_shard_close(r);
   if (r->map) munmap((void *)r->map, (size_t)r->file_size);
   if (r->fd_direct >= 0) close(r->fd_direct);
   if (r->fd >= 0) close(r->fd);
@@ -212,6 +226,7 @@ const char *ckptio_reader_metadata_get(const ckptio_reader *r, const char *key) 
 
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes) {
   if (!r || !data || index >= r->idx.count) return CKPTIO_E_INVALID_ARG;
+  if (r->set) return ckptio_shard_view(r, index, data, nbytes);
   const ckptio_entry *e = &r->idx.entries[index];
   if (e->strided || e->byteswap)
     return rfail(r, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
@@ -236,7 +251,7 @@ int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream) {
     return rfail(r, CKPTIO_E_DEVICE, "%s: %s", r->path, msg);
   if (ord >= CKPTIO_READER_MAX_GPUS) return rfail(r, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", r->path);
   r->user_stream[ord] = stream;
-  return 0;
+  return r->set ? ckptio_shard_set_stream(r, device, stream) : 0;
 }
 
 int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {

@@ -15,6 +15,7 @@
 
 #include "io/file.h"
 #include "load_share.h"
+#include "shard.h"
 #include "slice.h"
 
 #define rfail ckptio_reader_fail
@@ -366,6 +367,7 @@ static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_s
 
 int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size_t n) {
   if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
+  if (r->set) return ckptio_shard_load_slices(r, reqs, n);
   ckptio_slice_geom *geoms = calloc(n + 1, sizeof(*geoms));
   char *whole = calloc(n + 1, 1);
   ckptio_load_request *lr = calloc(n + 1, sizeof(*lr));

@@ -18,6 +18,8 @@
 #include "formats/torch_write.h"
 #include "internal.h"
 #include "io/file.h"
+#include "io/publish.h"
+#include "writer_hooks.h"
 
 typedef struct wtensor {
   char *name;
@@ -67,6 +69,7 @@ struct ckptio_writer {
   ckptio_format format;
   ckptio_layout layout;
   ckptio_tmpfile file;
+  int hold;               /* ckptio_writer_hold_publish: stop at a synced temp */
   uint64_t chunk_bytes, nchunks;
   uint64_t *first_chunk;  /* [k]: chunk holding tensor k's first byte */
   size_t *piece_base;     /* [k]: index of tensor k's first piece CRC */
@@ -114,10 +117,10 @@ static int grow(void **arr, size_t *cap, size_t len, size_t elem) {
   return 0;
 }
 
-int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
+static int add_metadata(ckptio_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
-  if (strncmp(key, "ckptio.", 7) == 0)
+  if (!reserved_ok && strncmp(key, "ckptio.", 7) == 0)
     return fail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')%s", key, "");
   for (size_t i = 0; i < w->nmeta; i++)
     if (strcmp(w->meta[i].key, key) == 0)
@@ -130,6 +133,29 @@ int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *va
     return -ENOMEM;
   }
   w->meta[w->nmeta++] = (ckptio_kv){k, v};
+  return 0;
+}
+
+int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
+  return add_metadata(w, key, value, 0);
+}
+
+int ckptio_writer_set_reserved_metadata(ckptio_writer *w, const char *key, const char *value) {
+  return add_metadata(w, key, value, 1);
+}
+
+int ckptio_writer_hold_publish(ckptio_writer *w) {
+  if (!w || w->state != W_OPEN) return CKPTIO_E_STATE;
+  w->hold = 1;
+  return 0;
+}
+
+int ckptio_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out) {
+  if (!w || !w->hold || w->state != W_RUNNING || !w->durable_done || w->result < 0 || !w->file.tmp)
+    return CKPTIO_E_STATE;
+  *out = w->file;
+  memset(&w->file, 0, sizeof(w->file));
+  w->file.fd = w->file.fd_direct = -1;
   return 0;
 }
 
@@ -579,7 +605,13 @@ static int save_run(ckptio_writer *w) {
     if ((rc = rewrite_crc_extents(w)) < 0) goto fail;
   }
   ckptio_lap(&w->timers.write_ns, &t);
-  rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
+  if (w->hold) {
+    /* Synced, not renamed: the set's owner publishes all files together. */
+    if ((rc = ckptio_tmpfile_sync(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err))) < 0)
+      goto fail;
+  } else {
+    rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
+  }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
 fail:
@@ -668,6 +700,7 @@ int ckptio_writer_close(ckptio_writer *w) {
   }
   for (int ord = 0; ord < MAX_GPUS; ord++)
     if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
+  ckptio_tmpfile_abort(&w->file); /* a held temp nobody took; else a no-op */
   ckptio_layout_free(&w->layout);
   free(w->first_chunk);
   free(w->piece_base);

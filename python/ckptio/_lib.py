@@ -25,8 +25,10 @@ _ERROR_NAMES = [
     "HEADER_UTF8", "HEADER_JSON", "INVALID_OFFSET", "OVERFLOW", "MISALIGNED",
     "TENSOR_INFO", "INCOMPLETE_BUFFER", "CHECKSUM", "NOT_FOUND", "DUPLICATE", "DTYPE",
     "SHAPE", "FORMAT", "BUFFER_TOO_SMALL", "DEVICE", "SHORT_IO", "PICKLE", "ZIP",
+    None,  # -1023: assigned on another branch, named when merged
+    "SHARD",
 ]
-ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES)}
+ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES) if name}
 E_CHECKSUM = ERRORS["CHECKSUM"]
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)

@@ -483,7 +483,8 @@ class safe_open:
         return self._reader().metadata() or None
 
     def format(self):
-        """"safetensors" or "pytorch"."""
+        """"safetensors", "pytorch", or "safetensors-sharded" (an index or
+        a directory of shards)."""
         return self._reader().lib.ckptio_reader_format(self._reader().handle).decode()
 
     def get_tensor(self, name):

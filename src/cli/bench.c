@@ -4,6 +4,7 @@
  * disk and memory (and, with --device cuda:N, of the GPU's copy engines), so
  * the report can give ratios that survive the drift of a shared machine.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -48,6 +49,9 @@ void cli_bench_usage(FILE *out) {
           "                      is uploaded to GPU N, saved from it and loaded back onto it\n"
           "                      (--verify downloads and compares); adds the pinned\n"
           "                      cudaMemcpy D2H and H2D limits of the same byte count\n"
+          "  --max-shard-size BYTES  also save the model as a Hugging Face sharded set\n"
+          "                      (shards of at most BYTES, written concurrently) right\n"
+          "                      after each single-file save; reports both side by side\n"
           "  --json              one JSON object on stdout instead of the table\n\n"
           "The report breaks each save and load into the library's stages (device copy,\n"
           "copy + CRC, write, commit; read, host to device) from ckptio_*_stats.\n\n"
@@ -58,14 +62,30 @@ void cli_bench_usage(FILE *out) {
 /* ------------------------------------------------------------ cleanup */
 
 /* The two scratch files, unlinked on any exit, including Ctrl-C. */
-static char g_ckpt[4200], g_raw[4200];
+static char g_ckpt[4200], g_raw[4200], g_shards[4200];
 /* A signal during a save waits for its end: the library's temp file is only
  * removed by the library, and a killed save would leave it behind. */
 static volatile sig_atomic_t g_in_save, g_pending, g_tty;
 
+/* The sharded save's directory and what is in it. Not async-signal-safe
+ * (opendir), but a signal during a save is deferred to its end. */
+static void remove_shards(void) {
+  DIR *d = g_shards[0] ? opendir(g_shards) : NULL;
+  struct dirent *e;
+  char p[4600];
+  while (d && (e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+      snprintf(p, sizeof(p), "%s/%s", g_shards, e->d_name);
+      unlink(p);
+    }
+  if (d) closedir(d);
+  if (g_shards[0]) rmdir(g_shards);
+}
+
 static void remove_scratch(void) {
   if (g_ckpt[0]) unlink(g_ckpt);
   if (g_raw[0]) unlink(g_raw);
+  remove_shards();
 }
 
 static void die_by(int sig) {
@@ -177,7 +197,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   enum { OPT_SIZE = 256, OPT_SHAPES, OPT_DIR, OPT_KEEP, OPT_RUNS, OPT_THREADS, OPT_CHUNK, OPT_STAGING,
          OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON, OPT_FORMAT,
-         OPT_DEVICE };
+         OPT_DEVICE, OPT_MAX_SHARD };
   static const struct option kLong[] = {
       {"size", required_argument, 0, OPT_SIZE},       {"shapes", required_argument, 0, OPT_SHAPES},
       {"dir", required_argument, 0, OPT_DIR},         {"keep", required_argument, 0, OPT_KEEP},
@@ -187,6 +207,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       {"direct", required_argument, 0, OPT_DIRECT},   {"load", required_argument, 0, OPT_LOAD},
       {"verify", no_argument, 0, OPT_VERIFY},         {"json", no_argument, 0, OPT_JSON},
       {"format", required_argument, 0, OPT_FORMAT},   {"device", required_argument, 0, OPT_DEVICE},
+      {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
       {0, 0, 0, 0},
   };
   memset(o, 0, sizeof(*o));
@@ -205,6 +226,10 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, NULL)) != -1) {
     switch (c) {
+      case OPT_MAX_SHARD:
+        if (cli_parse_size(optarg, &o->max_shard) < 0 || !o->max_shard)
+          return usage_error("bad --max-shard-size '%s' (e.g. 2GiB, 500MB)", optarg);
+        break;
       case OPT_SIZE:
         if (cli_parse_size(optarg, &o->size) < 0 || !o->size)
           return usage_error("bad --size '%s' (e.g. 1GiB, 512MiB, 2G, 4096)", optarg);
@@ -342,6 +367,24 @@ fail:
   return rc;
 }
 
+/* The same model as a sharded set (--max-shard-size), timed like the
+ * single-file save: open to durable, index included. */
+static int bench_shard_save(bench_state *s, bench_run *out) {
+  ckptio_shard_writer *w = NULL;
+  remove_shards(); /* every save makes new files */
+  if (mkdir(g_shards, 0777) < 0) return fail_msg("sharded save: mkdir", -errno, g_shards);
+  double t0 = cli_now();
+  int rc = ckptio_shard_writer_open(s->ctx, g_shards, "model", CKPTIO_FORMAT_SAFETENSORS, s->o->max_shard, NULL, &w);
+  if (rc < 0) return fail_msg("sharded save: open", rc, cli_open_error(rc));
+  for (size_t i = 0; i < s->m->count && rc == 0; i++) rc = ckptio_shard_writer_add(w, &s->m->tensors[i]);
+  if (rc == 0) rc = ckptio_shard_writer_commit(w);
+  out->shard_save_s = cli_now() - t0;
+  out->nshards = ckptio_shard_writer_shard_count(w);
+  if (rc < 0) fail_msg("sharded save", rc, ckptio_shard_writer_last_error(w));
+  int rc2 = ckptio_shard_writer_close(w);
+  return rc < 0 ? rc : rc2;
+}
+
 /* Every byte as saved? Names the first tensor that differs. A GPU load is
  * downloaded into s->dst first. */
 static int compare(bench_state *s, const char *what) {
@@ -468,6 +511,7 @@ static int bench_loads(bench_state *s, bench_result *res, bench_run *out) {
 static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
   g_in_save = 1;
   int rc = bench_save(s, out);
+  if (rc == 0 && s->o->max_shard) rc = bench_shard_save(s, out);
   g_in_save = 0;
   if (g_pending) die_by(g_pending);
   if (rc < 0) return rc;
@@ -527,6 +571,7 @@ int cli_bench_main(int argc, char **argv) {
   snprintf(g_ckpt, sizeof(g_ckpt), "%s/.ckptio-bench-%ld.%s", machine.dir, (long)getpid(),
            o.format == CKPTIO_FORMAT_PYTORCH ? "pt" : "safetensors");
   snprintf(g_raw, sizeof(g_raw), "%s/.ckptio-bench-%ld.raw", machine.dir, (long)getpid());
+  if (o.max_shard) snprintf(g_shards, sizeof(g_shards), "%s/.ckptio-bench-%ld.shards", machine.dir, (long)getpid());
   install_cleanup();
   if (!runs) goto fail;
 

@@ -26,6 +26,7 @@ typedef struct bench_opts {
   int verify, json;
   int gpu;              /* --device: -1 the host, else the GPU ordinal */
   ckptio_format format; /* --format */
+  uint64_t max_shard;   /* --max-shard-size: also a sharded save per run; 0: off */
 } bench_opts;
 
 /* Seconds of each step of one run, in the order they ran (A B A B), and
@@ -40,6 +41,8 @@ typedef struct bench_run {
   double raw_read_s;
   double warm_s;
   double memcpy_s;
+  double shard_save_s;  /* --max-shard-size: the sharded save, right after the single one */
+  size_t nshards;
   ckptio_stats save, cold, warm;
 } bench_run;
 

@@ -15,6 +15,7 @@ typedef enum series {
   S_SAVE, S_RAW_WRITE, S_SAVE_RATIO, S_SNAPSHOT, S_SAVE_S, S_RAW_D2H,
   S_COLD, S_RAW_READ, S_COLD_RATIO, S_RAW_H2D,
   S_WARM, S_MEMCPY, S_WARM_RATIO, S_WARM_H2D_RATIO,
+  S_SHARD_SAVE, S_SHARD_RATIO,
   S_COUNT
 } series;
 
@@ -37,6 +38,8 @@ static double value(const bench_result *r, const bench_run *x, series k) {
     case S_WARM: return gbps(data, x->warm_s);
     case S_MEMCPY: return gbps(raw, x->memcpy_s);
     case S_WARM_RATIO: return gbps(data, x->warm_s) / gbps(raw, x->memcpy_s);
+    case S_SHARD_SAVE: return gbps(data, x->shard_save_s);
+    case S_SHARD_RATIO: return x->shard_save_s > 0 ? x->save_s / x->shard_save_s : 0; /* GB/s over GB/s */
     default: return 0;
   }
 }
@@ -135,6 +138,7 @@ void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *f
     fputs(" --keep ", out);
     cli_shell_word(out, o->keep);
   }
+  if (o->max_shard) fprintf(out, " --max-shard-size %llu", (unsigned long long)o->max_shard);
   if (o->json) fputs(" --json", out);
 }
 
@@ -195,7 +199,11 @@ void bench_report_table(FILE *out, const bench_result *r) {
   fprintf(out, "format    %s\n", bench_format_name(r->opts->format));
   fputs("model     ", out);
   model_line(out, r);
-  fprintf(out, "\nfile      %" PRIu64 " bytes\n\n", r->file_bytes);
+  fprintf(out, "\nfile      %" PRIu64 " bytes\n", r->file_bytes);
+  if (r->opts->max_shard && r->runs_done)
+    fprintf(out, "shards    %zu files of at most %s of tensors (--max-shard-size), written concurrently\n",
+            r->runs[0].nshards, cli_fmt_bytes(r->opts->max_shard, b1, sizeof(b1)));
+  fputc('\n', out);
 
   fprintf(out, "  %-30s %10s %10s %10s\n", "", "median", "min", "max");
   row(out, r, "save", "GB/s", S_SAVE);
@@ -203,6 +211,10 @@ void bench_report_table(FILE *out, const bench_result *r) {
   row(out, r, "save / raw write", "x", S_SAVE_RATIO);
   row(out, r, "save time", "s", S_SAVE_S);
   row(out, r, "time to snapshot", "s", S_SNAPSHOT);
+  if (r->opts->max_shard && r->runs_done) {
+    row(out, r, "sharded save", "GB/s", S_SHARD_SAVE);
+    row(out, r, "sharded / single-file save", "x", S_SHARD_RATIO);
+  }
   if (r->gpu) row(out, r, "pinned D2H (cudaMemcpy)", "GB/s", S_RAW_D2H);
   fputc('\n', out);
   if (r->load_skipped) {
@@ -332,6 +344,11 @@ void bench_report_json(FILE *out, const bench_result *r) {
   json_stat(out, "raw_write_gbps", r, S_RAW_WRITE);
   json_stat(out, "save_vs_raw_write", r, S_SAVE_RATIO);
   json_stat(out, "save_s", r, S_SAVE_S);
+  if (r->opts->max_shard) {
+    json_stat(out, "sharded_save_gbps", r, S_SHARD_SAVE);
+    json_stat(out, "sharded_vs_single_save", r, S_SHARD_RATIO);
+    fprintf(out, ",\"shards\":%zu", r->runs_done ? r->runs[0].nshards : (size_t)0);
+  }
   json_stat(out, "snapshot_s", r, S_SNAPSHOT);
   if (!r->load_skipped) {
     json_stat(out, "cold_load_gbps", r, S_COLD);

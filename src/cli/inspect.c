@@ -15,10 +15,13 @@
 
 void cli_inspect_usage(FILE *out) {
   fprintf(out,
-          "usage: ckptio inspect FILE [--json] [--plan NAME:DIM:N]\n\n"
+          "usage: ckptio inspect FILE|INDEX|DIR [--json] [--plan NAME:DIM:N]\n\n"
           "Prints the format, file size, header size, data start and tensor count,\n"
           "then one line per tensor (name, dtype, shape, byte offset in the file,\n"
-          "bytes, recorded CRC32 or \"-\") and the metadata. Only the header is read.\n\n"
+          "bytes, recorded CRC32 or \"-\") and the metadata. Only the header is read.\n"
+          "A sharded checkpoint (its *.safetensors.index.json, or its directory) is\n"
+          "shown as one, with a line per shard (file, tensors, bytes) and each\n"
+          "tensor's shard number.\n\n"
           "  --json   one JSON object instead of the table\n"
           "  --plan NAME:DIM:N\n"
           "           instead: what each of N tensor-parallel ranks reads of tensor NAME\n"
@@ -75,8 +78,46 @@ static void shape_str(const ckptio_tensor_info *t, char *buf, size_t len) {
   if (p < len) snprintf(buf + p, len - p, "]");
 }
 
+/* A set's facts: the sum of its shard files. */
+static void set_facts(ckptio_reader *r, file_facts *f) {
+  memset(f, 0, sizeof(*f));
+  f->format = ckptio_reader_format(r);
+  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+    const char *p;
+    struct stat st;
+    if (ckptio_reader_shard(r, k, &p, NULL, NULL) == 0 && stat(p, &st) == 0) f->file_size += (uint64_t)st.st_size;
+  }
+}
+
+static void print_shards_json(ckptio_reader *r) {
+  printf(",\"shards\":[");
+  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+    const char *p;
+    size_t nt;
+    uint64_t b;
+    ckptio_reader_shard(r, k, &p, &nt, &b);
+    printf("%s{\"file\":", k ? "," : "");
+    cli_json_string(stdout, p);
+    printf(",\"tensors\":%zu,\"bytes\":%" PRIu64 "}", nt, b);
+  }
+  printf("]");
+}
+
+static void print_shards_table(ckptio_reader *r) {
+  char hb[32];
+  printf("shards       %zu\n", ckptio_reader_shard_count(r));
+  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+    const char *p;
+    size_t nt;
+    uint64_t b;
+    ckptio_reader_shard(r, k, &p, &nt, &b);
+    printf("  %zu  %s  %zu tensors  %" PRIu64 " bytes (%s)\n", k + 1, p, nt, b, cli_fmt_bytes(b, hb, sizeof(hb)));
+  }
+}
+
 static void print_json(const char *path, const file_facts *f, ckptio_reader *r) {
   size_t n = ckptio_reader_count(r);
+  int sharded = ckptio_reader_shard_count(r) > 0;
   printf("{\"file\":");
   cli_json_string(stdout, path);
   printf(",\"format\":\"%s\",\"file_size\":%" PRIu64 ",\"header_size\":%" PRIu64
@@ -89,7 +130,9 @@ static void print_json(const char *path, const file_facts *f, ckptio_reader *r) 
     cli_json_string(stdout, t.name);
     printf(",\"dtype\":\"%s\",\"shape\":[", ckptio_dtype_name(t.dtype));
     for (int d = 0; d < t.ndim; d++) printf("%s%" PRId64, d ? "," : "", t.shape[d]);
-    printf("],\"offset\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",\"crc32\":", t.offset, t.nbytes);
+    printf("],\"offset\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",", t.offset, t.nbytes);
+    if (sharded) printf("\"shard\":%" PRId64 ",", ckptio_reader_shard_of(r, i) + 1);
+    printf("\"crc32\":");
     if (t.has_crc)
       printf("\"%08" PRIx32 "\"}", t.crc32);
     else
@@ -105,7 +148,9 @@ static void print_json(const char *path, const file_facts *f, ckptio_reader *r) 
     putchar(':');
     cli_json_string(stdout, v);
   }
-  printf("}}\n");
+  printf("}");
+  if (sharded) print_shards_json(r);
+  printf("}\n");
 }
 
 static void print_table(const char *path, const file_facts *f, ckptio_reader *r) {
@@ -133,17 +178,21 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
     printf("data start   %" PRIu64 "\n", f->data_start);
   }
   printf("tensors      %zu (%" PRIu64 " bytes, %s)\n", n, total, cli_fmt_bytes(total, hb, sizeof(hb)));
-  printf("metadata     %zu keys\n\n", ckptio_reader_metadata_count(r));
-  printf("%-*s  %-5s  %-*s  %*s  %*s  %s\n", wname, "name", "dtype", wshape, "shape", woff, "offset",
-         wbytes, "nbytes", "crc32");
+  printf("metadata     %zu keys\n", ckptio_reader_metadata_count(r));
+  int sharded = ckptio_reader_shard_count(r) > 0;
+  if (sharded) print_shards_table(r);
+  printf("\n%-*s  %-5s  %-*s  %*s  %*s  %s%s\n", wname, "name", "dtype", wshape, "shape", woff, "offset",
+         wbytes, "nbytes", "crc32", sharded ? "     shard" : "");
   for (size_t i = 0; i < n; i++) {
     ckptio_tensor_info t;
     if (ckptio_reader_info(r, i, &t) < 0) continue;
     shape_str(&t, shape, sizeof(shape));
     char crc[16] = "-";
     if (t.has_crc) snprintf(crc, sizeof(crc), "%08" PRIx32, t.crc32);
-    printf("%-*s  %-5s  %-*s  %*" PRIu64 "  %*" PRIu64 "  %s\n", wname, t.name,
+    printf("%-*s  %-5s  %-*s  %*" PRIu64 "  %*" PRIu64 "  %s", wname, t.name,
            ckptio_dtype_name(t.dtype), wshape, shape, woff, t.offset, wbytes, t.nbytes, crc);
+    if (sharded) printf("%*s  %" PRId64, (int)(8 - strlen(crc)), "", ckptio_reader_shard_of(r, i) + 1);
+    printf("\n");
   }
   size_t nm = ckptio_reader_metadata_count(r);
   if (nm) printf("\nmetadata\n");
@@ -182,11 +231,7 @@ int cli_inspect_main(int argc, char **argv) {
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
   file_facts facts;
-  int rc = read_facts(path, &facts);
-  if (rc < 0) {
-    fprintf(stderr, "ckptio inspect: %s: %s\n", path, ckptio_strerror(rc));
-    goto fail;
-  }
+  int rc;
   /* Only the header is read: one thread and the smallest staging ring. */
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   o.threads = 1;
@@ -203,6 +248,14 @@ int cli_inspect_main(int argc, char **argv) {
   }
   if (plan) {
     ret = cli_inspect_plan(r, plan, json);
+    goto fail;
+  }
+  if (ckptio_reader_shard_count(r) > 0) {
+    set_facts(r, &facts);
+  } else if ((rc = read_facts(path, &facts)) < 0 &&
+             (rc = read_facts(ckptio_reader_shard(r, 0, &path, NULL, NULL) == 0 ? path : "", &facts)) < 0) {
+    /* a directory holding one file: its facts are the file's */
+    fprintf(stderr, "ckptio inspect: %s: %s\n", path, ckptio_strerror(rc));
     goto fail;
   }
   if (json)

@@ -10,11 +10,13 @@
 
 void cli_verify_usage(FILE *out) {
   fprintf(out,
-          "usage: ckptio verify FILE\n\n"
+          "usage: ckptio verify FILE|INDEX|DIR\n\n"
           "Validates the header (offsets, sizes, dtypes, coverage of the data) and\n"
           "checks the CRC32 of every tensor that has one recorded. Prints OK with\n"
           "the counts of checked and unchecked tensors, the bytes read and GB/s, or\n"
-          "FAILED with the rule or tensor that failed.\n\n"
+          "FAILED with the rule or tensor that failed. A sharded checkpoint (its\n"
+          "*.safetensors.index.json or its directory) is checked as one: the index\n"
+          "against every shard, then every shard's CRCs; a line per shard follows OK.\n\n"
           "exit codes: 0 ok; 1 invalid or corrupt file; 2 usage or I/O error\n");
 }
 
@@ -97,6 +99,14 @@ int cli_verify_main(int argc, char **argv) {
          path, n, n - unchecked, unchecked, checked_bytes,
          cli_fmt_bytes(checked_bytes, hb, sizeof(hb)), secs,
          secs > 0 ? (double)checked_bytes / secs / 1e9 : 0.0);
+  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+    const char *p;
+    size_t nt;
+    uint64_t b;
+    ckptio_reader_shard(r, k, &p, &nt, &b);
+    printf("  shard %zu/%zu %s: %zu tensors, %" PRIu64 " bytes (%s)\n", k + 1, ckptio_reader_shard_count(r), p, nt, b,
+           cli_fmt_bytes(b, hb, sizeof(hb)));
+  }
   if (n && unchecked == n)
     printf("note: no CRC32 is recorded in this file; only its structure was checked\n");
   if (with_crc != n - unchecked)

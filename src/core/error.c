@@ -30,6 +30,8 @@ static const char *const kNames[] = {
     "short read or write",
     "pickle refused",
     "corrupt zip archive",
+    "error -1023", /* assigned on another branch; its name comes with it */
+    "invalid shard index or inconsistent shard set",
 };
 
 const char *ckptio_strerror(int code) {

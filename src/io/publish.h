@@ -1,0 +1,41 @@
+/* Publishing several files as one set (sharded saves): each temp file is
+ * synced without being renamed, then all are swapped into place, and any
+ * swap can be undone until the set is declared final. Builds on io/file.h's
+ * temp files; every step goes through the fault injection of io/fault.h. */
+#ifndef CKPTIO_IO_PUBLISH_H
+#define CKPTIO_IO_PUBLISH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/file.h"
+
+/* How a temp file took its place, for undo. */
+typedef enum ckptio_swap {
+  CKPTIO_SWAP_NONE = 0,   /* not in place yet */
+  CKPTIO_SWAP_NEW,        /* renamed to a name that did not exist */
+  CKPTIO_SWAP_EXCHANGED,  /* exchanged with the old file, now at t->tmp */
+  CKPTIO_SWAP_REPLACED,   /* renamed over the old file (no exchange on this
+                             filesystem): cannot be undone */
+} ckptio_swap;
+
+/* Truncates the temp file to size and (if sync) fdatasyncs it; it stays
+ * open and unrenamed. On failure nothing is removed (the caller aborts). */
+int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen);
+
+/* Moves the synced temp file to its final path: exchanged with the file
+ * already there (which is kept under the temp name), or renamed when there
+ * is none. @return 0 and *how, or a negative code with *how NONE. */
+int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_t errlen);
+
+/* Undoes swap_in: the old file goes back to the final path, the new one is
+ * removed, the temp file closed. Best effort (used while failing). */
+void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how);
+
+/* The set is final: removes the old file kept by an exchange and closes. */
+void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how);
+
+/* fsync of a directory. @return 0 or -errno. */
+int ckptio_dir_sync(const char *dir);
+
+#endif

@@ -1,0 +1,508 @@
+/* Sharded saves (Hugging Face layout): tensors are spread over shard files
+ * in the order added, one ckptio_writer per shard on the same context, all
+ * held at "temp file synced"; a coordinator thread then swaps every shard
+ * into place and writes the index last, undoing the swaps if anything fails
+ * before the index is renamed. See ckptio.h for the guarantees. */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "formats/json.h"
+#include "internal.h"
+#include "io/file.h"
+#include "io/publish.h"
+#include "writer_hooks.h"
+
+typedef struct stensor {
+  ckptio_tensor t;       /* name owned */
+  uint64_t nbytes;
+} stensor;
+
+enum { S_OPEN, S_RUNNING };
+
+struct ckptio_shard_writer {
+  ckptio_ctx *ctx;
+  ckptio_options opts;
+  char *dir, *prefix;
+  uint64_t max_shard_bytes;
+  stensor *tensors;
+  size_t count, cap;
+  char **meta;            /* key, value pairs, owned */
+  size_t nmeta2, meta_cap;
+  size_t *name_slots;     /* open addressing: tensor index + 1 */
+  size_t name_cap;
+  uint64_t total_bytes;
+
+  int state;
+  size_t nshards;
+  size_t *first;          /* [k]: first tensor of shard k; [nshards] = count */
+  ckptio_writer **sub;
+  ckptio_tmpfile *files;  /* taken from the subs at publish */
+  ckptio_swap *how;
+  char save_id[33];
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int durable_done, result;
+  char err[CKPTIO_ERRLEN];
+};
+
+static int sfail(ckptio_shard_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int sfail(ckptio_shard_writer *w, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->err, sizeof(w->err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                             uint64_t max_shard_bytes, const ckptio_options *opts,
+                             ckptio_shard_writer **out) {
+  char msg[CKPTIO_ERRLEN] = "";
+  int rc = CKPTIO_E_INVALID_ARG;
+  if (!out) return rc;
+  *out = NULL;
+  if (!ctx || !dir || !*dir || !prefix) return rc;
+  ckptio_shard_writer *w = NULL;
+  struct stat st;
+  if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, "..")) {
+    snprintf(msg, sizeof(msg), "shard prefix '%s': must be a plain, non-empty file name", prefix);
+    goto fail;
+  }
+  if (format != CKPTIO_FORMAT_SAFETENSORS) {
+    rc = CKPTIO_E_FORMAT;
+    snprintf(msg, sizeof(msg), "%s: sharded saves are safetensors only", dir);
+    goto fail;
+  }
+  if (max_shard_bytes == 0) {
+    snprintf(msg, sizeof(msg), "%s: max_shard_bytes must be > 0", dir);
+    goto fail;
+  }
+  if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    rc = stat(dir, &st) < 0 ? -errno : -ENOTDIR;
+    snprintf(msg, sizeof(msg), "%s: %s", dir, strerror(-rc));
+    goto fail;
+  }
+  rc = -ENOMEM;
+  if (!(w = calloc(1, sizeof(*w)))) goto fail;
+  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
+  rc = -ENOMEM;
+  if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
+  w->ctx = ctx;
+  w->max_shard_bytes = max_shard_bytes;
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  *out = w;
+  return 0;
+fail:
+  if (w) {
+    free(w->dir);
+    free(w->prefix);
+    free(w);
+  }
+  ckptio_set_open_error(*msg ? msg : ckptio_strerror(rc));
+  return rc;
+}
+
+static int grow(void **arr, size_t *cap, size_t len, size_t elem) {
+  if (len < *cap) return 0;
+  size_t ncap = *cap ? *cap * 2 : 16;
+  void *n = realloc(*arr, ncap * elem);
+  if (!n) return -ENOMEM;
+  *arr = n;
+  *cap = ncap;
+  return 0;
+}
+
+int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value) {
+  if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
+  if (strncmp(key, "ckptio.", 7) == 0)
+    return sfail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')", key);
+  for (size_t i = 0; i < w->nmeta2; i += 2)
+    if (strcmp(w->meta[i], key) == 0) return sfail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice", key);
+  if (grow((void **)&w->meta, &w->meta_cap, w->nmeta2 + 1, sizeof(char *)) < 0) return -ENOMEM;
+  char *k = strdup(key), *v = strdup(value);
+  if (!k || !v) {
+    free(k);
+    free(v);
+    return -ENOMEM;
+  }
+  w->meta[w->nmeta2++] = k;
+  w->meta[w->nmeta2++] = v;
+  return 0;
+}
+
+static uint64_t name_hash(const char *s) {
+  uint64_t h = 1469598103934665603ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return h;
+}
+
+/* @return 1 if name (about to be tensor w->count) is new, 0 if taken, -ENOMEM. */
+static int name_set_insert(ckptio_shard_writer *w, const char *name) {
+  if ((w->count + 1) * 2 > w->name_cap) {
+    size_t ncap = w->name_cap ? w->name_cap * 2 : 64;
+    size_t *n = calloc(ncap, sizeof(size_t));
+    if (!n) return -ENOMEM;
+    for (size_t i = 0; i < w->count; i++) {
+      size_t h = name_hash(w->tensors[i].t.name) & (ncap - 1);
+      while (n[h]) h = (h + 1) & (ncap - 1);
+      n[h] = i + 1;
+    }
+    free(w->name_slots);
+    w->name_slots = n;
+    w->name_cap = ncap;
+  }
+  size_t h = name_hash(name) & (w->name_cap - 1);
+  for (; w->name_slots[h]; h = (h + 1) & (w->name_cap - 1))
+    if (strcmp(w->tensors[w->name_slots[h] - 1].t.name, name) == 0) return 0;
+  w->name_slots[h] = w->count + 1;
+  return 1;
+}
+
+int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
+  if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
+  int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
+  if (nbytes < 0)
+    return sfail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
+                 ckptio_strerror((int)nbytes));
+  if (!t->data && nbytes) return sfail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': NULL data for a non-empty tensor", t->name);
+  if (strcmp(t->name, "__metadata__") == 0)
+    return sfail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors", t->name);
+  if (grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
+  char *name = strdup(t->name);
+  if (!name) return -ENOMEM;
+  stensor *s = &w->tensors[w->count];
+  s->t = *t;
+  s->t.name = name;
+  int rc = name_set_insert(w, name);
+  if (rc <= 0) {
+    free(name);
+    return rc < 0 ? rc : sfail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice", t->name);
+  }
+  s->nbytes = (uint64_t)nbytes;
+  w->count++;
+  w->total_bytes += (uint64_t)nbytes;
+  return 0;
+}
+
+/* Hugging Face's rule: a new shard starts when the next tensor would push
+ * a non-empty shard over the limit. */
+static int assign_shards(ckptio_shard_writer *w) {
+  if (!(w->first = calloc(w->count + 2, sizeof(size_t)))) return -ENOMEM;
+  size_t n = 0;
+  uint64_t fill = 0;
+  for (size_t i = 0; i < w->count; i++) {
+    if (i == 0 || (fill > 0 && fill + w->tensors[i].nbytes > w->max_shard_bytes)) {
+      w->first[n++] = i;
+      fill = 0;
+    }
+    fill += w->tensors[i].nbytes;
+  }
+  w->first[n] = w->count;
+  w->nshards = n;
+  return 0;
+}
+
+/* The file name of shard k (0-based), into buf. */
+static void shard_name(const ckptio_shard_writer *w, size_t k, char *buf, size_t len) {
+  snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
+}
+
+static char *join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+static int make_save_id(ckptio_shard_writer *w) {
+  unsigned char b[16];
+  if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
+    /* Only collisions between saves matter, not secrecy. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 48;
+    for (int i = 0; i < 16; i++) b[i] = (unsigned char)(x >> (i % 8 * 8) ^ (uint64_t)i * 0x9e);
+  }
+  for (int i = 0; i < 16; i++) snprintf(w->save_id + 2 * i, 3, "%02x", b[i]);
+  return 0;
+}
+
+/* Opens and fills shard k's writer. */
+static int open_shard(ckptio_shard_writer *w, size_t k) {
+  char name[4096], tag[64];
+  shard_name(w, k, name, sizeof(name));
+  char *path = join(w->dir, name);
+  if (!path) return -ENOMEM;
+  int rc = ckptio_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub[k]);
+  free(path);
+  if (rc < 0) return sfail(w, rc, "%s", ckptio_last_open_error());
+  ckptio_writer *s = w->sub[k];
+  snprintf(tag, sizeof(tag), "%zu/%zu", k + 1, w->nshards);
+  for (size_t i = 0; i < w->nmeta2 && rc == 0; i += 2) rc = ckptio_writer_set_metadata(s, w->meta[i], w->meta[i + 1]);
+  if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
+  if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.shard", tag);
+  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = ckptio_writer_add(s, &w->tensors[i].t);
+  if (rc == 0) rc = ckptio_writer_hold_publish(s);
+  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, ckptio_writer_last_error(s));
+  return 0;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(((const stensor *const *)a)[0]->t.name, ((const stensor *const *)b)[0]->t.name);
+}
+
+/* The index, as transformers writes it: sorted keys, two-space indent. */
+static int index_json(ckptio_shard_writer *w, ckptio_json_out *o) {
+  const stensor **by_name = calloc(w->count + 1, sizeof(*by_name));
+  size_t *shard_of = calloc(w->count + 1, sizeof(size_t));
+  int rc = -ENOMEM;
+  if (!by_name || !shard_of) goto out;
+  for (size_t k = 0; k < w->nshards; k++)
+    for (size_t i = w->first[k]; i < w->first[k + 1]; i++) shard_of[i] = k;
+  for (size_t i = 0; i < w->count; i++) by_name[i] = &w->tensors[i];
+  qsort(by_name, w->count, sizeof(*by_name), cmp_str);
+  rc = ckptio_json_out_puts(o, "{\n  \"metadata\": {\n    \"ckptio.save_id\": ");
+  rc |= ckptio_json_out_string(o, w->save_id);
+  rc |= ckptio_json_out_puts(o, ",\n    \"total_size\": ");
+  rc |= ckptio_json_out_u64(o, w->total_bytes);
+  rc |= ckptio_json_out_puts(o, "\n  },\n  \"weight_map\": {");
+  char name[4096];
+  for (size_t i = 0; i < w->count && rc == 0; i++) {
+    shard_name(w, shard_of[by_name[i] - w->tensors], name, sizeof(name));
+    rc |= ckptio_json_out_puts(o, i ? ",\n    " : "\n    ");
+    rc |= ckptio_json_out_string(o, by_name[i]->t.name);
+    rc |= ckptio_json_out_puts(o, ": ");
+    rc |= ckptio_json_out_string(o, name);
+  }
+  rc |= ckptio_json_out_puts(o, w->count ? "\n  }\n}\n" : "}\n}\n");
+  rc = rc ? -ENOMEM : 0;
+out:
+  free(by_name);
+  free(shard_of);
+  return rc;
+}
+
+/* Writes the index to its temp file and syncs it; the rename is the caller's
+ * (it is the moment the set is published). */
+static int write_index(ckptio_shard_writer *w, ckptio_tmpfile *t) {
+  ckptio_json_out o = {0};
+  char name[4096];
+  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
+  char *path = join(w->dir, name);
+  int rc = path ? index_json(w, &o) : -ENOMEM;
+  if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->err, sizeof(w->err));
+  if (rc == 0 && (rc = ckptio_pwrite_full(t->fd, o.data, o.len, 0)) < 0)
+    sfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
+  if (rc == 0) rc = ckptio_tmpfile_sync(t, o.len, w->opts.fsync, w->err, sizeof(w->err));
+  free(o.data);
+  free(path);
+  return rc;
+}
+
+/* After a set is published, shards of an earlier save with another count
+ * ({prefix}-NNNNN-of-MMMMM.safetensors, MMMMM != N) are stale: nothing
+ * refers to them any more. Removed as transformers' save_pretrained does;
+ * best effort, and nothing else in the directory is touched. */
+static void remove_stale_shards(ckptio_shard_writer *w) {
+  DIR *d = opendir(w->dir);
+  if (!d) return;
+  size_t plen = strlen(w->prefix);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    unsigned k, m;
+    int used = 0;
+    if (strncmp(n, w->prefix, plen) || n[plen] != '-') continue;
+    if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0')
+      continue;
+    char want[4096];
+    snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", w->prefix, k, m);
+    if (strcmp(want, n) || m == w->nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
+    char *p = join(w->dir, n);
+    if (p) unlink(p);
+    free(p);
+  }
+  closedir(d);
+}
+
+/* Every shard is synced in its temp file: swap them in, then the index.
+ * Until the index is renamed every step can be undone. */
+static int publish(ckptio_shard_writer *w) {
+  ckptio_tmpfile index;
+  ckptio_swap index_how = CKPTIO_SWAP_NONE;
+  memset(&index, 0, sizeof(index));
+  index.fd = index.fd_direct = -1;
+  int rc = 0;
+  for (size_t k = 0; k < w->nshards; k++)
+    if ((rc = ckptio_tmpfile_swap_in(&w->files[k], &w->how[k], w->err, sizeof(w->err))) < 0) goto undo;
+  if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0) {
+    sfail(w, rc, "%s: fsync of the directory: %s", w->dir, strerror(-rc));
+    goto undo;
+  }
+  if ((rc = write_index(w, &index)) < 0) goto undo;
+  if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->err, sizeof(w->err))) < 0) goto undo;
+  /* Published. What remains only frees the old files' space. */
+  ckptio_tmpfile_release(&index, index_how);
+  for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
+  remove_stale_shards(w);
+  if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
+    sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
+  return rc;
+undo:
+  ckptio_tmpfile_abort(&index);
+  for (size_t i = w->nshards; i-- > 0;) ckptio_tmpfile_swap_back(&w->files[i], w->how[i]);
+  return rc;
+}
+
+static void *shard_main(void *arg) {
+  ckptio_shard_writer *w = arg;
+  int rc = 0;
+  for (size_t k = 0; k < w->nshards; k++) {
+    int r = ckptio_writer_wait_durable(w->sub[k]);
+    if (r < 0 && rc == 0) {
+      rc = r;
+      sfail(w, r, "%s", ckptio_writer_last_error(w->sub[k]));
+    }
+  }
+  /* The shards that did finish hold synced temp files: take them all, so a
+   * failed set leaves no temp file behind when the commit returns. */
+  for (size_t k = 0; k < w->nshards; k++) {
+    int r = ckptio_writer_take_file(w->sub[k], &w->files[k]);
+    if (r < 0 && rc == 0) rc = sfail(w, r, "%s: shard %zu/%zu: internal error: no synced temp file", w->dir, k + 1, w->nshards);
+  }
+  if (rc == 0) rc = publish(w);
+  else
+    for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
+  if (rc < 0 && !w->err[0]) sfail(w, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
+  pthread_mutex_lock(&w->mu);
+  w->result = rc;
+  w->durable_done = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static void close_subs(ckptio_shard_writer *w) {
+  for (size_t k = 0; w->sub && k < w->nshards; k++) ckptio_writer_close(w->sub[k]);
+  free(w->sub);
+  free(w->files);
+  free(w->how);
+  free(w->first);
+  w->sub = NULL;
+  w->files = NULL;
+  w->how = NULL;
+  w->first = NULL;
+  w->nshards = 0;
+}
+
+int ckptio_shard_writer_commit_async(ckptio_shard_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
+  w->err[0] = '\0';
+  /* An index maps tensors to files: with none there is no set to index. */
+  if (w->count == 0) return sfail(w, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
+  int rc = assign_shards(w);
+  if (rc < 0) goto fail;
+  rc = -ENOMEM;
+  w->sub = calloc(w->nshards, sizeof(*w->sub));
+  w->files = calloc(w->nshards, sizeof(*w->files));
+  w->how = calloc(w->nshards, sizeof(*w->how));
+  if (!w->sub || !w->files || !w->how) goto fail;
+  for (size_t k = 0; k < w->nshards; k++) w->files[k].fd = w->files[k].fd_direct = -1;
+  make_save_id(w);
+  for (size_t k = 0; k < w->nshards; k++)
+    if ((rc = open_shard(w, k)) < 0) goto fail;
+  /* On this thread: each writer records its GPU snapshot events here. */
+  for (size_t k = 0; k < w->nshards; k++) {
+    if ((rc = ckptio_writer_commit_async(w->sub[k])) < 0) {
+      sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, ckptio_writer_last_error(w->sub[k]));
+      goto fail; /* close_subs waits for the shards already started */
+    }
+  }
+  w->state = S_RUNNING;
+  if ((rc = pthread_create(&w->thread, NULL, shard_main, w)) != 0) {
+    w->state = S_OPEN;
+    rc = sfail(w, -rc, "%s: cannot start the save thread: %s", w->dir, strerror(rc));
+    goto fail;
+  }
+  return 0;
+fail:
+  close_subs(w); /* removes every temp file */
+  return rc;
+}
+
+int ckptio_shard_writer_wait_snapshot(ckptio_shard_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  for (size_t k = 0; k < w->nshards; k++) {
+    int rc = ckptio_writer_wait_snapshot(w->sub[k]);
+    if (rc < 0) return ckptio_shard_writer_wait_durable(w); /* the set's error, once settled */
+  }
+  return 0;
+}
+
+int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  pthread_mutex_lock(&w->mu);
+  while (!w->durable_done) pthread_cond_wait(&w->cv, &w->mu);
+  int rc = w->result;
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+int ckptio_shard_writer_commit(ckptio_shard_writer *w) {
+  int rc = ckptio_shard_writer_commit_async(w);
+  return rc < 0 ? rc : ckptio_shard_writer_wait_durable(w);
+}
+
+void ckptio_shard_writer_progress(ckptio_shard_writer *w, uint64_t *done, uint64_t *total) {
+  uint64_t d = 0;
+  for (size_t k = 0; w && w->state == S_RUNNING && k < w->nshards; k++) {
+    uint64_t x = 0;
+    ckptio_writer_progress(w->sub[k], &x, NULL);
+    d += x;
+  }
+  if (done) *done = d;
+  if (total) *total = w ? w->total_bytes : 0;
+}
+
+size_t ckptio_shard_writer_shard_count(const ckptio_shard_writer *w) { return w ? w->nshards : 0; }
+
+int ckptio_shard_writer_close(ckptio_shard_writer *w) {
+  if (!w) return 0;
+  int rc = 0;
+  if (w->state == S_RUNNING) {
+    rc = ckptio_shard_writer_wait_durable(w);
+    pthread_join(w->thread, NULL);
+  }
+  close_subs(w);
+  for (size_t i = 0; i < w->count; i++) free((char *)w->tensors[i].t.name);
+  for (size_t i = 0; i < w->nmeta2; i++) free(w->meta[i]);
+  free(w->tensors);
+  free(w->meta);
+  free(w->name_slots);
+  free(w->dir);
+  free(w->prefix);
+  pthread_cond_destroy(&w->cv);
+  pthread_mutex_destroy(&w->mu);
+  free(w);
+  return rc;
+}
+
+const char *ckptio_shard_writer_last_error(const ckptio_shard_writer *w) { return w ? w->err : ""; }
