@@ -28,6 +28,7 @@ int main(void) {
   SIZE(ckptio_tensor_info);
   SIZE(ckptio_options);
   SIZE(ckptio_load_request);
+  SIZE(ckptio_stats);
   printf("},\n \"fields\": {");
   first = 1;
   FIELD(ckptio_tensor, name);
@@ -59,6 +60,16 @@ int main(void) {
   FIELD(ckptio_load_request, dst);
   FIELD(ckptio_load_request, dst_bytes);
   FIELD(ckptio_load_request, device);
+  FIELD(ckptio_stats, size);
+  FIELD(ckptio_stats, bytes);
+  FIELD(ckptio_stats, seconds);
+  FIELD(ckptio_stats, snapshot_seconds);
+  FIELD(ckptio_stats, device_seconds);
+  FIELD(ckptio_stats, copy_seconds);
+  FIELD(ckptio_stats, write_seconds);
+  FIELD(ckptio_stats, commit_seconds);
+  FIELD(ckptio_stats, threads);
+  FIELD(ckptio_stats, staging_bytes);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d", o.size, o.threads, o.chunk_bytes,
