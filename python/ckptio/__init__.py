@@ -114,11 +114,40 @@ def _ctx():
 
 
 def _ctx_free():
-    global _ctx_handle
+    global _ctx_handle, _map_ctx_handle
+    with _ctx_lock:
+        for handle in (_ctx_handle, _map_ctx_handle):
+            if handle is not None:
+                _lib.lib().ckptio_ctx_free(handle)
+        _ctx_handle = _map_ctx_handle = None
+
+
+_map_ctx_handle = None
+
+
+def _map_ctx():
+    """The context for zero-copy loads: the process's context once it exists
+    (its staging ring is paid for), else a light one whose ring is two
+    chunks and which never starts CUDA. A mapped load checks its CRCs in the
+    mapping and needs no staging, and a process that only loads (inference)
+    should not hold the 256 MiB ring of a context made for saves."""
+    global _map_ctx_handle
     with _ctx_lock:
         if _ctx_handle is not None:
-            _lib.lib().ckptio_ctx_free(_ctx_handle)
-            _ctx_handle = None
+            return _ctx_handle
+        if _map_ctx_handle is None:
+            lib = _lib.lib()
+            opts = _lib.Options.init()
+            opts.chunk_bytes = 8 << 20
+            opts.staging_bytes = 2 * opts.chunk_bytes
+            opts.cuda = 0
+            opts.numa = 0
+            handle = ctypes.c_void_p()
+            _check(lib.ckptio_ctx_create(ctypes.byref(opts), ctypes.byref(handle)),
+                   "ckptio_ctx_create", lib.ckptio_last_open_error())
+            _map_ctx_handle = handle
+            atexit.register(_ctx_free)
+        return _map_ctx_handle
 
 
 def _options(ctx, crc):
@@ -212,9 +241,9 @@ def save_file(tensors, path, metadata=None, crc=True, format="safetensors"):
 
 
 class _Reader:
-    def __init__(self, path, crc=True):
+    def __init__(self, path, crc=True, ctx=None):
         self.lib = _lib.lib()
-        ctx = _ctx()
+        ctx = ctx or _ctx()
         opts = _options(ctx, crc)
         self.path = os.fsencode(os.fspath(path))
         self.handle = ctypes.c_void_p()
@@ -266,7 +295,7 @@ def load_file(path, crc=True, mmap=True):
     tensors are copied.
     mmap=False: every tensor is copied into fresh memory (parallel preads);
     the arrays are independent of the file."""
-    with _Reader(path, crc) as r:
+    with _Reader(path, crc, _map_ctx() if mmap else None) as r:
         infos = r.infos()
         mapping = _mapped.map_file(r) if mmap and infos else None
         out = {}

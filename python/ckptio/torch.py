@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from . import _lib, _mapped
-from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
+from . import CkptioError, ERRORS, _check, _ctx, _map_ctx, _options, _dtype_code, _Reader
 
 __all__ = ["save_file", "save_file_async", "load_file", "safe_open", "SaveHandle",
            "CkptioError", "TORCH_DTYPES"]
@@ -382,9 +382,10 @@ def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
 # --------------------------------------------------------------------- load
 
 class _TorchReader(_Reader):
-    def __init__(self, path, device):
+    def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
-        super().__init__(path, crc=True)
+        super().__init__(path, crc=True,
+                         ctx=_map_ctx() if mmap and self.device.type == "cpu" else None)
         self.entries = None
 
     def index(self):
@@ -480,7 +481,7 @@ def load_file(filename, device="cpu", mmap=True):
     half the speed from a warm cache). Strided views and big-endian entries of
     .pt files, and misaligned tensors, are always copied. mmap has no effect
     for a CUDA device."""
-    with _TorchReader(filename, device) as r:
+    with _TorchReader(filename, device, mmap) as r:
         return r.load(range(len(r.index())), mmap=mmap)
 
 
