@@ -22,24 +22,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
 
 
-class Stats(ctypes.Structure):  # ckptio_stats, include/ckptio.h
-    _fields_ = [("size", ctypes.c_size_t), ("bytes", ctypes.c_uint64),
-                ("seconds", ctypes.c_double), ("snapshot_seconds", ctypes.c_double),
-                ("device_seconds", ctypes.c_double), ("copy_seconds", ctypes.c_double),
-                ("write_seconds", ctypes.c_double), ("commit_seconds", ctypes.c_double),
-                ("threads", ctypes.c_int), ("staging_bytes", ctypes.c_uint64)]
+def Stats():  # ckptio_stats, as the binding declares it (python/ckptio/_lib.py)
+    return sys.modules["ckptio._lib"].Stats()
 
 
 def lib_extras(lib):
-    P = ctypes.c_void_p
-    lib.ckptio_writer_stats.argtypes = [P, ctypes.POINTER(Stats)]
-    lib.ckptio_writer_stats.restype = ctypes.c_int
-    lib.ckptio_reader_stats.argtypes = [P, ctypes.POINTER(Stats)]
-    lib.ckptio_reader_stats.restype = ctypes.c_int
-    lib.ckptio_reader_view.argtypes = [P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
-                                       ctypes.POINTER(ctypes.c_uint64)]
-    lib.ckptio_reader_view.restype = ctypes.c_int
-    lib.ckptio_reader_verify.argtypes = [P, ctypes.POINTER(ctypes.c_size_t)]
+    # The binding declares every function this profile calls (stats, view,
+    # verify, map_private); nothing to add.
+    pass
 
 
 class ctx_swap:
@@ -119,7 +109,7 @@ def ckptio_save_stats(ck, views, path, fmt):
             ck._check(lib.ckptio_writer_add(w, ctypes.byref(desc)), name)
         ck._check(lib.ckptio_writer_commit(w), "commit", lib.ckptio_writer_last_error(w))
         st = Stats()
-        st.size = ctypes.sizeof(Stats)
+        st.size = ctypes.sizeof(st)
         lib.ckptio_writer_stats(w, ctypes.byref(st))
         return st
     finally:
@@ -145,7 +135,7 @@ def load_into(ck, path, bufs, method=None):
                 reqs[i] = ck._lib.LoadRequest(i, b.ctypes.data, info.nbytes, ck._lib.DEVICE_HOST)
             r.check(r.lib.ckptio_reader_load_many(r.handle, reqs, len(infos)), "load")
             st = Stats()
-            st.size = ctypes.sizeof(Stats)
+            st.size = ctypes.sizeof(st)
             r.lib.ckptio_reader_stats(r.handle, ctypes.byref(st))
             return st
     finally:
