@@ -166,6 +166,7 @@ def main():
     ap.add_argument("--dir", default=".")
     ap.add_argument("--command", default=None)
     a = ap.parse_args()
+    peers.TOUCH["mode"] = "page"  # the phases below time one byte a page
     c = peers.Contenders()
     ck, torch = c.ckptio, c.torch
     lib_extras(ck._lib.lib())
@@ -223,17 +224,17 @@ def main():
             for path in (st_path,):
                 peers.settle()
                 peers.warm_cache(path)
-                out = phase(log, "warm ckptio.load_file (safetensors) + touch", nbytes,
-                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p), c, path))
+                out = phase(log, "warm ckptio.load_file(mmap=False) (safetensors) + touch", nbytes,
+                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p, mmap=False), c, path))
                 del out
                 gc.collect()
-                out = phase(log, "warm ckptio.load_file again at once (memory just freed)", nbytes,
-                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p), c, path))
+                out = phase(log, "warm ckptio.load_file(mmap=False) again at once (memory just freed)", nbytes,
+                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p, mmap=False), c, path))
                 del out
                 gc.collect()
                 time.sleep(10)
-                out = phase(log, "warm ckptio.load_file again after a 10 s pause", nbytes,
-                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p), c, path))
+                out = phase(log, "warm ckptio.load_file(mmap=False) again after a 10 s pause", nbytes,
+                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p, mmap=False), c, path))
                 del out
                 peers.settle()
                 with ck._Reader(path) as r:
@@ -251,6 +252,12 @@ def main():
                       lambda: view_and_verify(ck, path, False))
                 phase(log, "warm: ckptio_reader_verify (CRC pass) + view + touch", nbytes,
                       lambda: view_and_verify(ck, path, True))
+                peers.warm_cache(path)
+                out = phase(log, "warm: ckptio.torch.load_file zero-copy (private map, CRC "
+                            "pass over it) + touch", nbytes,
+                            lambda: peers._load_touch(lambda cc, p: c.ck_torch.load_file(p), c,
+                                                      path))
+                del out
                 peers.settle()
                 peers.drop_cache(path)
                 phase(log, "cold: load_many (PREAD) into pre-touched buffers", nbytes,
@@ -271,8 +278,8 @@ def main():
                           lambda: load_into(ck, path, bufs))
                 peers.settle()
                 peers.drop_cache(path)
-                out = phase(log, "cold ckptio.load_file (safetensors) + touch", nbytes,
-                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p), c, path))
+                out = phase(log, "cold ckptio.load_file(mmap=False) (safetensors) + touch", nbytes,
+                            lambda: peers._load_touch(lambda cc, p: ck.load_file(p, mmap=False), c, path))
                 del out, bufs
             peers.settle()
             phase(log, "memcpy (limit)", nbytes, lambda: raw.memcpy(nbytes))
