@@ -367,8 +367,9 @@ int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64
  *  until written; a write copies that page into this process and never
  *  reaches the file. With the reader's crc option on, every recorded CRC32
  *  is checked over this mapping, in parallel on the pool, before it is
- *  returned (which also maps the pages in); a mismatch returns
- *  CKPTIO_E_CHECKSUM naming the tensor, and no mapping.
+ *  returned (which also maps the pages in; the reader's load_method does
+ *  not apply); a mismatch returns CKPTIO_E_CHECKSUM naming the tensor, and
+ *  no mapping. Tensors without a recorded CRC are not checked.
  *  It maps the file the reader opened: a file renamed over the path later
  *  (as every ckptio save does) does not change it. A file truncated in place
  *  under it raises SIGBUS on access to the lost pages, as any file mapping
