@@ -138,7 +138,9 @@ def _map_ctx():
         if _map_ctx_handle is None:
             lib = _lib.lib()
             opts = _lib.Options.init()
-            opts.chunk_bytes = 8 << 20
+            # 2 MiB pieces check as fast as 8 MiB ones (measured) and keep
+            # the ring at 4 MiB.
+            opts.chunk_bytes = 2 << 20
             opts.staging_bytes = 2 * opts.chunk_bytes
             opts.cuda = 0
             opts.numa = 0

@@ -352,7 +352,7 @@ def test_rss_stays_near_the_file_size(tmp_path):
     peak, after = map(int, child.stdout.split())
     nbytes = os.path.getsize(path)
     assert nbytes * 0.95 <= peak <= nbytes + (64 << 20), (peak, nbytes)
-    # What stays is the context (two 8 MiB staging chunks, no 256 MiB ring).
+    # What stays is the context (two 2 MiB staging chunks, no 256 MiB ring).
     assert after <= 64 << 20, f"{after} bytes still resident after the tensors went"
 
 
