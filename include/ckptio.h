@@ -362,6 +362,31 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
  *  ckptio_reader_verify). Valid until ckptio_reader_close. */
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
 
+/*! ckptio_reader_map_private() :
+ *  Maps the whole file copy-on-write (MAP_PRIVATE, readable and writable):
+ *  a tensor's bytes are at *base + ckptio_tensor_info.offset (not for
+ *  strided or big-endian entries: load those). Pages stay the page cache's
+ *  until written; a write copies that page into this process and never
+ *  reaches the file. With the reader's crc option on, every recorded CRC32
+ *  is checked over this mapping, in parallel on the pool, before it is
+ *  returned (which also maps the pages in; the reader's load_method does
+ *  not apply); a mismatch returns CKPTIO_E_CHECKSUM naming the tensor, and
+ *  no mapping. Tensors without a recorded CRC are not checked.
+ *  It maps the file the reader opened: a file renamed over the path later
+ *  (as every ckptio save does) does not change it. A file truncated in place
+ *  under it raises SIGBUS on access to the lost pages, as any file mapping
+ *  does, and bytes written in place by another program show through the
+ *  pages not yet written here.
+ *  @base @size  owned by the caller after return and independent of the
+ *         reader (it may be closed first); release with ckptio_map_free.
+ *         An empty file gives NULL and 0.
+ *  @return 0, CKPTIO_E_CHECKSUM, CKPTIO_E_FORMAT (a sharded set or a
+ *          compressed file: no single mapping holds the tensors' bytes; load
+ *          them instead), or -errno (mmap). */
+int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
+/*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
+int ckptio_map_free(void *base, uint64_t size);
+
 /*! ckptio_reader_set_stream() :
  *  The CUDA stream (a cudaStream_t) on which the caller queues work that
  *  uses the load destinations on GPU `device` (CKPTIO_DEVICE_CUDA(n)). Each

@@ -210,8 +210,9 @@ static void piece_run(void *arg) {
                r->path, p->e->name, (unsigned long long)p->len, (unsigned long long)abs,
                ckptio_strerror(rc));
     } else {
-      if (p->e->byteswap && elem_size(p->e) > 1 && p->dst) { /* a check only needs the file's bytes */
-        /* After the CRC, which covers the file's bytes. Mapped bytes are
+      if (p->dst && p->e->byteswap && elem_size(p->e) > 1) {
+        /* After the CRC, which covers the file's bytes; a check has nothing
+         * to swap (and, mapped, no slot to swap in). Mapped bytes are
          * read-only: a GPU piece swaps in its slot. */
         unsigned char *w = (unsigned char *)bytes;
         if (bytes >= r->map && bytes < r->map + r->file_size) w = memcpy(p->slot, bytes, (size_t)p->len);

@@ -79,6 +79,29 @@ class Options(ctypes.Structure):  # ckptio_options
         return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO)
 
 
+class Stats(ctypes.Structure):  # ckptio_stats
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("bytes", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+        ("snapshot_seconds", ctypes.c_double),
+        ("device_seconds", ctypes.c_double),
+        ("copy_seconds", ctypes.c_double),
+        ("write_seconds", ctypes.c_double),
+        ("commit_seconds", ctypes.c_double),
+        ("threads", ctypes.c_int),
+        ("staging_bytes", ctypes.c_uint64),
+    ]
+
+    @classmethod
+    def init(cls):
+        """CKPTIO_STATS_INIT."""
+        return cls(ctypes.sizeof(cls))
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name, _ in self._fields_ if name != "size"}
+
+
 class LoadRequest(ctypes.Structure):  # ckptio_load_request
     _fields_ = [
         ("index", ctypes.c_size_t),
@@ -167,6 +190,12 @@ _SIGNATURES = {
     "ckptio_reader_plan_rank": (ctypes.c_int64, [_P, ctypes.c_size_t, _I, _I, _I, c_int64_p,
                                                  c_int64_p, ctypes.POINTER(ByteRange),
                                                  ctypes.c_size_t]),
+    # Zero-copy loads and stage timings.
+    "ckptio_reader_view": (_I, [_P, ctypes.c_size_t, _PP, ctypes.POINTER(ctypes.c_uint64)]),
+    "ckptio_reader_map_private": (_I, [_P, _PP, ctypes.POINTER(ctypes.c_uint64)]),
+    "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
+    "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+    "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
 }
 
 _lock = threading.Lock()

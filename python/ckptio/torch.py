@@ -22,8 +22,8 @@ import weakref
 
 import torch
 
-from . import _lib
-from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
+from . import _lib, _mapped
+from . import CkptioError, ERRORS, _check, _ctx, _map_ctx, _options, _dtype_code, _Reader
 
 __all__ = ["save_file", "save_file_async", "load_file", "safe_open", "SaveHandle",
            "CkptioError", "TORCH_DTYPES"]
@@ -155,6 +155,7 @@ class SaveHandle:
         self._closed = threading.Event()   # close() ended: writer freed
         self._error = None                 # the save's CkptioError, once known
         self._final_progress = (0, 0)
+        self._final_stats = None
         _live.add(self)
 
     def _call(self, fn, block=True):
@@ -219,6 +220,20 @@ class SaveHandle:
             w, ctypes.byref(done), ctypes.byref(total)) or 0)
         return self._final_progress if rc is None else (done.value, total.value)
 
+    def stats(self):
+        """Where the save's time went (ckptio_writer_stats) as a dict: bytes,
+        seconds (wall, commit to durable), snapshot_seconds, and the busy
+        seconds of each stage summed over the workers (device, copy, write,
+        commit), threads, staging_bytes. While the save runs, the figures so
+        far; after close, those of the whole save."""
+        box = []
+
+        def get(w):
+            box.append(_mapped.stats(_lib.lib(), _lib.lib().ckptio_writer_stats, w))
+            return 0
+        rc = self._call(get)
+        return self._final_stats if rc is None else box[0]
+
     def close(self):
         """Waits for the save, frees the writer, drops the tensors. Idempotent;
         raises nothing (wait_durable reports the outcome)."""
@@ -234,7 +249,9 @@ class SaveHandle:
         done, total = ctypes.c_uint64(), ctypes.c_uint64()
         lib.ckptio_writer_progress(self._w, ctypes.byref(done), ctypes.byref(total))
         self._final_progress = (done.value, total.value)
-        rc = lib.ckptio_writer_close(self._w)  # waits for the commit
+        lib.ckptio_writer_wait_durable(self._w)  # the stats of the whole save
+        self._final_stats = _mapped.stats(lib, lib.ckptio_writer_stats, self._w)
+        rc = lib.ckptio_writer_close(self._w)  # the save's outcome
         if rc < 0:
             self._record(rc)
         self._w = None
@@ -365,9 +382,10 @@ def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
 # --------------------------------------------------------------------- load
 
 class _TorchReader(_Reader):
-    def __init__(self, path, device):
+    def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
-        super().__init__(path, crc=True)
+        super().__init__(path, crc=True,
+                         ctx=_map_ctx() if mmap and self.device.type == "cpu" else None)
         self.entries = None
 
     def index(self):
@@ -395,15 +413,42 @@ class _TorchReader(_Reader):
                               f"{list(t.shape)} is {nbytes} bytes, the file says {info.nbytes}")
         return name, t, _lib.LoadRequest(i, t.data_ptr(), nbytes, self.code)
 
-    def load(self, indices):
-        out, reqs = {}, (_lib.LoadRequest * max(len(indices), 1))()
-        for k, i in enumerate(indices):
-            name, t, reqs[k] = self.empty(i)
+    def load(self, indices, mmap=False):
+        """New tensors for `indices`; with mmap (CPU only), views of a private
+        mapping of the file where possible (see load_file), the rest copied."""
+        mapping = None
+        if mmap and indices and self.device.type == "cpu":
+            mapping = _mapped.map_file(self)
+        out, reqs, n = {}, (_lib.LoadRequest * max(len(indices), 1))(), 0
+        for i in indices:
+            view = self.view(i, mapping) if mapping is not None else None
+            if view is not None:
+                out[self.entries[i].name.decode()] = view
+                continue
+            name, t, reqs[n] = self.empty(i)
             out[name] = t
-        if indices:
+            n += 1
+        if n:
             _before_device_writes(self.device)
-            self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, len(indices)), "load")
+            self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, n), "load")
         return out
+
+    def view(self, i, mapping):
+        """Tensor i as a view of the mapping, or None when it must be copied."""
+        info = self.entries[i]
+        dtype = TORCH_DTYPES.get(self.lib.ckptio_dtype_name(info.dtype).decode())
+        if dtype is None:
+            return None  # empty() names the missing dtype
+        shape = tuple(info.shape[:info.ndim])
+        size = torch.empty((), dtype=dtype).element_size()
+        numel = 1
+        for d in shape:
+            numel *= d
+        if numel * size != info.nbytes or not _mapped.viewable(self, i, info, size):
+            return None
+        # torch.frombuffer keeps `mapping` alive for as long as the tensor (or
+        # any view of it) lives. A writable buffer: no read-only warning.
+        return torch.frombuffer(mapping, dtype=dtype, count=numel, offset=info.offset).view(shape)
 
     def metadata(self):
         out = {}
@@ -415,13 +460,29 @@ class _TorchReader(_Reader):
         return out
 
 
-def load_file(filename, device="cpu"):
-    """Loads every tensor of a safetensors or torch.save (.pt) file into new
-    tensors on `device` ("cpu", "cuda", "cuda:N", an int N, or a torch.device):
-    a dict of str -> torch.Tensor in file order. Recorded CRC32s are checked;
-    a mismatch raises CkptioError (code ERRORS["CHECKSUM"])."""
-    with _TorchReader(filename, device) as r:
-        return r.load(range(len(r.index())))
+def load_file(filename, device="cpu", mmap=True):
+    """Loads every tensor of a safetensors or torch.save (.pt) file onto
+    `device` ("cpu", "cuda", "cuda:N", an int N, or a torch.device): a dict
+    of str -> torch.Tensor in file order. Recorded CRC32s are checked before
+    anything is returned; a mismatch raises CkptioError (code
+    ERRORS["CHECKSUM"]).
+
+    On the CPU with mmap=True (the default, as safetensors.torch.load_file):
+    the tensors are views of one private copy-on-write mapping of the file
+    (MAP_PRIVATE), no bytes copied. They may be written (writes never reach
+    the file); a file saved over the path later by an atomic rename (every
+    ckptio save) does not change them; the mapping is unmapped when the last
+    tensor goes, the reader is closed at once. The price, shared with
+    safetensors' and torch.load(mmap=True)'s results: another program that
+    truncates or rewrites the file in place (torch.save or
+    safetensors.torch.save_file to the same path) while the tensors live
+    makes reading them raise SIGBUS or see the new bytes. Pass mmap=False for
+    tensors in fresh memory, independent of the file (parallel preads, about
+    half the speed from a warm cache). Strided views and big-endian entries of
+    .pt files, and misaligned tensors, are always copied. mmap has no effect
+    for a CUDA device."""
+    with _TorchReader(filename, device, mmap) as r:
+        return r.load(range(len(r.index())), mmap=mmap)
 
 
 class safe_open:
@@ -495,6 +556,13 @@ class safe_open:
             raise CkptioError(ERRORS["NOT_FOUND"],
                               f"{os.fsdecode(r.path)}: no tensor named {name!r}")
         return r.load([i])[name]
+
+    def stats(self):
+        """Stage timings of the last get_tensor (ckptio_reader_stats) as a
+        dict: bytes, seconds (wall), copy_seconds / device_seconds (busy,
+        summed over the workers), threads, staging_bytes."""
+        r = self._reader()
+        return _mapped.stats(r.lib, r.lib.ckptio_reader_stats, r.handle)
 
     def get_slice(self, name):
         """A TorchSlice of the tensor (ckptio/torch_slice.py): get_shape(),

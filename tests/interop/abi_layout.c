@@ -30,6 +30,7 @@ int main(void) {
   SIZE(ckptio_load_request);
   SIZE(ckptio_slice_request);
   SIZE(ckptio_byte_range);
+  SIZE(ckptio_stats);
   printf("},\n \"fields\": {");
   first = 1;
   FIELD(ckptio_tensor, name);
@@ -73,6 +74,16 @@ int main(void) {
   FIELD(ckptio_byte_range, file);
   FIELD(ckptio_byte_range, offset);
   FIELD(ckptio_byte_range, length);
+  FIELD(ckptio_stats, size);
+  FIELD(ckptio_stats, bytes);
+  FIELD(ckptio_stats, seconds);
+  FIELD(ckptio_stats, snapshot_seconds);
+  FIELD(ckptio_stats, device_seconds);
+  FIELD(ckptio_stats, copy_seconds);
+  FIELD(ckptio_stats, write_seconds);
+  FIELD(ckptio_stats, commit_seconds);
+  FIELD(ckptio_stats, threads);
+  FIELD(ckptio_stats, staging_bytes);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d", o.size, o.threads, o.chunk_bytes,

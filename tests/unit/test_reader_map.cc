@@ -1,0 +1,161 @@
+// ckptio_reader_map_private: the caller's copy-on-write mapping of the
+// reader's file, CRC-checked over its own pages; writes stay private, it
+// outlives the reader, a file renamed over the path does not change it, and
+// a flipped byte returns CKPTIO_E_CHECKSUM with no mapping.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "ckpt_fixture.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+struct Ctx {
+  Ctx() {
+    ckptio_options o = small_options();
+    EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  }
+  ~Ctx() { ckptio_ctx_free(ctx); }
+  ckptio_ctx *ctx = nullptr;
+};
+
+std::vector<Tensor> model(uint64_t seed) {
+  return {make_tensor("a", CKPTIO_F32, {3, 65537}, seed),  // several pieces of 64 KiB
+          make_tensor("b", CKPTIO_BF16, {7}, seed + 1), make_tensor("c", CKPTIO_U8, {0}, seed + 2)};
+}
+
+// Every tensor's bytes at base + offset.
+void expect_tensors(ckptio_reader *r, const unsigned char *base, const std::vector<Tensor> &ts) {
+  ASSERT_EQ(ckptio_reader_count(r), ts.size());
+  for (const Tensor &t : ts) {
+    int64_t i = ckptio_reader_find(r, t.name.c_str());
+    ASSERT_GE(i, 0) << t.name;
+    ckptio_tensor_info info;
+    ASSERT_EQ(ckptio_reader_info(r, (size_t)i, &info), 0);
+    ASSERT_EQ(info.nbytes, t.bytes.size()) << t.name;
+    if (!t.bytes.empty()) {  // (an empty vector's data() may be NULL)
+      EXPECT_EQ(0, memcmp(base + info.offset, t.bytes.data(), t.bytes.size())) << t.name;
+    }
+  }
+}
+
+// save() of the fixture writes safetensors; this writes either format.
+void save_as(ckptio_ctx *ctx, const std::string &path, ckptio_format f, const std::vector<Tensor> &ts) {
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open(ctx, path.c_str(), f, nullptr, &w), 0);
+  for (const Tensor &t : ts) {
+    ckptio_tensor d{};
+    d.name = t.name.c_str();
+    d.dtype = t.dtype;
+    d.ndim = (int)t.shape.size();
+    for (size_t k = 0; k < t.shape.size(); k++) d.shape[k] = t.shape[k];
+    d.data = t.bytes.data();
+    d.device = CKPTIO_DEVICE_HOST;
+    ASSERT_EQ(ckptio_writer_add(w, &d), 0);
+  }
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ckptio_writer_close(w);
+}
+
+}  // namespace
+
+TEST(ReaderMap, EqualWritablePrivateAndOutlivesTheReader) {
+  TempDir dir;
+  Ctx c;
+  std::string path = dir.file("m.safetensors");
+  auto ts = model(1);
+  ASSERT_EQ(save(c.ctx, path, ts), 0);
+  std::vector<uint8_t> file = read_file(path);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+  void *base = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(ckptio_reader_map_private(r, &base, &size), 0) << ckptio_reader_last_error(r);
+  ASSERT_NE(base, nullptr);
+  ASSERT_EQ(size, file.size());
+  EXPECT_EQ(0, memcmp(base, file.data(), file.size()));
+  expect_tensors(r, (const unsigned char *)base, ts);
+  // The CRC pass mapped the pages in: all resident before any touch here.
+  std::vector<unsigned char> vec((size + 4095) / 4096);
+  ASSERT_EQ(mincore(base, (size_t)size, vec.data()), 0);
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  EXPECT_EQ(resident, vec.size());
+  ckptio_tensor_info a;
+  ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, "a"), &a), 0);
+  ckptio_reader_close(r);
+  // Writes after the reader is gone: private to this mapping.
+  memset((unsigned char *)base + a.offset, 0xAB, (size_t)a.nbytes);
+  EXPECT_EQ(read_file(path), file);
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0);
+  EXPECT_EQ(unchecked, 0u);
+  ckptio_reader_close(r);
+  EXPECT_EQ(ckptio_map_free(base, size), 0);
+  EXPECT_EQ(ckptio_map_free(nullptr, 0), 0);
+}
+
+TEST(ReaderMap, AFileSavedOverThePathDoesNotChangeIt) {
+  TempDir dir;
+  Ctx c;
+  std::string path = dir.file("m.pt");
+  auto old_ts = model(1), new_ts = model(50);
+  save_as(c.ctx, path, CKPTIO_FORMAT_PYTORCH, old_ts);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+  void *base = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(ckptio_reader_map_private(r, &base, &size), 0) << ckptio_reader_last_error(r);
+  save_as(c.ctx, path, CKPTIO_FORMAT_PYTORCH, new_ts);  // temp file + rename: a new inode
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  expect_tensors(r, (const unsigned char *)base, old_ts);
+  ckptio_reader_close(r);
+  EXPECT_EQ(ckptio_map_free(base, size), 0);
+}
+
+TEST(ReaderMap, AFlippedByteIsRefusedWithNoMapping) {
+  TempDir dir;
+  Ctx c;
+  for (ckptio_format f : {CKPTIO_FORMAT_SAFETENSORS, CKPTIO_FORMAT_PYTORCH}) {
+    std::string path = dir.file(f == CKPTIO_FORMAT_PYTORCH ? "bad.pt" : "bad.safetensors");
+    save_as(c.ctx, path, f, model(3));
+    ckptio_reader *r = nullptr;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+    ckptio_tensor_info info;
+    ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, "a"), &info), 0);
+    ckptio_reader_close(r);
+    std::vector<uint8_t> bytes = read_file(path);
+    bytes[info.offset + 200000] ^= 0x10;  // in the second half of 'a'
+    write_file(path, bytes);
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+    void *base = (void *)1;
+    uint64_t size = 7;
+    EXPECT_EQ(ckptio_reader_map_private(r, &base, &size), CKPTIO_E_CHECKSUM);
+    EXPECT_EQ(base, nullptr);
+    EXPECT_EQ(size, 0u);
+    EXPECT_NE(strstr(ckptio_reader_last_error(r), "tensor 'a': checksum mismatch"), nullptr)
+        << ckptio_reader_last_error(r);
+    ckptio_reader_close(r);
+    // crc off: the bytes as they are, flipped one included.
+    ckptio_options off = small_options();
+    off.crc = 0;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), &off, &r), 0);
+    ASSERT_EQ(ckptio_reader_map_private(r, &base, &size), 0);
+    EXPECT_EQ(0, memcmp(base, bytes.data(), bytes.size()));
+    ckptio_reader_close(r);
+    EXPECT_EQ(ckptio_map_free(base, size), 0);
+  }
+}
+
+TEST(ReaderMap, BadArguments) {
+  void *base = nullptr;
+  uint64_t size = 0;
+  EXPECT_EQ(ckptio_reader_map_private(nullptr, &base, &size), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_reader_map_private(nullptr, nullptr, &size), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_reader_map_private(nullptr, &base, nullptr), CKPTIO_E_INVALID_ARG);
+}
