@@ -62,7 +62,8 @@ typedef enum ckptio_error {
   CKPTIO_E_SHORT_IO = -1020,      /* read or write moved fewer bytes than asked */
   CKPTIO_E_PICKLE = -1021,        /* pickle refused (opcode or global not allowed) or malformed */
   CKPTIO_E_ZIP = -1022,           /* corrupt zip archive (directory, headers, bounds) */
-  CKPTIO_E_ERROR_MIN = CKPTIO_E_ZIP
+  CKPTIO_E_ZSTD = -1023,          /* corrupt zstd frame or seek table */
+  CKPTIO_E_ERROR_MIN = CKPTIO_E_ZSTD
 } ckptio_error;
 
 /*! ckptio_strerror() :
@@ -171,10 +172,18 @@ typedef struct ckptio_options {
                                it loads and sees a GPU; 1: require it; 0: never */
   int numa;                 /* context only. CKPTIO_AUTO / 1: place staging and
                                workers on the NUMA node nearest the GPU; 0: off */
+  int compress_level;       /* save only. 0: plain file; else the zstd level (1-22,
+                               negative for the fast levels): the safetensors file
+                               wrapped in the zstd seekable format, which `zstd -d`
+                               turns back into the plain file. Safetensors only. */
+  int shuffle;              /* save only, with compress_level. 1: group byte k of
+                               every element of a tensor before compressing (the
+                               file records it under "ckptio.filter"; ckptio undoes
+                               it on load, `zstd -d` does not); 0: off */
 } ckptio_options;
 
 #define CKPTIO_OPTIONS_INIT \
-  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO }
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0 }
 
 /* ---------------------------------------------------------------- context */
 
@@ -357,7 +366,8 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
 
 /*! ckptio_reader_view() :
  *  A zero-copy, read-only pointer into the file mapping (no CRC check: use
- *  ckptio_reader_verify). Valid until ckptio_reader_close. */
+ *  ckptio_reader_verify). Valid until ckptio_reader_close. A compressed file
+ *  has no plain bytes to point at: CKPTIO_E_FORMAT (load the tensor). */
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
 
 /*! ckptio_reader_set_stream() :
@@ -375,6 +385,13 @@ int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream);
  *  (detail names the first bad tensor), or an I/O error. Tensors without a
  *  recorded CRC are counted in *unchecked when it is not NULL. */
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
+
+/*! ckptio_reader_compression() :
+ *  For a compressed (zstd seekable) file: 1, with its frame count, its size
+ *  on disk and its decompressed size (the plain safetensors file) in the
+ *  pointers that are not NULL. 0 for a plain file (pointers set to 0). */
+int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,
+                              uint64_t *decompressed_bytes);
 
 /*! Stage timings of the last load_many / verify. */
 int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "compress/zload.h"
 #include "core/crc32.h"
 #include "io/file.h"
 #include "reader_internal.h"
@@ -366,6 +367,7 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
     goto out;
   }
   if (gpus && (rc = order_after_caller(r, gpus, events)) < 0) goto out;
+  if (r->z) { rc = ckptio_zread_run(r, reqs, n, check); goto out; } /* compressed: compress/zload.c */
   if (gpus && method == CKPTIO_LOAD_MMAP && r->map) {
     char msg[CKPTIO_ERRLEN];
     if ((rc = register_map(r, msg, sizeof(msg))) < 0) {

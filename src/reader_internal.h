@@ -26,6 +26,7 @@ struct ckptio_reader {
   _Atomic uint64_t total_bytes;
   ckptio_timers timers;
   void *user_stream[CKPTIO_READER_MAX_GPUS]; /* set_stream; NULL: legacy default */
+  struct ckptio_zsrc *z;  /* a zstd seekable file (compress/zload.c), else NULL */
   char err[CKPTIO_ERRLEN];
 };
 

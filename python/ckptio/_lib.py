@@ -25,6 +25,7 @@ _ERROR_NAMES = [
     "HEADER_UTF8", "HEADER_JSON", "INVALID_OFFSET", "OVERFLOW", "MISALIGNED",
     "TENSOR_INFO", "INCOMPLETE_BUFFER", "CHECKSUM", "NOT_FOUND", "DUPLICATE", "DTYPE",
     "SHAPE", "FORMAT", "BUFFER_TOO_SMALL", "DEVICE", "SHORT_IO", "PICKLE", "ZIP",
+    "ZSTD",
 ]
 ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES)}
 E_CHECKSUM = ERRORS["CHECKSUM"]
@@ -69,12 +70,14 @@ class Options(ctypes.Structure):  # ckptio_options
         ("load_method", ctypes.c_int),
         ("cuda", ctypes.c_int),
         ("numa", ctypes.c_int),
+        ("compress_level", ctypes.c_int),
+        ("shuffle", ctypes.c_int),
     ]
 
     @classmethod
     def init(cls):
         """CKPTIO_OPTIONS_INIT."""
-        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO)
+        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0)
 
 
 class LoadRequest(ctypes.Structure):  # ckptio_load_request

@@ -12,13 +12,18 @@
 
 void cli_convert_usage(FILE *out) {
   fprintf(out,
-          "usage: ckptio convert [--format safetensors|pt] [--no-crc] IN OUT\n\n"
+          "usage: ckptio convert [--format safetensors|pt] [--no-crc] [--compress N [--shuffle]] IN OUT\n\n"
           "Converts between safetensors and PyTorch (torch.save zip) checkpoints. The\n"
           "input's format is detected; the output's comes from --format or OUT's\n"
           "extension (.pt / .pth: PyTorch, anything else: safetensors). Tensor names,\n"
           "dtypes, shapes and string metadata carry over (a .pt's non-tensor values\n"
           "become metadata strings). Input CRCs are verified on the way; the output\n"
           "gets fresh ones (unless --no-crc) and appears atomically.\n\n"
+          "--compress N writes safetensors wrapped in the zstd seekable format at zstd\n"
+          "level N (`zstd -d` restores the plain file); --shuffle adds the byte-shuffle\n"
+          "filter (better ratio on float weights; only ckptio undoes it). A compressed\n"
+          "input is detected; converting it without --compress writes a plain file.\n"
+          "Tensors of a compressed or strided input are held in memory until commit.\n\n"
           "exit codes: 0 ok; 1 invalid or corrupt input; 2 usage or I/O error\n");
 }
 
@@ -60,10 +65,20 @@ static int add_tensors(ckptio_reader *r, ckptio_writer *w, void ***owned, const 
 
 int cli_convert_main(int argc, char **argv) {
   const char *in = NULL, *out = NULL, *fmt = NULL;
-  int crc = 1;
+  int crc = 1, level = 0, shuffle = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--format") && i + 1 < argc) {
       fmt = argv[++i];
+    } else if (!strcmp(argv[i], "--compress") && i + 1 < argc) {
+      char *end;
+      long v = strtol(argv[++i], &end, 10);
+      if (*end || v == 0 || v < -131072 || v > 22) {
+        fprintf(stderr, "ckptio convert: --compress wants a zstd level (1-22, or negative), got '%s'\n", argv[i]);
+        return CLI_EXIT_USAGE;
+      }
+      level = (int)v;
+    } else if (!strcmp(argv[i], "--shuffle")) {
+      shuffle = 1;
     } else if (!strcmp(argv[i], "--no-crc")) {
       crc = 0;
     } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -79,7 +94,7 @@ int cli_convert_main(int argc, char **argv) {
       return CLI_EXIT_USAGE;
     }
   }
-  if (!in || !out || (fmt && strcmp(fmt, "safetensors") && strcmp(fmt, "pt"))) {
+  if (!in || !out || (fmt && strcmp(fmt, "safetensors") && strcmp(fmt, "pt")) || (shuffle && !level)) {
     cli_convert_usage(stderr);
     return CLI_EXIT_USAGE;
   }
@@ -111,7 +126,10 @@ int cli_convert_main(int argc, char **argv) {
     ret = cli_exit_for_read_error(rc);
     goto fail;
   }
-  if ((rc = ckptio_writer_open(ctx, out, format, NULL, &w)) < 0) {
+  ckptio_options wo = o;
+  wo.compress_level = level;
+  wo.shuffle = shuffle;
+  if ((rc = ckptio_writer_open(ctx, out, format, &wo, &w)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     goto fail;
   }
@@ -142,8 +160,9 @@ int cli_convert_main(int argc, char **argv) {
   ckptio_writer_progress(w, NULL, &total);
   char hb[32];
   double secs = cli_now() - t0;
-  printf("OK %s -> %s (%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", in, out,
-         format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors", ckptio_reader_count(r),
+  printf("OK %s -> %s (%s%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", in, out,
+         format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors",
+         level ? (shuffle ? ", zstd + shuffle" : ", zstd") : "", ckptio_reader_count(r),
          cli_fmt_bytes(total, hb, sizeof(hb)), secs, secs > 0 ? (double)total / secs / 1e9 : 0.0);
   ret = CLI_EXIT_OK;
 fail:

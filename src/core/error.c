@@ -30,6 +30,7 @@ static const char *const kNames[] = {
     "short read or write",
     "pickle refused",
     "corrupt zip archive",
+    "corrupt zstd frame or seek table",
 };
 
 const char *ckptio_strerror(int code) {
