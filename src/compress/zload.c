@@ -297,7 +297,7 @@ static void zjob_run(void *arg) {
     size_t fi = j->p[0].frame;
     const ckptio_zs_frame *f = &r->z->t.frames[fi];
     if (!w->dctx && !(w->dctx = ZSTD_createDCtx())) rc = -ENOMEM;
-    if (!rc && !j->slot) { /* one pair covering the frame, host, unfiltered */
+    if (!rc && !j->slot && !j->big) { /* one pair covering the frame, host, unfiltered */
       const ckptio_load_request *q = &j->reqs[j->p[0].req];
       uint8_t *out = (uint8_t *)q->dst + (j->p[0].a - r->idx.entries[q->index].offset);
       rc = inflate_frame(j, w, fi, out, msg, sizeof(msg));
