@@ -123,6 +123,9 @@ _SIGNATURES = {
                                        ctypes.POINTER(_S)]),
     "ckptio_reader_load_many": (_I, [_P, ctypes.POINTER(LoadRequest), ctypes.c_size_t]),
     "ckptio_reader_verify": (_I, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "ckptio_reader_compression": (_I, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_last_error": (_S, [_P]),
     # Added for ckptio.torch: asynchronous saves, CUDA streams, device checks.
     "ckptio_ctx_cuda": (_I, [_P, ctypes.POINTER(_S)]),
