@@ -8,8 +8,10 @@ exp_avg ~ N(0, 1e-4), exp_avg_sq = smoothed squares of such gradients),
 it saves each through ckptio plain, at zstd levels 1 and 3, with and without
 the byte-shuffle filter, interleaved run by run (A B C D E, A B C D E, ...),
 and loads each back (warm page cache, into touched buffers, CRCs checked).
-Reports medians, the spread, the ratio (plain bytes / file bytes) and each
-throughput as a fraction of the plain save / load measured in the same run.
+Reports medians, the spread, the ratio (plain bytes / file bytes), each
+throughput as a fraction of the plain save / load measured in the same run,
+and the CPU seconds per GB (all threads): on a shared 2-CPU machine the wall
+times follow the neighbours' load, the CPU cost does not.
 
 Usage: bench/compress.sh [--mib 256] [--runs 3] [--dir DIR]
 """
@@ -19,6 +21,7 @@ import ctypes
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -81,6 +84,11 @@ def nbytes(t):
     return sum(v.buffer.nbytes if isinstance(v, ckptio.Tensor) else v.nbytes for v in t.values())
 
 
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process
+    return r.ru_utime + r.ru_stime
+
+
 def load_into(path, dsts):
     """Loads every tensor into the touched buffers of dsts, in one load_many."""
     with ckptio._Reader(path) as r:
@@ -89,9 +97,9 @@ def load_into(path, dsts):
         for i, info in enumerate(infos):
             buf = dsts[info.name.decode()]
             reqs[i] = _lib.LoadRequest(i, buf.ctypes.data, info.nbytes, _lib.DEVICE_HOST)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu()
         r.check(r.lib.ckptio_reader_load_many(r.handle, reqs, len(infos)), "load")
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, cpu() - c0
 
 
 CONFIGS = [("plain", 0, False), ("zstd 1", 1, False), ("zstd 1 + shuffle", 1, True),
@@ -114,27 +122,35 @@ def main():
         total = nbytes(t)
         dsts = {k: np.ones(v.buffer.nbytes if isinstance(v, ckptio.Tensor) else v.nbytes, np.uint8)
                 for k, v in t.items()}  # touched once, reused by every load
-        res = {c[0]: {"save": [], "load": [], "size": 0} for c in CONFIGS}
+        res = {c[0]: {"save": [], "load": [], "scpu": [], "lcpu": [], "size": 0} for c in CONFIGS}
         for run in range(a.runs):
             for name, level, shuffle in CONFIGS:
                 path = pathlib.Path(a.dir) / f"ckptio-compress-bench-{os.getpid()}.st"
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu()
                 ckptio.save_file(t, path, compress=level, shuffle=shuffle)
                 res[name]["save"].append(time.perf_counter() - t0)
+                res[name]["scpu"].append(cpu() - c0)
                 res[name]["size"] = path.stat().st_size
-                res[name]["load"].append(load_into(path, dsts))
+                wall, c = load_into(path, dsts)
+                res[name]["load"].append(wall)
+                res[name]["lcpu"].append(c)
                 path.unlink()
-        print(f"### {kind}: {len(t)} tensors, {total / 2**20:.0f} MiB, median of {a.runs} runs (min-max)\n")
-        print("| save | file MiB | ratio | save s | save GB/s | vs plain save | load s | load GB/s | vs plain load |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(f"### {kind}: {len(t)} tensors, {total / 2**20:.0f} MiB, median of {a.runs} runs (min-max); "
+              f"load average {os.getloadavg()[0]:.1f}\n")
+        print("| save | file MiB | ratio | save s | save GB/s | vs plain save | save CPU s/GB | load s | load GB/s "
+              "| vs plain load | load CPU s/GB |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         ps = statistics.median(res["plain"]["save"])
         pl = statistics.median(res["plain"]["load"])
         for name, _, _ in CONFIGS:
             r = res[name]
             s, l = statistics.median(r["save"]), statistics.median(r["load"])
+            sc = statistics.median(r["scpu"]) / (total / 1e9)
+            lc = statistics.median(r["lcpu"]) / (total / 1e9)
             print(f"| {name} | {r['size'] / 2**20:.1f} | {total / r['size']:.3f} | {s:.3f} "
-                  f"({min(r['save']):.3f}-{max(r['save']):.3f}) | {total / s / 1e9:.2f} | {ps / s:.2f}x | "
-                  f"{l:.3f} ({min(r['load']):.3f}-{max(r['load']):.3f}) | {total / l / 1e9:.2f} | {pl / l:.2f}x |")
+                  f"({min(r['save']):.3f}-{max(r['save']):.3f}) | {total / s / 1e9:.2f} | {ps / s:.2f}x | {sc:.2f} | "
+                  f"{l:.3f} ({min(r['load']):.3f}-{max(r['load']):.3f}) | {total / l / 1e9:.2f} | {pl / l:.2f}x | "
+                  f"{lc:.2f} |")
         print()
         del t, dsts
 

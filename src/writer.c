@@ -622,7 +622,7 @@ static int zsave_open(ckptio_writer *w) {
   size_t slots = ckptio_ring_slots(w->ctx->ring), threads = (size_t)w->ctx->opts.threads;
   ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, w->ctx->opts.threads, w->file.fd,
                            w->layout.extents[0].len, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
-                           slots < 2 * threads + 2 ? slots : 2 * threads + 2, t, w->count};
+                           slots < threads + 2 ? slots : threads + 2, t, w->count};
   int rc = ckptio_zsave_open(&p, &w->zs, w->err, sizeof(w->err));
   free(t);
   return rc;

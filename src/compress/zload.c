@@ -305,7 +305,10 @@ static void zjob_run(void *arg) {
       moved = f->dsize;
     } else if (!rc) {
       uint8_t *buf = j->slot;
-      if (j->big && !w->big && !(w->big = malloc(r->z->t.max_dsize))) rc = -ENOMEM;
+      /* Frames on this path are at most BIG_FRAME_MAX: never the table's
+       * claim, which may be up to 1 GiB. */
+      size_t big = r->z->t.max_dsize < BIG_FRAME_MAX ? r->z->t.max_dsize : BIG_FRAME_MAX;
+      if (j->big && !w->big && !(w->big = malloc(big))) rc = -ENOMEM;
       if (j->big) buf = w->big;
       if (!rc) rc = inflate_frame(j, w, fi, buf, msg, sizeof(msg));
       for (size_t i = 0; i < j->np && !rc; i++) {
