@@ -598,7 +598,7 @@ static int make_layout(ckptio_writer *w) {
       free(in);
       return -ENOMEM;
     }
-    memcpy(meta, w->meta, w->nmeta * sizeof(*meta));
+    if (w->nmeta) memcpy(meta, w->meta, w->nmeta * sizeof(*meta));
     size_t nmeta = w->nmeta;
     if (w->opts.compress_level && w->opts.shuffle) meta[nmeta++] = (ckptio_kv){CKPTIO_FILTER_KEY, CKPTIO_FILTER_SHUFFLE};
     rc = ckptio_st_layout(in, w->count, meta, nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,

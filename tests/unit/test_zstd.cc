@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -98,7 +99,7 @@ void expect_all(ckptio_ctx *ctx, const std::string &path, const std::vector<Tens
   ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
   for (size_t i = 0; i < ts.size(); i++) {
     if (only >= 0 && (size_t)only != i) continue;
-    EXPECT_EQ(0, memcmp(out[i].data(), ts[i].bytes.data(), ts[i].bytes.size())) << ts[i].name;
+    EXPECT_TRUE(std::equal(ts[i].bytes.begin(), ts[i].bytes.end(), out[i].begin())) << ts[i].name;
     EXPECT_EQ(out[i].back(), 0xEE) << ts[i].name << ": wrote past the tensor";
   }
   size_t unchecked = 99;
