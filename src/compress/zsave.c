@@ -71,10 +71,13 @@ static uint64_t last_end_in(const ckptio_zsave *z, uint64_t lo, uint64_t hi) {
   return 0;
 }
 
-/* Frame 0 is the header; data frames are at most max_frame, ending at a
- * tensor boundary when one falls in their last three quarters (a small
- * frame costs a little ratio; a frame inside one tensor decompresses
- * straight into the destination). */
+/* Frame 0 is the header; data frames are at most max_frame and end at the
+ * last tensor end they contain, if any. So a tensor that does not end in a
+ * frame starts a frame of its own, and all its frames but its tail lie
+ * inside it (they decompress straight into the destination); small tensors
+ * share frames. A frame can only come out shorter than a quarter of
+ * max_frame right before a tensor of at least three quarters: at most one
+ * short frame per large tensor, a negligible cost in ratio. */
 static int plan(ckptio_zsave *z) {
   uint64_t cap = 64, F = z->p.max_frame;
   if (!(z->start = malloc(cap * sizeof(uint64_t)))) return -ENOMEM;
@@ -85,7 +88,7 @@ static int plan(ckptio_zsave *z) {
     uint64_t end = pos + F;
     if (end >= z->p.file_size) end = z->p.file_size;
     else {
-      uint64_t t = last_end_in(z, pos + F / 4, end);
+      uint64_t t = last_end_in(z, pos, end);
       if (t) end = t;
     }
     rc = add_bound(z, &cap, end);

@@ -17,6 +17,7 @@
 #include "ckpt_fixture.h"
 #include "ckptio.h"
 extern "C" {
+#include "compress/zsave.h"
 #include "io/fault.h"
 }
 #include "test_util.h"
@@ -226,6 +227,49 @@ TEST(Zstd, ZstdCliRestoresThePlainFile) {
                           "print(len(d), tuple(d['mask'].shape), w.dtype, tuple(w.shape))\" 2>&1");
     EXPECT_EQ(out, "9 (1001,) torch.bfloat16 (256, 384)\n");
   }
+}
+
+// The frame plan: the header alone in frame 0; data frames of at most
+// max_frame bytes that end at the last tensor end they contain, so a large
+// tensor is cut into full frames of its own and small neighbours share one.
+TEST(Zstd, FramesFollowTensors) {
+  const uint64_t F = 1 << 20, H = 4096;
+  std::vector<uint64_t> sizes = {5 * F + 12, 100, 2000, F / 8, 3 * F, 64, 64, F / 2 + 8};
+  std::vector<ckptio_zsave_tensor> ts;
+  uint64_t off = H;
+  for (uint64_t n : sizes) ts.push_back({off, n, 4}), off += n;
+  ckptio_zsave_params p = {1, 0, 2, -1, H, off, F, 2, ts.data(), ts.size()};
+  ckptio_zsave *z = nullptr;
+  char err[256] = "";
+  ASSERT_EQ(ckptio_zsave_open(&p, &z, err, sizeof(err)), 0) << err;
+  uint64_t n = ckptio_zsave_frames(z);
+  EXPECT_EQ(ckptio_zsave_start(z, 0), 0u);
+  EXPECT_EQ(ckptio_zsave_start(z, 1), H);
+  EXPECT_EQ(ckptio_zsave_start(z, n), off);
+  size_t inside = 0;
+  for (uint64_t c = 1; c < n; c++) {
+    uint64_t a = ckptio_zsave_start(z, c), b = ckptio_zsave_start(z, c + 1);
+    ASSERT_LT(a, b);
+    EXPECT_LE(b - a, F);
+    EXPECT_EQ(ckptio_zsave_frame_of(z, a), c);
+    EXPECT_EQ(ckptio_zsave_frame_of(z, b - 1), c);
+    bool ends_at_tensor = false, in_one = false;
+    for (auto &t : ts) {
+      ends_at_tensor |= t.offset + t.nbytes == b;
+      in_one |= a >= t.offset && b <= t.offset + t.nbytes;
+    }
+    EXPECT_TRUE(ends_at_tensor || b - a == F) << "frame " << c << " cut mid-tensor below the full size";
+    if (!ends_at_tensor) {
+      EXPECT_TRUE(in_one) << "frame " << c << " holds a tensor end but was not cut there";
+    }
+    inside += in_one;
+  }
+  // 5 MiB + 12: five full frames inside it, then its 12-byte tail with the
+  // small tensors up to the 1/8 MiB one; the 3 MiB one: three frames of its
+  // own; then the last three tensors in one frame.
+  EXPECT_EQ(inside, 8u);
+  EXPECT_EQ(n, 1u + 5 + 1 + 3 + 1);
+  ckptio_zsave_free(z);
 }
 
 TEST(Zstd, RefusedAtOpen) {
