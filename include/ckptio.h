@@ -175,7 +175,10 @@ typedef struct ckptio_options {
   int compress_level;       /* save only. 0: plain file; else the zstd level (1-22,
                                negative for the fast levels): the safetensors file
                                wrapped in the zstd seekable format, which `zstd -d`
-                               turns back into the plain file. Safetensors only. */
+                               turns back into the plain file. Safetensors only.
+                               Frames are chunk_bytes at most; a save holds up to
+                               threads + 2 compressed frames besides the ring.
+                               Loads decompress only the frames they need. */
   int shuffle;              /* save only, with compress_level. 1: group byte k of
                                every element of a tensor before compressing (the
                                file records it under "ckptio.filter"; ckptio undoes

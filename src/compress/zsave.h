@@ -3,7 +3,16 @@
  * a few MiB cut at tensor boundaries where that costs little), each frame
  * shuffled (optionally) and compressed on the worker that filled it, then
  * written at its place in the file as soon as every earlier frame's size is
- * known; the seek table goes last. */
+ * known; the seek table goes last.
+ *
+ * The header holds CRCs known only after the data. It gets a frame of its
+ * own made of RAW blocks, whose size depends only on the header's length
+ * (fixed by the plan), so the data frames' offsets never wait for it and the
+ * final header is rewritten in place at the end. The alternatives were
+ * worse: compressing the header last shifts every data frame (or needs the
+ * data twice), and moving it to the end would stop `zstd -d` from giving a
+ * safetensors file. The cost is the header stored uncompressed: a few KiB to
+ * a few MiB against GiBs of data. */
 #ifndef CKPTIO_COMPRESS_ZSAVE_H
 #define CKPTIO_COMPRESS_ZSAVE_H
 
