@@ -205,8 +205,12 @@ static int inflate_frame(zjob *j, workspace *w, size_t fi, uint8_t *out, char *m
   const ckptio_zs_frame *f = &r->z->t.frames[fi];
   const uint8_t *src = r->map + f->coff;
 #ifdef MADV_POPULATE_READ
+  /* Reads the frame's pages in one call; EFAULT means a read would raise
+   * SIGBUS (the file shrank under us): a clean error instead. */
   uintptr_t a = (uintptr_t)src & ~(uintptr_t)(CKPTIO_IO_ALIGN - 1);
-  madvise((void *)a, (size_t)((uintptr_t)src + f->csize - a), MADV_POPULATE_READ);
+  if (madvise((void *)a, (size_t)((uintptr_t)src + f->csize - a), MADV_POPULATE_READ) != 0 && errno == EFAULT)
+    return ckptio_err_fmt(msg, len, CKPTIO_E_SHORT_IO, "%s: zstd frame %zu (%u bytes at offset %llu): the file "
+                          "is shorter than when it was opened", r->path, fi, f->csize, (unsigned long long)f->coff);
 #endif
   size_t got = ZSTD_decompressDCtx(w->dctx, out, f->dsize, src, f->csize);
   /* The compressed pages are not needed again: keep RSS to what is loaded. */

@@ -432,6 +432,22 @@ TEST_F(ZstdBad, DataFrameThatLiesAboutItsSize) {
   EXPECT_NE(msg.find("seek table entry"), std::string::npos) << msg;
 }
 
+// A file cut short after open: the frames are read through the mapping,
+// and a missing page is a clean error, not a SIGBUS.
+TEST_F(ZstdBad, ShrinksAfterOpen) {
+  std::string path = dir_.file("shrink.zst");
+  write_file(path, good_);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c_.ctx, path.c_str(), nullptr, &r), 0);
+  ASSERT_EQ(truncate(path.c_str(), 4096 * 2), 0);
+  int64_t k = ckptio_reader_find(r, "layers.0.mlp.weight");
+  ASSERT_GE(k, 0);
+  std::vector<uint8_t> buf(ts_[1].bytes.size());
+  EXPECT_EQ(ckptio_reader_load(r, (size_t)k, buf.data(), buf.size()), CKPTIO_E_SHORT_IO);
+  EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("shorter"), std::string::npos);
+  ckptio_reader_close(r);
+}
+
 TEST_F(ZstdBad, Fuzz) {
   std::mt19937_64 rng(20261122);
   size_t tail = (size_t)t_.n * 8 + 9 + 8;
