@@ -7,7 +7,8 @@ two norms of ones, values N(0, 0.02)), and an Adam optimizer state (fp32
 exp_avg ~ N(0, 1e-4), exp_avg_sq = smoothed squares of such gradients),
 it saves each through ckptio plain, at zstd levels 1 and 3, with and without
 the byte-shuffle filter, interleaved run by run (A B C D E, A B C D E, ...),
-and loads each back (warm page cache, into touched buffers, CRCs checked).
+and loads each back (warm page cache, into touched buffers, CRCs checked),
+then again after evicting the file from the page cache (cold: the disk).
 Reports medians, the spread, the ratio (plain bytes / file bytes), each
 throughput as a fraction of the plain save / load measured in the same run,
 and the CPU seconds per GB (all threads): on a shared 2-CPU machine the wall
@@ -89,6 +90,25 @@ def cpu():
     return r.ru_utime + r.ru_stime
 
 
+def drop_cache(path):
+    """Evicts the file's (clean, synced) pages from the page cache: the next
+    load reads the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def warm_cache(path):
+    """Reads the file once so the page cache holds it: a plain save writes
+    with O_DIRECT and leaves nothing cached, a compressed one goes through
+    the cache; a warm load must start from the same place for both."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+
+
 def load_into(path, dsts):
     """Loads every tensor into the touched buffers of dsts, in one load_many."""
     with ckptio._Reader(path) as r:
@@ -116,13 +136,13 @@ def main():
     rng = np.random.default_rng(2026)
     print(f"command: bench/compress.sh --mib {a.mib} --runs {a.runs} --dir {a.dir}")
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}; "
-          f"ckptio context defaults (8 threads, 8 MiB chunks = frames), fsync on, warm-cache loads\n")
+          f"ckptio context defaults (8 threads, 8 MiB chunks = frames), fsync on\n")
     for kind in ["bf16 weights", "fp32 weights", "Adam state (fp32 exp_avg, exp_avg_sq)"]:
         t = make(kind, target, rng)
         total = nbytes(t)
         dsts = {k: np.ones(v.buffer.nbytes if isinstance(v, ckptio.Tensor) else v.nbytes, np.uint8)
                 for k, v in t.items()}  # touched once, reused by every load
-        res = {c[0]: {"save": [], "load": [], "scpu": [], "lcpu": [], "size": 0} for c in CONFIGS}
+        res = {c[0]: {"save": [], "load": [], "cold": [], "scpu": [], "lcpu": [], "size": 0} for c in CONFIGS}
         for run in range(a.runs):
             for name, level, shuffle in CONFIGS:
                 path = pathlib.Path(a.dir) / f"ckptio-compress-bench-{os.getpid()}.st"
@@ -131,17 +151,21 @@ def main():
                 res[name]["save"].append(time.perf_counter() - t0)
                 res[name]["scpu"].append(cpu() - c0)
                 res[name]["size"] = path.stat().st_size
+                warm_cache(path)
                 wall, c = load_into(path, dsts)
                 res[name]["load"].append(wall)
                 res[name]["lcpu"].append(c)
+                drop_cache(path)
+                res[name]["cold"].append(load_into(path, dsts)[0])
                 path.unlink()
         print(f"### {kind}: {len(t)} tensors, {total / 2**20:.0f} MiB, median of {a.runs} runs (min-max); "
               f"load average {os.getloadavg()[0]:.1f}\n")
         print("| save | file MiB | ratio | save s | save GB/s | vs plain save | save CPU s/GB | load s | load GB/s "
-              "| vs plain load | load CPU s/GB |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "| vs plain load | load CPU s/GB | cold load s | vs plain cold |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         ps = statistics.median(res["plain"]["save"])
         pl = statistics.median(res["plain"]["load"])
+        pc = statistics.median(res["plain"]["cold"])
         for name, _, _ in CONFIGS:
             r = res[name]
             s, l = statistics.median(r["save"]), statistics.median(r["load"])
@@ -150,7 +174,8 @@ def main():
             print(f"| {name} | {r['size'] / 2**20:.1f} | {total / r['size']:.3f} | {s:.3f} "
                   f"({min(r['save']):.3f}-{max(r['save']):.3f}) | {total / s / 1e9:.2f} | {ps / s:.2f}x | {sc:.2f} | "
                   f"{l:.3f} ({min(r['load']):.3f}-{max(r['load']):.3f}) | {total / l / 1e9:.2f} | {pl / l:.2f}x | "
-                  f"{lc:.2f} |")
+                  f"{lc:.2f} | {statistics.median(r['cold']):.3f} ({min(r['cold']):.3f}-{max(r['cold']):.3f}) | "
+                  f"{pc / statistics.median(r['cold']):.2f}x |")
         print()
         del t, dsts
 
