@@ -124,7 +124,8 @@ typedef struct ckptio_tensor_info {
   int ndim;
   int64_t shape[CKPTIO_MAX_DIMS];
   uint64_t nbytes;     /* bytes of data */
-  uint64_t offset;     /* absolute offset of the data in the file */
+  uint64_t offset;     /* absolute offset of the data in the file (of a
+                          compressed file: in its decompressed stream) */
   int has_crc;         /* 1 when the file records a CRC32 of this tensor */
   uint32_t crc32;      /* the recorded CRC32 (zip polynomial), if has_crc */
   int strided;         /* 1: a view into a larger storage (PyTorch); loads
