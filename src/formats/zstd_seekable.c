@@ -34,7 +34,7 @@ int ckptio_zs_table_parse(const uint8_t *file, uint64_t file_size, ckptio_zs_tab
   if (rd32(foot + 5) != CKPTIO_ZS_SEEK_MAGIC)
     return ckptio_err_fmt(err, errlen, CKPTIO_E_ZSTD,
                           "zstd: no seek table (last 4 bytes are not the seekable magic 0x8F92EAB1): "
-                          "not a seekable file, or truncated");
+                          "a plain zstd stream (decompress it with zstd -d) or a truncated file");
   uint32_t n = rd32(foot);
   uint8_t desc = foot[4];
   if (desc & 0x7c)

@@ -102,3 +102,9 @@ def test_cli_convert_inspect_verify(tmp_path):
     bad = subprocess.run([CLI, "convert", "--compress", "3", tmp_path / "in.safetensors", tmp_path / "x.pt"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "only safetensors" in bad.stderr
+    # A corrupt seek table: exit 1 (invalid file), the rule named.
+    data = bytearray((tmp_path / "c.zst").read_bytes())
+    data[-5] |= 0x04
+    (tmp_path / "bad.zst").write_bytes(bytes(data))
+    bad = subprocess.run([CLI, "verify", tmp_path / "bad.zst"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "reserved" in bad.stderr + bad.stdout
