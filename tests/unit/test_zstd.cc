@@ -355,6 +355,38 @@ TEST_F(ZstdBad, CorruptFrame) {
   EXPECT_NE(msg.find("bad.zst"), std::string::npos) << msg;
 }
 
+// A load decompresses only the frames of the tensors it asks for: with the
+// first data frame corrupt, the tensors elsewhere still load, its own do not.
+TEST_F(ZstdBad, LoadsTouchOnlyTheirFrames) {
+  auto b = good_;
+  size_t f1 = rd32(good_, t_.entries);
+  ASSERT_GT(rd32(good_, t_.entries + 8), 80u);
+  b[f1] ^= 0xff;  // frame 1's magic: decoding it is an error, whoever asks
+  write_file(dir_.file("sel.zst"), b);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c_.ctx, dir_.file("sel.zst").c_str(), nullptr, &r), 0);
+  // File order starts with the 8-byte dtypes (f64, step): frame 1 is theirs.
+  ckptio_tensor_info first;
+  ASSERT_EQ(ckptio_reader_info(r, 0, &first), 0);
+  EXPECT_STREQ(first.name, "f64");
+  for (size_t i = 0; i < ts_.size(); i++) {
+    int64_t k = ckptio_reader_find(r, ts_[i].name.c_str());
+    ckptio_tensor_info info;
+    ckptio_reader_info(r, (size_t)k, &info);
+    std::vector<uint8_t> buf(info.nbytes + 1);
+    int rc = ckptio_reader_load(r, (size_t)k, buf.data(), info.nbytes);
+    if (ts_[i].name == "f64" || ts_[i].name == "step") {
+      EXPECT_EQ(rc, CKPTIO_E_ZSTD) << ts_[i].name;
+      EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("frame 1 "), std::string::npos)
+          << ckptio_reader_last_error(r);
+    } else {
+      EXPECT_EQ(rc, 0) << ts_[i].name << ": " << ckptio_reader_last_error(r);
+      EXPECT_TRUE(std::equal(ts_[i].bytes.begin(), ts_[i].bytes.end(), buf.begin())) << ts_[i].name;
+    }
+  }
+  ckptio_reader_close(r);
+}
+
 TEST_F(ZstdBad, SizesThatDoNotAddUp) {
   auto b = good_;
   wr32(b, t_.entries + 8, rd32(b, t_.entries + 8) - 1);
