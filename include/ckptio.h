@@ -62,7 +62,7 @@ typedef enum ckptio_error {
   CKPTIO_E_SHORT_IO = -1020,      /* read or write moved fewer bytes than asked */
   CKPTIO_E_PICKLE = -1021,        /* pickle refused (opcode or global not allowed) or malformed */
   CKPTIO_E_ZIP = -1022,           /* corrupt zip archive (directory, headers, bounds) */
-  /* -1023 is assigned on another branch. */
+  CKPTIO_E_ZSTD = -1023,          /* corrupt zstd frame or seek table */
   CKPTIO_E_SHARD = -1024,         /* invalid shard index or inconsistent shard set */
   CKPTIO_E_ERROR_MIN = CKPTIO_E_SHARD
 } ckptio_error;
@@ -125,7 +125,8 @@ typedef struct ckptio_tensor_info {
   int ndim;
   int64_t shape[CKPTIO_MAX_DIMS];
   uint64_t nbytes;     /* bytes of data */
-  uint64_t offset;     /* absolute offset of the data in the file */
+  uint64_t offset;     /* absolute offset of the data in the file (of a
+                          compressed file: in its decompressed stream) */
   int has_crc;         /* 1 when the file records a CRC32 of this tensor */
   uint32_t crc32;      /* the recorded CRC32 (zip polynomial), if has_crc */
   int strided;         /* 1: a view into a larger storage (PyTorch); loads
@@ -173,10 +174,21 @@ typedef struct ckptio_options {
                                it loads and sees a GPU; 1: require it; 0: never */
   int numa;                 /* context only. CKPTIO_AUTO / 1: place staging and
                                workers on the NUMA node nearest the GPU; 0: off */
+  int compress_level;       /* save only. 0: plain file; else the zstd level (1-22,
+                               negative for the fast levels): the safetensors file
+                               wrapped in the zstd seekable format, which `zstd -d`
+                               turns back into the plain file. Safetensors only.
+                               Frames are chunk_bytes at most; a save holds up to
+                               threads + 2 compressed frames besides the ring.
+                               Loads decompress only the frames they need. */
+  int shuffle;              /* save only, with compress_level. 1: group byte k of
+                               every element of a tensor before compressing (the
+                               file records it under "ckptio.filter"; ckptio undoes
+                               it on load, `zstd -d` does not); 0: off */
 } ckptio_options;
 
 #define CKPTIO_OPTIONS_INIT \
-  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO }
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0 }
 
 /* ---------------------------------------------------------------- context */
 
@@ -359,7 +371,8 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
 
 /*! ckptio_reader_view() :
  *  A zero-copy, read-only pointer into the file mapping (no CRC check: use
- *  ckptio_reader_verify). Valid until ckptio_reader_close. */
+ *  ckptio_reader_verify). Valid until ckptio_reader_close. A compressed file
+ *  has no plain bytes to point at: CKPTIO_E_FORMAT (load the tensor). */
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
 
 /*! ckptio_reader_map_private() :
@@ -403,6 +416,13 @@ int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream);
  *  recorded CRC are counted in *unchecked when it is not NULL. */
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
 
+/*! ckptio_reader_compression() :
+ *  For a compressed (zstd seekable) file: 1, with its frame count, its size
+ *  on disk and its decompressed size (the plain safetensors file) in the
+ *  pointers that are not NULL. 0 for a plain file (pointers set to 0). */
+int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,
+                              uint64_t *decompressed_bytes);
+
 /*! Stage timings of the last load_many / verify. */
 int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
 
@@ -434,7 +454,12 @@ const char *ckptio_reader_last_error(const ckptio_reader *r);
  * cover. ckptio_reader_verify checks the whole file.
  *
  * Sub-byte dtypes (F4, F6_*): each run must start and end on a byte
- * boundary, else CKPTIO_E_MISALIGNED. */
+ * boundary, else CKPTIO_E_MISALIGNED.
+ *
+ * Sharded sets: each slice is read from the shard holding its tensor.
+ * Compressed files: a whole-tensor slice loads through the tensor's frames;
+ * a partial slice is CKPTIO_E_FORMAT (its frames would be decompressed
+ * whole anyway: load the tensor and slice it). */
 
 /* One slice to load. `dst` is memory of `device` (as in
  * ckptio_load_request), written, never kept; it may be NULL when the slice
@@ -516,8 +541,9 @@ int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_
  *  live in (several ranks of a broadcast view may share them). The first
  *  min(count, cap) ranges go to `ranges`; ask the count first with cap 0
  *  (ranges may then be NULL).
- *  @return the number of ranges (>= 0), or the codes of
- *          ckptio_reader_slice_nbytes. */
+ *  @return the number of ranges (>= 0), the codes of
+ *          ckptio_reader_slice_nbytes, or CKPTIO_E_FORMAT for a compressed
+ *          file (its bytes are in zstd frames, not plain ranges). */
 int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start,
                                    int64_t stop, ckptio_byte_range *ranges, size_t cap);
 

@@ -27,7 +27,7 @@ static int copy_options(const ckptio_options *in, ckptio_options *out) {
   out->size = sizeof(*out);
   if (out->direct_io < CKPTIO_AUTO || out->direct_io > 1 || out->cuda < CKPTIO_AUTO || out->cuda > 1 ||
       out->numa < CKPTIO_AUTO || out->numa > 1 || out->load_method < CKPTIO_LOAD_AUTO ||
-      out->load_method > CKPTIO_LOAD_DIRECT || out->threads < 0)
+      out->load_method > CKPTIO_LOAD_DIRECT || out->threads < 0 || out->shuffle < 0 || out->shuffle > 1)
     return CKPTIO_E_INVALID_ARG;
   return 0;
 }
@@ -143,5 +143,7 @@ int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, c
   out->direct_io = c.direct_io;
   out->fsync = c.fsync;
   out->load_method = c.load_method;
+  out->compress_level = c.compress_level;
+  out->shuffle = c.shuffle;
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "compress/zload.h"
 #include "core/crc32.h"
 #include "io/file.h"
 #include "reader_internal.h"
@@ -341,7 +342,8 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
    * cut short under us is a clean read error, not a SIGBUS, and GPU loads
    * need no registration of the file's pages. */
   ckptio_load_method method = r->opts.load_method;
-  if (method == CKPTIO_LOAD_AUTO) method = mostly_cached(r, reqs, n) ? CKPTIO_LOAD_PREAD : CKPTIO_LOAD_DIRECT;
+  if (method == CKPTIO_LOAD_AUTO && !r->z) /* compressed files sample no plain pages */
+    method = mostly_cached(r, reqs, n) ? CKPTIO_LOAD_PREAD : CKPTIO_LOAD_DIRECT;
   if (method == CKPTIO_LOAD_DIRECT && r->fd_direct < 0) {
     r->fd_direct = open(r->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (r->fd_direct < 0) method = CKPTIO_LOAD_PREAD; /* e.g. tmpfs: the page cache is the disk */
@@ -369,6 +371,7 @@ int ckptio_reader_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t 
     goto out;
   }
   if (gpus && (rc = order_after_caller(r, gpus, events)) < 0) goto out;
+  if (r->z) { rc = ckptio_zread_run(r, reqs, n, check); goto out; } /* compressed: compress/zload.c */
   if (gpus && method == CKPTIO_LOAD_MMAP && r->map) {
     char msg[CKPTIO_ERRLEN];
     if ((rc = register_map(r, msg, sizeof(msg))) < 0) {

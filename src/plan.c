@@ -86,6 +86,9 @@ int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int6
                                    ckptio_byte_range *ranges, size_t cap) {
   if (!r || (cap && !ranges)) return CKPTIO_E_INVALID_ARG;
   if (r->set) return ckptio_shard_slice_ranges(r, index, dim, start, stop, ranges, cap);
+  if (r->z)
+    return rfail(r, CKPTIO_E_FORMAT, "%s: a compressed file has no plain byte ranges to plan (its frames hold them)",
+                 r->path);
   ckptio_slice_geom g;
   int rc = ckptio_slice_geom_of(r, index, dim, start, stop, &g);
   if (rc < 0) return rc;

@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "compress/zload.h"
 #include "formats/safetensors.h"
+#include "formats/zstd_seekable.h"
 #include "formats/torch_read.h"
 #include "io/file.h"
 #include "reader_internal.h"
@@ -77,10 +79,29 @@ static int parse_safetensors(ckptio_reader *r) {
   return rc;
 }
 
+/* A zstd seekable file holds a safetensors file: its header is parsed as
+ * the plain file's, with offsets in the decompressed stream. */
+static int parse_compressed(ckptio_reader *r) {
+  uint8_t *hdr = NULL;
+  uint64_t n = 0, plain = 0;
+  char msg[CKPTIO_ERRLEN];
+  ckptio_st_index st;
+  memset(&st, 0, sizeof(st));
+  int rc = ckptio_zread_open(r, &hdr, &n, &plain);
+  if (rc == 0 && (rc = ckptio_st_parse(hdr, n, plain, &st, msg, sizeof(msg))) < 0)
+    rfail(r, rc, "%s: decompressed: %s", r->path, msg);
+  else if (rc == 0 && (rc = adopt_safetensors(r, &st)) == 0)
+    rc = ckptio_zread_adopt(r);
+  free(hdr);
+  ckptio_st_index_free(&st);
+  return rc;
+}
+
 /* A zip is a PyTorch archive (the parser refuses other zips and names
  * what it found); anything else is taken for safetensors, whose checks
  * explain what is wrong with a file that is neither. */
 static int parse_header(ckptio_reader *r) {
+  if (ckptio_zs_detect(r->map, r->file_size)) return parse_compressed(r);
   if (r->file_size >= 4 && memcmp(r->map, "PK\x03\x04", 4) == 0) {
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_torch_parse(r->map, r->file_size, &r->idx, msg, sizeof(msg));
@@ -166,6 +187,7 @@ void ckptio_reader_close(ckptio_reader *r) {
   if (r->fd_direct >= 0) close(r->fd_direct);
   if (r->fd >= 0) close(r->fd);
   ckptio_index_free(&r->idx);
+  ckptio_zread_free(r->z);
   free(r->by_name);
   free(r->path);
   free(r);
@@ -228,6 +250,9 @@ int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64
   if (!r || !data || index >= r->idx.count) return CKPTIO_E_INVALID_ARG;
   if (r->set) return ckptio_shard_view(r, index, data, nbytes);
   const ckptio_entry *e = &r->idx.entries[index];
+  if (r->z)
+    return rfail(r, CKPTIO_E_FORMAT, "%s: tensor '%s': a compressed file has no plain bytes to view: load it",
+                 r->path, e->name);
   if (e->strided || e->byteswap)
     return rfail(r, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
                  r->path, e->name, e->strided ? "a strided view" : "big-endian");
@@ -259,4 +284,10 @@ int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {
   const ckptio_options *o = &r->ctx->opts;
   return ckptio_timers_report(&r->timers, atomic_load(&r->done_bytes), o->threads,
                               o->staging_bytes / o->chunk_bytes * o->chunk_bytes, out);
+}
+
+int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,
+                              uint64_t *decompressed_bytes) {
+  ckptio_zread_describe(r ? r->z : NULL, frames, compressed_bytes, decompressed_bytes);
+  return r && r->z ? 1 : 0;
 }

@@ -27,6 +27,7 @@ struct ckptio_reader {
   ckptio_timers timers;
   void *user_stream[CKPTIO_READER_MAX_GPUS]; /* set_stream; NULL: legacy default */
   struct ckptio_shard_set *set; /* a sharded checkpoint (shard.h), else NULL */
+  struct ckptio_zsrc *z;        /* a zstd seekable file (compress/zload.c), else NULL */
   char err[CKPTIO_ERRLEN];
 };
 

@@ -37,8 +37,9 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
   *size = 0;
   if (!r) return CKPTIO_E_INVALID_ARG;
   /* One mapping holds one file whose bytes are the tensors' own. */
-  if (r->set)
-    return rfail(r, CKPTIO_E_FORMAT, "%s: a sharded set has no single file to map; load it by copying", r->path);
+  if (r->set || r->z)
+    return rfail(r, CKPTIO_E_FORMAT, "%s: a %s has no file holding the tensors' bytes as they are; load them", r->path,
+                 r->set ? "sharded set" : "compressed file");
   if (!r->file_size) return 0;
   if ((uint64_t)(size_t)r->file_size != r->file_size)
     return rfail(r, CKPTIO_E_OVERFLOW, "%s: %llu bytes cannot be mapped in this address space", r->path,

@@ -97,6 +97,12 @@ int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefi
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
+  if (w->opts.compress_level) {
+    /* Shards are read directly by Hugging Face tools, which know no zstd. */
+    rc = CKPTIO_E_FORMAT;
+    snprintf(msg, sizeof(msg), "%s: shards are plain safetensors; compress single files", dir);
+    goto fail;
+  }
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->ctx = ctx;

@@ -343,6 +343,10 @@ static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_s
   int rc = ckptio_slice_geom_of(r, q->index, q->dim, q->start, q->stop, g);
   if (rc < 0) return rc;
   const ckptio_entry *e = &r->idx.entries[q->index];
+  if (r->z && !g->full)
+    return rfail(r, CKPTIO_E_FORMAT,
+                 "%s: tensor '%s': a slice of a compressed file would decompress the whole tensor's frames; "
+                 "load the tensor and slice it", r->path, e->name);
   if (q->dst_bytes < g->nbytes || (!q->dst && g->nbytes))
     return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL,
                  "%s: tensor '%s': slice %lld:%lld of dim %d needs %llu bytes, destination has %llu", r->path,
@@ -383,7 +387,8 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
     if ((rc = check_slice(r, &reqs[i], &geoms[i])) < 0) goto out;
     const ckptio_entry *e = &r->idx.entries[reqs[i].index];
     /* A slice that is the whole tensor can be checked: load it as a tensor. */
-    whole[i] = geoms[i].full && r->opts.crc && e->has_crc;
+    /* A compressed file's bytes are only reached through its frames. */
+    whole[i] = geoms[i].full && ((r->opts.crc && e->has_crc) || r->z);
     if (whole[i]) lr[nwhole++] = (ckptio_load_request){reqs[i].index, reqs[i].dst, reqs[i].dst_bytes, reqs[i].device};
     else npart++;
   }
@@ -402,7 +407,7 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
     for (size_t i = 0; i < n; i++) {
       if (!whole[i]) continue;
       const ckptio_entry *e = &r->idx.entries[reqs[i].index];
-      reqs[i].verified = 1;
+      reqs[i].verified = r->opts.crc && e->has_crc;
       reqs[i].bytes_read = e->nbytes + (e->strided ? geoms[i].nbytes : 0); /* a view: gathered, then its record checked */
     }
   }

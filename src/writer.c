@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress/shuffle.h"
+#include "compress/zsave.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/stats.h"
@@ -75,6 +77,7 @@ struct ckptio_writer {
   size_t *piece_base;     /* [k]: index of tensor k's first piece CRC */
   uint32_t *piece_crc;    /* one CRC per (tensor, chunk) overlap */
   chunk_job *jobs;
+  ckptio_zsave *zs;       /* compressed saves: chunks are its frames */
   ckptio_batch batch;
   char err[CKPTIO_ERRLEN];
 };
@@ -93,6 +96,14 @@ int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
   ckptio_writer *w = calloc(1, sizeof(*w));
   if (!w) return -ENOMEM;
   int rc = ckptio_options_for_call(ctx, opts, &w->opts);
+  if (rc == 0 && w->opts.compress_level) rc = ckptio_zsave_check_level(w->opts.compress_level, w->err, sizeof(w->err));
+  if (rc == 0 && w->opts.compress_level && format != CKPTIO_FORMAT_SAFETENSORS)
+    rc = ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_FORMAT,
+                        "%s: only safetensors files can be compressed (compress_level %d)", path,
+                        w->opts.compress_level);
+  if (rc == 0 && w->opts.shuffle && !w->opts.compress_level)
+    rc = ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_INVALID_ARG, "%s: shuffle needs compress_level", path);
+  if (rc < 0 && w->err[0]) ckptio_set_open_error(w->err);
   if (rc < 0 || !(w->path = strdup(path))) {
     free(w);
     return rc < 0 ? rc : -ENOMEM;
@@ -392,9 +403,19 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
   return 0;
 }
 
+/* Chunks are fixed slices of the file, or a compressed save's frames. */
+static uint64_t chunk_start(const ckptio_writer *w, uint64_t index) {
+  if (w->zs) return ckptio_zsave_start(w->zs, index);
+  return index * w->chunk_bytes < w->layout.file_size ? index * w->chunk_bytes : w->layout.file_size;
+}
+
+static uint64_t chunk_of(const ckptio_writer *w, uint64_t pos) {
+  return w->zs ? ckptio_zsave_frame_of(w->zs, pos) : pos / w->chunk_bytes;
+}
+
 static void chunk_range(const ckptio_writer *w, uint64_t index, uint64_t *start, uint64_t *end) {
-  *start = index * w->chunk_bytes;
-  *end = *start + w->chunk_bytes < w->layout.file_size ? *start + w->chunk_bytes : w->layout.file_size;
+  *start = chunk_start(w, index);
+  *end = chunk_start(w, index + 1);
 }
 
 static void chunk_job_run(void *arg) {
@@ -405,7 +426,14 @@ static void chunk_job_run(void *arg) {
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
   uint64_t tensor_bytes = 0;
-  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, &tensor_bytes, msg, sizeof(msg))) == 0) {
+  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, &tensor_bytes, msg, sizeof(msg))) == 0 &&
+      w->zs) {
+    if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
+    uint64_t t = ckptio_now_ns();
+    rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
+    ckptio_lap(&w->timers.write_ns, &t);
+    if (rc == 0) atomic_fetch_add(&w->done_bytes, tensor_bytes);
+  } else if (!ckptio_batch_failed(&w->batch) && rc == 0) {
     if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
     size_t len = (size_t)(end - start);
     int fd = w->file.fd;
@@ -426,6 +454,7 @@ static void chunk_job_run(void *arg) {
     else
       atomic_fetch_add(&w->done_bytes, tensor_bytes);
   }
+  if (w->zs && (rc < 0 || ckptio_batch_failed(&w->batch))) ckptio_zsave_abort(w->zs, rc); /* wake the coordinator */
   ckptio_ring_release(w->ctx->ring, j->slot);
   ckptio_batch_done(&w->batch, rc, msg);
 }
@@ -435,7 +464,7 @@ static void chunk_job_run(void *arg) {
 static int plan_chunks(ckptio_writer *w) {
   uint64_t data_bytes = w->layout.file_size;
   w->chunk_bytes = ckptio_ring_slot_bytes(w->ctx->ring);
-  w->nchunks = (data_bytes + w->chunk_bytes - 1) / w->chunk_bytes;
+  w->nchunks = w->zs ? ckptio_zsave_frames(w->zs) : (data_bytes + w->chunk_bytes - 1) / w->chunk_bytes;
   w->first_chunk = calloc(w->count + 1, sizeof(uint64_t));
   w->piece_base = calloc(w->count + 1, sizeof(size_t));
   w->jobs = calloc(w->nchunks + 1, sizeof(chunk_job));
@@ -443,9 +472,9 @@ static int plan_chunks(ckptio_writer *w) {
   size_t pieces = 0;
   for (size_t k = 0; k < w->count; k++) {
     uint64_t rel = offset_at(w, k), n = tensor_at(w, k)->nbytes;
-    w->first_chunk[k] = rel / w->chunk_bytes;
+    w->first_chunk[k] = chunk_of(w, rel);
     w->piece_base[k] = pieces;
-    if (n) pieces += (rel + n - 1) / w->chunk_bytes - w->first_chunk[k] + 1;
+    if (n) pieces += chunk_of(w, rel + n - 1) - w->first_chunk[k] + 1;
   }
   /* Tensors and extents must cover the file exactly: a hole would be
    * written with whatever a reused slot held before. */
@@ -467,7 +496,7 @@ static void combine_crcs(ckptio_writer *w) {
     uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
     uint32_t crc = 0;
     for (size_t p = w->piece_base[k]; pos < off + n; p++) {
-      uint64_t chunk_end = (w->first_chunk[k] + (p - w->piece_base[k]) + 1) * w->chunk_bytes;
+      uint64_t chunk_end = chunk_start(w, w->first_chunk[k] + (p - w->piece_base[k]) + 1);
       uint64_t b = chunk_end < off + n ? chunk_end : off + n;
       crc = ckptio_crc32_combine(crc, w->piece_crc[p], b - pos);
       pos = b;
@@ -539,8 +568,12 @@ static int queue_chunks(ckptio_writer *w) {
     int rc = wait_start_events(w);
     if (rc < 0) return rc;
   }
-  if (w->nchunks == 0) mark_snapshot(w);
-  for (uint64_t c = 0; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
+  /* A compressed save's frame 0, the header, is written at the end. */
+  uint64_t first = w->zs ? 1 : 0;
+  atomic_store(&w->chunks_copied, first);
+  if (w->nchunks == first) mark_snapshot(w);
+  for (uint64_t c = first; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
+    if (w->zs && ckptio_zsave_reserve(w->zs, c) < 0) break; /* a frame failed: the batch has its error */
     chunk_job *j = &w->jobs[c];
     *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0};
     uint64_t start, end;
@@ -585,32 +618,65 @@ static int make_layout(ckptio_writer *w) {
                              sizeof(w->err));
     free(archive);
   } else {
-    rc = ckptio_st_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
+    /* The filter is recorded so that loads undo it. */
+    ckptio_kv *meta = calloc(w->nmeta + 1, sizeof(*meta));
+    if (!meta) {
+      free(in);
+      return -ENOMEM;
+    }
+    if (w->nmeta) memcpy(meta, w->meta, w->nmeta * sizeof(*meta));
+    size_t nmeta = w->nmeta;
+    if (w->opts.compress_level && w->opts.shuffle) meta[nmeta++] = (ckptio_kv){CKPTIO_FILTER_KEY, CKPTIO_FILTER_SHUFFLE};
+    rc = ckptio_st_layout(in, w->count, meta, nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
                           sizeof(w->err));
+    free(meta);
   }
   free(in);
+  return rc;
+}
+
+/* Compressed saves cut the planned file into frames (compress/zsave.c);
+ * frames land at offsets known only after compression, so through the
+ * page cache. */
+static int zsave_open(ckptio_writer *w) {
+  ckptio_zsave_tensor *t = calloc(w->count + 1, sizeof(*t));
+  if (!t) return -ENOMEM;
+  for (size_t k = 0; k < w->count; k++) {
+    int bits = ckptio_dtype_bits(tensor_at(w, k)->t.dtype);
+    t[k] = (ckptio_zsave_tensor){offset_at(w, k), tensor_at(w, k)->nbytes, bits >= 16 ? (size_t)bits / 8 : 1};
+  }
+  size_t slots = ckptio_ring_slots(w->ctx->ring), threads = (size_t)w->ctx->opts.threads;
+  ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, w->ctx->opts.threads, w->file.fd,
+                           w->layout.extents[0].len, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
+                           slots < threads + 2 ? slots : threads + 2, t, w->count};
+  int rc = ckptio_zsave_open(&p, &w->zs, w->err, sizeof(w->err));
+  free(t);
   return rc;
 }
 
 static int save_run(ckptio_writer *w) {
   int rc = make_layout(w);
   if (rc < 0) return rc;
-  if ((rc = plan_chunks(w)) < 0) return rc;
-  rc = ckptio_tmpfile_open(&w->file, w->path, w->opts.direct_io, w->layout.file_size, w->err, sizeof(w->err));
+  int compress = w->opts.compress_level != 0;
+  uint64_t final_size = w->layout.file_size;
+  rc = ckptio_tmpfile_open(&w->file, w->path, compress ? 0 : w->opts.direct_io, compress ? 0 : w->layout.file_size,
+                           w->err, sizeof(w->err));
   if (rc < 0) return rc;
+  if (compress && (rc = zsave_open(w)) < 0) goto fail;
+  if ((rc = plan_chunks(w)) < 0) goto fail;
   if ((rc = queue_chunks(w)) < 0) goto fail;
   uint64_t t = ckptio_now_ns();
-  if (w->layout.set_crc) {
-    combine_crcs(w);
-    if ((rc = rewrite_crc_extents(w)) < 0) goto fail;
-  }
+  if (w->layout.set_crc) combine_crcs(w);
+  if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->err, sizeof(w->err));
+  else if (w->layout.set_crc) rc = rewrite_crc_extents(w);
+  if (rc < 0) goto fail;
   ckptio_lap(&w->timers.write_ns, &t);
   if (w->hold) {
     /* Synced, not renamed: the set's owner publishes all files together. */
-    if ((rc = ckptio_tmpfile_sync(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err))) < 0)
+    if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->err, sizeof(w->err))) < 0)
       goto fail;
   } else {
-    rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, w->err, sizeof(w->err));
+    rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, w->err, sizeof(w->err));
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
@@ -702,6 +768,7 @@ int ckptio_writer_close(ckptio_writer *w) {
     if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
   ckptio_tmpfile_abort(&w->file); /* a held temp nobody took; else a no-op */
   ckptio_layout_free(&w->layout);
+  ckptio_zsave_free(w->zs);
   free(w->first_chunk);
   free(w->piece_base);
   free(w->piece_crc);

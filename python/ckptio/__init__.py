@@ -195,18 +195,24 @@ def _describe(name, value):
     return dtype, tuple(shape), data
 
 
-def save_file(tensors, path, metadata=None, crc=True, format="safetensors"):
+def save_file(tensors, path, metadata=None, crc=True, format="safetensors", compress=0,
+              shuffle=False):
     """Saves a dict of name -> numpy array (or Tensor) at `path`, atomically,
     as safetensors or, with format="pt", as a torch.save zip archive that
     torch.load(weights_only=True) opens. `metadata` is a dict of str -> str.
     With crc, every tensor's CRC32 is recorded (safetensors: in the metadata
-    as ckptio.crc32.<name>; pt: in the zip records)."""
+    as ckptio.crc32.<name>; pt: in the zip records). compress=N (safetensors
+    only) wraps the file in the zstd seekable format at zstd level N, which
+    `zstd -d` and load_file undo; shuffle=True adds the byte-shuffle filter,
+    which only ckptio undoes."""
     formats = {"safetensors": _lib.FORMAT_SAFETENSORS, "pt": _lib.FORMAT_PYTORCH}
     if format not in formats:
         raise ValueError(f"format must be one of {sorted(formats)}, got {format!r}")
     lib = _lib.lib()
     ctx = _ctx()
     opts = _options(ctx, crc)
+    opts.compress_level = int(compress)
+    opts.shuffle = 1 if shuffle else 0
     fspath = os.fsencode(os.fspath(path))
     w = ctypes.c_void_p()
     _check(lib.ckptio_writer_open(ctx, fspath, formats[format], ctypes.byref(opts),

@@ -25,10 +25,9 @@ _ERROR_NAMES = [
     "HEADER_UTF8", "HEADER_JSON", "INVALID_OFFSET", "OVERFLOW", "MISALIGNED",
     "TENSOR_INFO", "INCOMPLETE_BUFFER", "CHECKSUM", "NOT_FOUND", "DUPLICATE", "DTYPE",
     "SHAPE", "FORMAT", "BUFFER_TOO_SMALL", "DEVICE", "SHORT_IO", "PICKLE", "ZIP",
-    None,  # -1023: assigned on another branch, named when merged
-    "SHARD",
+    "ZSTD", "SHARD",
 ]
-ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES) if name}
+ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES)}
 E_CHECKSUM = ERRORS["CHECKSUM"]
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -71,12 +70,14 @@ class Options(ctypes.Structure):  # ckptio_options
         ("load_method", ctypes.c_int),
         ("cuda", ctypes.c_int),
         ("numa", ctypes.c_int),
+        ("compress_level", ctypes.c_int),
+        ("shuffle", ctypes.c_int),
     ]
 
     @classmethod
     def init(cls):
         """CKPTIO_OPTIONS_INIT."""
-        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO)
+        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0)
 
 
 class Stats(ctypes.Structure):  # ckptio_stats
@@ -167,6 +168,9 @@ _SIGNATURES = {
                                        ctypes.POINTER(_S)]),
     "ckptio_reader_load_many": (_I, [_P, ctypes.POINTER(LoadRequest), ctypes.c_size_t]),
     "ckptio_reader_verify": (_I, [_P, ctypes.POINTER(ctypes.c_size_t)]),
+    "ckptio_reader_compression": (_I, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.POINTER(ctypes.c_uint64),
+                                       ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_last_error": (_S, [_P]),
     # Added for ckptio.torch: asynchronous saves, CUDA streams, device checks.
     "ckptio_ctx_cuda": (_I, [_P, ctypes.POINTER(_S)]),

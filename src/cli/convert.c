@@ -14,7 +14,8 @@
 
 void cli_convert_usage(FILE *out) {
   fprintf(out,
-          "usage: ckptio convert [--format safetensors|pt] [--no-crc] [--max-shard-size SIZE] IN OUT\n\n"
+          "usage: ckptio convert [--format safetensors|pt] [--no-crc] [--max-shard-size SIZE]\n"
+          "                      [--compress N [--shuffle]] IN OUT\n\n"
           "Converts between safetensors and PyTorch (torch.save zip) checkpoints. The\n"
           "input's format is detected; the output's comes from --format or OUT's\n"
           "extension (.pt / .pth: PyTorch, anything else: safetensors). Tensor names,\n"
@@ -26,6 +27,12 @@ void cli_convert_usage(FILE *out) {
           "(created if missing) that receives a Hugging Face sharded set:\n"
           "model-00001-of-0000N.safetensors ... and model.safetensors.index.json,\n"
           "published atomically as a set.\n\n"
+          "--compress N writes safetensors wrapped in the zstd seekable format at zstd\n"
+          "level N (`zstd -d` restores the plain file); --shuffle adds the byte-shuffle\n"
+          "filter (better ratio on float weights; only ckptio undoes it). A compressed\n"
+          "input is detected; converting it without --compress writes a plain file.\n"
+          "Tensors of a compressed or strided input are held in memory until commit.\n"
+          "Shards are never compressed (other tools read them directly).\n\n"
           "exit codes: 0 ok; 1 invalid or corrupt input; 2 usage or I/O error\n");
 }
 
@@ -86,7 +93,7 @@ static int add_tensors(ckptio_reader *r, sink *w, void ***owned, const char **wh
 
 int cli_convert_main(int argc, char **argv) {
   const char *in = NULL, *out = NULL, *fmt = NULL;
-  int crc = 1;
+  int crc = 1, level = 0, shuffle = 0;
   uint64_t max_shard = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--format") && i + 1 < argc) {
@@ -96,6 +103,16 @@ int cli_convert_main(int argc, char **argv) {
         fprintf(stderr, "ckptio convert: bad --max-shard-size '%s'\n", argv[i]);
         return CLI_EXIT_USAGE;
       }
+    } else if (!strcmp(argv[i], "--compress") && i + 1 < argc) {
+      char *end;
+      long v = strtol(argv[++i], &end, 10);
+      if (*end || v == 0 || v < -131072 || v > 22) {
+        fprintf(stderr, "ckptio convert: --compress wants a zstd level (1-22, or negative), got '%s'\n", argv[i]);
+        return CLI_EXIT_USAGE;
+      }
+      level = (int)v;
+    } else if (!strcmp(argv[i], "--shuffle")) {
+      shuffle = 1;
     } else if (!strcmp(argv[i], "--no-crc")) {
       crc = 0;
     } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -111,7 +128,8 @@ int cli_convert_main(int argc, char **argv) {
       return CLI_EXIT_USAGE;
     }
   }
-  if (!in || !out || (fmt && strcmp(fmt, "safetensors") && strcmp(fmt, "pt")) || (max_shard && fmt && strcmp(fmt, "safetensors"))) {
+  if (!in || !out || (fmt && strcmp(fmt, "safetensors") && strcmp(fmt, "pt")) ||
+      (max_shard && fmt && strcmp(fmt, "safetensors")) || (shuffle && !level) || (max_shard && level)) {
     cli_convert_usage(stderr);
     return CLI_EXIT_USAGE;
   }
@@ -148,8 +166,11 @@ int cli_convert_main(int argc, char **argv) {
     fprintf(stderr, "ckptio convert: %s: %s\n", out, strerror(errno));
     goto fail;
   }
+  ckptio_options wo = o;
+  wo.compress_level = level;
+  wo.shuffle = shuffle;
   rc = max_shard ? ckptio_shard_writer_open(ctx, out, "model", format, max_shard, NULL, &w.s)
-                 : ckptio_writer_open(ctx, out, format, NULL, &w.w);
+                 : ckptio_writer_open(ctx, out, format, &wo, &w.w);
   if (rc < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     goto fail;
@@ -185,7 +206,8 @@ int cli_convert_main(int argc, char **argv) {
   char hb[32];
   double secs = cli_now() - t0;
   char kind[64];
-  snprintf(kind, sizeof(kind), "%s", format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors");
+  snprintf(kind, sizeof(kind), "%s%s", format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors",
+           level ? (shuffle ? ", zstd + shuffle" : ", zstd") : "");
   if (w.s) snprintf(kind, sizeof(kind), "safetensors, %zu shards", ckptio_shard_writer_shard_count(w.s));
   printf("OK %s -> %s (%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", in, out, kind, ckptio_reader_count(r),
          cli_fmt_bytes(total, hb, sizeof(hb)), secs, secs > 0 ? (double)total / secs / 1e9 : 0.0);

@@ -58,6 +58,8 @@ static int read_facts(const char *path, file_facts *f) {
   }
   if (got >= 4 && !memcmp(prefix, "PK\3\4", 4)) {
     f->format = "pytorch-zip";
+  } else if (got >= 4 && !memcmp(prefix, "\x28\xb5\x2f\xfd", 4)) {
+    f->format = "safetensors+zstd"; /* header facts come from the reader */
   } else {
     f->format = "safetensors";
     uint64_t n = 0;
@@ -121,8 +123,16 @@ static void print_json(const char *path, const file_facts *f, ckptio_reader *r) 
   printf("{\"file\":");
   cli_json_string(stdout, path);
   printf(",\"format\":\"%s\",\"file_size\":%" PRIu64 ",\"header_size\":%" PRIu64
-         ",\"data_start\":%" PRIu64 ",\"tensor_count\":%zu,\"tensors\":[",
+         ",\"data_start\":%" PRIu64 ",\"tensor_count\":%zu,",
          f->format, f->file_size, f->header_bytes, f->data_start, n);
+  uint64_t frames, csize, plain;
+  if (ckptio_reader_compression(r, &frames, &csize, &plain) == 1) {
+    const char *filter = ckptio_reader_metadata_get(r, "ckptio.filter");
+    printf("\"compression\":{\"codec\":\"zstd-seekable\",\"frames\":%" PRIu64 ",\"compressed_bytes\":%" PRIu64
+           ",\"decompressed_bytes\":%" PRIu64 ",\"ratio\":%.4f,\"filter\":\"%s\"},",
+           frames, csize, plain, csize ? (double)plain / (double)csize : 0.0, filter ? filter : "none");
+  }
+  printf("\"tensors\":[");
   for (size_t i = 0; i < n; i++) {
     ckptio_tensor_info t;
     if (ckptio_reader_info(r, i, &t) < 0) continue;
@@ -176,6 +186,12 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
   if (f->data_start) {
     printf("header size  %" PRIu64 " bytes (+ 8-byte length prefix)\n", f->header_bytes);
     printf("data start   %" PRIu64 "\n", f->data_start);
+  }
+  uint64_t frames, csize, plain;
+  if (ckptio_reader_compression(r, &frames, &csize, &plain) == 1) {
+    const char *filter = ckptio_reader_metadata_get(r, "ckptio.filter");
+    printf("compression  zstd seekable: %" PRIu64 " frames, %" PRIu64 " -> %" PRIu64 " bytes, ratio %.3f, filter %s\n",
+           frames, plain, csize, csize ? (double)plain / (double)csize : 0.0, filter ? filter : "none");
   }
   printf("tensors      %zu (%" PRIu64 " bytes, %s)\n", n, total, cli_fmt_bytes(total, hb, sizeof(hb)));
   printf("metadata     %zu keys\n", ckptio_reader_metadata_count(r));
@@ -257,6 +273,10 @@ int cli_inspect_main(int argc, char **argv) {
     /* a directory holding one file: its facts are the file's */
     fprintf(stderr, "ckptio inspect: %s: %s\n", path, ckptio_strerror(rc));
     goto fail;
+  }
+  if (ckptio_reader_compression(r, NULL, NULL, NULL) == 1) { /* the decompressed header's */
+    facts.data_start = ckptio_reader_header_bytes(r);
+    facts.header_bytes = facts.data_start - 8;
   }
   if (json)
     print_json(path, &facts, r);

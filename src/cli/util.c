@@ -155,6 +155,7 @@ int cli_exit_for_read_error(int rc) {
     case CKPTIO_E_PICKLE:
     case CKPTIO_E_ZIP:
     case CKPTIO_E_SHARD:
+    case CKPTIO_E_ZSTD:
     /* A read that comes back short means the file is shorter than its own
      * header says: a damaged file, not a failing disk. */
     case CKPTIO_E_SHORT_IO:

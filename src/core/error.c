@@ -30,7 +30,7 @@ static const char *const kNames[] = {
     "short read or write",
     "pickle refused",
     "corrupt zip archive",
-    "error -1023", /* assigned on another branch; its name comes with it */
+    "corrupt zstd frame or seek table",
     "invalid shard index or inconsistent shard set",
 };
 

@@ -300,6 +300,11 @@ TEST_F(Shard, BadWriterArguments) {
             CKPTIO_E_INVALID_ARG);
   EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.file("nope").c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w),
             -ENOENT);
+  ckptio_options zo = CKPTIO_OPTIONS_INIT;
+  zo.compress_level = 1;
+  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, &zo, &w),
+            CKPTIO_E_FORMAT);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("plain safetensors"), std::string::npos);
   EXPECT_EQ(w, nullptr);
   ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w), 0);
   Tensor t = make_tensor("x", CKPTIO_F32, {4}, 1);
