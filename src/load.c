@@ -16,6 +16,7 @@
 #include "compress/zload.h"
 #include "core/crc32.h"
 #include "io/file.h"
+#include "load_share.h"
 #include "reader_internal.h"
 #include "shard.h"
 
@@ -436,19 +437,32 @@ static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t 
     return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
                  r->path, e->name, (unsigned long long)need,
                  (unsigned long long)(q->dst ? q->dst_bytes : 0));
+  return ckptio_load_check_device(r, e, q->dst, q->device, need, "destination");
+}
+
+static const char *memory_name(int ord, char *buf, size_t len) {
+  if (ord < 0) return "host memory";
+  snprintf(buf, len, "memory of GPU %d", ord);
+  return buf;
+}
+
+int ckptio_load_check_device(ckptio_reader *r, const ckptio_entry *e, const void *dst, int device, uint64_t need,
+                             const char *what) {
   int ord = -1, where = -1;
   char msg[CKPTIO_ERRLEN];
-  if (q->device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, q->device, &ord, msg, sizeof(msg)) < 0)
+  if (device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, device, &ord, msg, sizeof(msg)) < 0)
     return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", r->path, e->name, msg);
   if (ord >= CKPTIO_READER_MAX_GPUS)
     return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': ckptio handles GPUs 0 to 63", r->path, e->name);
   if (!r->ctx->gpu || !need) return 0;
-  int err = r->ctx->gpu->ops->pointer_device(q->dst, &where);
-  if (err) return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),
-                        "%s: tensor '%s': %s", r->path, e->name, msg);
+  int err = r->ctx->gpu->ops->pointer_device(dst, &where);
+  if (err)
+    return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),
+                 "%s: tensor '%s': %s", r->path, e->name, msg);
+  char a[32], b[32];
   if (where != ord)
-    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': destination is %s memory but the request says %s",
-                 r->path, e->name, where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
+    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s is %s but the request says %s", r->path, e->name, what,
+                 memory_name(where, a, sizeof(a)), memory_name(ord, b, sizeof(b)));
   return 0;
 }
 

@@ -18,6 +18,10 @@ void ckptio_load_unmap(const unsigned char *p, uint64_t len);
 /* Each GPU in the mask waits on the caller's stream; events[ord] are
  * created for the caller to destroy. @return 0 or a failure (message set). */
 int ckptio_load_order_after_caller(ckptio_reader *r, uint64_t gpus, void **events);
+/* `dst` must be memory of `device` (when need > 0); `what` names it in the
+ * message. @return 0, or CKPTIO_E_DEVICE / a CUDA failure (message set). */
+int ckptio_load_check_device(ckptio_reader *r, const ckptio_entry *e, const void *dst, int device, uint64_t need,
+                             const char *what);
 /* 1 when the page cache holds most of the requested tensors' bytes. */
 int ckptio_load_mostly_cached(ckptio_reader *r, const ckptio_load_request *reqs, size_t n);
 

@@ -352,21 +352,7 @@ static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_s
                  "%s: tensor '%s': slice %lld:%lld of dim %d needs %llu bytes, destination has %llu", r->path,
                  e->name, (long long)q->start, (long long)q->stop, q->dim, (unsigned long long)g->nbytes,
                  (unsigned long long)(q->dst ? q->dst_bytes : 0));
-  int ord = -1, where = -1;
-  char msg[CKPTIO_ERRLEN];
-  if (q->device != CKPTIO_DEVICE_HOST && ckptio_ctx_gpu_ordinal(r->ctx, q->device, &ord, msg, sizeof(msg)) < 0)
-    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", r->path, e->name, msg);
-  if (ord >= CKPTIO_READER_MAX_GPUS)
-    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': ckptio handles GPUs 0 to 63", r->path, e->name);
-  if (!r->ctx->gpu || !g->nbytes) return 0;
-  int err = r->ctx->gpu->ops->pointer_device(q->dst, &where);
-  if (err)
-    return rfail(r, ckptio_gpu_fail(r->ctx->gpu, err, msg, sizeof(msg), "cudaPointerGetAttributes"),
-                 "%s: tensor '%s': %s", r->path, e->name, msg);
-  if (where != ord)
-    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': slice destination is %s memory but the request says %s",
-                 r->path, e->name, where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
-  return 0;
+  return ckptio_load_check_device(r, e, q->dst, q->device, g->nbytes, "slice destination");
 }
 
 int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size_t n) {

@@ -324,6 +324,6 @@ def test_load_refuses_a_host_destination_for_a_gpu(gpus, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "empty", lambda shape, dtype, gpu: FakeCudaTensor(
         shape, dtype, torch.device("cuda", gpu), ctypes.addressof(host)))
     with pytest.raises(ckptio.CkptioError,
-                       match="destination is host memory but the request says GPU") as e:
+                       match="destination is host memory but the request says memory of GPU 1") as e:
         ct.load_file(path, device="cuda:1")
     assert e.value.code == ckptio.ERRORS["DEVICE"], e.value
