@@ -178,8 +178,10 @@ typedef struct ckptio_options {
                                negative for the fast levels): the safetensors file
                                wrapped in the zstd seekable format, which `zstd -d`
                                turns back into the plain file. Safetensors only.
-                               Frames are chunk_bytes at most; a save holds up to
-                               threads + 2 compressed frames besides the ring.
+                               Frames are chunk_bytes at most; besides the ring a
+                               save holds up to threads + 2 compressed frames, and
+                               per worker a zstd context (and with shuffle one
+                               chunk of scratch).
                                Loads decompress only the frames they need. */
   int shuffle;              /* save only, with compress_level. 1: group byte k of
                                every element of a tensor before compressing (the
@@ -606,7 +608,10 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * be put back), then the index is written last (temp, fsync, rename,
  * directory fsync). A failure at any point before the index's rename puts
  * every replaced shard back, removes every temp file and leaves no existing
- * file changed. A crash between the renames cannot be hidden by rename alone:
+ * file changed. Exception: a filesystem without renameat2(RENAME_EXCHANGE)
+ * (NFS, some FUSE) gets plain renames, and a shard replaced that way cannot
+ * be put back; the old set is then refused by the save-id check below rather
+ * than read mixed. A crash between the renames cannot be hidden by rename alone:
  * it is made detectable instead. A random save id goes into the index
  * metadata ("ckptio.save_id") and into every shard's __metadata__ (with
  * "ckptio.shard" = "k/N"); the reader refuses a set whose shards do not carry

@@ -135,6 +135,10 @@ static int add_meta(struct ckptio_shard_set *s, const char *key, const char *val
 
 /* "metadata": strings and integers are kept (integers as decimal text);
  * other values are skipped: the index's metadata is informative only. */
+static int cmp_index_meta(const void *a, const void *b) {
+  return strcmp(((const ckptio_meta *)a)->key, ((const ckptio_meta *)b)->key);
+}
+
 static int parse_metadata(ckptio_reader *r, ckptio_json *j, struct ckptio_shard_set *s) {
   size_t count = 0, cap = 0;
   const char *key;
@@ -142,12 +146,6 @@ static int parse_metadata(ckptio_reader *r, ckptio_json *j, struct ckptio_shard_
   while (rc == 0 && (rc = ckptio_json_object_next(j, &count, &key)) == 1) {
     char *k = strdup(key);
     if (!k) return -ENOMEM;
-    for (size_t i = 0; i < s->nindex_meta; i++)
-      if (!strcmp(s->index_meta[i].key, k)) {
-        rc = rfail(r, CKPTIO_E_SHARD, "%s: metadata key '%s' appears twice", r->path, k);
-        free(k);
-        return rc;
-      }
     int c = ckptio_json_peek(j);
     const char *v;
     size_t n;
@@ -165,7 +163,14 @@ static int parse_metadata(ckptio_reader *r, ckptio_json *j, struct ckptio_shard_
     }
     free(k);
   }
-  return rc < 0 ? rc : 0;
+  if (rc < 0) return rc;
+  /* Sorted, so that a repeated key is a neighbour: linear after the sort
+   * however many keys a hostile index holds. */
+  qsort(s->index_meta, s->nindex_meta, sizeof(*s->index_meta), cmp_index_meta);
+  for (size_t i = 1; i < s->nindex_meta; i++)
+    if (!strcmp(s->index_meta[i - 1].key, s->index_meta[i].key))
+      return rfail(r, CKPTIO_E_SHARD, "%s: metadata key '%s' appears twice", r->path, s->index_meta[i].key);
+  return 0;
 }
 
 static int parse_weight_map(ckptio_reader *r, ckptio_json *j, struct ckptio_shard_set *s) {

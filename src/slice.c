@@ -372,8 +372,8 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
     reqs[i].bytes_read = 0;
     if ((rc = check_slice(r, &reqs[i], &geoms[i])) < 0) goto out;
     const ckptio_entry *e = &r->idx.entries[reqs[i].index];
-    /* A slice that is the whole tensor can be checked: load it as a tensor. */
-    /* A compressed file's bytes are only reached through its frames. */
+    /* A slice that is the whole tensor can be checked: load it as a tensor;
+     * so must a compressed file's, whose bytes are only in its frames. */
     whole[i] = geoms[i].full && ((r->opts.crc && e->has_crc) || r->z);
     if (whole[i]) lr[nwhole++] = (ckptio_load_request){reqs[i].index, reqs[i].dst, reqs[i].dst_bytes, reqs[i].device};
     else npart++;
@@ -382,7 +382,7 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
   if (nwhole) {
     ckptio_timers t = r->timers;
     uint64_t done = npart ? atomic_load(&r->done_bytes) : 0, total = npart ? atomic_load(&r->total_bytes) : 0;
-    if ((rc = ckptio_reader_run(r, lr, nwhole, 1)) < 0) goto out;
+    if ((rc = ckptio_reader_run(r, lr, nwhole, r->opts.crc)) < 0) goto out;
     if (npart) { /* the stats cover both parts */
       r->timers.start_ns = t.start_ns;
       atomic_fetch_add(&r->timers.copy_ns, atomic_load(&t.copy_ns));

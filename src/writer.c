@@ -642,8 +642,8 @@ static int zsave_open(ckptio_writer *w) {
   ckptio_zsave_tensor *t = calloc(w->count + 1, sizeof(*t));
   if (!t) return -ENOMEM;
   for (size_t k = 0; k < w->count; k++) {
-    int bits = ckptio_dtype_bits(tensor_at(w, k)->t.dtype);
-    t[k] = (ckptio_zsave_tensor){offset_at(w, k), tensor_at(w, k)->nbytes, bits >= 16 ? (size_t)bits / 8 : 1};
+    t[k] = (ckptio_zsave_tensor){offset_at(w, k), tensor_at(w, k)->nbytes,
+                                 ckptio_shuffle_elem(ckptio_dtype_bits(tensor_at(w, k)->t.dtype))};
   }
   size_t slots = ckptio_ring_slots(w->ctx->ring), threads = (size_t)w->ctx->opts.threads;
   ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, w->ctx->opts.threads, w->file.fd,

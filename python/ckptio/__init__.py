@@ -249,15 +249,29 @@ def save_file(tensors, path, metadata=None, crc=True, format="safetensors", comp
 
 
 class _Reader:
-    def __init__(self, path, crc=True, ctx=None):
+    def __init__(self, path, crc=True, mapped=False):
+        """mapped: the caller wants a zero-copy load, which runs on the light
+        context of _map_ctx(). A checkpoint no single mapping holds (a
+        sharded set, a compressed file) is copied instead, so it is reopened
+        on the full context: copies need its staging ring."""
         self.lib = _lib.lib()
-        ctx = ctx or _ctx()
-        opts = _options(ctx, crc)
         self.path = os.fsencode(os.fspath(path))
+        self._open(_map_ctx() if mapped else _ctx(), crc)
+        if mapped and not self.mappable():
+            self.lib.ckptio_reader_close(self.handle)
+            self._open(_ctx(), crc)
+
+    def _open(self, ctx, crc):
+        opts = _options(ctx, crc)
         self.handle = ctypes.c_void_p()
         _check(self.lib.ckptio_reader_open(ctx, self.path, ctypes.byref(opts),
                                            ctypes.byref(self.handle)),
                f"cannot open {os.fsdecode(self.path)}", self.lib.ckptio_last_open_error())
+
+    def mappable(self):
+        """Whether ckptio_reader_map_private can map this checkpoint."""
+        return (self.lib.ckptio_reader_shard_count(self.handle) == 0 and
+                self.lib.ckptio_reader_compression(self.handle, None, None, None) == 0)
 
     def __enter__(self):
         return self
@@ -303,7 +317,7 @@ def load_file(path, crc=True, mmap=True):
     tensors are copied.
     mmap=False: every tensor is copied into fresh memory (parallel preads);
     the arrays are independent of the file."""
-    with _Reader(path, crc, _map_ctx() if mmap else None) as r:
+    with _Reader(path, crc, mapped=mmap) as r:
         infos = r.infos()
         mapping = _mapped.map_file(r) if mmap and infos else None
         out = {}

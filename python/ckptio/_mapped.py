@@ -22,8 +22,8 @@ from . import _lib
 def map_file(reader):
     """The reader's file, privately mapped and CRC-checked (with the reader's
     crc option): a ctypes uint8 array over the mapping, or None for an empty
-    file or a checkpoint no single mapping holds (a sharded set: the caller
-    copies). Raises CkptioError on a bad CRC or a failed mmap."""
+    file or a checkpoint no single mapping holds (a sharded set or a
+    compressed file: the caller copies). Raises CkptioError on a bad CRC or a failed mmap."""
     lib = reader.lib
     base, size = ctypes.c_void_p(), ctypes.c_uint64()
     rc = lib.ckptio_reader_map_private(reader.handle, ctypes.byref(base), ctypes.byref(size))

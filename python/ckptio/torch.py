@@ -23,7 +23,7 @@ import weakref
 import torch
 
 from . import _lib, _mapped
-from . import CkptioError, ERRORS, _check, _ctx, _map_ctx, _options, _dtype_code, _Reader
+from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
 
 __all__ = ["save_file", "save_file_async", "load_file", "safe_open", "SaveHandle",
            "CkptioError", "TORCH_DTYPES"]
@@ -384,8 +384,7 @@ def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
 class _TorchReader(_Reader):
     def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
-        super().__init__(path, crc=True,
-                         ctx=_map_ctx() if mmap and self.device.type == "cpu" else None)
+        super().__init__(path, crc=True, mapped=mmap and self.device.type == "cpu")
         self.entries = None
 
     def index(self):

@@ -14,9 +14,10 @@
 /* NAME:DIM:N, split at the last two colons (names may hold colons). */
 static int parse_spec(const char *spec, char **name, int *dim, int *nranks) {
   const char *c2 = strrchr(spec, ':');
-  const char *c1 = c2 ? c2 - 1 : NULL;
-  while (c1 && c1 >= spec && *c1 != ':') c1--;
-  if (!c2 || !c1 || c1 < spec || c1 == spec) return -1;
+  if (!c2 || c2 == spec) return -1;
+  const char *c1 = c2 - 1;
+  while (c1 > spec && *c1 != ':') c1--;
+  if (c1 == spec) return -1; /* no second colon, or an empty name */
   char *end;
   errno = 0;
   long d = strtol(c1 + 1, &end, 10);

@@ -10,6 +10,10 @@
 #define CKPTIO_FILTER_KEY "ckptio.filter"
 #define CKPTIO_FILTER_SHUFFLE "shuffle"
 
+/* The element size the filter groups by for a dtype of `bits` bits: its
+ * bytes for 16 bits and up; 1 (nothing to group) below. */
+static inline size_t ckptio_shuffle_elem(int bits) { return bits >= 16 ? (size_t)bits / 8 : 1; }
+
 /* Whether the piece [a, b) of a tensor starting at tensor_off with es-byte
  * elements is shuffled: only whole elements, and only when es > 1. The
  * writer and the reader apply the same rule, so nothing else is recorded. */

@@ -194,10 +194,7 @@ static void ws_put(struct ckptio_zsrc *z, workspace *w) {
   pthread_mutex_unlock(&z->mu);
 }
 
-static size_t elem_of(const ckptio_entry *e) {
-  int bits = ckptio_dtype_bits(e->dtype);
-  return bits >= 16 ? (size_t)bits / 8 : 1; /* the writer's rule */
-}
+static size_t elem_of(const ckptio_entry *e) { return ckptio_shuffle_elem(ckptio_dtype_bits(e->dtype)); }
 
 /* Decompresses frame f into out (exactly its entry's size). */
 static int inflate_frame(zjob *j, workspace *w, size_t fi, uint8_t *out, char *msg, size_t len) {

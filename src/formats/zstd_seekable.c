@@ -55,6 +55,13 @@ int ckptio_zs_table_parse(const uint8_t *file, uint64_t file_size, ckptio_zs_tab
                           "zstd: seek table's skippable frame header is wrong (magic 0x%08x, size %u, expected "
                           "0x%08x, %llu)",
                           rd32(t), rd32(t + 4), CKPTIO_ZS_SKIP_MAGIC, (unsigned long long)body);
+  /* No frame is under 8 bytes (a skippable frame's header; a zstd frame
+   * needs 9): a table claiming more frames than that fits is refused before
+   * its entries are allocated, so the allocation stays within ~3x the file. */
+  if ((uint64_t)n * 8 > file_size - table)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_ZSTD,
+                          "zstd: seek table claims %u frames, but the %llu bytes before it hold at most %llu", n,
+                          (unsigned long long)(file_size - table), (unsigned long long)((file_size - table) / 8));
   out->frames = calloc((size_t)n + 1, sizeof(ckptio_zs_frame));
   if (!out->frames) return -ENOMEM;
   uint64_t coff = 0, doff = 0, limit = file_size - table;
@@ -63,7 +70,7 @@ int ckptio_zs_table_parse(const uint8_t *file, uint64_t file_size, ckptio_zs_tab
     ckptio_zs_frame *f = &out->frames[i];
     *f = (ckptio_zs_frame){coff, doff, rd32(e), rd32(e + 4)};
     const char *why = NULL;
-    if (f->csize == 0) why = "compressed size 0";
+    if (f->csize < 8) why = "compressed size under 8 bytes (smaller than any frame)";
     else if (f->dsize > CKPTIO_ZS_MAX_FRAME_BYTES) why = "decompressed size above 1 GiB";
     else if (f->csize > limit - coff) why = "frame runs past the seek table";
     if (why) {

@@ -40,7 +40,11 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
   if (errno == ENOENT && access(t->tmp, F_OK) == 0) {
     /* Nothing at the final path yet. NOREPLACE: if one appears meanwhile we
      * fail rather than destroy it without a way back. */
-    if (renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0) {
+    int ok = renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0;
+    /* NFS and older FUSE know no rename flags: nothing was there a moment
+     * ago, so a plain rename is the same thing but for that moment. */
+    if (!ok && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP)) ok = rename(t->tmp, t->path) == 0;
+    if (ok) {
       *how = CKPTIO_SWAP_NEW;
       return 0;
     }
@@ -57,7 +61,13 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
 
 void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how) {
   if (how == CKPTIO_SWAP_EXCHANGED) {
-    renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_EXCHANGE); /* now the new file is at tmp */
+    /* Puts the old file back (the new one goes to tmp). If that fails, tmp
+     * still holds the old file: keep it under its hidden name rather than
+     * delete the last copy of it. */
+    if (renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_EXCHANGE) != 0) {
+      free(t->tmp);
+      t->tmp = NULL;
+    }
   } else if (how == CKPTIO_SWAP_NEW) {
     unlink(t->path);
   }

@@ -1,7 +1,8 @@
 /* Publishing several files as one set (sharded saves): each temp file is
  * synced without being renamed, then all are swapped into place, and any
  * swap can be undone until the set is declared final. Builds on io/file.h's
- * temp files; every step goes through the fault injection of io/fault.h. */
+ * temp files; the fsync and the swap go through the fault injection of
+ * io/fault.h (undoing a swap and the directory fsync do not). */
 #ifndef CKPTIO_IO_PUBLISH_H
 #define CKPTIO_IO_PUBLISH_H
 

@@ -74,6 +74,8 @@ assert rs[0][0] == t["offset"] and all(a + n == b for (a, n), (b, _) in zip(rs, 
 fi
 expect 2 "inspect --plan bad spec" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:x:3
 mentions "inspect --plan bad spec" "NAME:DIM:N"
+expect 2 "inspect --plan one colon" "$CKPTIO" inspect "$F" --plan w:3
+expect 2 "inspect --plan empty name" "$CKPTIO" inspect "$F" --plan :1:3
 expect 2 "inspect --plan bad dim" "$CKPTIO" inspect "$F" --plan model.embed_tokens.weight:5:3
 mentions "inspect --plan bad dim" "no dim 5"
 
