@@ -49,13 +49,6 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-static char *join(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
-
 /* ------------------------------------------------------------ directory */
 
 /* A directory: its one index, else its one safetensors file. */
@@ -85,7 +78,7 @@ static int pick_in_dir(ckptio_reader *r, int *is_index) {
                "*.safetensors; found %s",
                r->path, used ? found : "neither");
   } else {
-    char *p = join(r->path, nidx ? idx : st);
+    char *p = ckptio_path_join(r->path, nidx ? idx : st);
     if (!p) {
       rc = -ENOMEM;
     } else {
@@ -339,7 +332,7 @@ static int open_shards(ckptio_reader *r, struct ckptio_shard_set *s) {
   if (!(s->sub = calloc(s->nfiles, sizeof(*s->sub))) || !(s->paths = calloc(s->nfiles, sizeof(char *))))
     return -ENOMEM;
   for (size_t k = 0; k < s->nfiles; k++) {
-    if (!(s->paths[k] = join(s->dir, s->files[k]))) return -ENOMEM;
+    if (!(s->paths[k] = ckptio_path_join(s->dir, s->files[k]))) return -ENOMEM;
     opening_set = 1;
     int rc = ckptio_reader_open(r->ctx, s->paths[k], &r->opts, &s->sub[k]);
     opening_set = 0;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/nameset.h"
 #include "formats/json.h"
 #include "internal.h"
 #include "io/file.h"
@@ -39,8 +40,7 @@ struct ckptio_shard_writer {
   size_t count, cap;
   char **meta;            /* key, value pairs, owned */
   size_t nmeta2, meta_cap;
-  size_t *name_slots;     /* open addressing: tensor index + 1 */
-  size_t name_cap;
+  ckptio_nameset names;   /* the tensors' names, for O(1) duplicate checks */
   uint64_t total_bytes;
 
   int state;
@@ -121,16 +121,6 @@ fail:
   return rc;
 }
 
-static int grow(void **arr, size_t *cap, size_t len, size_t elem) {
-  if (len < *cap) return 0;
-  size_t ncap = *cap ? *cap * 2 : 16;
-  void *n = realloc(*arr, ncap * elem);
-  if (!n) return -ENOMEM;
-  *arr = n;
-  *cap = ncap;
-  return 0;
-}
-
 int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
@@ -138,7 +128,7 @@ int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, co
     return sfail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')", key);
   for (size_t i = 0; i < w->nmeta2; i += 2)
     if (strcmp(w->meta[i], key) == 0) return sfail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice", key);
-  if (grow((void **)&w->meta, &w->meta_cap, w->nmeta2 + 1, sizeof(char *)) < 0) return -ENOMEM;
+  if (ckptio_array_grow((void **)&w->meta, &w->meta_cap, w->nmeta2 + 1, sizeof(char *)) < 0) return -ENOMEM;
   char *k = strdup(key), *v = strdup(value);
   if (!k || !v) {
     free(k);
@@ -150,33 +140,7 @@ int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, co
   return 0;
 }
 
-static uint64_t name_hash(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
-/* @return 1 if name (about to be tensor w->count) is new, 0 if taken, -ENOMEM. */
-static int name_set_insert(ckptio_shard_writer *w, const char *name) {
-  if ((w->count + 1) * 2 > w->name_cap) {
-    size_t ncap = w->name_cap ? w->name_cap * 2 : 64;
-    size_t *n = calloc(ncap, sizeof(size_t));
-    if (!n) return -ENOMEM;
-    for (size_t i = 0; i < w->count; i++) {
-      size_t h = name_hash(w->tensors[i].t.name) & (ncap - 1);
-      while (n[h]) h = (h + 1) & (ncap - 1);
-      n[h] = i + 1;
-    }
-    free(w->name_slots);
-    w->name_slots = n;
-    w->name_cap = ncap;
-  }
-  size_t h = name_hash(name) & (w->name_cap - 1);
-  for (; w->name_slots[h]; h = (h + 1) & (w->name_cap - 1))
-    if (strcmp(w->tensors[w->name_slots[h] - 1].t.name, name) == 0) return 0;
-  w->name_slots[h] = w->count + 1;
-  return 1;
-}
+static const char *stensor_name(const void *items, size_t i) { return ((const stensor *)items)[i].t.name; }
 
 int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
@@ -188,13 +152,13 @@ int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
   if (!t->data && nbytes) return sfail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': NULL data for a non-empty tensor", t->name);
   if (strcmp(t->name, "__metadata__") == 0)
     return sfail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors", t->name);
-  if (grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
+  if (ckptio_array_grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
   char *name = strdup(t->name);
   if (!name) return -ENOMEM;
   stensor *s = &w->tensors[w->count];
   s->t = *t;
   s->t.name = name;
-  int rc = name_set_insert(w, name);
+  int rc = ckptio_nameset_insert(&w->names, name, w->count, stensor_name, w->tensors);
   if (rc <= 0) {
     free(name);
     return rc < 0 ? rc : sfail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice", t->name);
@@ -228,13 +192,6 @@ static void shard_name(const ckptio_shard_writer *w, size_t k, char *buf, size_t
   snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
 }
 
-static char *join(const char *dir, const char *name) {
-  size_t n = strlen(dir) + strlen(name) + 2;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%s/%s", dir, name);
-  return p;
-}
-
 static int make_save_id(ckptio_shard_writer *w) {
   unsigned char b[16];
   if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
@@ -252,7 +209,7 @@ static int make_save_id(ckptio_shard_writer *w) {
 static int open_shard(ckptio_shard_writer *w, size_t k) {
   char name[4096], tag[64];
   shard_name(w, k, name, sizeof(name));
-  char *path = join(w->dir, name);
+  char *path = ckptio_path_join(w->dir, name);
   if (!path) return -ENOMEM;
   int rc = ckptio_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub[k]);
   free(path);
@@ -309,7 +266,7 @@ static int write_index(ckptio_shard_writer *w, ckptio_tmpfile *t) {
   ckptio_json_out o = {0};
   char name[4096];
   snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
-  char *path = join(w->dir, name);
+  char *path = ckptio_path_join(w->dir, name);
   int rc = path ? index_json(w, &o) : -ENOMEM;
   if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->err, sizeof(w->err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t->fd, o.data, o.len, 0)) < 0)
@@ -339,7 +296,7 @@ static void remove_stale_shards(ckptio_shard_writer *w) {
     char want[4096];
     snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", w->prefix, k, m);
     if (strcmp(want, n) || m == w->nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
-    char *p = join(w->dir, n);
+    char *p = ckptio_path_join(w->dir, n);
     if (p) unlink(p);
     free(p);
   }
@@ -502,7 +459,7 @@ int ckptio_shard_writer_close(ckptio_shard_writer *w) {
   for (size_t i = 0; i < w->nmeta2; i++) free(w->meta[i]);
   free(w->tensors);
   free(w->meta);
-  free(w->name_slots);
+  ckptio_nameset_free(&w->names);
   free(w->dir);
   free(w->prefix);
   pthread_cond_destroy(&w->cv);

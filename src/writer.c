@@ -14,6 +14,7 @@
 #include "compress/zsave.h"
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/nameset.h"
 #include "core/stats.h"
 #include "formats/layout.h"
 #include "formats/safetensors.h"
@@ -48,8 +49,7 @@ struct ckptio_writer {
   size_t count, cap;
   ckptio_kv *meta;       /* strings owned by the writer */
   size_t nmeta, meta_cap;
-  size_t *name_slots;     /* open-addressing set of tensor indices + 1 */
-  size_t name_cap;
+  ckptio_nameset names;   /* the tensors' names, for O(1) duplicate checks */
 
   /* GPU tensors: the training loop's streams, and per GPU the event
    * recorded on it at commit, which the copy streams wait for. */
@@ -117,17 +117,6 @@ int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
   return 0;
 }
 
-/* Grows *arr (of *cap elements of size elem) to hold one more. */
-static int grow(void **arr, size_t *cap, size_t len, size_t elem) {
-  if (len < *cap) return 0;
-  size_t ncap = *cap ? *cap * 2 : 16;
-  void *n = realloc(*arr, ncap * elem);
-  if (!n) return -ENOMEM;
-  *arr = n;
-  *cap = ncap;
-  return 0;
-}
-
 static int add_metadata(ckptio_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
@@ -136,7 +125,7 @@ static int add_metadata(ckptio_writer *w, const char *key, const char *value, in
   for (size_t i = 0; i < w->nmeta; i++)
     if (strcmp(w->meta[i].key, key) == 0)
       return fail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice%s", key, "");
-  if (grow((void **)&w->meta, &w->meta_cap, w->nmeta, sizeof(*w->meta)) < 0) return -ENOMEM;
+  if (ckptio_array_grow((void **)&w->meta, &w->meta_cap, w->nmeta, sizeof(*w->meta)) < 0) return -ENOMEM;
   char *k = strdup(key), *v = strdup(value);
   if (!k || !v) {
     free(k);
@@ -168,36 +157,6 @@ int ckptio_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out) {
   memset(&w->file, 0, sizeof(w->file));
   w->file.fd = w->file.fd_direct = -1;
   return 0;
-}
-
-static uint64_t name_hash(const char *s) {
-  uint64_t h = 1469598103934665603ull; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
-
-/* Adds name, about to become tensor w->count, to the set.
- * @return 1 if new, 0 if already there, -ENOMEM. Keeps adds O(1) for
- * checkpoints of many thousands of tensors. */
-static int name_set_insert(ckptio_writer *w, const char *name) {
-  if ((w->count + 1) * 2 > w->name_cap) {
-    size_t ncap = w->name_cap ? w->name_cap * 2 : 64;
-    size_t *n = calloc(ncap, sizeof(size_t));
-    if (!n) return -ENOMEM;
-    for (size_t i = 0; i < w->count; i++) {
-      size_t h = name_hash(w->tensors[i].name) & (ncap - 1);
-      while (n[h]) h = (h + 1) & (ncap - 1);
-      n[h] = i + 1;
-    }
-    free(w->name_slots);
-    w->name_slots = n;
-    w->name_cap = ncap;
-  }
-  size_t h = name_hash(name) & (w->name_cap - 1);
-  for (; w->name_slots[h]; h = (h + 1) & (w->name_cap - 1))
-    if (strcmp(w->tensors[w->name_slots[h] - 1].name, name) == 0) return 0;
-  w->name_slots[h] = w->count + 1;
-  return 1;
 }
 
 /* The descriptor's device must be where the pointer really lives: a host
@@ -238,6 +197,8 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
   return 0;
 }
 
+static const char *wtensor_name(const void *items, size_t i) { return ((const wtensor *)items)[i].name; }
+
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
@@ -251,10 +212,10 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
     return fail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': %s", t->name, "NULL data for a non-empty tensor");
   if (strcmp(t->name, "__metadata__") == 0)
     return fail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors%s", t->name, "");
-  if (grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
+  if (ckptio_array_grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
   wtensor *wt = &w->tensors[w->count];
   if (!(wt->name = strdup(t->name))) return -ENOMEM;
-  rc = name_set_insert(w, wt->name);
+  rc = ckptio_nameset_insert(&w->names, wt->name, w->count, wtensor_name, w->tensors);
   if (rc <= 0) {
     free(wt->name);
     return rc < 0 ? rc : fail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice%s", t->name, "");
@@ -779,7 +740,7 @@ int ckptio_writer_close(ckptio_writer *w) {
     free((char *)w->meta[i].value);
   }
   free(w->tensors);
-  free(w->name_slots);
+  ckptio_nameset_free(&w->names);
   free(w->meta);
   free(w->path);
   pthread_cond_destroy(&w->cv);

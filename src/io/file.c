@@ -185,3 +185,10 @@ void ckptio_tmpfile_abort(ckptio_tmpfile *t) {
   memset(t, 0, sizeof(*t));
   t->fd = t->fd_direct = -1;
 }
+
+char *ckptio_path_join(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}

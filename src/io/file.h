@@ -30,6 +30,9 @@ void ckptio_tmpfile_abort(ckptio_tmpfile *t);
 
 /* Writes / reads all len bytes at off, retrying short transfers.
  * @return 0, -errno, or CKPTIO_E_SHORT_IO when the OS moved nothing. */
+/* dir + "/" + name, malloc'd (NULL when out of memory). */
+char *ckptio_path_join(const char *dir, const char *name);
+
 int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 int ckptio_pread_full(int fd, void *buf, size_t len, uint64_t off);
 /* Reads up to len bytes, succeeding once at least min arrived (an O_DIRECT
