@@ -174,28 +174,6 @@ static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
   return 0;
 }
 
-/* Host to GPU from pinned bytes (the slot or the registered map), waiting
- * on the slot's own event so other pieces' copies are never waited for. */
-static int copy_to_gpu(piece *p, const unsigned char *bytes, char *msg, size_t len) {
-  ckptio_gpu *g = p->r->ctx->gpu;
-  ckptio_gpu_dev *v;
-  void *ev = NULL;
-  const char *what = "cudaSetDevice";
-  int e = ckptio_gpu_use(g, p->gpu, &v);
-  if (!e) {
-    ev = v->slot_events[ckptio_ring_slot_index(p->r->ctx->ring, p->slot)];
-    what = "cudaMemcpyAsync (host to device)";
-    e = g->ops->copy_h2d(p->dst + p->off, bytes, (size_t)p->len, v->h2d);
-  }
-  if (!e) what = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
-  if (!e) what = "cudaEventSynchronize", e = g->ops->event_sync(ev);
-  if (!e) return 0;
-  char detail[CKPTIO_ERRLEN];
-  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), what);
-  snprintf(msg, len, "%s: tensor '%s' to GPU %d: %s", p->r->path, p->e->name, p->gpu, detail);
-  return rc;
-}
-
 static void piece_run(void *arg) {
   piece *p = arg;
   ckptio_reader *r = p->r;
@@ -223,7 +201,7 @@ static void piece_run(void *arg) {
         bytes = w;
       }
       if (p->gpu >= 0) {
-        rc = copy_to_gpu(p, bytes, msg, sizeof(msg));
+        rc = ckptio_load_h2d(r, p->gpu, p->slot, p->dst + p->off, bytes, p->len, "", p->e->name, msg, sizeof(msg));
         ckptio_lap(&r->timers.device_ns, &t);
       }
       if (rc == 0) atomic_fetch_add(&r->done_bytes, p->len);
@@ -438,6 +416,27 @@ static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t 
                  r->path, e->name, (unsigned long long)need,
                  (unsigned long long)(q->dst ? q->dst_bytes : 0));
   return ckptio_load_check_device(r, e, q->dst, q->device, need, "destination");
+}
+
+int ckptio_load_h2d(ckptio_reader *r, int gpu, const void *slot, void *dst, const void *src, uint64_t n,
+                    const char *what, const char *name, char *msg, size_t len) {
+  ckptio_gpu *g = r->ctx->gpu;
+  ckptio_gpu_dev *v;
+  void *ev = NULL;
+  const char *call = "cudaSetDevice";
+  int e = ckptio_gpu_use(g, gpu, &v);
+  if (!e) {
+    ev = v->slot_events[ckptio_ring_slot_index(r->ctx->ring, slot)];
+    call = "cudaMemcpyAsync (host to device)";
+    e = g->ops->copy_h2d(dst, src, (size_t)n, v->h2d);
+  }
+  if (!e) call = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
+  if (!e) call = "cudaEventSynchronize", e = g->ops->event_sync(ev);
+  if (!e) return 0;
+  char detail[CKPTIO_ERRLEN];
+  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), call);
+  snprintf(msg, len, "%s: %stensor '%s' to GPU %d: %s", r->path, what, name, gpu, detail);
+  return rc;
 }
 
 static const char *memory_name(int ord, char *buf, size_t len) {

@@ -18,6 +18,12 @@ void ckptio_load_unmap(const unsigned char *p, uint64_t len);
 /* Each GPU in the mask waits on the caller's stream; events[ord] are
  * created for the caller to destroy. @return 0 or a failure (message set). */
 int ckptio_load_order_after_caller(ckptio_reader *r, uint64_t gpus, void **events);
+/* Copies n pinned bytes at src (staging slot `slot`, or the registered file
+ * map) to dst on GPU `gpu` on its H2D stream and waits on the slot's own
+ * event, so the slot can be reused and no other piece's copy is waited for. On failure the message reads "<path>: <what>tensor '<name>' to
+ * GPU n: <CUDA error>". @return 0 or the CUDA failure's code. */
+int ckptio_load_h2d(ckptio_reader *r, int gpu, const void *slot, void *dst, const void *src, uint64_t n,
+                    const char *what, const char *name, char *msg, size_t len);
 /* `dst` must be memory of `device` (when need > 0); `what` names it in the
  * message. @return 0, or CKPTIO_E_DEVICE / a CUDA failure (message set). */
 int ckptio_load_check_device(ckptio_reader *r, const ckptio_entry *e, const void *dst, int device, uint64_t need,

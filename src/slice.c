@@ -190,27 +190,6 @@ static int read_job(sjob *j, unsigned char *out, uint64_t *read) {
   return 0;
 }
 
-/* The slot's bytes to the GPU, waited on through the slot's own event. */
-static int to_gpu(sjob *j, const unsigned char *bytes, char *msg, size_t len) {
-  ckptio_gpu *g = j->r->ctx->gpu;
-  ckptio_gpu_dev *v;
-  void *ev = NULL;
-  const char *what = "cudaSetDevice";
-  int e = ckptio_gpu_use(g, j->gpu, &v);
-  if (!e) {
-    ev = v->slot_events[ckptio_ring_slot_index(j->r->ctx->ring, j->slot)];
-    what = "cudaMemcpyAsync (host to device)";
-    e = g->ops->copy_h2d(j->dst + j->off, bytes, (size_t)j->len, v->h2d);
-  }
-  if (!e) what = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
-  if (!e) what = "cudaEventSynchronize", e = g->ops->event_sync(ev);
-  if (!e) return 0;
-  char detail[CKPTIO_ERRLEN];
-  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), what);
-  snprintf(msg, len, "%s: slice of tensor '%s' to GPU %d: %s", j->r->path, j->e->name, j->gpu, detail);
-  return rc;
-}
-
 static void job_run(void *arg) {
   sjob *j = arg;
   ckptio_reader *r = j->r;
@@ -228,7 +207,8 @@ static void job_run(void *arg) {
     } else {
       ckptio_load_byteswap(j->e, out, j->len); /* the destination (or slot) is ours to write */
       if (j->gpu >= 0) {
-        rc = to_gpu(j, out, msg, sizeof(msg));
+        rc = ckptio_load_h2d(r, j->gpu, j->slot, j->dst + j->off, out, j->len, "slice of ", j->e->name, msg,
+                             sizeof(msg));
         ckptio_lap(&r->timers.device_ns, &t);
       }
       if (rc == 0) atomic_fetch_add(&r->done_bytes, j->len);

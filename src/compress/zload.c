@@ -16,6 +16,7 @@
 #include "core/crc32.h"
 #include "formats/safetensors.h"
 #include "formats/zstd_seekable.h"
+#include "load_share.h"
 
 #define rfail ckptio_reader_fail
 #define CHECK_BLOCK (256u << 10) /* unshuffled bytes per step of a check-only CRC */
@@ -225,27 +226,6 @@ static int inflate_frame(zjob *j, workspace *w, size_t fi, uint8_t *out, char *m
   return 0;
 }
 
-/* Host to GPU from the pinned slot, one event for the frame's copies. */
-static int to_gpu(zjob *j, int gpu, void *dst, const uint8_t *src, uint64_t n, const char *name, char *msg,
-                  size_t len) {
-  ckptio_gpu *g = j->r->ctx->gpu;
-  ckptio_gpu_dev *v;
-  const char *what = "cudaSetDevice";
-  int e = ckptio_gpu_use(g, gpu, &v);
-  void *ev = NULL;
-  if (!e) {
-    ev = v->slot_events[ckptio_ring_slot_index(j->r->ctx->ring, j->slot)];
-    what = "cudaMemcpyAsync (host to device)";
-    e = g->ops->copy_h2d(dst, src, (size_t)n, v->h2d);
-  }
-  if (!e) what = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
-  if (!e) what = "cudaEventSynchronize", e = g->ops->event_sync(ev);
-  if (!e) return 0;
-  char detail[CKPTIO_ERRLEN];
-  int rc = ckptio_gpu_fail(g, e, detail, sizeof(detail), what);
-  return ckptio_err_fmt(msg, len, rc, "%s: tensor '%s' to GPU %d: %s", j->r->path, name, gpu, detail);
-}
-
 /* One pair's bytes, decompressed at src (shuffled or not), to wherever its
  * request wants them, with its CRC. */
 static int deliver(zjob *j, workspace *w, zpair *p, uint8_t *src, char *msg, size_t len) {
@@ -282,7 +262,7 @@ static int deliver(zjob *j, workspace *w, zpair *p, uint8_t *src, char *msg, siz
   if (j->check) p->crc = ckptio_crc32(0, src, (size_t)n);
   if (gpu < 0) return 0;
   uint64_t t = ckptio_now_ns();
-  int rc = to_gpu(j, gpu, (uint8_t *)q->dst + (p->a - e->offset), src, n, e->name, msg, len);
+  int rc = ckptio_load_h2d(r, gpu, j->slot, (uint8_t *)q->dst + (p->a - e->offset), src, n, "", e->name, msg, len);
   ckptio_lap(&r->timers.device_ns, &t);
   return rc;
 }
