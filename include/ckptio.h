@@ -152,7 +152,10 @@ typedef enum ckptio_load_method {
                             else DIRECT (a sample of pages, mincore); see
                             bench/RESULTS.md */
   CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
-  CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping */
+  CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping; pages the file
+                            lost since it was opened give CKPTIO_E_SHORT_IO
+                            (strided PyTorch views gather from the map
+                            unchecked, as any mapping would: SIGBUS) */
   CKPTIO_LOAD_DIRECT,    /* O_DIRECT reads into staging, then copies: cold cache */
 } ckptio_load_method;
 

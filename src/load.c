@@ -98,13 +98,17 @@ static void byteswap(unsigned char *p, uint64_t len, size_t es) {
 /* Maps the piece's pages in one call instead of one fault per few pages
  * (a fault costs microseconds; copying a page, a fraction of one). Best
  * effort: kernels before 5.14 lack it and the copy just faults. */
-static void populate(const unsigned char *p, uint64_t len) {
+static int populate(const unsigned char *p, uint64_t len) {
 #ifdef MADV_POPULATE_READ
+  /* EFAULT: some page is past the end of the file (it shrank since it was
+   * opened); reading it would raise SIGBUS. */
   uintptr_t a = (uintptr_t)p & ~(uintptr_t)(CKPTIO_IO_ALIGN - 1);
-  madvise((void *)a, (size_t)((uintptr_t)p + len - a), MADV_POPULATE_READ);
+  if (madvise((void *)a, (size_t)((uintptr_t)p + len - a), MADV_POPULATE_READ) != 0 && errno == EFAULT)
+    return CKPTIO_E_SHORT_IO;
 #else
   (void)p, (void)len;
 #endif
+  return 0;
 }
 
 /* Drops the piece's pages from this process's mapping once copied: mapped
@@ -139,7 +143,8 @@ static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
      * once is a few steps per worker, not a piece. */
     for (uint64_t off = 0; off < p->len; off += CKPTIO_CRC_STEP) {
       size_t len = (size_t)(p->len - off < CKPTIO_CRC_STEP ? p->len - off : CKPTIO_CRC_STEP);
-      populate(r->map + abs + off, len);
+      int rc = populate(r->map + abs + off, len);
+      if (rc < 0) return rc;
       ckptio_copy_crc(host_dst + off, r->map + abs + off, len, crc);
       unmap_pages(r->map + abs + off, len);
     }
@@ -148,7 +153,8 @@ static int read_piece(piece *p, uint64_t abs, const unsigned char **bytes) {
   }
   if (p->method == CKPTIO_LOAD_MMAP) {
     src = r->map + abs;
-    populate(src, p->len);
+    int rc = populate(src, p->len);
+    if (rc < 0) return rc;
   } else if (p->method == CKPTIO_LOAD_DIRECT) {
     int64_t at = read_direct(r, p->slot, abs, p->len);
     if (at < 0) return (int)at;
@@ -503,7 +509,7 @@ void ckptio_load_byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len)
   if (e->byteswap && elem_size(e) > 1) byteswap(p, len, e->dtype == CKPTIO_C64 ? 4 : elem_size(e));
 }
 
-void ckptio_load_populate(const unsigned char *p, uint64_t len) { populate(p, len); }
+int ckptio_load_populate(const unsigned char *p, uint64_t len) { return populate(p, len); }
 
 void ckptio_load_unmap(const unsigned char *p, uint64_t len) { unmap_pages(p, len); }
 

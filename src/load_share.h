@@ -12,8 +12,10 @@ void ckptio_load_gather(unsigned char *dst, const unsigned char *base, const ckp
 /* Swaps a big-endian entry's elements in place (nothing for little-endian
  * entries or one-byte elements; a complex number's two floats apart). */
 void ckptio_load_byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len);
-/* Maps the pages of [p, p + len) in one call / drops them once copied. */
-void ckptio_load_populate(const unsigned char *p, uint64_t len);
+/* Maps the pages of [p, p + len) in one call (@return 0, or
+ * CKPTIO_E_SHORT_IO when the file no longer holds them) / drops them once
+ * copied. */
+int ckptio_load_populate(const unsigned char *p, uint64_t len);
 void ckptio_load_unmap(const unsigned char *p, uint64_t len);
 /* Each GPU in the mask waits on the caller's stream; events[ord] are
  * created for the caller to destroy. @return 0 or a failure (message set). */

@@ -178,7 +178,10 @@ static int read_job(sjob *j, unsigned char *out, uint64_t *read) {
     uint64_t abs = e->offset + src;
     if (j->method == CKPTIO_LOAD_MMAP) {
       int big = nb >= MAP_POPULATE_MIN;
-      if (big) ckptio_load_populate(r->map + abs, nb);
+      if (big) {
+        int rc = ckptio_load_populate(r->map + abs, nb);
+        if (rc < 0) return rc;
+      }
       memcpy(out + (x - j->off), r->map + abs, (size_t)nb);
       if (big) ckptio_load_unmap(r->map + abs, nb);
     } else {

@@ -277,6 +277,30 @@ TEST(Pipeline, LoadRejectsSmallDestination) {
   ckptio_reader_close(r);
 }
 
+// A file cut short after it was opened: the mapped load is a clean error
+// (MADV_POPULATE_READ reports the missing pages), never SIGBUS; pread and
+// O_DIRECT see a short read.
+TEST(Pipeline, FileShortenedAfterOpenIsAnError) {
+  if (on_gpu()) GTEST_SKIP() << "host loads";
+  TempDir dir;
+  Ctx c(small_options());
+  std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {64, 1024}, 3)};
+  std::string path = dir.file("m.safetensors");
+  for (auto m : {CKPTIO_LOAD_MMAP, CKPTIO_LOAD_PREAD, CKPTIO_LOAD_DIRECT}) {
+    SCOPED_TRACE(m);
+    ASSERT_EQ(save(c.ctx, path, ts), 0);
+    ckptio_options o = small_options();
+    o.load_method = m;
+    ckptio_reader *r = nullptr;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), &o, &r), 0);
+    ASSERT_EQ(truncate(path.c_str(), 3 * 4096), 0);
+    std::vector<uint8_t> buf(ts[0].bytes.size());
+    EXPECT_EQ(ckptio_reader_load(r, 0, buf.data(), buf.size()), CKPTIO_E_SHORT_IO) << ckptio_reader_last_error(r);
+    EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("'w'"), std::string::npos);
+    ckptio_reader_close(r);
+  }
+}
+
 TEST(Pipeline, OptionsAreValidated) {
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options(1000, 1 << 20, 2);  // chunk not a page multiple
