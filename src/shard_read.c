@@ -159,7 +159,7 @@ static int parse_metadata(ckptio_reader *r, ckptio_json *j, struct ckptio_shard_
   if (rc < 0) return rc;
   /* Sorted, so that a repeated key is a neighbour: linear after the sort
    * however many keys a hostile index holds. */
-  qsort(s->index_meta, s->nindex_meta, sizeof(*s->index_meta), cmp_index_meta);
+  if (s->nindex_meta > 1) qsort(s->index_meta, s->nindex_meta, sizeof(*s->index_meta), cmp_index_meta);
   for (size_t i = 1; i < s->nindex_meta; i++)
     if (!strcmp(s->index_meta[i - 1].key, s->index_meta[i].key))
       return rfail(r, CKPTIO_E_SHARD, "%s: metadata key '%s' appears twice", r->path, s->index_meta[i].key);
