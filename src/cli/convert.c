@@ -2,13 +2,17 @@
  * `ckptio convert IN OUT`: safetensors <-> PyTorch .pt through the pipeline.
  * Contiguous little-endian tensors are handed to the writer as zero-copy
  * views of the input's mapping, so memory stays bounded by the staging ring
- * (plus the page cache); only strided or big-endian PyTorch tensors are
- * materialised, and held until the commit (the writer borrows them).
+ * (plus the page cache); strided or big-endian PyTorch tensors and the
+ * tensors of a compressed input are materialised in a mapped, unlinked temp
+ * file next to the output (see spill) and held there until the commit (the
+ * writer borrows them).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 
@@ -31,7 +35,8 @@ void cli_convert_usage(FILE *out) {
           "level N (`zstd -d` restores the plain file); --shuffle adds the byte-shuffle\n"
           "filter (better ratio on float weights; only ckptio undoes it). A compressed\n"
           "input is detected; converting it without --compress writes a plain file.\n"
-          "Tensors of a compressed or strided input are held in memory until commit.\n"
+          "Tensors of a compressed or strided input are copied to an unlinked temp file\n"
+          "next to OUT (page cache, not process memory) until the commit.\n"
           "Shards are never compressed (other tools read them directly).\n\n"
           "exit codes: 0 ok; 1 invalid or corrupt input; 2 usage or I/O error\n");
 }
@@ -60,35 +65,81 @@ static void progress_shards(void *s, uint64_t *done, uint64_t *total) {
   ckptio_shard_writer_progress(s, done, total);
 }
 
-/* Adds every tensor of r to w: a view of the map when the bytes are the
- * tensor's as they are, else a loaded copy kept in *owned until commit. */
-static int add_tensors(ckptio_reader *r, sink *w, void ***owned, const char **why) {
-  size_t n = ckptio_reader_count(r);
-  *owned = calloc(n + 1, sizeof(void *));
-  if (!*owned) return -12;
+/* Bytes of input tensors that cannot be handed over as views (strided or
+ * big-endian PyTorch storages, compressed files): loaded into one mapping of
+ * an unlinked temp file next to the output, so the kernel can write them
+ * back and drop them under memory pressure instead of holding the whole
+ * model in anonymous memory until the commit. */
+typedef struct spill {
+  unsigned char *base;
+  size_t size;
+} spill;
+
+static int spill_map(spill *sp, const char *dir, uint64_t size, const char **why) {
+  static char msg[512];
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/.ckptio-convert-XXXXXX", dir);
+  int fd = mkstemp(path), rc = 0;
+  if (fd < 0) rc = -errno;
+  else {
+    unlink(path);
+    if (ftruncate(fd, (off_t)size) < 0) rc = -errno;
+    else if ((sp->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
+      rc = -errno, sp->base = NULL;
+    else sp->size = (size_t)size;
+    close(fd);
+  }
+  if (rc < 0) {
+    snprintf(msg, sizeof(msg), "%s: a %llu-byte temp file for tensors that need a copy: %s", dir,
+             (unsigned long long)size, strerror(-rc));
+    *why = msg;
+  }
+  return rc;
+}
+
+/* Adds every tensor of r to w: a view of the input's map when its bytes are
+ * the tensor's as they are, else a copy in the spill mapping. */
+static int add_tensors(ckptio_reader *r, sink *w, const char *spill_dir, spill *sp, const char **why) {
+  size_t n = ckptio_reader_count(r), nload = 0;
+  const void **views = calloc(n + 1, sizeof(*views));
+  uint64_t *at = calloc(n + 1, sizeof(*at)), total = 0;
+  ckptio_load_request *reqs = calloc(n + 1, sizeof(*reqs));
+  int rc = 0;
+  if (!views || !at || !reqs) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    ckptio_tensor_info info;
+    ckptio_reader_info(r, i, &info);
+    if (ckptio_reader_view(r, i, &views[i], NULL) == 0) continue;
+    views[i] = NULL;
+    at[i] = total;
+    total += (info.nbytes + 63) & ~(uint64_t)63;
+    reqs[nload++] = (ckptio_load_request){i, NULL, info.nbytes, CKPTIO_DEVICE_HOST};
+  }
+  if (total && (rc = spill_map(sp, spill_dir, total, why)) < 0) goto out;
+  for (size_t k = 0; k < nload; k++) reqs[k].dst = sp->base + at[reqs[k].index];
+  if (nload && (rc = ckptio_reader_load_many(r, reqs, nload)) < 0) {
+    *why = ckptio_reader_last_error(r);
+    goto out;
+  }
   for (size_t i = 0; i < n; i++) {
     ckptio_tensor_info info;
     ckptio_reader_info(r, i, &info);
     ckptio_tensor t = {info.name, info.dtype, info.ndim, {0}, NULL, CKPTIO_DEVICE_HOST};
     memcpy(t.shape, info.shape, sizeof(t.shape));
-    const void *view = NULL;
-    int rc = ckptio_reader_view(r, i, &view, NULL);
-    if (rc < 0) { /* strided or big-endian: materialise it */
-      if (!((*owned)[i] = malloc(info.nbytes ? info.nbytes : 1))) return -12;
-      rc = ckptio_reader_load(r, i, (*owned)[i], info.nbytes);
-      if (rc < 0) {
-        *why = ckptio_reader_last_error(r);
-        return rc;
-      }
-      view = (*owned)[i];
-    }
-    t.data = view;
+    t.data = views[i] ? views[i] : sp->base + at[i];
     if ((rc = sink_add(w, &t)) < 0) {
       *why = sink_error(w);
-      return rc;
+      goto out;
     }
   }
-  return 0;
+out:
+  free(views);
+  free(at);
+  free(reqs);
+  return rc;
 }
 
 int cli_convert_main(int argc, char **argv) {
@@ -141,7 +192,7 @@ int cli_convert_main(int argc, char **argv) {
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
   sink w = {NULL, NULL};
-  void **owned = NULL;
+  spill sp = {NULL, 0};
   const char *why = "";
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   o.crc = crc;
@@ -185,7 +236,12 @@ int cli_convert_main(int argc, char **argv) {
       goto fail;
     }
   }
-  if ((rc = add_tensors(r, &w, &owned, &why)) < 0) {
+  char *slash = strrchr(out, '/');
+  char spill_dir[4096];
+  if (max_shard) snprintf(spill_dir, sizeof(spill_dir), "%s", out);
+  else if (slash) snprintf(spill_dir, sizeof(spill_dir), "%.*s", (int)(slash == out ? 1 : slash - out), out);
+  else snprintf(spill_dir, sizeof(spill_dir), ".");
+  if ((rc = add_tensors(r, &w, spill_dir, &sp, &why)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", *why ? why : ckptio_strerror(rc));
     ret = cli_exit_for_read_error(rc);
     goto fail;
@@ -215,8 +271,7 @@ int cli_convert_main(int argc, char **argv) {
 fail:
   ckptio_writer_close(w.w);
   ckptio_shard_writer_close(w.s);
-  for (size_t i = 0; owned && r && i < ckptio_reader_count(r); i++) free(owned[i]);
-  free(owned);
+  if (sp.base) munmap(sp.base, sp.size);
   ckptio_reader_close(r);
   ckptio_ctx_free(ctx);
   return ret;

@@ -99,6 +99,8 @@ def test_cli_convert_inspect_verify(tmp_path):
     assert run("verify", tmp_path / "c.zst").startswith("OK")
     run("convert", tmp_path / "c.zst", tmp_path / "back.safetensors")
     same(safetensors.numpy.load_file(tmp_path / "back.safetensors"), w)
+    # The decompressed tensors went through an unlinked temp file: none is left.
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckptio-convert-")]
     bad = subprocess.run([CLI, "convert", "--compress", "3", tmp_path / "in.safetensors", tmp_path / "x.pt"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "only safetensors" in bad.stderr
