@@ -638,6 +638,10 @@ int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefi
 /*! Metadata written into every shard's __metadata__. Copied; "ckptio." keys
  *  are reserved. @return 0, CKPTIO_E_DUPLICATE, CKPTIO_E_INVALID_ARG, ... */
 int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value);
+/*! The stream GPU `device`'s tensors are produced on, handed to every
+ *  shard's writer: see ckptio_writer_set_stream (the same ordering, the same
+ *  legacy-stream default). Borrowed until the commit call returns. */
+int ckptio_shard_writer_set_stream(ckptio_shard_writer *w, int device, void *stream);
 /*! Adds one tensor: same descriptor and borrow rules as ckptio_writer_add
  *  (`t->data` borrowed until the snapshot point). Dtype, shape and duplicate
  *  names are refused here; the device of the pointer is checked at commit. */

@@ -42,6 +42,7 @@ struct ckptio_shard_writer {
   size_t nmeta2, meta_cap;
   ckptio_nameset names;   /* the tensors' names, for O(1) duplicate checks */
   uint64_t total_bytes;
+  void *user_stream[64];  /* set_stream, by GPU ordinal; handed to every shard's writer */
 
   int state;
   size_t nshards;
@@ -119,6 +120,18 @@ fail:
   }
   ckptio_set_open_error(*msg ? msg : ckptio_strerror(rc));
   return rc;
+}
+
+int ckptio_shard_writer_set_stream(ckptio_shard_writer *w, int device, void *stream) {
+  int ord;
+  char msg[CKPTIO_ERRLEN];
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
+  if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
+    return sfail(w, CKPTIO_E_DEVICE, "%s: %s", w->dir, msg);
+  if (ord < 0 || ord >= 64) return sfail(w, CKPTIO_E_DEVICE, "%s: a stream needs a GPU 0 to 63", w->dir);
+  w->user_stream[ord] = stream;
+  return 0;
 }
 
 int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value) {
@@ -219,6 +232,8 @@ static int open_shard(ckptio_shard_writer *w, size_t k) {
   for (size_t i = 0; i < w->nmeta2 && rc == 0; i += 2) rc = ckptio_writer_set_metadata(s, w->meta[i], w->meta[i + 1]);
   if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
   if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.shard", tag);
+  for (int ord = 0; ord < 64 && rc == 0; ord++)
+    if (w->user_stream[ord]) rc = ckptio_writer_set_stream(s, CKPTIO_DEVICE_CUDA(ord), w->user_stream[ord]);
   for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = ckptio_writer_add(s, &w->tensors[i].t);
   if (rc == 0) rc = ckptio_writer_hold_publish(s);
   if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, ckptio_writer_last_error(s));

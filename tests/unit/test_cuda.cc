@@ -102,6 +102,43 @@ TEST_F(Cuda, SnapshotHoldsWorkQueuedBeforeCommitAndNothingAfter) {
   for (size_t i = bytes.size() - n; i < bytes.size(); i += 4093) ASSERT_EQ(bytes[i], 0x22) << "at " << i;
 }
 
+// The same ordering for a sharded save: the stream reaches every shard's
+// writer, so each shard holds the values queued before the commit.
+TEST_F(Cuda, ShardedSnapshotWaitsForTheCallersStream) {
+  const size_t n = 1 << 20;
+  void *buf[2] = {nullptr, nullptr};
+  std::vector<uint8_t> ones(n, 0x11);
+  for (auto &b : buf) {
+    ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &b), 0);
+    to_gpu(b, ones.data(), n);
+  }
+  sym<int (*)(int)>("cudaSetDevice")(1);
+  void *stream = nullptr;
+  ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
+  auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
+  for (auto &b : buf) ASSERT_EQ(memset_async(b, 0x22, n, stream), 0);
+  ckptio_shard_writer *w = nullptr;
+  ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, nullptr, &w),
+            0);
+  ckptio_tensor t0{"w0", CKPTIO_U8, 1, {(int64_t)n}, buf[0], CKPTIO_DEVICE_CUDA(1)};
+  ckptio_tensor t1{"w1", CKPTIO_U8, 1, {(int64_t)n}, buf[1], CKPTIO_DEVICE_CUDA(1)};
+  ASSERT_EQ(ckptio_shard_writer_add(w, &t0), 0);
+  ASSERT_EQ(ckptio_shard_writer_add(w, &t1), 0);
+  EXPECT_EQ(ckptio_shard_writer_set_stream(w, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
+  ASSERT_EQ(ckptio_shard_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(ckptio_shard_writer_commit(w), 0) << ckptio_shard_writer_last_error(w);
+  ASSERT_EQ(ckptio_shard_writer_shard_count(w), 2u);
+  ckptio_shard_writer_close(w);
+  sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
+  sym<int (*)(void *)>("cudaStreamDestroy")(stream);
+  for (auto &b : buf) ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), b);
+  for (const char *f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    auto bytes = read_file(dir_.file(f));
+    ASSERT_GE(bytes.size(), n) << f;
+    for (size_t i = bytes.size() - n; i < bytes.size(); i += 4093) ASSERT_EQ(bytes[i], 0x22) << f << " at " << i;
+  }
+}
+
 TEST_F(Cuda, PointerMixUpsAreRefusedNotCrashed) {
   void *dev = nullptr;
   ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(0), 4096, &dev), 0);
