@@ -653,6 +653,19 @@ int ckptio_shard_writer_commit_async(ckptio_shard_writer *w);
 int ckptio_shard_writer_wait_snapshot(ckptio_shard_writer *w);
 /*! Blocks until the set and its index are durable and in place. */
 int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w);
+/*! As ckptio_writer_poll_snapshot / _poll_durable, for the set: 1 once every
+ *  shard reached its snapshot point / once the set and its index are durable,
+ *  0 not yet, or the set's (negative) error once it has failed. A failing
+ *  shard reads as 0 until the set's error is settled. CKPTIO_E_STATE before
+ *  commit. Any thread, also while the commit runs. */
+int ckptio_shard_writer_poll_snapshot(ckptio_shard_writer *w);
+int ckptio_shard_writer_poll_durable(ckptio_shard_writer *w);
+/*! As ckptio_writer_stats, for the set: bytes and the stage busy seconds
+ *  summed over the shards, `seconds` from commit_async to the index's
+ *  publication, `snapshot_seconds` the latest shard's, `commit_seconds` the
+ *  shards' syncs plus the publication (renames, index, directory fsyncs).
+ *  All zero (threads aside) before commit. */
+int ckptio_shard_writer_stats(const ckptio_shard_writer *w, ckptio_stats *out);
 /*! Blocking save: commit_async then wait_durable. */
 int ckptio_shard_writer_commit(ckptio_shard_writer *w);
 /*! Tensor bytes written so far and in all. Either pointer may be NULL. */

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/nameset.h"
+#include "core/stats.h"
 #include "formats/json.h"
 #include "internal.h"
 #include "io/file.h"
@@ -55,6 +56,9 @@ struct ckptio_shard_writer {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int durable_done, result;
+  uint64_t start_ns;              /* commit_async; for stats */
+  _Atomic uint64_t end_ns;        /* durable (or failed), set by shard_main */
+  _Atomic uint64_t publish_ns;    /* renames, index write, directory syncs */
   char err[CKPTIO_ERRLEN];
 };
 
@@ -363,10 +367,14 @@ static void *shard_main(void *arg) {
     int r = ckptio_writer_take_file(w->sub[k], &w->files[k]);
     if (r < 0 && rc == 0) rc = sfail(w, r, "%s: shard %zu/%zu: internal error: no synced temp file", w->dir, k + 1, w->nshards);
   }
-  if (rc == 0) rc = publish(w);
-  else
+  if (rc == 0) {
+    uint64_t t = ckptio_now_ns();
+    rc = publish(w);
+    atomic_store(&w->publish_ns, ckptio_now_ns() - t);
+  } else
     for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
   if (rc < 0 && !w->err[0]) sfail(w, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
+  atomic_store(&w->end_ns, ckptio_now_ns());
   pthread_mutex_lock(&w->mu);
   w->result = rc;
   w->durable_done = 1;
@@ -405,6 +413,7 @@ int ckptio_shard_writer_commit_async(ckptio_shard_writer *w) {
   make_save_id(w);
   for (size_t k = 0; k < w->nshards; k++)
     if ((rc = open_shard(w, k)) < 0) goto fail;
+  w->start_ns = ckptio_now_ns();
   /* On this thread: each writer records its GPU snapshot events here. */
   for (size_t k = 0; k < w->nshards; k++) {
     if ((rc = ckptio_writer_commit_async(w->sub[k])) < 0) {
@@ -442,6 +451,53 @@ int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w) {
   int rc = w->result;
   pthread_mutex_unlock(&w->mu);
   return rc;
+}
+
+/* The set's snapshot: every shard's. A shard that failed reports "not yet"
+ * until the set's error is settled (as wait_snapshot returns it). */
+int ckptio_shard_writer_poll_snapshot(ckptio_shard_writer *w) {
+  int rc = ckptio_shard_writer_poll_durable(w);
+  if (rc != 0) return rc;
+  for (size_t k = 0; k < w->nshards; k++)
+    if (ckptio_writer_poll_snapshot(w->sub[k]) != 1) return 0;
+  return 1;
+}
+
+int ckptio_shard_writer_poll_durable(ckptio_shard_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  pthread_mutex_lock(&w->mu);
+  int rc = w->durable_done ? (w->result < 0 ? w->result : 1) : 0;
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}
+
+int ckptio_shard_writer_stats(const ckptio_shard_writer *w, ckptio_stats *out) {
+  if (!w || !out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
+  ckptio_stats sum = CKPTIO_STATS_INIT, one;
+  sum.threads = w->ctx->opts.threads;
+  for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
+    one = (ckptio_stats)CKPTIO_STATS_INIT;
+    int rc = ckptio_writer_stats(w->sub[k], &one);
+    if (rc < 0) return rc;
+    sum.bytes += one.bytes;
+    if (one.snapshot_seconds > sum.snapshot_seconds) sum.snapshot_seconds = one.snapshot_seconds;
+    sum.device_seconds += one.device_seconds;
+    sum.copy_seconds += one.copy_seconds;
+    sum.write_seconds += one.write_seconds;
+    sum.commit_seconds += one.commit_seconds;
+    sum.threads = one.threads;
+    sum.staging_bytes = one.staging_bytes;
+  }
+  if (w->state == S_RUNNING) {
+    uint64_t end = atomic_load(&w->end_ns);
+    sum.seconds = (double)((end ? end : ckptio_now_ns()) - w->start_ns) / 1e9;
+    sum.commit_seconds += (double)atomic_load(&w->publish_ns) / 1e9;
+  }
+  size_t n = out->size < sizeof(sum) ? out->size : sizeof(sum);
+  sum.size = n;
+  memcpy(out, &sum, n);
+  return 0;
 }
 
 int ckptio_shard_writer_commit(ckptio_shard_writer *w) {

@@ -64,6 +64,9 @@ int save_set(ckptio_ctx *ctx, const std::string &dir, const std::vector<Tensor> 
     if (rc == 0) {
       EXPECT_EQ(snap, 0);
     }
+    // Settled: both polls say so, with the set's error when it failed.
+    EXPECT_EQ(ckptio_shard_writer_poll_durable(w), rc == 0 ? 1 : rc);
+    EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), rc == 0 ? 1 : rc);
   }
   if (err) *err = ckptio_shard_writer_last_error(w);
   if (nshards) *nshards = ckptio_shard_writer_shard_count(w);
@@ -365,6 +368,68 @@ TEST_F(ShardFaults, RenameOfIndexFails) {
   expect_failed_save(CKPTIO_FAULT_RENAME, 5, EROFS, std::string(kIndex) + ": rename");
 }
 TEST_F(ShardFaults, FsyncOfIndexFails) { expect_failed_save(CKPTIO_FAULT_FSYNC, 5, EIO, kIndex); }
+
+TEST_F(Shard, PollsAndStatsFollowTheSet) {
+  auto ts = model(7);
+  ckptio_shard_writer *w = nullptr;
+  ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 100000,
+                                     nullptr, &w),
+            0);
+  uint64_t total = 0;
+  for (auto &t : ts) {
+    ckptio_tensor d{};
+    d.name = t.name.c_str();
+    d.dtype = t.dtype;
+    d.ndim = (int)t.shape.size();
+    for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
+    d.data = t.bytes.data();
+    ASSERT_EQ(ckptio_shard_writer_add(w, &d), 0);
+    total += t.bytes.size();
+  }
+  // Before commit: no save to poll, and empty stats.
+  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), CKPTIO_E_STATE);
+  EXPECT_EQ(ckptio_shard_writer_poll_durable(w), CKPTIO_E_STATE);
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  ASSERT_EQ(ckptio_shard_writer_stats(w, &st), 0);
+  EXPECT_EQ(st.bytes, 0u);
+  EXPECT_EQ(st.seconds, 0.0);
+  EXPECT_GT(st.threads, 0);
+  ASSERT_EQ(ckptio_shard_writer_commit_async(w), 0);
+  int polls = 0, d;
+  while ((d = ckptio_shard_writer_poll_durable(w)) == 0) {
+    int s = ckptio_shard_writer_poll_snapshot(w);
+    EXPECT_TRUE(s == 0 || s == 1) << s;
+    polls++;
+    usleep(200);
+  }
+  EXPECT_EQ(d, 1);
+  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), 1);
+  EXPECT_EQ(ckptio_shard_writer_wait_durable(w), 0);
+  ASSERT_EQ(ckptio_shard_writer_stats(w, &st), 0);
+  EXPECT_EQ(st.bytes, total);
+  EXPECT_GT(st.seconds, 0.0);
+  EXPECT_LE(st.snapshot_seconds, st.seconds);
+  EXPECT_GT(st.write_seconds, 0.0);
+  EXPECT_GT(st.commit_seconds, 0.0);  // the shards' syncs and the publication
+  EXPECT_GT(st.staging_bytes, 0u);
+  // Stable once durable: the wall time stops at the index's publication.
+  ckptio_stats again = CKPTIO_STATS_INIT;
+  usleep(20000);
+  ASSERT_EQ(ckptio_shard_writer_stats(w, &again), 0);
+  EXPECT_EQ(again.seconds, st.seconds);
+  // A caller with an older, shorter struct gets only its fields.
+  ckptio_stats small = CKPTIO_STATS_INIT;
+  small.size = offsetof(ckptio_stats, seconds);
+  small.seconds = -1;
+  ASSERT_EQ(ckptio_shard_writer_stats(w, &small), 0);
+  EXPECT_EQ(small.bytes, total);
+  EXPECT_EQ(small.seconds, -1.0);
+  EXPECT_EQ(ckptio_shard_writer_close(w), 0);
+  EXPECT_EQ(ckptio_shard_writer_poll_durable(nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_shard_writer_stats(nullptr, &st), CKPTIO_E_INVALID_ARG);
+  (void)polls;
+}
 
 TEST_F(Shard, FailedFirstSaveLeavesAnEmptyDirectory) {
   // Nothing to exchange with: the shards renamed in before the failure are
