@@ -462,9 +462,10 @@ const char *ckptio_reader_last_error(const ckptio_reader *r);
  * boundary, else CKPTIO_E_MISALIGNED.
  *
  * Sharded sets: each slice is read from the shard holding its tensor.
- * Compressed files: a whole-tensor slice loads through the tensor's frames;
- * a partial slice is CKPTIO_E_FORMAT (its frames would be decompressed
- * whole anyway: load the tensor and slice it). */
+ * Compressed files: a slice decompresses only the frames that hold its runs,
+ * each frame once however many runs it holds (a quarter of a tensor's rows:
+ * about a quarter of its frames), undoing the shuffle filter element range
+ * by element range. */
 
 /* One slice to load. `dst` is memory of `device` (as in
  * ckptio_load_request), written, never kept; it may be NULL when the slice
@@ -483,7 +484,9 @@ typedef struct ckptio_slice_request {
                           the page rounding of each O_DIRECT request (at
                           most 8 KiB per run and per staging chunk); a
                           verified slice counts the bytes its CRC covers (a
-                          view's whole storage record, once more) */
+                          view's whole storage record, once more); for a
+                          compressed file, the plain bytes of the frames
+                          decompressed */
 } ckptio_slice_request;
 
 /*! ckptio_reader_slice_nbytes() :

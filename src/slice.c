@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compress/zload.h"
 #include "io/file.h"
 #include "load_share.h"
 #include "shard.h"
@@ -320,16 +321,56 @@ out:
   return rc;
 }
 
+/* Partial slices of a compressed file: every run of every slice becomes a
+ * plain byte range, and one pass decompresses each frame that holds any of
+ * them once, delivering its runs (compress/zload.c). bytes_read is the
+ * plain bytes of the frames a slice needed. */
+static int compressed_slices(ckptio_reader *r, ckptio_slice_request *reqs, const ckptio_slice_geom *geoms,
+                             const char *skip, size_t n) {
+  size_t runs = 0;
+  uint64_t gpus = 0;
+  void *events[CKPTIO_READER_MAX_GPUS] = {0};
+  for (size_t i = 0; i < n; i++) {
+    if (skip[i] || !geoms[i].nbytes) continue;
+    runs += (size_t)geoms[i].count;
+    if (reqs[i].device != CKPTIO_DEVICE_HOST) gpus |= 1ull << (reqs[i].device - CKPTIO_DEVICE_CUDA(0));
+  }
+  ckptio_load_request *lr = calloc(runs + 1, sizeof(*lr));
+  uint64_t *from = calloc(2 * runs + 1, sizeof(uint64_t)), *to = from ? from + runs : NULL;
+  int rc = 0;
+  if (!lr || !from) {
+    rc = -ENOMEM;
+    goto out;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (skip[i] || !geoms[i].nbytes) continue;
+    const ckptio_slice_geom *g = &geoms[i];
+    uint64_t base = r->idx.entries[reqs[i].index].offset + g->src0;
+    size_t first = k;
+    for (uint64_t x = 0; x < g->count; x++, k++) {
+      lr[k] = (ckptio_load_request){reqs[i].index, (unsigned char *)reqs[i].dst + x * g->run, g->run, reqs[i].device};
+      from[k] = base + x * g->pitch;
+      to[k] = from[k] + g->run;
+    }
+    reqs[i].bytes_read = ckptio_zread_frame_bytes(r, from + first, to + first, k - first);
+  }
+  if (gpus && (rc = ckptio_load_order_after_caller(r, gpus, events)) < 0) goto out;
+  rc = ckptio_zread_ranges(r, lr, from, to, runs);
+out:
+  for (int ord = 0; ord < CKPTIO_READER_MAX_GPUS; ord++)
+    if (events[ord]) r->ctx->gpu->ops->event_destroy(events[ord]);
+  free(lr);
+  free(from);
+  return rc;
+}
+
 /* The slice's geometry, and a destination of the device the request names
  * that holds it. */
 static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_slice_geom *g) {
   int rc = ckptio_slice_geom_of(r, q->index, q->dim, q->start, q->stop, g);
   if (rc < 0) return rc;
   const ckptio_entry *e = &r->idx.entries[q->index];
-  if (r->z && !g->full)
-    return rfail(r, CKPTIO_E_FORMAT,
-                 "%s: tensor '%s': a slice of a compressed file would decompress the whole tensor's frames; "
-                 "load the tensor and slice it", r->path, e->name);
   if (q->dst_bytes < g->nbytes || (!q->dst && g->nbytes))
     return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL,
                  "%s: tensor '%s': slice %lld:%lld of dim %d needs %llu bytes, destination has %llu", r->path,
@@ -361,7 +402,7 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
     if (whole[i]) lr[nwhole++] = (ckptio_load_request){reqs[i].index, reqs[i].dst, reqs[i].dst_bytes, reqs[i].device};
     else npart++;
   }
-  if (npart && (rc = run_slices(r, reqs, geoms, whole, n)) < 0) goto out;
+  if (npart && (rc = (r->z ? compressed_slices : run_slices)(r, reqs, geoms, whole, n)) < 0) goto out;
   if (nwhole) {
     ckptio_timers t = r->timers;
     uint64_t done = npart ? atomic_load(&r->done_bytes) : 0, total = npart ? atomic_load(&r->total_bytes) : 0;

@@ -51,12 +51,14 @@ typedef struct zpair {
 typedef struct zjob {
   ckptio_reader *r;
   const ckptio_load_request *reqs;
+  const uint64_t *from;   /* [req]: the plain offset its dst starts at */
   ckptio_batch *batch;
   zpair *p;               /* this frame's pairs */
   size_t np;
   uint8_t *slot;          /* NULL: decompressed straight into the destination */
   int big;                /* through the worker's big buffer (no GPU pair) */
   int check;
+  int unshuffled;         /* the frame buffer was unshuffled in place (GPU pairs) */
 } zjob;
 
 /* ------------------------------------------------------------ open */
@@ -226,45 +228,77 @@ static int inflate_frame(zjob *j, workspace *w, size_t fi, uint8_t *out, char *m
   return 0;
 }
 
-/* One pair's bytes, decompressed at src (shuffled or not), to wherever its
- * request wants them, with its CRC. */
-static int deliver(zjob *j, workspace *w, zpair *p, uint8_t *src, char *msg, size_t len) {
+/* Tensor e's part [*pa, *pb) of frame f: the unit the writer shuffled. */
+static void portion(const ckptio_entry *e, const ckptio_zs_frame *f, uint64_t *pa, uint64_t *pb) {
+  uint64_t fb = f->doff + f->dsize, eb = e->offset + e->nbytes;
+  *pa = f->doff > e->offset ? f->doff : e->offset;
+  *pb = fb < eb ? fb : eb;
+}
+
+/* One pair's bytes, from frame f decompressed at fbuf (shuffled or not), to
+ * wherever its request wants them, with its CRC. A pair may be part of its
+ * tensor's portion of the frame (a slice): a shuffled portion is unshuffled
+ * element range by element range. */
+static int deliver(zjob *j, workspace *w, zpair *p, const ckptio_zs_frame *f, uint8_t *fbuf, char *msg,
+                   size_t len) {
   ckptio_reader *r = j->r;
   const ckptio_load_request *q = &j->reqs[p->req];
   const ckptio_entry *e = &r->idx.entries[q->index];
-  uint64_t n = p->b - p->a;
+  uint64_t n = p->b - p->a, pa, pb;
   size_t es = elem_of(e);
-  int shuffled = r->z->shuffle && ckptio_shuffle_applies(e->offset, p->a, p->b, es);
+  portion(e, f, &pa, &pb);
+  const uint8_t *part = fbuf + (pa - f->doff);
+  uint8_t *src = fbuf + (p->a - f->doff);
+  size_t first = (size_t)((p->a - pa) / es), count = (size_t)(n / es);
+  int shuffled = r->z->shuffle && !j->unshuffled && ckptio_shuffle_applies(e->offset, pa, pb, es);
   int gpu = q->device == CKPTIO_DEVICE_HOST ? -1 : q->device - CKPTIO_DEVICE_CUDA(0);
-  uint8_t *host = q->dst && gpu < 0 ? (uint8_t *)q->dst + (p->a - e->offset) : NULL;
+  uint8_t *dst = q->dst ? (uint8_t *)q->dst + (p->a - j->from[p->req]) : NULL;
   p->crc = 0;
-  if (host) {
-    if (shuffled) ckptio_unshuffle(host, src, (size_t)n, es, 0, (size_t)(n / es));
-    else memcpy(host, src, (size_t)n);
-    if (j->check) p->crc = ckptio_crc32(0, host, (size_t)n);
+  if (dst && gpu < 0) {
+    if (shuffled) ckptio_unshuffle(dst, part, (size_t)(pb - pa), es, first, count);
+    else memcpy(dst, src, (size_t)n);
+    if (j->check) p->crc = ckptio_crc32(0, dst, (size_t)n);
     return 0;
   }
-  if (shuffled && gpu < 0) { /* check only: unshuffle a block at a time */
+  if (shuffled) { /* check only (GPU frames were unshuffled in place): a block at a time */
     if (!w->block && !(w->block = malloc(CHECK_BLOCK))) return -ENOMEM;
-    size_t per = CHECK_BLOCK / es, total = (size_t)(n / es);
-    for (size_t i = 0; i < total; i += per) {
-      size_t c = total - i < per ? total - i : per;
-      ckptio_unshuffle(w->block, src, (size_t)n, es, i, c);
+    size_t per = CHECK_BLOCK / es;
+    for (size_t i = 0; i < count; i += per) {
+      size_t c = count - i < per ? count - i : per;
+      ckptio_unshuffle(w->block, part, (size_t)(pb - pa), es, first + i, c);
       p->crc = ckptio_crc32(p->crc, w->block, c * es);
     }
     return 0;
   }
-  if (shuffled) { /* GPU: unshuffled back into the pinned slot */
-    if (!w->scratch && !(w->scratch = malloc(ckptio_ring_slot_bytes(r->ctx->ring)))) return -ENOMEM;
-    ckptio_unshuffle(w->scratch, src, (size_t)n, es, 0, (size_t)(n / es));
-    memcpy(src, w->scratch, (size_t)n);
-  }
   if (j->check) p->crc = ckptio_crc32(0, src, (size_t)n);
   if (gpu < 0) return 0;
   uint64_t t = ckptio_now_ns();
-  int rc = ckptio_load_h2d(r, gpu, j->slot, (uint8_t *)q->dst + (p->a - e->offset), src, n, "", e->name, msg, len);
+  int rc = ckptio_load_h2d(r, gpu, j->slot, dst, src, n, "", e->name, msg, len);
   ckptio_lap(&r->timers.device_ns, &t);
   return rc;
+}
+
+/* A frame in a staging slot bound for a GPU: each tensor portion is
+ * unshuffled in place (the slot is what the H2D copy reads; pairs of one
+ * portion share its shuffled bytes, so it is done once per portion). */
+static int unshuffle_in_place(zjob *j, workspace *w, const ckptio_zs_frame *f, uint8_t *fbuf) {
+  ckptio_reader *r = j->r;
+  if (!w->scratch && !(w->scratch = malloc(ckptio_ring_slot_bytes(r->ctx->ring)))) return -ENOMEM;
+  size_t last = (size_t)-1;
+  for (size_t i = 0; i < j->np; i++) {
+    size_t ix = j->reqs[j->p[i].req].index;
+    if (ix == last) continue;
+    last = ix;
+    const ckptio_entry *e = &r->idx.entries[ix];
+    uint64_t pa, pb;
+    size_t es = elem_of(e);
+    portion(e, f, &pa, &pb);
+    if (!ckptio_shuffle_applies(e->offset, pa, pb, es)) continue;
+    ckptio_unshuffle(w->scratch, fbuf + (pa - f->doff), (size_t)(pb - pa), es, 0, (size_t)((pb - pa) / es));
+    memcpy(fbuf + (pa - f->doff), w->scratch, (size_t)(pb - pa));
+  }
+  j->unshuffled = 1;
+  return 0;
 }
 
 static void zjob_run(void *arg) {
@@ -280,7 +314,7 @@ static void zjob_run(void *arg) {
     if (!w->dctx && !(w->dctx = ZSTD_createDCtx())) rc = -ENOMEM;
     if (!rc && !j->slot && !j->big) { /* one pair covering the frame, host, unfiltered */
       const ckptio_load_request *q = &j->reqs[j->p[0].req];
-      uint8_t *out = (uint8_t *)q->dst + (j->p[0].a - r->idx.entries[q->index].offset);
+      uint8_t *out = (uint8_t *)q->dst + (j->p[0].a - j->from[j->p[0].req]);
       rc = inflate_frame(j, w, fi, out, msg, sizeof(msg));
       if (!rc && j->check) j->p[0].crc = ckptio_crc32(0, out, f->dsize);
       moved = f->dsize;
@@ -292,8 +326,11 @@ static void zjob_run(void *arg) {
       if (j->big && !w->big && !(w->big = malloc(big))) rc = -ENOMEM;
       if (j->big) buf = w->big;
       if (!rc) rc = inflate_frame(j, w, fi, buf, msg, sizeof(msg));
+      int gpu = 0;
+      for (size_t i = 0; i < j->np; i++) gpu |= j->reqs[j->p[i].req].device != CKPTIO_DEVICE_HOST;
+      if (!rc && gpu && r->z->shuffle) rc = unshuffle_in_place(j, w, f, buf);
       for (size_t i = 0; i < j->np && !rc; i++) {
-        rc = deliver(j, w, &j->p[i], buf + (j->p[i].a - f->doff), msg, sizeof(msg));
+        rc = deliver(j, w, &j->p[i], f, buf, msg, sizeof(msg));
         moved += j->p[i].b - j->p[i].a;
       }
     }
@@ -313,14 +350,17 @@ static int cmp_pair(const void *x, const void *y) {
   return a->req < b->req ? -1 : a->req > b->req;
 }
 
-int ckptio_zread_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
+/* Loads plain bytes [from[i], to[i]) of tensor reqs[i].index into
+ * reqs[i].dst; every range lies inside its tensor. With check (whole
+ * tensors only) the recorded CRCs are compared. */
+static int zread(ckptio_reader *r, const ckptio_load_request *reqs, const uint64_t *from, const uint64_t *to,
+                 size_t n, int check) {
   const ckptio_zs_table *t = &r->z->t;
   size_t slot_bytes = ckptio_ring_slot_bytes(r->ctx->ring), np = 0, nj = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; i++) {
-    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
-    bytes += e->nbytes;
-    if (e->nbytes) np += ckptio_zs_find(t, e->offset + e->nbytes - 1) - ckptio_zs_find(t, e->offset) + 1;
+    bytes += to[i] - from[i];
+    if (to[i] > from[i]) np += ckptio_zs_find(t, to[i] - 1) - ckptio_zs_find(t, from[i]) + 1;
   }
   zpair *pairs = calloc(np + 1, sizeof(zpair));
   zjob *jobs = calloc(np + 1, sizeof(zjob));
@@ -332,11 +372,10 @@ int ckptio_zread_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n
   }
   np = 0;
   for (size_t i = 0; i < n; i++) {
-    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
-    uint64_t end = e->offset + e->nbytes;
-    for (size_t f = ckptio_zs_find(t, e->offset); e->nbytes && f < t->count && t->frames[f].doff < end; f++) {
+    uint64_t end = to[i];
+    for (size_t f = ckptio_zs_find(t, from[i]); end > from[i] && f < t->count && t->frames[f].doff < end; f++) {
       uint64_t fa = t->frames[f].doff, fb = fa + t->frames[f].dsize;
-      pairs[np++] = (zpair){i, f, fa > e->offset ? fa : e->offset, fb < end ? fb : end, 0};
+      pairs[np++] = (zpair){i, f, fa > from[i] ? fa : from[i], fb < end ? fb : end, 0};
     }
   }
   qsort(pairs, np, sizeof(zpair), cmp_pair);
@@ -350,13 +389,15 @@ int ckptio_zread_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n
     size_t k = i;
     while (k < np && pairs[k].frame == pairs[i].frame) k++;
     zjob *j = &jobs[nj];
-    *j = (zjob){r, reqs, &batch, &pairs[i], k - i, NULL, 0, check};
+    *j = (zjob){r, reqs, from, &batch, &pairs[i], k - i, NULL, 0, check, 0};
     const ckptio_zs_frame *f = &t->frames[pairs[i].frame];
     const ckptio_load_request *q = &reqs[pairs[i].req];
     const ckptio_entry *e = &r->idx.entries[q->index];
+    uint64_t pa, pb;
+    portion(e, f, &pa, &pb);
     int direct = k - i == 1 && pairs[i].a == f->doff && pairs[i].b == f->doff + f->dsize && q->dst &&
                  q->device == CKPTIO_DEVICE_HOST &&
-                 !(r->z->shuffle && ckptio_shuffle_applies(e->offset, pairs[i].a, pairs[i].b, elem_of(e)));
+                 !(r->z->shuffle && ckptio_shuffle_applies(e->offset, pa, pb, elem_of(e)));
     int gpu = 0;
     for (size_t x = i; x < k; x++) gpu |= reqs[pairs[x].req].device != CKPTIO_DEVICE_HOST;
     i = k;
@@ -396,4 +437,33 @@ out:
   free(jobs);
   free(crc);
   return rc;
+}
+
+int ckptio_zread_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check) {
+  uint64_t *from = calloc(2 * n + 1, sizeof(uint64_t));
+  if (!from) return -ENOMEM;
+  uint64_t *to = from + n;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_entry *e = &r->idx.entries[reqs[i].index];
+    from[i] = e->offset;
+    to[i] = e->offset + e->nbytes;
+  }
+  int rc = zread(r, reqs, from, to, n, check);
+  free(from);
+  return rc;
+}
+
+int ckptio_zread_ranges(ckptio_reader *r, const ckptio_load_request *reqs, const uint64_t *from, const uint64_t *to,
+                        size_t n) {
+  return zread(r, reqs, from, to, n, 0);
+}
+
+uint64_t ckptio_zread_frame_bytes(const ckptio_reader *r, const uint64_t *from, const uint64_t *to, size_t n) {
+  const ckptio_zs_table *t = &r->z->t;
+  uint64_t sum = 0;
+  size_t last = (size_t)-1;
+  for (size_t i = 0; i < n; i++)
+    for (size_t f = ckptio_zs_find(t, from[i]); to[i] > from[i] && f < t->count && t->frames[f].doff < to[i]; f++)
+      if (f != last) sum += t->frames[f].dsize, last = f;
+  return sum;
 }

@@ -21,6 +21,16 @@ int ckptio_zread_adopt(ckptio_reader *r);
 void ckptio_zread_free(struct ckptio_zsrc *z);
 /* ckptio_reader_run for a compressed file (requests validated). */
 int ckptio_zread_run(ckptio_reader *r, const ckptio_load_request *reqs, size_t n, int check);
+/* Partial loads (slices): plain bytes [from[i], to[i]) of tensor
+ * reqs[i].index into reqs[i].dst (which receives byte from[i]), each range
+ * inside its tensor; only the frames holding them are decompressed, each
+ * once however many ranges it holds. No CRC check (a range cannot be
+ * verified). Ordering after the caller's streams is the caller's. */
+int ckptio_zread_ranges(ckptio_reader *r, const ckptio_load_request *reqs, const uint64_t *from, const uint64_t *to,
+                        size_t n);
+/* The plain bytes of the frames holding ranges [from[i], to[i]), given in
+ * ascending order: what a partial load decompresses. */
+uint64_t ckptio_zread_frame_bytes(const ckptio_reader *r, const uint64_t *from, const uint64_t *to, size_t n);
 /* Frames, bytes on disk before the seek table... see ckptio_reader_compression. */
 void ckptio_zread_describe(const struct ckptio_zsrc *z, uint64_t *frames, uint64_t *compressed, uint64_t *plain);
 

@@ -195,35 +195,79 @@ TEST(Zstd, RoundTripEveryLevelAndFilter) {
   }
 }
 
-// Slices and plans need plain byte ranges: a whole-tensor slice loads
-// through the frames (and is checked); a partial one or a plan is refused
-// clearly; the zero-copy mapping is refused so callers copy instead.
-TEST(Zstd, SlicesPlansAndMapsOfACompressedFile) {
+// The bytes of slice start:stop of dim d of t, row-major (the reference).
+std::vector<uint8_t> ref_slice(const Tensor &t, int d, int64_t a, int64_t b) {
+  size_t es = (size_t)ckptio_dtype_bits(t.dtype) / 8, outer = 1, inner = es;
+  for (int k = 0; k < d; k++) outer *= (size_t)t.shape[k];
+  for (size_t k = (size_t)d + 1; k < t.shape.size(); k++) inner *= (size_t)t.shape[k];
+  std::vector<uint8_t> out;
+  for (size_t o = 0; o < outer; o++) {
+    auto from = t.bytes.begin() + (ptrdiff_t)((o * (size_t)t.shape[d] + (size_t)a) * inner);
+    out.insert(out.end(), from, from + (ptrdiff_t)((size_t)(b - a) * inner));
+  }
+  return out;
+}
+
+// Slices of a compressed file decompress only the frames holding their runs
+// (each frame once), undo the shuffle element range by element range, and
+// land where a plain file's slice would; onto a GPU too. Plans refuse (no
+// plain byte ranges) and so does the zero-copy mapping.
+TEST(Zstd, SlicesOfACompressedFile) {
   TempDir dir;
-  Ctx c;
+  Ctx c;  // 64 KiB chunks: the larger tensors span several frames
   auto ts = model();
-  ckptio_options o = zopts(1, 1);
-  std::string path = dir.file("s.zst"), err;
-  ASSERT_EQ(save(c.ctx, path, ts, &o, &err), 0) << err;
-  ckptio_reader *r = nullptr;
-  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
-  const Tensor &t = ts[1];
-  ASSERT_GE(t.shape.size(), 1u);
-  size_t ix = (size_t)ckptio_reader_find(r, t.name.c_str());
-  std::vector<uint8_t> got(t.bytes.size());
-  int verified = -1;
-  ASSERT_EQ(ckptio_reader_load_slice(r, ix, 0, 0, t.shape[0], got.data(), got.size(), &verified), 0)
-      << ckptio_reader_last_error(r);
-  EXPECT_EQ(verified, 1);
-  EXPECT_TRUE(got == t.bytes);
-  EXPECT_EQ(ckptio_reader_load_slice(r, ix, 0, 0, 1, got.data(), got.size(), nullptr), CKPTIO_E_FORMAT);
-  EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("compressed"), std::string::npos);
-  EXPECT_EQ(ckptio_reader_plan_rank(r, ix, 0, 0, 2, nullptr, nullptr, nullptr, 0), CKPTIO_E_FORMAT);
-  void *base = nullptr;
-  uint64_t size = 0;
-  EXPECT_EQ(ckptio_reader_map_private(r, &base, &size), CKPTIO_E_FORMAT);
-  EXPECT_EQ(base, nullptr);
-  ckptio_reader_close(r);
+  for (int shuffle : {0, 1}) {
+    SCOPED_TRACE("shuffle " + std::to_string(shuffle));
+    ckptio_options o = zopts(1, shuffle);
+    std::string path = dir.file("s" + std::to_string(shuffle) + ".zst"), err;
+    ASSERT_EQ(save(c.ctx, path, ts, &o, &err), 0) << err;
+    ckptio_reader *r = nullptr;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+    for (const Tensor &t : ts) {
+      if (t.shape.empty() || t.bytes.empty()) continue;
+      size_t ix = (size_t)ckptio_reader_find(r, t.name.c_str());
+      for (int d = 0; d < (int)t.shape.size(); d++) {
+        int64_t n = t.shape[(size_t)d];
+        for (auto ab : std::vector<std::pair<int64_t, int64_t>>{{0, n / 2}, {n / 3, n}, {1, n - 1}, {0, n}}) {
+          if (ab.first > ab.second || ab.second > n) continue;
+          SCOPED_TRACE(t.name + " dim " + std::to_string(d) + " " + std::to_string(ab.first) + ":" +
+                       std::to_string(ab.second));
+          auto want = ref_slice(t, d, ab.first, ab.second);
+          std::vector<uint8_t> got(want.size() + 1, 0xEE);
+          ckptio_slice_request q = {ix, d, ab.first, ab.second, got.data(), got.size(), CKPTIO_DEVICE_HOST, -1, 0};
+          ASSERT_EQ(ckptio_reader_load_slices(r, &q, 1), 0) << ckptio_reader_last_error(r);
+          EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin()));
+          EXPECT_EQ(got.back(), 0xEE) << "wrote past the slice";
+          EXPECT_EQ(q.verified, ab.first == 0 && ab.second == n ? 1 : 0);
+        }
+      }
+    }
+    // A quarter of the rows of the largest tensor: only its frames.
+    const Tensor &w = ts[0];
+    size_t ix = (size_t)ckptio_reader_find(r, w.name.c_str());
+    std::vector<uint8_t> got(w.bytes.size() / 4);
+    ckptio_slice_request q = {ix, 0, 0, w.shape[0] / 4, got.data(), got.size(), CKPTIO_DEVICE_HOST, -1, 0};
+    ASSERT_EQ(ckptio_reader_load_slices(r, &q, 1), 0) << ckptio_reader_last_error(r);
+    EXPECT_GT(q.bytes_read, 0u);
+    EXPECT_LE(q.bytes_read, got.size() + 2 * (64u << 10)) << "decompressed frames the slice does not need";
+    if (on_gpu()) {  // the same slice on dim 1 onto GPU 1 (shuffled frames unshuffled in the slot)
+      auto want = ref_slice(w, 1, 5, 205);
+      void *dev = nullptr;
+      ASSERT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(1), want.size(), &dev), 0);
+      ckptio_slice_request g = {ix, 1, 5, 205, dev, want.size(), CKPTIO_DEVICE_CUDA(1), -1, 0};
+      ASSERT_EQ(ckptio_reader_load_slices(r, &g, 1), 0) << ckptio_reader_last_error(r);
+      std::vector<uint8_t> back(want.size());
+      from_gpu(back.data(), dev, back.size());
+      EXPECT_TRUE(back == want);
+      ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(1), dev);
+    }
+    EXPECT_EQ(ckptio_reader_plan_rank(r, ix, 0, 0, 2, nullptr, nullptr, nullptr, 0), CKPTIO_E_FORMAT);
+    void *base = nullptr;
+    uint64_t size = 0;
+    EXPECT_EQ(ckptio_reader_map_private(r, &base, &size), CKPTIO_E_FORMAT);
+    EXPECT_EQ(base, nullptr);
+    ckptio_reader_close(r);
+  }
 }
 
 TEST(Zstd, ShuffleCompressesFloatsBetter) {
