@@ -201,6 +201,24 @@ _SIGNATURES = {
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
     "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+    # Sharded saves (ckptio.torch.save_torch_state_dict): the ckptio_writer_*
+    # calls above, for a set of shards and its index.
+    "ckptio_shard_writer_open": (_I, [_P, _S, _S, _I, ctypes.c_uint64, ctypes.POINTER(Options),
+                                      _PP]),
+    "ckptio_shard_writer_set_metadata": (_I, [_P, _S, _S]),
+    "ckptio_shard_writer_set_stream": (_I, [_P, _I, _P]),
+    "ckptio_shard_writer_add": (_I, [_P, ctypes.POINTER(Tensor_)]),
+    "ckptio_shard_writer_commit_async": (_I, [_P]),
+    "ckptio_shard_writer_wait_snapshot": (_I, [_P]),
+    "ckptio_shard_writer_wait_durable": (_I, [_P]),
+    "ckptio_shard_writer_poll_snapshot": (_I, [_P]),
+    "ckptio_shard_writer_poll_durable": (_I, [_P]),
+    "ckptio_shard_writer_progress": (None, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                            ctypes.POINTER(ctypes.c_uint64)]),
+    "ckptio_shard_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+    "ckptio_shard_writer_shard_count": (ctypes.c_size_t, [_P]),
+    "ckptio_shard_writer_close": (_I, [_P]),
+    "ckptio_shard_writer_last_error": (_S, [_P]),
 }
 
 _lock = threading.Lock()

@@ -16,6 +16,7 @@ each device's current stream (torch.cuda.current_stream) when the save starts.
 import atexit
 import ctypes
 import os
+import re
 import sys
 import threading
 import weakref
@@ -25,7 +26,8 @@ import torch
 from . import _lib, _mapped
 from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
 
-__all__ = ["save_file", "save_file_async", "load_file", "safe_open", "SaveHandle",
+__all__ = ["save_file", "save_file_async", "save_torch_state_dict",
+           "save_torch_state_dict_async", "load_file", "safe_open", "SaveHandle",
            "CkptioError", "TORCH_DTYPES"]
 
 # safetensors dtype name -> torch dtype, for every dtype both have. F4 / F6 have
@@ -131,9 +133,32 @@ def _as_saveable(name, t):
     return t, dtype, device
 
 
+class _Ops:
+    """The C calls one kind of save goes through: ckptio_writer_* (one file)
+    or ckptio_shard_writer_* (a set of shards and its index), whose APIs are
+    parallel. ops.add is ckptio_<kind>_add, and so on."""
+
+    NAMES = ("set_metadata", "set_stream", "add", "commit_async", "wait_snapshot",
+             "wait_durable", "poll_snapshot", "poll_durable", "progress", "stats", "close",
+             "last_error")
+    _cache = {}
+
+    def __init__(self, kind):
+        lib = _lib.lib()
+        for name in self.NAMES:
+            setattr(self, name, getattr(lib, f"ckptio_{kind}_{name}"))
+
+    @classmethod
+    def of(cls, kind):
+        if kind not in cls._cache:
+            cls._cache[kind] = cls(kind)
+        return cls._cache[kind]
+
+
 class SaveHandle:
-    """A save running in the background (save_file_async). It holds the
-    tensors until the file is durable.
+    """A save running in the background (save_file_async, or a set of shards
+    from save_torch_state_dict_async). It holds the tensors until the save is
+    durable.
 
     wait_snapshot(): returns once every byte has been copied out of the
         tensors (into staging or onto disk); from then on they may be modified.
@@ -145,8 +170,9 @@ class SaveHandle:
     Any thread may call these methods, also concurrently. A handle dropped
     before the save ended waits for it when collected (or at exit)."""
 
-    def __init__(self, writer, keep, filename):
+    def __init__(self, writer, keep, filename, ops=None):
         self.filename = filename
+        self._ops = ops or _Ops.of("writer")  # the C calls, by kind of writer
         self._w = writer
         self._keep = keep
         self._cv = threading.Condition()
@@ -172,7 +198,7 @@ class SaveHandle:
         try:
             rc = fn(self._w)
             if rc is not None and rc < 0:
-                self._record(rc, _lib.lib().ckptio_writer_last_error(self._w))
+                self._record(rc, self._ops.last_error(self._w))
             return rc
         finally:
             with self._cv:
@@ -193,35 +219,36 @@ class SaveHandle:
 
     def wait_snapshot(self):
         """Blocks until the tensors may be modified. Raises CkptioError."""
-        self._call(_lib.lib().ckptio_writer_wait_snapshot)
+        self._call(self._ops.wait_snapshot)
         self._raise()
 
     def wait_durable(self):
         """Blocks until the file is durable, then releases the writer and the
         tensors. Raises CkptioError."""
-        self._call(_lib.lib().ckptio_writer_wait_durable)
+        self._call(self._ops.wait_durable)
         self.close()
         self._raise()
 
     def done(self):
         """True when the save has finished (durable, or failed). Never blocks."""
-        rc = self._call(_lib.lib().ckptio_writer_poll_durable, block=False)
+        rc = self._call(self._ops.poll_durable, block=False)
         return self._closed.is_set() if rc is None else rc != 0
 
     def snapshot_done(self):
         """True when wait_snapshot() would return at once. Never blocks."""
-        rc = self._call(_lib.lib().ckptio_writer_poll_snapshot, block=False)
+        rc = self._call(self._ops.poll_snapshot, block=False)
         return self._closed.is_set() if rc is None else rc != 0
 
     def progress(self):
         """(bytes of tensor data written so far, bytes in all)."""
         done, total = ctypes.c_uint64(), ctypes.c_uint64()
-        rc = self._call(lambda w: _lib.lib().ckptio_writer_progress(
+        rc = self._call(lambda w: self._ops.progress(
             w, ctypes.byref(done), ctypes.byref(total)) or 0)
         return self._final_progress if rc is None else (done.value, total.value)
 
     def stats(self):
-        """Where the save's time went (ckptio_writer_stats) as a dict: bytes,
+        """Where the save's time went (ckptio_writer_stats, or
+        ckptio_shard_writer_stats summed over the shards) as a dict: bytes,
         seconds (wall, commit to durable), snapshot_seconds, and the busy
         seconds of each stage summed over the workers (device, copy, write,
         commit), threads, staging_bytes. While the save runs, the figures so
@@ -229,7 +256,7 @@ class SaveHandle:
         box = []
 
         def get(w):
-            box.append(_mapped.stats(_lib.lib(), _lib.lib().ckptio_writer_stats, w))
+            box.append(_mapped.stats(_lib.lib(), self._ops.stats, w))
             return 0
         rc = self._call(get)
         return self._final_stats if rc is None else box[0]
@@ -245,13 +272,13 @@ class SaveHandle:
         if not first:
             self._closed.wait()
             return
-        lib = _lib.lib()
+        ops = self._ops
         done, total = ctypes.c_uint64(), ctypes.c_uint64()
-        lib.ckptio_writer_progress(self._w, ctypes.byref(done), ctypes.byref(total))
+        ops.progress(self._w, ctypes.byref(done), ctypes.byref(total))
         self._final_progress = (done.value, total.value)
-        lib.ckptio_writer_wait_durable(self._w)  # the stats of the whole save
-        self._final_stats = _mapped.stats(lib, lib.ckptio_writer_stats, self._w)
-        rc = lib.ckptio_writer_close(self._w)  # the save's outcome
+        ops.wait_durable(self._w)  # the stats of the whole save
+        self._final_stats = _mapped.stats(_lib.lib(), ops.stats, self._w)
+        rc = ops.close(self._w)  # the save's outcome
         if rc < 0:
             self._record(rc)
         self._w = None
@@ -299,23 +326,18 @@ def _register_atexit():
             _atexit_done = True
 
 
-def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=True):
-    """Starts saving `tensors` (a dict of str -> torch.Tensor) at `filename`
-    and returns a SaveHandle at once; see save_file for the arguments. Do not
-    modify the tensors until handle.wait_snapshot() returns; the file exists
-    (atomically) once handle.wait_durable() returns."""
-    if format not in _FORMATS:
-        raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
+def _plan(tensors, metadata):
+    """Checks everything (and copies non-contiguous tensors) before a writer
+    exists, so a bad input costs no file work: [(name, tensor, dtype name,
+    device code)], [(key, value)], {device code: the CUDA stream to order
+    after}."""
     if sys.byteorder != "little":
         raise NotImplementedError("ckptio.torch needs a little-endian host")
     if not isinstance(tensors, dict):
         raise TypeError("tensors must be a dict of str -> torch.Tensor, "
                         f"got {type(tensors).__name__}")
-    lib = _lib.lib()
-    ctx = _ctx()
-    _register_atexit()
-    # Everything is checked (and non-contiguous tensors copied) before the
-    # writer exists, so a bad input costs no file work.
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
     plan = []
     for name, t in tensors.items():
         if not isinstance(name, str):
@@ -332,7 +354,45 @@ def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=
     for name, t, dtype, device in plan:
         if device != _lib.DEVICE_HOST and device not in streams:
             streams[device] = torch.cuda.current_stream(t.device).cuda_stream
+    return plan, meta, streams
 
+
+def _start(ops, w, plan, meta, streams, shown):
+    """Fills the open writer `w` (of kind `ops`) and starts its commit: a
+    SaveHandle. On failure the writer is closed (uncommitted: nothing written)."""
+    try:
+        for key, value in meta:
+            _check(ops.set_metadata(w, key.encode(), value.encode()),
+                   f"{shown}: metadata {key!r}", ops.last_error(w))
+        for device, stream in streams.items():
+            _check(ops.set_stream(w, device, stream),
+                   f"{shown}: CUDA stream of device {device - 1}", ops.last_error(w))
+        for name, t, dtype, device in plan:
+            shape = tuple(t.shape)
+            desc = _lib.Tensor_(name.encode(), _code_of(dtype), len(shape),
+                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
+            _check(ops.add(w, ctypes.byref(desc)), f"{shown}: tensor {name!r}",
+                   ops.last_error(w))
+        _check(ops.commit_async(w), f"cannot save {shown}", ops.last_error(w))
+    except BaseException:
+        ops.close(w)
+        raise
+    # The tensors (and the contiguous copies made by _plan) stay referenced by
+    # the handle until the save is durable.
+    return SaveHandle(w, [t for _, t, _, _ in plan], shown, ops)
+
+
+def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=True):
+    """Starts saving `tensors` (a dict of str -> torch.Tensor) at `filename`
+    and returns a SaveHandle at once; see save_file for the arguments. Do not
+    modify the tensors until handle.wait_snapshot() returns; the file exists
+    (atomically) once handle.wait_durable() returns."""
+    if format not in _FORMATS:
+        raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
+    plan, meta, streams = _plan(tensors, metadata)
+    lib = _lib.lib()
+    ctx = _ctx()
+    _register_atexit()
     fspath = os.fsencode(os.fspath(filename))
     shown = os.fsdecode(fspath)
     opts = _options(ctx, crc)
@@ -340,27 +400,7 @@ def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=
     _check(lib.ckptio_writer_open(ctx, fspath, _FORMATS[format], ctypes.byref(opts),
                                   ctypes.byref(w)), f"cannot save {shown}",
            lib.ckptio_last_open_error())
-    try:
-        for key, value in meta:
-            _check(lib.ckptio_writer_set_metadata(w, key.encode(), value.encode()),
-                   f"{shown}: metadata {key!r}", lib.ckptio_writer_last_error(w))
-        for device, stream in streams.items():
-            _check(lib.ckptio_writer_set_stream(w, device, stream),
-                   f"{shown}: CUDA stream of device {device - 1}", lib.ckptio_writer_last_error(w))
-        for name, t, dtype, device in plan:
-            shape = tuple(t.shape)
-            desc = _lib.Tensor_(name.encode(), _code_of(dtype), len(shape),
-                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
-            _check(lib.ckptio_writer_add(w, ctypes.byref(desc)), f"{shown}: tensor {name!r}",
-                   lib.ckptio_writer_last_error(w))
-        _check(lib.ckptio_writer_commit_async(w), f"cannot save {shown}",
-               lib.ckptio_writer_last_error(w))
-    except BaseException:
-        lib.ckptio_writer_close(w)  # uncommitted: writes nothing
-        raise
-    # The tensors (and the contiguous copies made above) stay referenced by
-    # the handle until the file is durable.
-    return SaveHandle(w, [t for _, t, _, _ in plan], shown)
+    return _start(_Ops.of("writer"), w, plan, meta, streams, shown)
 
 
 def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
@@ -376,6 +416,113 @@ def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
     Contiguous tensors are read in place; others are first copied by
     .contiguous() (and conjugate / negative views resolved)."""
     handle = save_file_async(tensors, filename, metadata=metadata, format=format, crc=crc)
+    handle.wait_durable()
+
+
+# ------------------------------------------------------------ sharded save
+
+# huggingface_hub's units (powers of 1000), and transformers' binary ones.
+_SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]I?B)\s*", re.IGNORECASE)
+
+
+def parse_size(size):
+    """Bytes from an int or a string such as "5GB" / "500MB" / "2GiB": KB, MB,
+    GB, TB are powers of 1000 and a value may have a fraction ("1.5GB" =
+    1500000000), as huggingface_hub's parse_size_to_int; KiB, MiB, GiB, TiB
+    powers of 1024. Units are case-insensitive. ValueError for anything else
+    or a size under 1 byte."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TypeError(f"max_shard_size must be an int (bytes) or a str such as '5GB', "
+                        f"got {type(size).__name__}")
+    if isinstance(size, str):
+        m = _SIZE_RE.fullmatch(size)
+        if not m:
+            raise ValueError(f"max_shard_size {size!r} is not a size: use an int (bytes) or "
+                             "a number with a unit, KB / MB / GB / TB (powers of 1000) or "
+                             "KiB / MiB / GiB / TiB (powers of 1024), e.g. '5GB' or '500MiB'")
+        value = int(float(m[1]) * _SIZE_UNITS[m[2].upper()])
+    else:
+        value = size
+    if value < 1:
+        raise ValueError(f"max_shard_size must be at least 1 byte, got {size!r}")
+    if value >= 2**64:
+        raise ValueError(f"max_shard_size {size!r} is too large (>= 2**64 bytes)")
+    return value
+
+
+def _hf_order(plan, limit):
+    """The plan reordered so that the shard writer (which fills shards in the
+    order added) cuts the shards huggingface_hub's
+    split_torch_state_dict_into_shards would: in dict order, a new shard when
+    the next tensor would push the current one over the limit, and a tensor
+    larger than the limit alone in a shard placed where it is met, before
+    the still open one."""
+    shards, cur, fill = [], [], 0
+    for item in plan:
+        n = item[1].numel() * item[1].element_size()
+        if n > limit:
+            shards.append([item])
+            continue
+        if fill + n > limit:
+            shards.append(cur)
+            cur, fill = [], 0
+        cur.append(item)
+        fill += n
+    if cur:
+        shards.append(cur)
+    return [item for shard in shards for item in shard]
+
+
+def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", metadata=None,
+                                prefix="model", crc=True):
+    """Starts a sharded save of `tensors` into the existing directory
+    `save_directory` and returns a SaveHandle at once (the same methods as
+    save_file_async's; handle.filename is the directory). See
+    save_torch_state_dict."""
+    limit = parse_size(max_shard_size)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    plan, meta, streams = _plan(tensors, metadata)
+    # As huggingface_hub: every shard says format=pt (transformers requires
+    # it); the caller's metadata may set another.
+    if all(key != "format" for key, _ in meta):
+        meta.insert(0, ("format", "pt"))
+    plan = _hf_order(plan, limit)
+    lib = _lib.lib()
+    ctx = _ctx()
+    _register_atexit()
+    fspath = os.fsencode(os.fspath(save_directory))
+    shown = os.fsdecode(fspath)
+    opts = _options(ctx, crc)
+    w = ctypes.c_void_p()
+    _check(lib.ckptio_shard_writer_open(ctx, fspath, prefix.encode(), _lib.FORMAT_SAFETENSORS,
+                                        limit, ctypes.byref(opts), ctypes.byref(w)),
+           f"cannot save {shown}", lib.ckptio_last_open_error())
+    return _start(_Ops.of("shard_writer"), w, plan, meta, streams, shown)
+
+
+def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadata=None,
+                          prefix="model", crc=True):
+    """Saves a dict of str -> torch.Tensor into `save_directory` (which must
+    exist) as a Hugging Face sharded set, like huggingface_hub's
+    save_torch_state_dict: {prefix}-00001-of-0000N.safetensors ... each
+    holding at most max_shard_size bytes of tensor data (a larger tensor gets
+    a shard of its own), split as huggingface_hub splits, and
+    {prefix}.safetensors.index.json mapping every tensor to its shard.
+
+    max_shard_size: int bytes, or a str such as "5GB" / "500MB" (powers of
+        1000) or "2GiB" (powers of 1024); see parse_size.
+    metadata: dict of str -> str, written into every shard's __metadata__,
+        with "format": "pt" unless it sets "format".
+    crc: record a CRC32 of every tensor (checked by load_file).
+    The set is committed atomically (see README "Sharded checkpoints"): a
+    failed save leaves the directory's files as they were and no temp file.
+    ct.load_file(save_directory) loads it back; transformers and safetensors
+    open it as they are. Tensors as for save_file (CPU or CUDA)."""
+    handle = save_torch_state_dict_async(tensors, save_directory, max_shard_size=max_shard_size,
+                                         metadata=metadata, prefix=prefix, crc=crc)
     handle.wait_durable()
 
 
