@@ -16,7 +16,7 @@ current_stream returned.
 Covered: tensors on both GPUs (and one on the CPU) saved in both formats hold
 the bytes put in device memory; load_file / get_tensor / get_slice onto
 cuda:1 put the file's bytes in GPU 1 memory, after draining GPU 1's current
-stream; a save holds what the work queued before it on the current stream
+stream; a save (also a sharded one, save_torch_state_dict) holds what the work queued before it on the current stream
 of the tensors' device wrote, and not what is written after its snapshot;
 host / GPU / wrong-GPU pointer mix-ups raise CkptioError naming them;
 nothing is leaked.
@@ -279,6 +279,40 @@ def test_save_is_ordered_after_the_current_stream(gpus, tmp_path):
         gpus.streams[1].synchronize()
     assert gpus.stream_calls == [torch.device("cuda", 1)]
     assert torch.equal(ct.load_file(tmp_path / "x.safetensors")["x"], new)
+
+
+def test_sharded_save_from_two_gpus_is_ordered_after_their_streams(gpus, tmp_path):
+    # save_torch_state_dict hands each device's current stream to the shard
+    # writer (the code save_file_async uses): a copy queued on GPU 1's stream
+    # before the call is in the set, a write after the snapshot is not.
+    want = sample()
+    tensors = {n: gpus.to_gpu(t, GPU_OF[n]) for n, t in want.items()}
+    old, new = torch.full((1 << 16,), 1.0), torch.full((1 << 16,), 2.0)
+    tensors["x"], want["x"] = gpus.to_gpu(old, 1), new
+    scratch = gpus.empty((1 << 16,), torch.float32, 1)
+    stream = gpus.streams[1].cuda_stream
+    new_bytes = raw(new)
+    FAKE.fake_cudart_set_delay_us(20_000)
+    try:
+        for _ in range(10):
+            cuda(FAKE.cudaMemsetAsync(scratch.data_ptr(), 0, nbytes(scratch), stream), "memset")
+        cuda(FAKE.cudaMemcpyAsync(tensors["x"].data_ptr(), new_bytes, len(new_bytes), H2D, stream),
+             "H2D")
+        t0 = time.monotonic()
+        h = ct.save_torch_state_dict_async(tensors, tmp_path, max_shard_size="200KB")
+        h.wait_snapshot()
+        assert time.monotonic() - t0 > 0.1, "the snapshot did not wait for the stream"
+        write(tensors["x"], raw(torch.full((1 << 16,), 3.0)))  # after the snapshot
+        h.wait_durable()
+    finally:
+        FAKE.fake_cudart_set_delay_us(2000)
+        gpus.streams[1].synchronize()
+    assert sorted(gpus.stream_calls, key=str) == [torch.device("cuda", i) for i in (0, 1)]
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) == 3
+    got = ct.load_file(tmp_path)
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert raw(got[name]) == raw(t), name
 
 
 def test_a_bad_stream_fails_the_save(gpus, tmp_path):
