@@ -357,9 +357,22 @@ def _plan(tensors, metadata):
     return plan, meta, streams
 
 
-def _start(ops, w, plan, meta, streams, shown):
-    """Fills the open writer `w` (of kind `ops`) and starts its commit: a
-    SaveHandle. On failure the writer is closed (uncommitted: nothing written)."""
+def _start(kind, path, crc, open_args, plan, meta, streams):
+    """Opens a writer of `kind` ("writer" or "shard_writer":
+    ckptio_<kind>_open(ctx, path, *open_args, opts, &w)), fills it and starts
+    its commit: a SaveHandle. On failure the writer is closed (uncommitted:
+    nothing written)."""
+    lib = _lib.lib()
+    ctx = _ctx()
+    _register_atexit()
+    ops = _Ops.of(kind)
+    fspath = os.fsencode(os.fspath(path))
+    shown = os.fsdecode(fspath)
+    opts = _options(ctx, crc)
+    w = ctypes.c_void_p()
+    _check(getattr(lib, f"ckptio_{kind}_open")(ctx, fspath, *open_args, ctypes.byref(opts),
+                                                ctypes.byref(w)),
+           f"cannot save {shown}", lib.ckptio_last_open_error())
     try:
         for key, value in meta:
             _check(ops.set_metadata(w, key.encode(), value.encode()),
@@ -390,17 +403,7 @@ def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=
     if format not in _FORMATS:
         raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
     plan, meta, streams = _plan(tensors, metadata)
-    lib = _lib.lib()
-    ctx = _ctx()
-    _register_atexit()
-    fspath = os.fsencode(os.fspath(filename))
-    shown = os.fsdecode(fspath)
-    opts = _options(ctx, crc)
-    w = ctypes.c_void_p()
-    _check(lib.ckptio_writer_open(ctx, fspath, _FORMATS[format], ctypes.byref(opts),
-                                  ctypes.byref(w)), f"cannot save {shown}",
-           lib.ckptio_last_open_error())
-    return _start(_Ops.of("writer"), w, plan, meta, streams, shown)
+    return _start("writer", filename, crc, (_FORMATS[format],), plan, meta, streams)
 
 
 def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
@@ -489,18 +492,9 @@ def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", m
     # it); the caller's metadata may set another.
     if all(key != "format" for key, _ in meta):
         meta.insert(0, ("format", "pt"))
-    plan = _hf_order(plan, limit)
-    lib = _lib.lib()
-    ctx = _ctx()
-    _register_atexit()
-    fspath = os.fsencode(os.fspath(save_directory))
-    shown = os.fsdecode(fspath)
-    opts = _options(ctx, crc)
-    w = ctypes.c_void_p()
-    _check(lib.ckptio_shard_writer_open(ctx, fspath, prefix.encode(), _lib.FORMAT_SAFETENSORS,
-                                        limit, ctypes.byref(opts), ctypes.byref(w)),
-           f"cannot save {shown}", lib.ckptio_last_open_error())
-    return _start(_Ops.of("shard_writer"), w, plan, meta, streams, shown)
+    return _start("shard_writer", save_directory, crc,
+                  (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit),
+                  _hf_order(plan, limit), meta, streams)
 
 
 def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadata=None,
