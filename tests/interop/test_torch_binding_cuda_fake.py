@@ -25,6 +25,7 @@ Needs the env that tests/CMakeLists.txt sets: CKPTIO_CUDART (the fake's
 libcudart.so.13), FAKE_CUDART_DEVICES=2, FAKE_CUDART_REPORT_LEAKS=1 (a CUDA
 object left at exit makes the process exit 3, which fails the test)."""
 
+import contextlib
 import ctypes
 import os
 import pathlib
@@ -253,30 +254,40 @@ def test_save_from_two_gpus_and_load_onto_gpu1(gpus, tmp_path, fmt):
 
 # ------------------------------------------------------------ streams
 
-def test_save_is_ordered_after_the_current_stream(gpus, tmp_path):
-    old = torch.full((1 << 16,), 1.0)
-    new = torch.full((1 << 16,), 2.0)
-    x = gpus.to_gpu(old, 1)
-    scratch = gpus.empty((1 << 16,), torch.float32, 1)
-    stream = gpus.streams[1].cuda_stream
-    new_bytes = raw(new)
-    # On GPU 1's current stream: 10 slow memsets, then `new` is copied into x,
-    # about 0.2 s from now. A save not ordered after this stream would read
-    # x long before that, and find `old`.
+@contextlib.contextmanager
+def slow_write_queued(gpus, x, value):
+    """On the current stream of x's GPU: 10 slow memsets, then x filled with
+    `value`, about 0.2 s from now. A save not ordered after that stream
+    would read x long before, and find its old value."""
+    gpu = x.device.index
+    scratch = gpus.empty(tuple(x.shape), x.dtype, gpu)
+    stream = gpus.streams[gpu].cuda_stream
+    data = raw(torch.full(tuple(x.shape), value, dtype=x.dtype))
     FAKE.fake_cudart_set_delay_us(20_000)
     try:
         for _ in range(10):
             cuda(FAKE.cudaMemsetAsync(scratch.data_ptr(), 0, nbytes(scratch), stream), "memset")
-        cuda(FAKE.cudaMemcpyAsync(x.data_ptr(), new_bytes, len(new_bytes), H2D, stream), "H2D")
-        t0 = time.monotonic()
-        h = ct.save_file_async({"x": x}, tmp_path / "x.safetensors")
-        h.wait_snapshot()
-        assert time.monotonic() - t0 > 0.1, "the snapshot did not wait for the stream"
-        write(x, raw(torch.full((1 << 16,), 3.0)))  # after the snapshot: not in the file
-        h.wait_durable()
+        cuda(FAKE.cudaMemcpyAsync(x.data_ptr(), data, len(data), H2D, stream), "H2D")
+        yield
     finally:
         FAKE.fake_cudart_set_delay_us(2000)
-        gpus.streams[1].synchronize()
+        gpus.streams[gpu].synchronize()
+
+
+def wait_snapshot_then_write(h, x):
+    """The snapshot waited for the queued write; a write after it is not saved."""
+    t0 = time.monotonic()
+    h.wait_snapshot()
+    assert time.monotonic() - t0 > 0.1, "the snapshot did not wait for the stream"
+    write(x, raw(torch.full(tuple(x.shape), 3.0, dtype=x.dtype)))
+    h.wait_durable()
+
+
+def test_save_is_ordered_after_the_current_stream(gpus, tmp_path):
+    new = torch.full((1 << 16,), 2.0)
+    x = gpus.to_gpu(torch.full((1 << 16,), 1.0), 1)
+    with slow_write_queued(gpus, x, 2.0):
+        wait_snapshot_then_write(ct.save_file_async({"x": x}, tmp_path / "x.safetensors"), x)
     assert gpus.stream_calls == [torch.device("cuda", 1)]
     assert torch.equal(ct.load_file(tmp_path / "x.safetensors")["x"], new)
 
@@ -287,26 +298,11 @@ def test_sharded_save_from_two_gpus_is_ordered_after_their_streams(gpus, tmp_pat
     # before the call is in the set, a write after the snapshot is not.
     want = sample()
     tensors = {n: gpus.to_gpu(t, GPU_OF[n]) for n, t in want.items()}
-    old, new = torch.full((1 << 16,), 1.0), torch.full((1 << 16,), 2.0)
-    tensors["x"], want["x"] = gpus.to_gpu(old, 1), new
-    scratch = gpus.empty((1 << 16,), torch.float32, 1)
-    stream = gpus.streams[1].cuda_stream
-    new_bytes = raw(new)
-    FAKE.fake_cudart_set_delay_us(20_000)
-    try:
-        for _ in range(10):
-            cuda(FAKE.cudaMemsetAsync(scratch.data_ptr(), 0, nbytes(scratch), stream), "memset")
-        cuda(FAKE.cudaMemcpyAsync(tensors["x"].data_ptr(), new_bytes, len(new_bytes), H2D, stream),
-             "H2D")
-        t0 = time.monotonic()
-        h = ct.save_torch_state_dict_async(tensors, tmp_path, max_shard_size="200KB")
-        h.wait_snapshot()
-        assert time.monotonic() - t0 > 0.1, "the snapshot did not wait for the stream"
-        write(tensors["x"], raw(torch.full((1 << 16,), 3.0)))  # after the snapshot
-        h.wait_durable()
-    finally:
-        FAKE.fake_cudart_set_delay_us(2000)
-        gpus.streams[1].synchronize()
+    x = tensors["x"] = gpus.to_gpu(torch.full((1 << 16,), 1.0), 1)
+    want["x"] = torch.full((1 << 16,), 2.0)
+    with slow_write_queued(gpus, x, 2.0):
+        wait_snapshot_then_write(
+            ct.save_torch_state_dict_async(tensors, tmp_path, max_shard_size="200KB"), x)
     assert sorted(gpus.stream_calls, key=str) == [torch.device("cuda", i) for i in (0, 1)]
     assert len([f for f in os.listdir(tmp_path) if f.endswith(".safetensors")]) == 3
     got = ct.load_file(tmp_path)

@@ -59,6 +59,17 @@ ckptio_options small_options(size_t chunk, size_t staging, int threads) {
   return o;
 }
 
+ckptio_tensor host_desc(const Tensor &t) {
+  ckptio_tensor d{};
+  d.name = t.name.c_str();
+  d.dtype = t.dtype;
+  d.ndim = (int)t.shape.size();
+  for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
+  d.data = const_cast<uint8_t *>(t.bytes.data());
+  d.device = CKPTIO_DEVICE_HOST;
+  return d;
+}
+
 int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
          const ckptio_options *opts, std::string *err) {
   ckptio_writer *w = nullptr;
@@ -67,13 +78,7 @@ int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts
   std::vector<std::pair<int, void *>> on_device;
   for (size_t k = 0; k < ts.size() && rc == 0; k++) {
     const Tensor &t = ts[k];
-    ckptio_tensor d{};
-    d.name = t.name.c_str();
-    d.dtype = t.dtype;
-    d.ndim = (int)t.shape.size();
-    for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
-    d.data = t.bytes.data();
-    d.device = CKPTIO_DEVICE_HOST;
+    ckptio_tensor d = host_desc(t);
     if (on_gpu()) {
       d.device = CKPTIO_DEVICE_CUDA((int)(k % (size_t)gpu_count()));
       void *p = nullptr;

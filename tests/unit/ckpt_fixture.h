@@ -21,6 +21,9 @@ struct Tensor {
 // Shape's bytes filled with pattern(seed).
 Tensor make_tensor(const std::string &name, ckptio_dtype dtype, std::vector<int64_t> shape, uint64_t seed);
 
+// The descriptor of t's bytes in host memory (name and data borrowed from t).
+ckptio_tensor host_desc(const Tensor &t);
+
 // Context options with a small chunk and ring so tests cross many chunk
 // boundaries quickly.
 ckptio_options small_options(size_t chunk = 64 << 10, size_t staging = 256 << 10, int threads = 3);

@@ -41,12 +41,7 @@ int save_set(ckptio_ctx *ctx, const std::string &dir, const std::vector<Tensor> 
   rc = ckptio_shard_writer_set_metadata(w, "format", "pt");
   std::vector<std::pair<int, void *>> on_device;
   for (size_t k = 0; k < ts.size() && rc == 0; k++) {
-    ckptio_tensor d{};
-    d.name = ts[k].name.c_str();
-    d.dtype = ts[k].dtype;
-    d.ndim = (int)ts[k].shape.size();
-    for (size_t i = 0; i < ts[k].shape.size(); i++) d.shape[i] = ts[k].shape[i];
-    d.data = ts[k].bytes.data();
+    ckptio_tensor d = host_desc(ts[k]);
     if (on_gpu()) {
       d.device = CKPTIO_DEVICE_CUDA((int)(k % (size_t)gpu_count()));
       void *p = nullptr;
@@ -377,12 +372,7 @@ TEST_F(Shard, PollsAndStatsFollowTheSet) {
             0);
   uint64_t total = 0;
   for (auto &t : ts) {
-    ckptio_tensor d{};
-    d.name = t.name.c_str();
-    d.dtype = t.dtype;
-    d.ndim = (int)t.shape.size();
-    for (size_t i = 0; i < t.shape.size(); i++) d.shape[i] = t.shape[i];
-    d.data = t.bytes.data();
+    ckptio_tensor d = host_desc(t);
     ASSERT_EQ(ckptio_shard_writer_add(w, &d), 0);
     total += t.bytes.size();
   }
