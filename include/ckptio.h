@@ -549,9 +549,11 @@ int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_
  *  live in (several ranks of a broadcast view may share them). The first
  *  min(count, cap) ranges go to `ranges`; ask the count first with cap 0
  *  (ranges may then be NULL).
- *  @return the number of ranges (>= 0), the codes of
- *          ckptio_reader_slice_nbytes, or CKPTIO_E_FORMAT for a compressed
- *          file (its bytes are in zstd frames, not plain ranges). */
+ *  For a compressed file the ranges are the zstd frames holding the slice
+ *  (each frame is read and decompressed whole, so neighbouring ranks may
+ *  share a frame).
+ *  @return the number of ranges (>= 0), or the codes of
+ *          ckptio_reader_slice_nbytes. */
 int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start,
                                    int64_t stop, ckptio_byte_range *ranges, size_t cap);
 

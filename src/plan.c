@@ -1,10 +1,12 @@
 /* Plans for tensor-parallel loaders: which range of a dimension a rank
  * owns (torch.chunk's rule) and which bytes of the file hold a slice, so a
  * loader can schedule its reads before making them. The byte ranges are
- * the runs slice.c reads, named by file offset. */
+ * the runs slice.c reads, named by file offset; for a compressed file, the
+ * frames holding those runs (a frame is read whole). */
 #include <stdio.h>
 #include <string.h>
 
+#include "compress/zload.h"
 #include "shard.h"
 #include "slice.h"
 
@@ -51,6 +53,8 @@ static void emit(emitter *m, uint64_t off, uint64_t len) {
   m->len = len;
 }
 
+static void emit_cb(void *m, uint64_t off, uint64_t len) { emit(m, off, len); }
+
 /* The storage bytes of a view's logical elements [first, first + count),
  * in their row-major order: runs along a unit-stride last dimension, else
  * one element at a time (the walk of load.c's gather). */
@@ -86,18 +90,17 @@ int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int6
                                    ckptio_byte_range *ranges, size_t cap) {
   if (!r || (cap && !ranges)) return CKPTIO_E_INVALID_ARG;
   if (r->set) return ckptio_shard_slice_ranges(r, index, dim, start, stop, ranges, cap);
-  if (r->z)
-    return rfail(r, CKPTIO_E_FORMAT, "%s: a compressed file has no plain byte ranges to plan (its frames hold them)",
-                 r->path);
   ckptio_slice_geom g;
   int rc = ckptio_slice_geom_of(r, index, dim, start, stop, &g);
   if (rc < 0) return rc;
   const ckptio_entry *e = &r->idx.entries[index];
   emitter m = {.out = ranges, .cap = cap};
   uint64_t es = (uint64_t)ckptio_dtype_bits(e->dtype) / 8;
+  size_t last = (size_t)-1;
   for (uint64_t k = 0; k < g.count; k++) {
     uint64_t src = g.src0 + k * g.pitch;
-    if (e->strided) emit_view(&m, e, src / es, g.run / es);
+    if (r->z) ckptio_zread_frames_of(r, e->offset + src, e->offset + src + g.run, &last, emit_cb, &m);
+    else if (e->strided) emit_view(&m, e, src / es, g.run / es);
     else emit(&m, e->offset + src, g.run);
   }
   close_range(&m);

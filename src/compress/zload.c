@@ -467,3 +467,13 @@ uint64_t ckptio_zread_frame_bytes(const ckptio_reader *r, const uint64_t *from, 
       if (f != last) sum += t->frames[f].dsize, last = f;
   return sum;
 }
+
+void ckptio_zread_frames_of(const ckptio_reader *r, uint64_t a, uint64_t b, size_t *last,
+                            void (*emit)(void *arg, uint64_t off, uint64_t len), void *arg) {
+  const ckptio_zs_table *t = &r->z->t;
+  for (size_t f = ckptio_zs_find(t, a); b > a && f < t->count && t->frames[f].doff < b; f++)
+    if (f != *last) {
+      emit(arg, t->frames[f].coff, t->frames[f].csize);
+      *last = f;
+    }
+}

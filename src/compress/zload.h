@@ -31,6 +31,11 @@ int ckptio_zread_ranges(ckptio_reader *r, const ckptio_load_request *reqs, const
 /* The plain bytes of the frames holding ranges [from[i], to[i]), given in
  * ascending order: what a partial load decompresses. */
 uint64_t ckptio_zread_frame_bytes(const ckptio_reader *r, const uint64_t *from, const uint64_t *to, size_t n);
+/* Calls emit(arg, file offset, bytes) for each frame holding plain bytes
+ * [a, b) that is not *last (the frame emitted before: ranges come in
+ * ascending order), updating *last; start with *last = (size_t)-1. */
+void ckptio_zread_frames_of(const ckptio_reader *r, uint64_t a, uint64_t b, size_t *last,
+                            void (*emit)(void *arg, uint64_t off, uint64_t len), void *arg);
 /* Frames, bytes on disk before the seek table... see ckptio_reader_compression. */
 void ckptio_zread_describe(const struct ckptio_zsrc *z, uint64_t *frames, uint64_t *compressed, uint64_t *plain);
 
