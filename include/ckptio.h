@@ -605,8 +605,10 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
 
 /* A sharded save. Like ckptio_writer, but the tensors are spread over shard
  * files in the order added, each filled up to max_shard_bytes of tensor data
- * (a tensor larger than the limit gets a shard of its own, as Hugging Face
- * does). The shards are written concurrently, one pipeline each, sharing the
+ * (a tensor larger than the limit gets a shard of its own). Shards keep the
+ * order added: where huggingface_hub puts an oversize tensor's shard before
+ * the one still being filled, add the tensors in that order to get its
+ * files (Python's save_torch_state_dict does). The shards are written concurrently, one pipeline each, sharing the
  * context's pool and staging ring. Used by one thread at a time, except the
  * wait and progress calls, which any thread may call while a commit runs.
  *

@@ -186,8 +186,9 @@ int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
   return 0;
 }
 
-/* Hugging Face's rule: a new shard starts when the next tensor would push
- * a non-empty shard over the limit. */
+/* Shards are runs of tensors in the order added: a new shard starts when
+ * the next tensor would push a non-empty shard over the limit (Hugging
+ * Face's fill rule; its placement of oversize tensors is the caller's). */
 static int assign_shards(ckptio_shard_writer *w) {
   if (!(w->first = calloc(w->count + 2, sizeof(size_t)))) return -ENOMEM;
   size_t n = 0;

@@ -71,7 +71,7 @@ int save_set(ckptio_ctx *ctx, const std::string &dir, const std::vector<Tensor> 
 }
 
 // Tensor sizes 40000, 40000, 120000 (over the limit), 4000, 40000, 28: with
-// a 100000-byte limit: {a, b}, {c}, {d, e, f}... see SplitsLikeHuggingFace.
+// a 100000-byte limit: {a, b}, {c}, {d, e, f}... see SplitsInOrderByTheFillRule.
 std::vector<Tensor> model(uint64_t seed) {
   return {make_tensor("layers.0.w", CKPTIO_F32, {100, 100}, seed + 1),
           make_tensor("layers.0.b", CKPTIO_BF16, {20000}, seed + 2),
@@ -119,7 +119,7 @@ class Shard : public ::testing::Test {
 
 }  // namespace
 
-TEST_F(Shard, SplitsLikeHuggingFace) {
+TEST_F(Shard, SplitsInOrderByTheFillRule) {
   auto ts = model(0);
   size_t n = 0;
   std::string err;
