@@ -251,13 +251,13 @@ def save_file(tensors, path, metadata=None, crc=True, format="safetensors", comp
 class _Reader:
     def __init__(self, path, crc=True, mapped=False):
         """mapped: the caller wants a zero-copy load, which runs on the light
-        context of _map_ctx(). A checkpoint no single mapping holds (a
-        sharded set, a compressed file) is copied instead, so it is reopened
-        on the full context: copies need its staging ring."""
+        context of _map_ctx(). A compressed file cannot be mapped and is
+        copied instead, so it is reopened on the full context: copies need
+        its staging ring. (A sharded set is mapped shard by shard: shards().)"""
         self.lib = _lib.lib()
         self.path = os.fsencode(os.fspath(path))
         self._open(_map_ctx() if mapped else _ctx(), crc)
-        if mapped and not self.mappable():
+        if mapped and self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1:
             self.lib.ckptio_reader_close(self.handle)
             self._open(_ctx(), crc)
 
@@ -268,10 +268,16 @@ class _Reader:
                                            ctypes.byref(self.handle)),
                f"cannot open {os.fsdecode(self.path)}", self.lib.ckptio_last_open_error())
 
-    def mappable(self):
-        """Whether ckptio_reader_map_private can map this checkpoint."""
-        return (self.lib.ckptio_reader_shard_count(self.handle) == 0 and
-                self.lib.ckptio_reader_compression(self.handle, None, None, None) == 0)
+    def shards(self):
+        """The shard files of a sharded set (validated together when it was
+        opened: names, tensors, save ids), in order; [] for a single file."""
+        out = []
+        for k in range(self.lib.ckptio_reader_shard_count(self.handle)):
+            p = ctypes.c_char_p()
+            self.check(self.lib.ckptio_reader_shard(self.handle, k, ctypes.byref(p), None, None),
+                       f"shard {k}")
+            out.append(p.value)
+        return out
 
     def __enter__(self):
         return self
@@ -314,42 +320,55 @@ def load_file(path, crc=True, mmap=True):
     truncates the file in place while arrays live makes reading them raise
     SIGBUS (as with safetensors' and torch.load(mmap=True)'s results; ckptio
     never writes in place). Strided or big-endian .pt entries and misaligned
-    tensors are copied.
+    tensors are copied; a sharded set maps each shard on its own; a
+    compressed file is always copied.
     mmap=False: every tensor is copied into fresh memory (parallel preads);
     the arrays are independent of the file."""
     with _Reader(path, crc, mapped=mmap) as r:
-        infos = r.infos()
-        mapping = _mapped.map_file(r) if mmap and infos else None
-        out = {}
-        reqs = (_lib.LoadRequest * max(len(infos), 1))()
-        n = 0
-        for i, info in enumerate(infos):
-            name = info.name.decode()
-            dtype = r.lib.ckptio_dtype_name(info.dtype).decode()
-            shape = tuple(info.shape[:info.ndim])
-            np_dtype = NUMPY_DTYPES.get(dtype)
-            if np_dtype is not None:
-                count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-                nbytes = count * np_dtype.itemsize
-            else:
-                count, nbytes = info.nbytes, info.nbytes
-            if nbytes != info.nbytes:
-                raise CkptioError(ERRORS["TENSOR_INFO"],
-                                  f"{os.fsdecode(r.path)}: tensor {name!r}: {dtype} "
-                                  f"{list(shape)} is {nbytes} bytes, the file says "
-                                  f"{info.nbytes}")
-            itemsize = np_dtype.itemsize if np_dtype is not None else 1
-            if mapping is not None and _mapped.viewable(r, i, info, itemsize):
-                flat = np.frombuffer(mapping, np_dtype or np.uint8, count, info.offset)
-            else:
-                flat = np.empty(count, np_dtype or np.uint8)
-                if nbytes:
-                    reqs[n] = _lib.LoadRequest(i, flat.ctypes.data, nbytes, _lib.DEVICE_HOST)
-                    n += 1
-            out[name] = flat.reshape(shape) if np_dtype is not None else Tensor(dtype, shape, flat)
-        if n:
-            r.check(r.lib.ckptio_reader_load_many(r.handle, reqs, n), "load")
-        return out
+        shards = r.shards() if mmap else []
+        if not shards:
+            return _load_one(r, mmap)
+    # A sharded set, checked as a set on open: each shard mapped on its own.
+    out = {}
+    for shard in shards:
+        out.update(load_file(shard, crc, mmap))
+    return out
+
+
+def _load_one(r, mmap):
+    """load_file of one file, open in r."""
+    infos = r.infos()
+    mapping = _mapped.map_file(r) if mmap and infos else None
+    out = {}
+    reqs = (_lib.LoadRequest * max(len(infos), 1))()
+    n = 0
+    for i, info in enumerate(infos):
+        name = info.name.decode()
+        dtype = r.lib.ckptio_dtype_name(info.dtype).decode()
+        shape = tuple(info.shape[:info.ndim])
+        np_dtype = NUMPY_DTYPES.get(dtype)
+        if np_dtype is not None:
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            nbytes = count * np_dtype.itemsize
+        else:
+            count, nbytes = info.nbytes, info.nbytes
+        if nbytes != info.nbytes:
+            raise CkptioError(ERRORS["TENSOR_INFO"],
+                              f"{os.fsdecode(r.path)}: tensor {name!r}: {dtype} "
+                              f"{list(shape)} is {nbytes} bytes, the file says "
+                              f"{info.nbytes}")
+        itemsize = np_dtype.itemsize if np_dtype is not None else 1
+        if mapping is not None and _mapped.viewable(r, i, info, itemsize):
+            flat = np.frombuffer(mapping, np_dtype or np.uint8, count, info.offset)
+        else:
+            flat = np.empty(count, np_dtype or np.uint8)
+            if nbytes:
+                reqs[n] = _lib.LoadRequest(i, flat.ctypes.data, nbytes, _lib.DEVICE_HOST)
+                n += 1
+        out[name] = flat.reshape(shape) if np_dtype is not None else Tensor(dtype, shape, flat)
+    if n:
+        r.check(r.lib.ckptio_reader_load_many(r.handle, reqs, n), "load")
+    return out
 
 
 def load_metadata(path):

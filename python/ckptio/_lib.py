@@ -172,6 +172,8 @@ _SIGNATURES = {
                                        ctypes.POINTER(ctypes.c_uint64),
                                        ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_shard_count": (ctypes.c_size_t, [_P]),
+    "ckptio_reader_shard": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(_S),
+                                 ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_last_error": (_S, [_P]),
     # Added for ckptio.torch: asynchronous saves, CUDA streams, device checks.
     "ckptio_ctx_cuda": (_I, [_P, ctypes.POINTER(_S)]),

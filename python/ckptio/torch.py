@@ -619,10 +619,18 @@ def load_file(filename, device="cpu", mmap=True):
     makes reading them raise SIGBUS or see the new bytes. Pass mmap=False for
     tensors in fresh memory, independent of the file (parallel preads, about
     half the speed from a warm cache). Strided views and big-endian entries of
-    .pt files, and misaligned tensors, are always copied. mmap has no effect
-    for a CUDA device."""
+    .pt files, and misaligned tensors, are always copied. A sharded set (an
+    index or its directory) maps each shard on its own; a compressed file is
+    always copied. mmap has no effect for a CUDA device."""
     with _TorchReader(filename, device, mmap) as r:
-        return r.load(range(len(r.index())), mmap=mmap)
+        shards = r.shards() if mmap and r.device.type == "cpu" else []
+        if not shards:
+            return r.load(range(len(r.index())), mmap=mmap)
+    # A sharded set, checked as a set on open: each shard mapped on its own.
+    out = {}
+    for shard in shards:
+        out.update(load_file(shard, device, mmap))
+    return out
 
 
 class safe_open:

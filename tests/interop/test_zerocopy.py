@@ -143,6 +143,30 @@ def test_every_dtype_is_equal_and_a_view_of_the_file(tmp_path, fmt):
             assert mapped(a, path), f"{k} was copied"
 
 
+def test_a_sharded_set_loads_as_views_of_each_shard(tmp_path):
+    sd = every_dtype()
+    ct.save_torch_state_dict(sd, tmp_path, max_shard_size=1 << 20)
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    for where in (tmp_path, tmp_path / "model.safetensors.index.json"):
+        got = ct.load_file(where)
+        assert_equal(got, sd)
+        assert list(got) == list(ct.load_file(where, mmap=False)), "the set's order"
+        for k, t in got.items():
+            if t.numel():
+                assert any(mapped(t, s) for s in shards), f"{k} was copied"
+        arrays = ckptio.load_file(where)
+        assert sorted(arrays) == sorted(sd)
+    # A shard corrupted after the set was written is still caught.
+    victim = shards[-1]
+    with ckptio._Reader(victim) as r:
+        first = next(i for i in r.infos() if i.nbytes)
+    flip_byte(victim, first.offset)
+    with pytest.raises(ckptio.CkptioError) as e:
+        ct.load_file(tmp_path)
+    assert e.value.code == ckptio.ERRORS["CHECKSUM"], e.value
+
+
 def test_files_of_the_peers_load_as_views(tmp_path):
     sd = {k: v for k, v in every_dtype().items() if v.dtype in (
         torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool)}
