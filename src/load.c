@@ -51,13 +51,14 @@ static int64_t read_direct(ckptio_reader *r, unsigned char *slot, uint64_t abs, 
 
 static size_t elem_size(const ckptio_entry *e) { return (size_t)ckptio_dtype_bits(e->dtype) / 8; }
 
-/* Logical elements [first, first + count) of a strided view, in row-major
- * order, from its storage at base into dst; runs along a unit-stride last
- * dimension are copied whole. The parser has checked every index is inside
- * the storage. */
-static void gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e, uint64_t first,
-                   uint64_t count) {
-  size_t es = elem_size(e);
+/* Walks logical elements [first, first + count) of a strided view in
+ * row-major order and calls run(arg, storage byte offset, bytes) for each
+ * stretch that is contiguous in its storage: a run along a unit-stride last
+ * dimension, else one element. The parser has checked every index is
+ * inside the storage. */
+void ckptio_view_runs(const ckptio_entry *e, uint64_t first, uint64_t count,
+                      void (*run)(void *arg, uint64_t off, uint64_t len), void *arg) {
+  uint64_t es = (uint64_t)elem_size(e);
   int nd = e->ndim;
   int64_t idx[CKPTIO_MAX_DIMS];
   uint64_t rem = first;
@@ -68,21 +69,39 @@ static void gather(unsigned char *dst, const unsigned char *base, const ckptio_e
   while (count) {
     int64_t pos = (int64_t)e->elem_offset;
     for (int d = 0; d < nd; d++) pos += idx[d] * e->stride[d];
-    uint64_t run = 1;
+    uint64_t n = 1;
     if (nd > 0 && e->stride[nd - 1] == 1) {
-      run = (uint64_t)(e->shape[nd - 1] - idx[nd - 1]);
-      if (run > count) run = count;
+      n = (uint64_t)(e->shape[nd - 1] - idx[nd - 1]);
+      if (n > count) n = count;
     }
-    memcpy(dst, base + (uint64_t)pos * es, (size_t)(run * es));
-    dst += run * es;
-    count -= run;
+    run(arg, (uint64_t)pos * es, n * es);
+    count -= n;
     if (nd == 0) break;
-    idx[nd - 1] += (int64_t)run;
+    idx[nd - 1] += (int64_t)n;
     for (int d = nd - 1; d > 0 && idx[d] >= e->shape[d]; d--) {
       idx[d] = 0;
       idx[d - 1]++;
     }
   }
+}
+
+typedef struct gather_to {
+  unsigned char *dst;
+  const unsigned char *base;
+} gather_to;
+
+static void gather_run(void *arg, uint64_t off, uint64_t len) {
+  gather_to *g = arg;
+  memcpy(g->dst, g->base + off, (size_t)len);
+  g->dst += len;
+}
+
+/* Logical elements [first, first + count) of a strided view, row-major,
+ * from its storage at base into dst. */
+static void gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e, uint64_t first,
+                   uint64_t count) {
+  gather_to g = {dst, base};
+  ckptio_view_runs(e, first, count, gather_run, &g);
 }
 
 /* Big-endian elements to little-endian, in place. */

@@ -5,6 +5,11 @@
 
 #include "reader_internal.h"
 
+/* Calls run(arg, storage byte offset, bytes) for each stretch of logical
+ * elements [first, first + count) of a strided view that is contiguous in
+ * its storage, in row-major order (the walk gather and plans share). */
+void ckptio_view_runs(const ckptio_entry *e, uint64_t first, uint64_t count,
+                      void (*run)(void *arg, uint64_t off, uint64_t len), void *arg);
 /* Logical elements [first, first + count) of a strided view, row-major,
  * from its storage at base into dst. */
 void ckptio_load_gather(unsigned char *dst, const unsigned char *base, const ckptio_entry *e,

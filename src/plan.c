@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "compress/zload.h"
+#include "load_share.h"
 #include "shard.h"
 #include "slice.h"
 
@@ -55,35 +56,21 @@ static void emit(emitter *m, uint64_t off, uint64_t len) {
 
 static void emit_cb(void *m, uint64_t off, uint64_t len) { emit(m, off, len); }
 
+typedef struct view_emit {
+  emitter *m;
+  uint64_t base;
+} view_emit;
+
+static void emit_view_run(void *arg, uint64_t off, uint64_t len) {
+  view_emit *v = arg;
+  emit(v->m, v->base + off, len);
+}
+
 /* The storage bytes of a view's logical elements [first, first + count),
- * in their row-major order: runs along a unit-stride last dimension, else
- * one element at a time (the walk of load.c's gather). */
+ * in their row-major order (load.c's gather walk). */
 static void emit_view(emitter *m, const ckptio_entry *e, uint64_t first, uint64_t count) {
-  uint64_t es = (uint64_t)ckptio_dtype_bits(e->dtype) / 8;
-  int nd = e->ndim;
-  int64_t idx[CKPTIO_MAX_DIMS];
-  uint64_t rem = first;
-  for (int d = nd - 1; d >= 0; d--) {
-    idx[d] = (int64_t)(rem % (uint64_t)e->shape[d]);
-    rem /= (uint64_t)e->shape[d];
-  }
-  while (count) {
-    int64_t pos = (int64_t)e->elem_offset;
-    for (int d = 0; d < nd; d++) pos += idx[d] * e->stride[d];
-    uint64_t run = 1;
-    if (nd > 0 && e->stride[nd - 1] == 1) {
-      run = (uint64_t)(e->shape[nd - 1] - idx[nd - 1]);
-      if (run > count) run = count;
-    }
-    emit(m, e->offset + (uint64_t)pos * es, run * es);
-    count -= run;
-    if (nd == 0) break;
-    idx[nd - 1] += (int64_t)run;
-    for (int d = nd - 1; d > 0 && idx[d] >= e->shape[d]; d--) {
-      idx[d] = 0;
-      idx[d - 1]++;
-    }
-  }
+  view_emit v = {m, e->offset};
+  ckptio_view_runs(e, first, count, emit_view_run, &v);
 }
 
 int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start, int64_t stop,
