@@ -1,0 +1,74 @@
+/* The pipelines' GPU verbs (transfer.h) over the device table. */
+#include "device/transfer.h"
+
+#include <stdio.h>
+
+#include "core/error.h"
+
+int ckptio_gpu_mark_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, void **events, char *err,
+                            size_t errlen) {
+  int current = 0, e = g->ops->get_device(&current);
+  if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaGetDevice");
+  const char *what = "";
+  for (int ord = 0; ord < CKPTIO_GPU_MAX && !e; ord++) {
+    if (!(mask >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    if ((e = ckptio_gpu_use(g, ord, &v))) what = "cudaSetDevice";
+    else if ((e = g->ops->event_create(&events[ord]))) what = "cudaEventCreate";
+    else if ((e = g->ops->event_record(events[ord], streams[ord]))) what = "cudaEventRecord (caller's stream)";
+  }
+  g->ops->set_device(current);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, what) : 0;
+}
+
+int ckptio_gpu_wait_marks(ckptio_gpu *g, uint64_t mask, ckptio_gpu_dir dir, void *const *events, char *err,
+                          size_t errlen) {
+  for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
+    if (!(mask >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    int e = ckptio_gpu_use(g, ord, &v);
+    if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaSetDevice");
+    if ((e = g->ops->stream_wait_event(dir == CKPTIO_GPU_H2D ? v->h2d : v->d2h, events[ord])))
+      return ckptio_gpu_fail(g, e, err, errlen, "cudaStreamWaitEvent");
+  }
+  return 0;
+}
+
+int ckptio_gpu_after_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, ckptio_gpu_dir dir,
+                             void **events, char *err, size_t errlen) {
+  int current = 0, e = g->ops->get_device(&current);
+  if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaGetDevice");
+  int rc = ckptio_gpu_mark_callers(g, mask, streams, events, err, errlen);
+  if (rc == 0) rc = ckptio_gpu_wait_marks(g, mask, dir, events, err, errlen);
+  g->ops->set_device(current); /* wait_marks moved it */
+  return rc;
+}
+
+void ckptio_gpu_events_free(ckptio_gpu *g, void **events) {
+  for (int ord = 0; g && ord < CKPTIO_GPU_MAX; ord++)
+    if (events[ord]) g->ops->event_destroy(events[ord]), events[ord] = NULL;
+}
+
+int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
+                        size_t errlen) {
+  ckptio_gpu_dev *v;
+  const char *call = "cudaSetDevice";
+  int e = ckptio_gpu_use(g, gpu, &v);
+  void *ev = e ? NULL : v->slot_events[slot];
+  if (!e) call = "cudaMemcpyAsync (host to device)", e = g->ops->copy_h2d(dst, src, n, v->h2d);
+  if (!e) call = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
+  if (!e) call = "cudaEventSynchronize", e = g->ops->event_sync(ev);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, call) : 0;
+}
+
+int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, char *err, size_t errlen) {
+  int e = g->ops->host_register((void *)p, n, read_only);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaHostRegister") : 0;
+}
+
+void ckptio_gpu_unregister(ckptio_gpu *g, const void *p) { g->ops->host_unregister((void *)p); }
+
+int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen) {
+  int e = g->ops->pointer_device(p, ordinal);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaPointerGetAttributes") : 0;
+}

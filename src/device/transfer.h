@@ -1,0 +1,52 @@
+/* The verbs the save and load pipelines use on GPUs: order the library's
+ * copy streams after the caller's stream, copy one staging slot to or from
+ * a device, pin a range, ask where a pointer lives. Only src/device calls
+ * the device table (ops->); everything else speaks these verbs. Every verb
+ * returns 0 or CKPTIO_E_DEVICE with "<runtime call>: <runtime error name>"
+ * in err, and leaves the calling thread's current GPU as it found it only
+ * where it says so. */
+#ifndef CKPTIO_DEVICE_TRANSFER_H
+#define CKPTIO_DEVICE_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "device/gpu.h"
+
+/* GPUs one save or load may touch: a bit per ordinal. */
+#define CKPTIO_GPU_MAX 64
+
+/* Which of a GPU's two copy streams. */
+typedef enum { CKPTIO_GPU_D2H = 0, CKPTIO_GPU_H2D = 1 } ckptio_gpu_dir;
+
+/* On the caller's thread: records, for each GPU in `mask`, an event on the
+ * caller's stream for it (streams[ord]; NULL is the legacy default stream)
+ * into events[ord] (created here; free with ckptio_gpu_events_free). The
+ * caller's current GPU is restored. */
+int ckptio_gpu_mark_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, void **events, char *err,
+                            size_t errlen);
+/* Makes each GPU's `dir` copy stream wait for events[ord]: copies queued
+ * there afterwards start after the caller's work that was marked. */
+int ckptio_gpu_wait_marks(ckptio_gpu *g, uint64_t mask, ckptio_gpu_dir dir, void *const *events, char *err,
+                          size_t errlen);
+/* Both at once, on the caller's thread (what a load does as it starts). */
+int ckptio_gpu_after_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, ckptio_gpu_dir dir,
+                             void **events, char *err, size_t errlen);
+/* Destroys the events that are set and clears them. Accepts g NULL. */
+void ckptio_gpu_events_free(ckptio_gpu *g, void **events);
+
+/* Copies n pinned bytes at src (inside staging slot `slot`, or in memory
+ * registered with ckptio_gpu_register) to dst on GPU `gpu` on its H2D
+ * stream, and waits for that copy alone through the slot's event, so the
+ * slot may be reused as soon as this returns. */
+int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
+                        size_t errlen);
+
+/* Pins / unpins an existing host range for async DMA. */
+int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, char *err, size_t errlen);
+void ckptio_gpu_unregister(ckptio_gpu *g, const void *p);
+
+/* *ordinal: -1 for host memory (pinned or not), else the GPU holding p. */
+int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen);
+
+#endif
