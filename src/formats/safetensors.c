@@ -633,3 +633,28 @@ void ckptio_st_plan_free(ckptio_st_plan *p) {
   free(p->crc_pos);
   memset(p, 0, sizeof(*p));
 }
+
+int ckptio_st_to_index(ckptio_st_index *st, ckptio_index *idx) {
+  idx->format = "safetensors";
+  idx->header_bytes = st->data_start;
+  if (!(idx->entries = calloc(st->count + 1, sizeof(ckptio_entry)))) return -ENOMEM;
+  for (size_t i = 0; i < st->count; i++) {
+    ckptio_st_entry *e = &st->entries[i];
+    ckptio_entry *d = &idx->entries[i];
+    d->name = e->name;
+    d->dtype = e->dtype;
+    d->ndim = e->ndim;
+    memcpy(d->shape, e->shape, sizeof(d->shape));
+    d->offset = st->data_start + e->begin;
+    d->nbytes = e->end - e->begin;
+    d->has_crc = e->has_crc;
+    d->crc = e->crc;
+    e->name = NULL;
+  }
+  idx->count = st->count;
+  idx->meta = (ckptio_meta *)st->meta; /* same layout: two owned strings */
+  idx->meta_count = st->meta_count;
+  st->meta = NULL;
+  st->meta_count = 0;
+  return 0;
+}

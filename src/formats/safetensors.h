@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "ckptio.h"
+#include "formats/index.h"
 
 #define CKPTIO_ST_MAX_HEADER 100000000ull
 #define CKPTIO_ST_CRC_PREFIX "ckptio.crc32."   /* + tensor name -> 8 hex digits */
@@ -52,6 +53,10 @@ int ckptio_st_header_length(const uint8_t *prefix, uint64_t file_size,
 int ckptio_st_parse(const uint8_t *header, uint64_t header_len, uint64_t file_size,
                     ckptio_st_index *out, char *err, size_t errlen);
 void ckptio_st_index_free(ckptio_st_index *idx);
+/* Moves a parsed header into the format-neutral index (names and metadata
+ * change owner: st is left without them; free it as usual). Offsets become
+ * absolute. @return 0 or -ENOMEM. */
+int ckptio_st_to_index(ckptio_st_index *st, ckptio_index *idx);
 
 /* ------------------------------------------------------------ writing */
 

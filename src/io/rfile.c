@@ -1,0 +1,113 @@
+/* The read side's file object (rfile.h). */
+#include "io/rfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckptio.h"
+#include "core/error.h"
+#include "io/file.h"
+#include "staging/ring.h" /* CKPTIO_IO_ALIGN */
+
+#define PAGE_DOWN(x) ((x) & ~(uintptr_t)(CKPTIO_IO_ALIGN - 1))
+#define PAGE_UP(x) PAGE_DOWN((x) + CKPTIO_IO_ALIGN - 1)
+
+int ckptio_rfile_open(ckptio_rfile *f, const char *path, char *err, size_t errlen) {
+  memset(f, 0, sizeof(*f));
+  f->fd = f->fd_direct = -1;
+  struct stat st;
+  int rc;
+  if (!(f->path = strdup(path))) return -ENOMEM;
+  if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(f->fd, &st) < 0) {
+    rc = ckptio_err_fmt(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    goto fail;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "%s: not a regular file", path);
+    goto fail;
+  }
+  f->size = (uint64_t)st.st_size;
+  if (f->size) {
+    void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
+    if (m == MAP_FAILED) {
+      rc = ckptio_err_fmt(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
+      goto fail;
+    }
+    f->map = m;
+  }
+  return 0;
+fail:
+  ckptio_rfile_close(f);
+  return rc;
+}
+
+void ckptio_rfile_close(ckptio_rfile *f) {
+  if (f->map) munmap((void *)f->map, (size_t)f->size);
+  if (f->fd_direct >= 0) close(f->fd_direct);
+  if (f->fd >= 0) close(f->fd);
+  free(f->path);
+  memset(f, 0, sizeof(*f));
+  f->fd = f->fd_direct = -1;
+}
+
+int ckptio_rfile_direct(ckptio_rfile *f) {
+  if (f->fd_direct < 0) f->fd_direct = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+  return f->fd_direct;
+}
+
+int64_t ckptio_rfile_read_direct(const ckptio_rfile *f, unsigned char *buf, uint64_t abs, uint64_t len) {
+  uint64_t a = PAGE_DOWN(abs), e = PAGE_UP(abs + len);
+  int rc = ckptio_pread_min(f->fd_direct, buf, (size_t)(e - a), a, (size_t)(abs + len - a));
+  return rc < 0 ? rc : (int64_t)(abs - a);
+}
+
+int ckptio_rfile_populate(const unsigned char *p, uint64_t len) {
+#ifdef MADV_POPULATE_READ
+  /* EFAULT: some page is past the end of the file (it shrank since it was
+   * opened); reading it would raise SIGBUS. */
+  uintptr_t a = PAGE_DOWN((uintptr_t)p);
+  if (madvise((void *)a, (size_t)((uintptr_t)p + len - a), MADV_POPULATE_READ) != 0 && errno == EFAULT)
+    return CKPTIO_E_SHORT_IO;
+#else
+  (void)p, (void)len;
+#endif
+  return 0;
+}
+
+void ckptio_rfile_drop(const unsigned char *p, uint64_t len) {
+  /* Only whole pages inside the range: the edges may be shared with the
+   * neighbours other workers are copying. */
+  uintptr_t a = PAGE_UP((uintptr_t)p), b = PAGE_DOWN((uintptr_t)p + len);
+  if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += len[i];
+  if (!f->map || total == 0) return 1;
+  int samples = 0, resident = 0;
+  uint64_t stride = total / 64 + 1, at = 0, seen = 0;
+  for (size_t i = 0; i < n && samples < 64; i++) {
+    for (; at < seen + len[i] && samples < 64; at += stride, samples++) {
+      uintptr_t page = PAGE_DOWN((uintptr_t)(f->map + off[i] + (at - seen)));
+      unsigned char v = 0;
+      resident += mincore((void *)page, CKPTIO_IO_ALIGN, &v) == 0 && (v & 1);
+    }
+    seen += len[i];
+  }
+  return samples == 0 || resident * 2 >= samples;
+}
+
+int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size_t errlen) {
+  /* Copy-on-write: the pages stay the page cache's until written, and a
+   * write copies one page into this process without reaching the file. */
+  void *m = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);
+  if (m == MAP_FAILED) return ckptio_err_fmt(err, errlen, -errno, "%s: private mmap: %s", f->path, strerror(errno));
+  *base = m;
+  return 0;
+}

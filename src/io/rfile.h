@@ -1,0 +1,50 @@
+/* A checkpoint file opened for reading: the descriptor, the O_DIRECT
+ * descriptor opened on first need, a shared read-only mapping of the whole
+ * file, and what loads do with its pages (populate, drop, sample residency,
+ * map privately). The load pipeline reaches the OS's files only through
+ * this object. */
+#ifndef CKPTIO_IO_RFILE_H
+#define CKPTIO_IO_RFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckptio_rfile {
+  char *path;                /* owned */
+  int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */
+  const unsigned char *map;  /* the whole file, read-only; NULL when empty */
+  uint64_t size;
+} ckptio_rfile;
+
+/* Opens and maps a regular file. @return 0 or a negative code with
+ * "<path>: <reason>" in err; f is then closed. */
+int ckptio_rfile_open(ckptio_rfile *f, const char *path, char *err, size_t errlen);
+/* Unmaps and closes; accepts a file never opened (zeroed, fds -1). */
+void ckptio_rfile_close(ckptio_rfile *f);
+
+/* The O_DIRECT descriptor, opened on the first call (from the thread that
+ * plans a load, before any job runs). @return it, or -1 where the
+ * filesystem refuses O_DIRECT (tmpfs: the page cache is the disk). */
+int ckptio_rfile_direct(ckptio_rfile *f);
+/* O_DIRECT read of the pages around [abs, abs + len) into buf (aligned,
+ * room for the two page edges); the last page may run past the end of the
+ * file. @return the bytes' position in buf, or a negative code. */
+int64_t ckptio_rfile_read_direct(const ckptio_rfile *f, unsigned char *buf, uint64_t abs, uint64_t len);
+
+/* Maps the pages of [p, p + len) of a mapping in one call instead of one
+ * fault per page. @return 0, or CKPTIO_E_SHORT_IO when the file no longer
+ * holds them (a read would raise SIGBUS). Best effort before Linux 5.14. */
+int ckptio_rfile_populate(const unsigned char *p, uint64_t len);
+/* Drops the whole pages inside [p, p + len) from this process's mapping
+ * (they stay in the page cache): a load must not hold the file twice. */
+void ckptio_rfile_drop(const unsigned char *p, uint64_t len);
+/* Whether the page cache holds most of the spans [off[i], off[i]+len[i]),
+ * from a sample of up to 64 pages spread across them (mincore: no I/O). */
+int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n);
+
+/* A private, writable, copy-on-write mapping of the whole file from the
+ * open descriptor (the inode whose header was validated, even if the path
+ * was replaced since). The caller owns it: ckptio_map_free. */
+int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size_t errlen);
+
+#endif

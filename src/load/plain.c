@@ -1,0 +1,398 @@
+/* The plain file source: a safetensors file or a PyTorch archive, its
+ * tensors' bytes as they are in the file. Jobs are at most one staging slot
+ * of output and read with one method per load — pread straight into a host
+ * destination, memcpy from the map a step at a time (populated, copied with
+ * the CRC, dropped), or O_DIRECT through a slot — a PyTorch view gathered
+ * from the map; a GPU destination gets its bytes through the slot. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/crc32.h"
+#include "device/transfer.h"
+#include "formats/safetensors.h"
+#include "formats/torch_read.h"
+#include "io/file.h"
+#include "load/exec.h"
+#include "load/view.h"
+
+#define PAGE_DOWN(x) ((x) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1))
+#define PAGE_UP(x) PAGE_DOWN((x) + CKPTIO_IO_ALIGN - 1)
+/* Runs below this go through AUTO as pread even from a cold file: one
+ * O_DIRECT request per small run costs more than the bytes it saves. */
+#define DIRECT_MIN_RUN (1u << 20)
+/* Mapped runs of a slice from this size on are populated and dropped. */
+#define MAP_POPULATE_MIN (64u << 10)
+
+typedef struct plain {
+  ckptio_source s;
+  ckptio_rfile f;
+  int registered;          /* the map is pinned for GPU copies (this load) */
+} plain;
+
+#define P(src) ((plain *)(src))
+
+/* ------------------------------------------------------------ open */
+
+static int parse_safetensors(plain *p) {
+  ckptio_source *s = &p->s;
+  uint8_t prefix[8] = {0};
+  uint64_t n, size = p->f.size;
+  char msg[CKPTIO_ERRLEN];
+  int rc = ckptio_pread_full(p->f.fd, prefix, size < 8 ? (size_t)size : 8, 0);
+  if (rc < 0) return ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
+  if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
+    return ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
+  uint8_t *hdr = malloc(n ? n : 1);
+  if (!hdr) return -ENOMEM;
+  ckptio_st_index st;
+  memset(&st, 0, sizeof(st));
+  if ((rc = ckptio_pread_full(p->f.fd, hdr, (size_t)n, 8)) < 0)
+    ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
+  else if ((rc = ckptio_st_parse(hdr, n, size, &st, msg, sizeof(msg))) < 0)
+    ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
+  else
+    rc = ckptio_st_to_index(&st, &s->idx);
+  free(hdr);
+  ckptio_st_index_free(&st);
+  return rc;
+}
+
+/* A zip is a PyTorch archive (the parser refuses other zips and names what
+ * it found); anything else is taken for safetensors, whose checks explain
+ * what is wrong with a file that is neither. */
+static int parse_header(plain *p) {
+  if (p->f.size >= 4 && memcmp(p->f.map, "PK\x03\x04", 4) == 0) {
+    char msg[CKPTIO_ERRLEN];
+    int rc = ckptio_torch_parse(p->f.map, p->f.size, &p->s.idx, msg, sizeof(msg));
+    return rc < 0 ? ckptio_source_fail(&p->s, rc, "%s: %s", p->s.path, msg) : 0;
+  }
+  return parse_safetensors(p);
+}
+
+/* ------------------------------------------------------------ plan */
+
+static ckptio_load_method pick_method(plain *p, ckptio_xreq **qs, size_t n) {
+  ckptio_load_method method = p->s.opts->load_method;
+  if (method == CKPTIO_LOAD_AUTO) {
+    /* pread from a warm cache, O_DIRECT from a cold one. Never the map:
+     * populated a piece at a time and dropped once copied, MMAP measured
+     * the same as pread here (bench/RESULTS.md), and pread wins beyond
+     * speed: a file cut short under us is a read error, not a SIGBUS, and
+     * GPU loads need no registration of the file's pages. */
+    uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL, min_run = UINT64_MAX;
+    for (size_t i = 0; i < n; i++) {
+      if (!qs[i]->g.full && qs[i]->g.nbytes && qs[i]->g.run < min_run) min_run = qs[i]->g.run;
+      if (off) off[i] = qs[i]->e->offset, len[i] = qs[i]->e->nbytes;
+    }
+    method = !off || min_run < DIRECT_MIN_RUN || ckptio_rfile_mostly_cached(&p->f, off, len, n) ? CKPTIO_LOAD_PREAD
+                                                                                                : CKPTIO_LOAD_DIRECT;
+    free(off);
+  }
+  if (method == CKPTIO_LOAD_DIRECT && ckptio_rfile_direct(&p->f) < 0) method = CKPTIO_LOAD_PREAD;
+  if (method == CKPTIO_LOAD_MMAP && !p->f.map) method = CKPTIO_LOAD_PREAD;
+  return method;
+}
+
+static int gathers(const ckptio_xreq *q) { return q->e->strided && !q->raw; }
+
+/* Output bytes one job moves: a slot, less room for the page edges where
+ * the slot takes O_DIRECT reads (half of it when the other half assembles
+ * a slice's runs for a GPU); a multiple of the page, so of any element. */
+static uint64_t job_cap(const ckptio_xreq *q, ckptio_load_method method, uint64_t slot) {
+  if (gathers(q) || method != CKPTIO_LOAD_DIRECT) return slot;
+  return (q->gpu >= 0 && q->g.count > 1 ? PAGE_DOWN(slot / 2) : slot) - 2 * CKPTIO_IO_ALIGN;
+}
+
+static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t n) {
+  plain *p = P(s);
+  ckptio_load_method method = pick_method(p, qs, n);
+  uint64_t slot = ckptio_source_slot_bytes(s);
+  int gpu = 0;
+  for (size_t i = 0; i < n; i++) gpu |= qs[i]->gpu >= 0;
+  if (gpu && method == CKPTIO_LOAD_MMAP && !p->registered) {
+    /* GPU copies read the file's pages directly: pin the whole mapping. */
+    char msg[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_register(s->ctx->gpu, p->f.map, (size_t)PAGE_UP(p->f.size), 1, msg, sizeof(msg));
+    if (rc < 0) return ckptio_source_fail(s, rc, "%s: %s of the file mapping", s->path, msg);
+    p->registered = 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    ckptio_xreq *q = qs[i];
+    uint64_t cap = job_cap(q, method, slot);
+    for (uint64_t off = 0; off < q->g.nbytes; off += cap) {
+      ckptio_job *j = ckptio_plan_job(pl, s, 1);
+      if (!j) return -ENOMEM;
+      j->method = method;
+      /* A GPU job holds a slot even when mapped: its event tracks the copy. */
+      j->need_slot = q->gpu >= 0 || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
+                     (method == CKPTIO_LOAD_DIRECT && !gathers(q));
+      pl->parts[j->first] = (ckptio_part){q, off, q->g.nbytes - off < cap ? q->g.nbytes - off : cap, 0};
+    }
+  }
+  return 0;
+}
+
+static void plain_finish(ckptio_source *s) {
+  plain *p = P(s);
+  if (p->registered) ckptio_gpu_unregister(s->ctx->gpu, p->f.map);
+  p->registered = 0;
+}
+
+/* ------------------------------------------------------------ run */
+
+/* A view's logical bytes of the part, gathered from its storage. */
+static int run_gather(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
+  const ckptio_xreq *q = t->q;
+  uint64_t es = ckptio_entry_elem(q->e), end = t->off + t->len, src, nb;
+  for (uint64_t o = t->off; o < end; o += nb) {
+    ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+    ckptio_view_gather(out + (o - t->off), p->f.map + q->e->offset, q->e, src / es, nb / es);
+  }
+  atomic_fetch_add((_Atomic uint64_t *)&t->q->read, t->len);
+  return ckptio_run_deliver(x, 0, out, 1);
+}
+
+/* One contiguous stretch of the file [abs, abs + len): what whole tensors
+ * and checks read. Brings it to the host destination if there is one, else
+ * into the slot (or, mapped, leaves it in the map), continuing the CRC. */
+static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *host, uint64_t abs) {
+  ckptio_job *j = ckptio_run_job(x);
+  uint32_t *crc = t->q->check ? &t->crc : NULL;
+  const unsigned char *bytes;
+  int writable = 1, rc;
+  atomic_fetch_add((_Atomic uint64_t *)&t->q->read, t->len);
+  if (j->method == CKPTIO_LOAD_MMAP && host) {
+    /* A step at a time: map, copy with the CRC, drop, so what is mapped at
+     * once is a few steps per worker, not a piece. */
+    for (uint64_t o = 0; o < t->len; o += CKPTIO_CRC_STEP) {
+      size_t n = (size_t)(t->len - o < CKPTIO_CRC_STEP ? t->len - o : CKPTIO_CRC_STEP);
+      if ((rc = ckptio_rfile_populate(p->f.map + abs + o, n)) < 0) return rc;
+      ckptio_copy_crc(host + o, p->f.map + abs + o, n, crc);
+      ckptio_rfile_drop(p->f.map + abs + o, n);
+    }
+    bytes = host;
+  } else if (j->method == CKPTIO_LOAD_MMAP) {
+    bytes = p->f.map + abs;
+    writable = 0;
+    if ((rc = ckptio_rfile_populate(bytes, t->len)) < 0) return rc;
+    if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
+  } else if (j->method == CKPTIO_LOAD_DIRECT) {
+    int64_t at = ckptio_rfile_read_direct(&p->f, j->slot, abs, t->len);
+    if (at < 0) return (int)at;
+    bytes = j->slot + at;
+    if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
+  } else {
+    unsigned char *to = host ? host : j->slot;
+    for (uint64_t o = 0; o < t->len; o += CKPTIO_CRC_STEP) {
+      size_t n = (size_t)(t->len - o < CKPTIO_CRC_STEP ? t->len - o : CKPTIO_CRC_STEP);
+      if ((rc = ckptio_pread_full(p->f.fd, to + o, n, abs + o)) < 0) return rc;
+      if (crc) *crc = ckptio_crc32(*crc, to + o, n);
+    }
+    bytes = to;
+  }
+  return ckptio_run_deliver(x, 0, bytes, writable);
+}
+
+/* O_DIRECT reads of a slice's runs: runs whose pages touch or overlap are
+ * read by one request (a shared page once); a page-sized gap, or a full
+ * bounce buffer, starts a new one. */
+static int direct_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out, unsigned char *bounce,
+                       uint64_t cap) {
+  const ckptio_xreq *q = t->q;
+  uint64_t end = t->off + t->len, gx0 = t->off, ga = 0, ge = 0, last = 0, src, nb, o;
+  for (o = t->off; o <= end; o += nb) {
+    uint64_t abs = 0, a = 0, b = 0;
+    nb = 0;
+    if (o < end) {
+      ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+      abs = q->e->offset + src, a = PAGE_DOWN(abs), b = PAGE_UP(abs + nb);
+    }
+    if (o > gx0 && (o == end || a > ge || b - ga > cap)) { /* flush [gx0, o) */
+      int rc = ckptio_pread_min(p->f.fd_direct, bounce, (size_t)(ge - ga), ga, (size_t)(last - ga));
+      if (rc < 0) return rc;
+      atomic_fetch_add((_Atomic uint64_t *)&t->q->read, ge - ga);
+      uint64_t s2, n2;
+      for (uint64_t y = gx0; y < o; y += n2) {
+        ckptio_geom_subrun(&q->g, y, o, &s2, &n2);
+        memcpy(out + (y - t->off), bounce + (q->e->offset + s2 - ga), (size_t)n2);
+      }
+      gx0 = o;
+    }
+    if (o == end) break;
+    if (o == gx0) ga = a, ge = b;
+    else if (b > ge) ge = b;
+    last = abs + nb;
+  }
+  (void)x;
+  return 0;
+}
+
+/* A slice's runs, assembled in out (the host destination or the slot). */
+static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
+  ckptio_job *j = ckptio_run_job(x);
+  const ckptio_xreq *q = t->q;
+  uint64_t end = t->off + t->len, src, nb;
+  int rc;
+  if (j->method == CKPTIO_LOAD_DIRECT) {
+    uint64_t slot = ckptio_run_slot_bytes(x), half = q->gpu >= 0 ? PAGE_DOWN(slot / 2) : 0;
+    if ((rc = direct_runs(p, x, t, out, j->slot + half, slot - half)) < 0) return rc;
+    return ckptio_run_deliver(x, 0, out, 1);
+  }
+  if (j->method == CKPTIO_LOAD_PREAD && q->g.run < DIRECT_MIN_RUN) {
+    /* Many small runs: one blocking pread after another keeps one request
+     * in flight per worker, 3x slower from a cold file than reading the
+     * whole tensor (bench/RESULTS_SLICE.md). Asking for all of the job's
+     * runs first puts them in flight together. Best effort. */
+    for (uint64_t o = t->off; o < end; o += nb) {
+      ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+      posix_fadvise(p->f.fd, (off_t)(q->e->offset + src), (off_t)nb, POSIX_FADV_WILLNEED);
+    }
+  }
+  for (uint64_t o = t->off; o < end; o += nb) {
+    ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+    uint64_t abs = q->e->offset + src;
+    if (j->method == CKPTIO_LOAD_MMAP) {
+      int big = nb >= MAP_POPULATE_MIN;
+      if (big && (rc = ckptio_rfile_populate(p->f.map + abs, nb)) < 0) return rc;
+      memcpy(out + (o - t->off), p->f.map + abs, (size_t)nb);
+      if (big) ckptio_rfile_drop(p->f.map + abs, nb);
+    } else if ((rc = ckptio_pread_full(p->f.fd, out + (o - t->off), (size_t)nb, abs)) < 0) {
+      return rc;
+    }
+    atomic_fetch_add((_Atomic uint64_t *)&t->q->read, nb);
+  }
+  return ckptio_run_deliver(x, 0, out, 1);
+}
+
+static int plain_run(ckptio_source *s, ckptio_run *x) {
+  plain *p = P(s);
+  ckptio_part *t = ckptio_run_part(x, 0);
+  const ckptio_xreq *q = t->q;
+  unsigned char *host = q->gpu < 0 && q->dst ? q->dst + t->off : NULL;
+  unsigned char *out = host ? host : ckptio_run_job(x)->slot;
+  if (gathers(q)) return run_gather(p, x, t, out);
+  if (q->g.count == 1) return run_contiguous(p, x, t, host, q->e->offset + q->g.src0 + t->off);
+  return run_runs(p, x, t, out);
+}
+
+/* ------------------------------------------------------------ the rest */
+
+static int plain_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
+  const ckptio_entry *e = &s->idx.entries[index];
+  if (e->strided || e->byteswap)
+    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
+                              s->path, e->name, e->strided ? "a strided view" : "big-endian");
+  *data = P(s)->f.map ? P(s)->f.map + e->offset : NULL;
+  if (nbytes) *nbytes = e->nbytes;
+  return 0;
+}
+
+typedef struct view_emit {
+  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
+  void *arg;
+  uint64_t base;
+} view_emit;
+
+static void emit_view_run(void *arg, uint64_t off, uint64_t len) {
+  view_emit *v = arg;
+  v->emit(v->arg, 0, v->base + off, len);
+}
+
+static void plain_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
+                         void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
+  const ckptio_entry *e = &s->idx.entries[index];
+  uint64_t es = ckptio_entry_elem(e);
+  view_emit v = {emit, arg, e->offset};
+  for (uint64_t k = 0; k < g->count; k++) {
+    uint64_t src = g->src0 + k * g->pitch;
+    if (e->strided) ckptio_view_runs(e, src / es, g->run / es, emit_view_run, &v);
+    else emit(arg, 0, e->offset + src, g->run);
+  }
+}
+
+static ckptio_source *plain_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
+  *local = index;
+  if (k) *k = 0;
+  return s;
+}
+
+static ckptio_source *plain_file(ckptio_source *s, size_t k) { return k == 0 ? s : NULL; }
+
+/* Checks every recorded CRC over the private map instead of the shared one:
+ * MMAP is forced so each page is read (and faulted in) where the caller will
+ * read it, and what is checked is what the caller gets. */
+static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void **base, uint64_t *size) {
+  plain *p = P(s);
+  if (!p->f.size) return 0;
+  if ((uint64_t)(size_t)p->f.size != p->f.size)
+    return ckptio_source_fail(s, CKPTIO_E_OVERFLOW, "%s: %llu bytes cannot be mapped in this address space",
+                              s->path, (unsigned long long)p->f.size);
+  void *m;
+  int rc = ckptio_rfile_map_private(&p->f, &m, s->err, CKPTIO_ERRLEN);
+  if (rc < 0) return rc;
+  if (s->opts->crc) {
+    ckptio_xreq *qs = calloc(s->idx.count + 1, sizeof(*qs));
+    size_t n = 0;
+    if (!qs) rc = -ENOMEM;
+    for (size_t i = 0; qs && i < s->idx.count; i++) {
+      const ckptio_entry *e = &s->idx.entries[i];
+      if (e->has_crc)
+        qs[n++] = (ckptio_xreq){.src = s, .e = e, .gpu = -1, .raw = 1, .check = 1,
+                                .g = {0, e->nbytes, e->nbytes, e->nbytes ? 1 : 0, e->nbytes, 1}};
+    }
+    ckptio_options o = *s->opts;
+    const unsigned char *own = p->f.map;
+    o.load_method = CKPTIO_LOAD_MMAP;
+    const ckptio_options *keep = s->opts;
+    s->opts = &o;
+    p->f.map = m;
+    if (qs) rc = ckptio_exec(s->ctx, &o, qs, n, out);
+    p->f.map = own;
+    s->opts = keep;
+    free(qs);
+  }
+  if (rc < 0) {
+    ckptio_map_free(m, p->f.size);
+    return rc;
+  }
+  *base = m;
+  *size = p->f.size;
+  return 0;
+}
+
+static void plain_close(ckptio_source *s) {
+  ckptio_rfile_close(&P(s)->f);
+  ckptio_index_free(&s->idx);
+}
+
+static const ckptio_source_ops plain_ops = {
+    .kind = "file",
+    .plan = plain_plan,
+    .run = plain_run,
+    .finish = plain_finish,
+    .view = plain_view,
+    .ranges = plain_ranges,
+    .member = plain_member,
+    .file = plain_file,
+    .map_private = plain_map_private,
+    .close = plain_close,
+};
+
+int ckptio_plain_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *f, char *err, ckptio_source **out) {
+  plain *p = calloc(1, sizeof(*p));
+  int rc = -ENOMEM;
+  if (!p) {
+    ckptio_rfile_close(f);
+    return rc;
+  }
+  p->f = *f;
+  if ((rc = ckptio_source_init(&p->s, &plain_ops, ctx, opts, f->path, err)) < 0 || (rc = parse_header(p)) < 0) {
+    ckptio_source_close(&p->s);
+    return rc;
+  }
+  *out = &p->s;
+  return 0;
+}

@@ -1,0 +1,373 @@
+/* The set source: a Hugging Face sharded checkpoint opened as one. The
+ * index (formats/hf_index.c) is read, every shard is opened as a file
+ * source of its own, the index and the shards are cross-checked, and one
+ * merged index over all shards answers for the set. A set holds its members
+ * by the source table and plans nothing itself: the reader resolves each
+ * request to its member, and the executor runs every member's jobs in one
+ * load on the pool. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "formats/hf_index.h"
+#include "io/file.h"
+#include "load/source.h"
+
+typedef struct set {
+  ckptio_source s;
+  char *dir;
+  ckptio_hf_index hf;
+  char **paths;           /* dir/file, owned */
+  ckptio_source **sub;    /* one file source per shard */
+  size_t *base;           /* [k]: merged index of shard k's first tensor */
+} set;
+
+#define S(src) ((set *)(src))
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* A directory: its one index, else its one safetensors file, as *picked. */
+static int pick_in_dir(const char *dir, char *err, char **picked, int *is_index) {
+  DIR *d = opendir(dir);
+  if (!d) return ckptio_err_fmt(err, CKPTIO_ERRLEN, -errno, "%s: %s", dir, strerror(errno));
+  char found[CKPTIO_ERRLEN] = "";
+  size_t nidx = 0, nst = 0, used = 0;
+  char *idx = NULL, *st = NULL;
+  struct dirent *e;
+  int rc = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue; /* ., .., and our own temp files */
+    int i = ends_with(e->d_name, ".safetensors.index.json"), s = ends_with(e->d_name, ".safetensors");
+    if (!i && !s) continue;
+    char **slot = i ? &idx : &st;
+    if (i ? nidx++ == 0 : nst++ == 0) *slot = strdup(e->d_name);
+    if (used < sizeof(found) - 1)
+      used += (size_t)snprintf(found + used, sizeof(found) - used, "%s'%s'", used ? ", " : "", e->d_name);
+  }
+  closedir(d);
+  if ((nidx && !idx) || (!nidx && nst && !st)) {
+    rc = -ENOMEM;
+  } else if (nidx > 1 || (nidx == 0 && nst != 1)) {
+    rc = ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_SHARD,
+                        "%s: a directory must hold exactly one *.safetensors.index.json, or else exactly one "
+                        "*.safetensors; found %s",
+                        dir, used ? found : "neither");
+  } else if (!(*picked = ckptio_path_join(dir, nidx ? idx : st))) {
+    rc = -ENOMEM;
+  } else {
+    *is_index = nidx == 1;
+  }
+  free(idx);
+  free(st);
+  return rc;
+}
+
+/* The index file's bytes, bounded. */
+static int read_index(ckptio_source *s, uint8_t **buf, size_t *len) {
+  int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return ckptio_source_fail(s, -e, "%s: %s", s->path, strerror(e));
+  }
+  int rc = 0;
+  if (!S_ISREG(st.st_mode)) {
+    rc = ckptio_source_fail(s, CKPTIO_E_SHARD, "%s: the index is not a regular file", s->path);
+  } else if ((uint64_t)st.st_size > CKPTIO_HF_INDEX_MAX) {
+    rc = ckptio_source_fail(s, CKPTIO_E_SHARD, "%s: index of %llu bytes is larger than the %u-byte limit", s->path,
+                            (unsigned long long)st.st_size, CKPTIO_HF_INDEX_MAX);
+  } else if (!(*buf = malloc((size_t)st.st_size + 1))) {
+    rc = -ENOMEM;
+  } else if ((rc = ckptio_pread_full(fd, *buf, (size_t)st.st_size, 0)) < 0) {
+    ckptio_source_fail(s, rc, "%s: reading the index: %s", s->path, ckptio_strerror(rc));
+  }
+  *len = (size_t)st.st_size;
+  close(fd);
+  return rc;
+}
+
+static int parse_index(set *x) {
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  int rc = read_index(&x->s, &buf, &len);
+  if (rc == 0 && (rc = ckptio_hf_index_parse(buf, len, &x->hf)) < 0) {
+    if (x->hf.err[0]) ckptio_source_fail(&x->s, rc, "%s: %s", x->s.path, x->hf.err);
+    else if (rc == -ENOMEM) ckptio_source_fail(&x->s, rc, "%s: out of memory reading the index", x->s.path);
+  }
+  free(buf);
+  return rc;
+}
+
+static int open_shards(set *x) {
+  size_t n = x->hf.nfiles;
+  if (!(x->sub = calloc(n, sizeof(*x->sub))) || !(x->paths = calloc(n, sizeof(char *)))) return -ENOMEM;
+  x->s.nfiles = n;
+  for (size_t k = 0; k < n; k++) {
+    char msg[CKPTIO_ERRLEN] = "";
+    if (!(x->paths[k] = ckptio_path_join(x->dir, x->hf.files[k]))) return -ENOMEM;
+    int rc = ckptio_source_open_file(x->s.ctx, x->s.opts, x->paths[k], msg, &x->sub[k]);
+    if (rc < 0)
+      return ckptio_source_fail(&x->s, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k],
+                                msg[0] ? msg : ckptio_strerror(rc));
+    x->sub[k]->err = x->s.err; /* a member's failures are the set's */
+    if (strcmp(x->sub[k]->idx.format, "safetensors"))
+      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' is a %s file, not safetensors", x->s.path,
+                                x->hf.files[k], x->sub[k]->idx.format);
+  }
+  return 0;
+}
+
+static const char *meta_get(const ckptio_index *idx, const char *key) {
+  for (size_t i = 0; i < idx->meta_count; i++)
+    if (strcmp(idx->meta[i].key, key) == 0) return idx->meta[i].value;
+  return NULL;
+}
+
+typedef struct named {
+  const char *name;
+  size_t file;
+} named;
+
+static int cmp_named(const void *a, const void *b) {
+  return strcmp(((const named *)a)->name, ((const named *)b)->name);
+}
+
+/* Whether shard k holds a tensor of this name (all, sorted by name). */
+static int holds(const named *all, size_t n, const char *name, size_t k) {
+  named key = {name, 0};
+  const named *hit = bsearch(&key, all, n, sizeof(*all), cmp_named);
+  if (!hit) return 0;
+  while (hit > all && !strcmp(hit[-1].name, name)) hit--;
+  for (; hit < all + n && !strcmp(hit->name, name); hit++)
+    if (hit->file == k) return 1;
+  return 0;
+}
+
+/* Every mapped tensor is in its file, and every tensor of every file is
+ * mapped to that file (so none sits in two shards). */
+static int cross_check(set *x) {
+  const ckptio_hf_index *hf = &x->hf;
+  const char *path = x->s.path;
+  size_t n = 0;
+  for (size_t k = 0; k < hf->nfiles; k++) n += x->sub[k]->idx.count;
+  named *all = calloc(n + 1, sizeof(*all));
+  if (!all) return -ENOMEM;
+  n = 0;
+  for (size_t k = 0; k < hf->nfiles; k++)
+    for (size_t t = 0; t < x->sub[k]->idx.count; t++) all[n++] = (named){x->sub[k]->idx.entries[t].name, k};
+  if (n) qsort(all, n, sizeof(*all), cmp_named);
+  int rc = 0;
+  for (size_t i = 0; i < hf->nmap && rc == 0; i++) {
+    const ckptio_hf_entry *e = &hf->map[i];
+    if (!holds(all, n, e->tensor, e->file))
+      rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' is mapped to shard '%s', which does not hold it",
+                              path, e->tensor, hf->files[e->file]);
+  }
+  free(all);
+  for (size_t k = 0; k < hf->nfiles && rc == 0; k++) {
+    const ckptio_index *ix = &x->sub[k]->idx;
+    for (size_t t = 0; t < ix->count && rc == 0; t++) {
+      const ckptio_hf_entry *e = ckptio_hf_index_find(hf, ix->entries[t].name);
+      if (!e)
+        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' of shard '%s' is not in the index's weight_map",
+                                path, ix->entries[t].name, hf->files[k]);
+      else if (e->file != k)
+        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' is in shard '%s' but the index maps it to '%s'",
+                                path, ix->entries[t].name, hf->files[k], hf->files[e->file]);
+    }
+  }
+  if (rc < 0) return rc;
+/* A save interrupted between its renames leaves shards of two saves. */
+  const char *id = NULL;
+  for (size_t i = 0; i < hf->nindex_meta; i++)
+    if (!strcmp(hf->index_meta[i].key, "ckptio.save_id")) id = hf->index_meta[i].value;
+  for (size_t k = 0; id && k < hf->nfiles; k++) {
+    const char *sid = meta_get(&x->sub[k]->idx, "ckptio.save_id");
+    const char *tag = meta_get(&x->sub[k]->idx, "ckptio.shard");
+    char want_tag[64];
+    snprintf(want_tag, sizeof(want_tag), "%zu/%zu", k + 1, hf->nfiles);
+    if (!sid || strcmp(sid, id))
+      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
+                                "%s: shard '%s' belongs to another save (save id %s, the index says %s): a save was "
+                                "interrupted while publishing, or files of two saves are mixed",
+                                path, hf->files[k], sid ? sid : "missing", id);
+    if (!tag || strcmp(tag, want_tag))
+      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' says it is shard %s, the index makes it %s",
+                                path, hf->files[k], tag ? tag : "(missing)", want_tag);
+  }
+  return 0;
+}
+
+typedef struct meta_ref {
+  const ckptio_meta *m;
+  size_t seq;
+} meta_ref;
+
+static int cmp_meta_key(const void *a, const void *b) {
+  const meta_ref *x = a, *y = b;
+  int c = strcmp(x->m->key, y->m->key);
+  return c ? c : (x->seq > y->seq) - (x->seq < y->seq);
+}
+static int cmp_meta_seq(const void *a, const void *b) {
+  const meta_ref *x = a, *y = b;
+  return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The merged index: shard order, then each shard's file order; names and
+ * metadata strings stay owned by the shards and the index. The index's
+ * metadata comes first; a key's first value wins. */
+static int merge(set *x) {
+  ckptio_index *idx = &x->s.idx;
+  size_t total = 0, nf = x->hf.nfiles, nmeta = x->hf.nindex_meta;
+  if (!(x->base = calloc(nf + 1, sizeof(size_t)))) return -ENOMEM;
+  for (size_t k = 0; k < nf; k++) {
+    x->base[k] = total;
+    total += x->sub[k]->idx.count;
+    nmeta += x->sub[k]->idx.meta_count;
+    idx->header_bytes += x->sub[k]->idx.header_bytes;
+  }
+  x->base[nf] = total;
+  if (!(idx->entries = calloc(total + 1, sizeof(ckptio_entry)))) return -ENOMEM;
+  for (size_t k = 0; k < nf; k++)
+    memcpy(idx->entries + x->base[k], x->sub[k]->idx.entries, x->sub[k]->idx.count * sizeof(ckptio_entry));
+  idx->count = total;
+  idx->format = "safetensors-sharded";
+  meta_ref *refs = calloc(nmeta + 1, sizeof(*refs));
+  if (!refs || !(idx->meta = calloc(nmeta + 1, sizeof(ckptio_meta)))) {
+    free(refs);
+    return -ENOMEM;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < x->hf.nindex_meta; i++, n++) refs[n] = (meta_ref){&x->hf.index_meta[i], n};
+  for (size_t k = 0; k < nf; k++)
+    for (size_t i = 0; i < x->sub[k]->idx.meta_count; i++) {
+      const ckptio_meta *m = &x->sub[k]->idx.meta[i];
+      if (strcmp(m->key, "ckptio.shard")) refs[n] = (meta_ref){m, n}, n++;
+    }
+  qsort(refs, n, sizeof(*refs), cmp_meta_key);
+  size_t kept = 0;
+  for (size_t i = 0; i < n; i++)
+    if (kept == 0 || strcmp(refs[kept - 1].m->key, refs[i].m->key)) refs[kept++] = refs[i];
+  qsort(refs, kept, sizeof(*refs), cmp_meta_seq);
+  for (size_t i = 0; i < kept; i++) idx->meta[i] = *refs[i].m;
+  idx->meta_count = kept;
+  free(refs);
+  return 0;
+}
+
+/* The shard of merged index i. */
+static size_t shard_of(const set *x, size_t i) {
+  size_t lo = 0, hi = x->hf.nfiles;
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x->base[mid] <= i) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static ckptio_source *set_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
+  set *x = S(s);
+  size_t sk = shard_of(x, index);
+  *local = index - x->base[sk];
+  if (k) *k = sk;
+  return x->sub[sk];
+}
+
+static int set_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
+  size_t local;
+  ckptio_source *m = set_member(s, index, &local, NULL);
+  return m->ops->view(m, local, data, nbytes);
+}
+
+typedef struct file_emit {
+  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
+  void *arg;
+  uint32_t file;
+} file_emit;
+
+static void emit_in_file(void *arg, uint32_t file, uint64_t off, uint64_t len) {
+  file_emit *f = arg;
+  (void)file;
+  f->emit(f->arg, f->file, off, len);
+}
+
+static void set_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
+                       void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
+  size_t local, k;
+  ckptio_source *m = set_member(s, index, &local, &k);
+  file_emit f = {emit, arg, (uint32_t)k};
+  m->ops->ranges(m, local, g, emit_in_file, &f);
+}
+
+static ckptio_source *set_file(ckptio_source *s, size_t k) { return k < S(s)->hf.nfiles ? S(s)->sub[k] : NULL; }
+
+static void set_close(ckptio_source *s) {
+  set *x = S(s);
+  for (size_t k = 0; k < x->hf.nfiles; k++) {
+    if (x->sub) ckptio_source_close(x->sub[k]);
+    if (x->paths) free(x->paths[k]);
+  }
+  ckptio_hf_index_free(&x->hf);
+  free(s->idx.entries); /* strings are the shards' */
+  free(s->idx.meta);
+  free(x->paths);
+  free(x->sub);
+  free(x->base);
+  free(x->dir);
+}
+
+static const ckptio_source_ops set_ops = {
+    .kind = "set",
+    .view = set_view,
+    .ranges = set_ranges,
+    .member = set_member,
+    .file = set_file,
+    .close = set_close,
+};
+
+int ckptio_set_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err, ckptio_source **out,
+                    char **file) {
+  struct stat st;
+  char *picked = NULL;
+  int is_index = ends_with(path, ".index.json"), rc;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if ((rc = pick_in_dir(path, err, &picked, &is_index)) < 0) return rc;
+  } else if (!(picked = strdup(path))) {
+    return -ENOMEM;
+  }
+  if (!is_index) {
+    *file = picked;
+    return 0;
+  }
+  set *x = calloc(1, sizeof(*x));
+  if (!x) {
+    free(picked);
+    return -ENOMEM;
+  }
+  rc = ckptio_source_init(&x->s, &set_ops, ctx, opts, picked, err);
+  free(picked);
+  if (rc == 0) {
+    const char *slash = strrchr(x->s.path, '/');
+    x->dir = slash ? strndup(x->s.path, slash == x->s.path ? 1 : (size_t)(slash - x->s.path)) : strdup(".");
+    if (!x->dir) rc = -ENOMEM;
+  }
+  if (rc == 0 && (rc = parse_index(x)) == 0 && (rc = open_shards(x)) == 0 && (rc = cross_check(x)) == 0)
+    rc = merge(x);
+  if (rc < 0) {
+    if (rc == -ENOMEM && !err[0]) ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "%s: out of memory opening the shards", path);
+    ckptio_source_close(&x->s);
+    return rc;
+  }
+  *out = &x->s;
+  return 1;
+}

@@ -1,0 +1,62 @@
+/* Opening a source: a set (an index, or a directory holding one), a zstd
+ * seekable file, or a plain file; and what every kind shares. */
+#include "load/source.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/zstd_seekable.h"
+
+int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err, CKPTIO_ERRLEN, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+int ckptio_source_init(ckptio_source *s, const ckptio_source_ops *ops, ckptio_ctx *ctx, const ckptio_options *opts,
+                       const char *path, char *err) {
+  s->ops = ops;
+  s->ctx = ctx;
+  s->opts = opts;
+  s->err = err;
+  s->nfiles = 1;
+  return (s->path = strdup(path)) ? 0 : -ENOMEM;
+}
+
+void ckptio_source_close(ckptio_source *s) {
+  if (!s) return;
+  s->ops->close(s);
+  free(s->path);
+  free(s);
+}
+
+uint64_t ckptio_source_slot_bytes(const ckptio_source *s) { return ckptio_ring_slot_bytes(s->ctx->ring); }
+
+uint64_t ckptio_entry_view_bytes(const ckptio_entry *e) {
+  return e->strided ? (uint64_t)ckptio_tensor_nbytes(e->dtype, e->ndim, e->shape) : e->nbytes;
+}
+
+size_t ckptio_entry_elem(const ckptio_entry *e) { return (size_t)ckptio_dtype_bits(e->dtype) / 8; }
+
+int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
+                            ckptio_source **out) {
+  ckptio_rfile f;
+  int rc = ckptio_rfile_open(&f, path, err, CKPTIO_ERRLEN);
+  if (rc < 0) return rc;
+  if (ckptio_zs_detect(f.map, f.size)) return ckptio_zstd_from(ctx, opts, &f, err, out);
+  return ckptio_plain_from(ctx, opts, &f, err, out);
+}
+
+int ckptio_source_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
+                       ckptio_source **out) {
+  char *file = NULL;
+  int rc = ckptio_set_open(ctx, opts, path, err, out, &file);
+  if (rc == 0) rc = ckptio_source_open_file(ctx, opts, file, err, out);
+  free(file);
+  return rc < 0 ? rc : 0;
+}
