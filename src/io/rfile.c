@@ -111,3 +111,8 @@ int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size
   *base = m;
   return 0;
 }
+
+int ckptio_rfile_unmap(void *base, uint64_t size) {
+  if (!base) return 0;
+  return munmap(base, (size_t)size) < 0 ? -errno : 0;
+}

@@ -46,5 +46,7 @@ int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const
  * open descriptor (the inode whose header was validated, even if the path
  * was replaced since). The caller owns it: ckptio_map_free. */
 int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size_t errlen);
+/* Unmaps a private mapping (NULL: nothing). @return 0 or -errno. */
+int ckptio_rfile_unmap(void *base, uint64_t size);
 
 #endif

@@ -355,7 +355,7 @@ static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void 
     free(qs);
   }
   if (rc < 0) {
-    ckptio_map_free(m, p->f.size);
+    ckptio_rfile_unmap(m, p->f.size);
     return rc;
   }
   *base = m;

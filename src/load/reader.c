@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 int ckptio_reader_fail(ckptio_reader *r, int code, const char *fmt, ...) {
   va_list ap;
@@ -28,6 +27,16 @@ static int cmp_by_name(const void *a, const void *b) {
                 ckptio_reader_entry(sort_reader, *(const size_t *)b)->name);
 }
 
+/* A set when the path names one (an index, or a directory holding one),
+ * else one file: the path, or a directory's only safetensors file. */
+static int open_source(ckptio_reader *r, const char *path) {
+  char *file = NULL;
+  int rc = ckptio_set_open(r->ctx, &r->opts, path, r->err, &r->src, &file);
+  if (rc == 0) rc = ckptio_source_open_file(r->ctx, &r->opts, file, r->err, &r->src);
+  free(file);
+  return rc < 0 ? rc : 0;
+}
+
 int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts, ckptio_reader **out) {
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
@@ -36,7 +45,7 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
   if (!r) return -ENOMEM;
   r->ctx = ctx;
   int rc = ckptio_options_for_call(ctx, opts, &r->opts);
-  if (rc < 0 || (rc = ckptio_source_open(ctx, &r->opts, path, r->err, &r->src)) < 0) goto fail;
+  if (rc < 0 || (rc = open_source(r, path)) < 0) goto fail;
   size_t n = r->src->idx.count;
   if (!(r->by_name = malloc((n + 1) * sizeof(size_t)))) {
     rc = -ENOMEM;
@@ -297,6 +306,5 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
 }
 
 int ckptio_map_free(void *base, uint64_t size) {
-  if (!base) return 0;
-  return munmap(base, (size_t)size) < 0 ? -errno : 0;
+  return ckptio_rfile_unmap(base, size);
 }

@@ -1,5 +1,4 @@
-/* Opening a source: a set (an index, or a directory holding one), a zstd
- * seekable file, or a plain file; and what every kind shares. */
+/* What every kind of source shares. */
 #include "load/source.h"
 
 #include <errno.h>
@@ -8,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "formats/zstd_seekable.h"
 
 int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) {
   va_list ap;
@@ -42,21 +40,3 @@ uint64_t ckptio_entry_view_bytes(const ckptio_entry *e) {
 }
 
 size_t ckptio_entry_elem(const ckptio_entry *e) { return (size_t)ckptio_dtype_bits(e->dtype) / 8; }
-
-int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
-                            ckptio_source **out) {
-  ckptio_rfile f;
-  int rc = ckptio_rfile_open(&f, path, err, CKPTIO_ERRLEN);
-  if (rc < 0) return rc;
-  if (ckptio_zs_detect(f.map, f.size)) return ckptio_zstd_from(ctx, opts, &f, err, out);
-  return ckptio_plain_from(ctx, opts, &f, err, out);
-}
-
-int ckptio_source_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
-                       ckptio_source **out) {
-  char *file = NULL;
-  int rc = ckptio_set_open(ctx, opts, path, err, out, &file);
-  if (rc == 0) rc = ckptio_source_open_file(ctx, opts, file, err, out);
-  free(file);
-  return rc < 0 ? rc : 0;
-}

@@ -140,11 +140,8 @@ struct ckptio_source {
   uint64_t frames, compressed, plain; /* a zstd file's, else 0 */
 };
 
-/* Opens `path`: a directory or a *.index.json as a set, a zstd seekable
- * file, or a plain file. @return 0 or a code with the message in err. */
-int ckptio_source_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
-                       ckptio_source **out);
-/* A single file: zstd seekable or plain (what a set's members are). */
+/* One file, zstd seekable or plain (a set's members, or what the reader
+ * opens when the path names no set). @return 0 or a code, message in err. */
 int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
                             ckptio_source **out);
 void ckptio_source_close(ckptio_source *s);

@@ -1,0 +1,13 @@
+/* Opening one file as a source: a zstd seekable file, else a plain file
+ * (safetensors or a PyTorch archive, told apart by the plain kind). */
+#include "formats/zstd_seekable.h"
+#include "load/source.h"
+
+int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
+                            ckptio_source **out) {
+  ckptio_rfile f;
+  int rc = ckptio_rfile_open(&f, path, err, CKPTIO_ERRLEN);
+  if (rc < 0) return rc;
+  if (ckptio_zs_detect(f.map, f.size)) return ckptio_zstd_from(ctx, opts, &f, err, out);
+  return ckptio_plain_from(ctx, opts, &f, err, out);
+}
