@@ -313,14 +313,6 @@ static void plain_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
   }
 }
 
-static ckptio_source *plain_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
-  *local = index;
-  if (k) *k = 0;
-  return s;
-}
-
-static ckptio_source *plain_file(ckptio_source *s, size_t k) { return k == 0 ? s : NULL; }
-
 /* Checks every recorded CRC over the private map instead of the shared one:
  * MMAP is forced so each page is read (and faulted in) where the caller will
  * read it, and what is checked is what the caller gets. */
@@ -375,8 +367,8 @@ static const ckptio_source_ops plain_ops = {
     .finish = plain_finish,
     .view = plain_view,
     .ranges = plain_ranges,
-    .member = plain_member,
-    .file = plain_file,
+    .member = ckptio_source_member_self,
+    .file = ckptio_source_file_self,
     .map_private = plain_map_private,
     .close = plain_close,
 };

@@ -40,3 +40,11 @@ uint64_t ckptio_entry_view_bytes(const ckptio_entry *e) {
 }
 
 size_t ckptio_entry_elem(const ckptio_entry *e) { return (size_t)ckptio_dtype_bits(e->dtype) / 8; }
+
+ckptio_source *ckptio_source_member_self(ckptio_source *s, size_t index, size_t *local, size_t *k) {
+  *local = index;
+  if (k) *k = 0;
+  return s;
+}
+
+ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k) { return k == 0 ? s : NULL; }

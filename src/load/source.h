@@ -161,6 +161,10 @@ int ckptio_source_init(ckptio_source *s, const ckptio_source_ops *ops, ckptio_ct
 /* Sets *err from a format; @return code. */
 int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* member and file of a source that is one file: itself. */
+ckptio_source *ckptio_source_member_self(ckptio_source *s, size_t index, size_t *local, size_t *k);
+ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k);
+
 /* The context's ring's slot size. */
 uint64_t ckptio_source_slot_bytes(const ckptio_source *s);
 

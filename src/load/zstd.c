@@ -394,14 +394,6 @@ static void zstd_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
   }
 }
 
-static ckptio_source *zstd_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
-  *local = index;
-  if (k) *k = 0;
-  return s;
-}
-
-static ckptio_source *zstd_file(ckptio_source *s, size_t k) { return k == 0 ? s : NULL; }
-
 static void zstd_close(ckptio_source *s) {
   zsrc *z = Z(s);
   for (int i = 0; z->ws && i < z->nws; i++) {
@@ -425,8 +417,8 @@ static const ckptio_source_ops zstd_ops = {
     .run = zstd_run,
     .view = zstd_view,
     .ranges = zstd_ranges,
-    .member = zstd_member,
-    .file = zstd_file,
+    .member = ckptio_source_member_self,
+    .file = ckptio_source_file_self,
     .close = zstd_close,
 };
 
