@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs the build into a temporary prefix, then builds a small program
+# outside the project against the installed tree only, both ways a user
+# would: CMake's find_package(ckptio) (shared and static) and pkg-config.
+# Usage: test_install.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD=$1 SRC=$2
+TMP=$(mktemp -d "${CKPTIO_TEST_TMPDIR:-/tmp}/install.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+PREFIX=$TMP/prefix
+fail() { echo "test_install: FAIL: $*" >&2; exit 1; }
+
+cmake --install "$BUILD" --prefix "$PREFIX" >"$TMP/install.log" || { cat "$TMP/install.log"; fail "cmake --install"; }
+libdir=$(cd "$PREFIX" && ls -d lib*/libckptio.so.0 | xargs dirname)
+for f in include/ckptio.h "$libdir/libckptio.a" "$libdir/libckptio.so" "$libdir/libckptio.so.0" bin/ckptio \
+         "$libdir/pkgconfig/ckptio.pc" "$libdir/cmake/ckptio/ckptioConfig.cmake" \
+         "$libdir/cmake/ckptio/ckptioConfigVersion.cmake" "$libdir/cmake/ckptio/ckptioTargets.cmake"; do
+  [[ -e "$PREFIX/$f" ]] || fail "$f is not installed"
+done
+soname=$(readelf -d "$PREFIX/$libdir/libckptio.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
+[[ "$soname" == libckptio.so.0 ]] || fail "SONAME is '$soname', want libckptio.so.0"
+version=$("$PREFIX/bin/ckptio" --version) || fail "the installed ckptio command does not run"
+echo "test_install: installed $version, SONAME $soname"
+# Only ckptio_* is exported by the shared library.
+if nm -D --defined-only "$PREFIX/$libdir/libckptio.so" | awk '$2 ~ /[TDB]/ {print $3}' | grep -v '^ckptio_' | grep -q .; then
+  fail "the shared library exports names other than ckptio_*"
+fi
+
+# 1. CMake package, against the prefix only (no source or build tree).
+cmake -S "$SRC/tests/install/consumer" -B "$TMP/cm" -DCMAKE_PREFIX_PATH="$PREFIX" >"$TMP/cm.log" 2>&1 \
+  || { cat "$TMP/cm.log"; fail "find_package(ckptio)"; }
+grep -q "found ckptio ${version#ckptio } in $PREFIX" "$TMP/cm.log" || { cat "$TMP/cm.log"; fail "found another ckptio"; }
+cmake --build "$TMP/cm" >"$TMP/cmb.log" 2>&1 || { cat "$TMP/cmb.log"; fail "building against ckptio::ckptio"; }
+LD_LIBRARY_PATH="$PREFIX/$libdir" "$TMP/cm/consumer_shared" "$TMP/a.safetensors" || fail "consumer_shared"
+ldd "$TMP/cm/consumer_static" | grep -q libckptio && fail "consumer_static links libckptio.so"
+"$TMP/cm/consumer_static" "$TMP/b.safetensors" || fail "consumer_static"
+LD_LIBRARY_PATH="$PREFIX/$libdir" ldd "$TMP/cm/consumer_shared" | grep -q "$PREFIX/$libdir/libckptio.so.0" \
+  || fail "consumer_shared does not load the installed libckptio.so.0"
+
+# 2. pkg-config, shared then static.
+export PKG_CONFIG_PATH="$PREFIX/$libdir/pkgconfig"
+[[ "$(pkg-config --modversion ckptio)" == "${version#ckptio }" ]] || fail "pkg-config --modversion"
+cc -o "$TMP/pc_shared" "$SRC/tests/install/consumer.c" $(pkg-config --cflags --libs ckptio) || fail "pkg-config build"
+LD_LIBRARY_PATH="$PREFIX/$libdir" "$TMP/pc_shared" "$TMP/c.safetensors" || fail "pc_shared"
+# The static library with its dependencies' shared libraries (the modules
+# in ckptio.pc's Requires.private): a fully static link would also need the
+# static libraries of hwloc's own dependencies, which Debian does not ship.
+cc -o "$TMP/pc_static" "$SRC/tests/install/consumer.c" $(pkg-config --cflags ckptio) "$PREFIX/$libdir/libckptio.a" \
+   $(pkg-config --libs $(pkg-config --print-requires-private ckptio)) -lpthread -ldl || fail "static build"
+"$TMP/pc_static" "$TMP/d.safetensors" || fail "pc_static"
+echo "test_install: 4 consumers built against $PREFIX only and ran"
