@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "compress/shuffle.h"
-#include "compress/zsave.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/nameset.h"
@@ -22,7 +21,8 @@
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
-#include "writer_hooks.h"
+#include "save/writer_hooks.h"
+#include "save/zsave.h"
 
 typedef struct wtensor {
   char *name;
@@ -596,7 +596,7 @@ static int make_layout(ckptio_writer *w) {
   return rc;
 }
 
-/* Compressed saves cut the planned file into frames (compress/zsave.c);
+/* Compressed saves cut the planned file into frames (save/zsave.c);
  * frames land at offsets known only after compression, so through the
  * page cache. */
 static int zsave_open(ckptio_writer *w) {

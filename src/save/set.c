@@ -23,7 +23,7 @@
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
-#include "writer_hooks.h"
+#include "save/writer_hooks.h"
 
 typedef struct stensor {
   ckptio_tensor t;       /* name owned */
