@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
-#include "formats/json.h"
+#include "formats/hf_index_write.h"
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
@@ -245,38 +245,23 @@ static int open_shard(ckptio_shard_writer *w, size_t k) {
   return 0;
 }
 
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(((const stensor *const *)a)[0]->t.name, ((const stensor *const *)b)[0]->t.name);
-}
-
-/* The index, as transformers writes it: sorted keys, two-space indent. */
+/* The index: every tensor mapped to its shard's file name. */
 static int index_json(ckptio_shard_writer *w, ckptio_json_out *o) {
-  const stensor **by_name = calloc(w->count + 1, sizeof(*by_name));
-  size_t *shard_of = calloc(w->count + 1, sizeof(size_t));
+  size_t len = strlen(w->prefix) + 64; /* "-NNNNN-of-NNNNN.safetensors", any count */
+  ckptio_hf_weight *map = calloc(w->count + 1, sizeof(*map));
+  char *names = calloc(w->nshards + 1, len);
   int rc = -ENOMEM;
-  if (!by_name || !shard_of) goto out;
-  for (size_t k = 0; k < w->nshards; k++)
-    for (size_t i = w->first[k]; i < w->first[k + 1]; i++) shard_of[i] = k;
-  for (size_t i = 0; i < w->count; i++) by_name[i] = &w->tensors[i];
-  qsort(by_name, w->count, sizeof(*by_name), cmp_str);
-  rc = ckptio_json_out_puts(o, "{\n  \"metadata\": {\n    \"ckptio.save_id\": ");
-  rc |= ckptio_json_out_string(o, w->save_id);
-  rc |= ckptio_json_out_puts(o, ",\n    \"total_size\": ");
-  rc |= ckptio_json_out_u64(o, w->total_bytes);
-  rc |= ckptio_json_out_puts(o, "\n  },\n  \"weight_map\": {");
-  char name[4096];
-  for (size_t i = 0; i < w->count && rc == 0; i++) {
-    shard_name(w, shard_of[by_name[i] - w->tensors], name, sizeof(name));
-    rc |= ckptio_json_out_puts(o, i ? ",\n    " : "\n    ");
-    rc |= ckptio_json_out_string(o, by_name[i]->t.name);
-    rc |= ckptio_json_out_puts(o, ": ");
-    rc |= ckptio_json_out_string(o, name);
+  if (!map || !names) goto out;
+  for (size_t k = 0; k < w->nshards; k++) {
+    shard_name(w, k, names + k * len, len);
+    for (size_t i = w->first[k]; i < w->first[k + 1]; i++)
+      map[i] = (ckptio_hf_weight){w->tensors[i].t.name, names + k * len};
   }
-  rc |= ckptio_json_out_puts(o, w->count ? "\n  }\n}\n" : "}\n}\n");
-  rc = rc ? -ENOMEM : 0;
+  ckptio_kv id = {"ckptio.save_id", w->save_id};
+  rc = ckptio_hf_index_write(map, w->count, &id, 1, w->total_bytes, o);
 out:
-  free(by_name);
-  free(shard_of);
+  free(map);
+  free(names);
   return rc;
 }
 
