@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
+#include "device/transfer.h"
 #include "formats/layout.h"
 #include "formats/safetensors.h"
 #include "formats/torch_write.h"
@@ -37,7 +38,7 @@ typedef struct chunk_job {
   uint64_t gpu_mask;      /* GPUs with copies into this slot in flight */
 } chunk_job;
 
-#define MAX_GPUS 64       /* gpu_mask bits */
+#define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
 
 enum { W_OPEN, W_RUNNING };
 
@@ -173,9 +174,8 @@ static int check_pointer(ckptio_writer *w, const ckptio_tensor *t, int64_t nbyte
   }
   if (!w->ctx->gpu || !nbytes) return 0;
   int where = -1;
-  int e = w->ctx->gpu->ops->pointer_device(t->data, &where);
-  if (e) return fail(w, ckptio_gpu_fail(w->ctx->gpu, e, msg, sizeof(msg), "cudaPointerGetAttributes"),
-                     "tensor '%s': %s", t->name, msg);
+  int rc = ckptio_gpu_where(w->ctx->gpu, t->data, &where, msg, sizeof(msg));
+  if (rc < 0) return fail(w, rc, "tensor '%s': %s", t->name, msg);
   if (where != ord) {
     snprintf(msg, sizeof(msg), "data is %s memory but the descriptor says %s",
              where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
@@ -285,32 +285,22 @@ static const unsigned char *piece_src(const piece_iter *it) {
  * for the copies already started so the slot can be reused safely. */
 static int start_gpu_copies(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end) {
   ckptio_gpu *g = w->ctx->gpu;
-  size_t slot = ckptio_ring_slot_index(w->ctx->ring, j->slot);
   piece_iter it;
-  int e = 0;
-  const char *what = "cudaMemcpyAsync (device to host)";
+  char msg[CKPTIO_ERRLEN];
+  int rc = 0;
   pieces_begin(&it, w, start, end);
-  while (!e && pieces_next(&it)) {
+  while (rc == 0 && pieces_next(&it)) {
     const wtensor *t = tensor_at(w, it.k);
     if (t->t.device == CKPTIO_DEVICE_HOST) continue;
     int ord = t->t.device - CKPTIO_DEVICE_CUDA(0);
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->copy_d2h(j->slot + (it.a - start), piece_src(&it), it.b - it.a, v->d2h);
-    j->gpu_mask |= 1ull << ord;
+    j->gpu_mask |= 1ull << ord; /* drained below even if the copy was refused */
+    rc = ckptio_gpu_d2h_start(g, ord, j->slot + (it.a - start), piece_src(&it), it.b - it.a, msg, sizeof(msg));
   }
-  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
-    if (!(j->gpu_mask >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->event_record(v->slot_events[slot], v->d2h);
-    what = "cudaEventRecord";
-  }
-  if (!e) return 0;
-  char msg[CKPTIO_ERRLEN];
-  int rc = ckptio_gpu_fail(g, e, msg, sizeof(msg), what);
+  if (rc == 0) rc = ckptio_gpu_mark_slot(g, j->gpu_mask, ckptio_ring_slot_index(w->ctx->ring, j->slot), msg, sizeof(msg));
+  if (rc == 0) return 0;
   snprintf(w->err, sizeof(w->err), "%s: tensor '%s': %s", w->path,
            it.k < w->count ? tensor_at(w, it.k)->name : "?", msg);
-  for (int ord = 0; ord < MAX_GPUS; ord++)
-    if (j->gpu_mask >> ord & 1) g->ops->set_device(ord), g->ops->stream_sync(g->dev[ord].d2h);
+  ckptio_gpu_drain_d2h(g, j->gpu_mask);
   return rc;
 }
 
@@ -335,18 +325,12 @@ static void copy_extents(const ckptio_writer *w, unsigned char *slot, uint64_t s
  * @return 0 or a GPU error, described in msg. */
 static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
                       char *msg, size_t len) {
-  ckptio_gpu *g = w->ctx->gpu;
   uint64_t t = ckptio_now_ns();
-  for (int ord = 0; ord < MAX_GPUS; ord++) {
-    if (!(j->gpu_mask >> ord & 1)) continue;
-    int e = g->ops->event_sync(g->dev[ord].slot_events[ckptio_ring_slot_index(w->ctx->ring, j->slot)]);
-    if (e) {
-      int rc = ckptio_gpu_fail(g, e, msg, len, "cudaEventSynchronize (device to host copy)");
-      char detail[CKPTIO_ERRLEN];
-      snprintf(detail, sizeof(detail), "%s: GPU %d: %s", w->path, ord, msg);
-      snprintf(msg, len, "%s", detail);
-      return rc;
-    }
+  if (j->gpu_mask) {
+    char detail[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_wait_slot(w->ctx->gpu, j->gpu_mask, ckptio_ring_slot_index(w->ctx->ring, j->slot), detail,
+                                  sizeof(detail));
+    if (rc < 0) return ckptio_err_fmt(msg, len, rc, "%s: %s", w->path, detail);
   }
   if (j->gpu_mask) ckptio_lap(&w->timers.device_ns, &t);
   piece_iter it;
@@ -492,42 +476,21 @@ static int rewrite_crc_extents(ckptio_writer *w) {
 }
 
 /* On the caller's thread, at the commit call: an event on each GPU's
- * producing stream marks the work the snapshot must include. The caller's
- * current GPU is restored: a library must not move it. */
-static int record_start_events(ckptio_writer *w) {
-  ckptio_gpu *g = w->ctx->gpu;
-  int current = 0, e = g->ops->get_device(&current), rc = 0;
+ * producing stream marks the work the snapshot must include (the caller's
+ * current GPU is restored: a library must not move it). The coordinator's
+ * copy streams wait for these marks (queue_chunks). */
+static int mark_callers(ckptio_writer *w) {
   char msg[CKPTIO_ERRLEN];
-  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
-    if (!(w->gpus_used >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v)) && !(e = g->ops->event_create(&w->start_event[ord])))
-      e = g->ops->event_record(w->start_event[ord], w->user_stream[ord]);
-  }
-  if (e) rc = fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "recording the snapshot event"), "%s: %s", w->path, msg);
-  g->ops->set_device(current);
-  return rc;
-}
-
-/* Coordinator side: the copy streams wait for the start events. */
-static int wait_start_events(ckptio_writer *w) {
-  ckptio_gpu *g = w->ctx->gpu;
-  char msg[CKPTIO_ERRLEN];
-  for (int ord = 0; ord < MAX_GPUS; ord++) {
-    if (!(w->gpus_used >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    int e = ckptio_gpu_use(g, ord, &v);
-    if (!e) e = g->ops->stream_wait_event(v->d2h, w->start_event[ord]);
-    if (e) return fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "cudaStreamWaitEvent"), "%s: %s", w->path, msg);
-  }
-  return 0;
+  int rc = ckptio_gpu_mark_callers(w->ctx->gpu, w->gpus_used, w->user_stream, w->start_event, msg, sizeof(msg));
+  return rc < 0 ? fail(w, rc, "%s: recording the snapshot event: %s", w->path, msg) : 0;
 }
 
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
 static int queue_chunks(ckptio_writer *w) {
   if (w->gpus_used) {
-    int rc = wait_start_events(w);
-    if (rc < 0) return rc;
+    char msg[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_wait_marks(w->ctx->gpu, w->gpus_used, CKPTIO_GPU_D2H, w->start_event, msg, sizeof(msg));
+    if (rc < 0) return fail(w, rc, "%s: %s", w->path, msg);
   }
   /* A compressed save's frame 0, the header, is written at the end. */
   uint64_t first = w->zs ? 1 : 0;
@@ -663,7 +626,7 @@ static void *save_main(void *arg) {
 int ckptio_writer_commit_async(ckptio_writer *w) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
-  int rc = w->gpus_used ? record_start_events(w) : 0;
+  int rc = w->gpus_used ? mark_callers(w) : 0;
   if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
   w->state = W_RUNNING;
@@ -725,8 +688,7 @@ int ckptio_writer_close(ckptio_writer *w) {
     pthread_join(w->thread, NULL);
     ckptio_batch_destroy(&w->batch);
   }
-  for (int ord = 0; ord < MAX_GPUS; ord++)
-    if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
+  ckptio_gpu_events_free(w->ctx->gpu, w->start_event);
   ckptio_tmpfile_abort(&w->file); /* a held temp nobody took; else a no-op */
   ckptio_layout_free(&w->layout);
   ckptio_zsave_free(w->zs);

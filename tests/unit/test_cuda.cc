@@ -201,6 +201,29 @@ TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
   expect_loads(ctx_, dir_.file("m.safetensors"), next);
 }
 
+// A GPU's copy streams and slot events are created on its first use: a
+// failure there names the call that failed, and the next save retries.
+TEST_F(Cuda, FirstUseFailuresNameTheCall) {
+  auto ts = model();
+  struct Case { const char *func, *named; };
+  for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreate"},
+                 Case{"cudaEventCreateWithFlags", "cudaEventCreate"}, Case{"cudaGetDevice", "cudaGetDevice"}}) {
+    SCOPED_TRACE(c.func);
+    ckptio_ctx *fresh = nullptr;
+    ckptio_options o = small_options(64 << 10, 512 << 10, 4);
+    o.cuda = 1;
+    ASSERT_EQ(ckptio_ctx_create(&o, &fresh), 0) << ckptio_last_open_error();
+    fail_nth(c.func, 1, 2);
+    std::string msg;
+    EXPECT_EQ(save(fresh, dir_.file("m.safetensors"), ts, nullptr, &msg), CKPTIO_E_DEVICE) << msg;
+    fail_nth(nullptr, 0, 0);
+    EXPECT_NE(msg.find(std::string(c.named) + ": cudaErrorMemoryAllocation"), std::string::npos) << msg;
+    EXPECT_EQ(save(fresh, dir_.file("m.safetensors"), ts), 0);
+    ckptio_ctx_free(fresh);
+  }
+  expect_loads(ctx_, dir_.file("m.safetensors"), ts);
+}
+
 TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {
   auto ts = model();
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
