@@ -72,6 +72,13 @@ typedef enum ckptio_error {
  *          including -errno values. Never NULL. */
 const char *ckptio_strerror(int code);
 
+/*! ckptio_error_name() :
+ *  @return the enum's name of a library code without its prefix ("CHECKSUM"
+ *          for CKPTIO_E_CHECKSUM; static), or NULL for any other value. With
+ *          ckptio_strerror, what a binding needs to build its own table of
+ *          codes without copying this header. */
+const char *ckptio_error_name(int code);
+
 /*! ckptio_last_open_error() :
  *  The detail of the last failed ckptio_reader_open, ckptio_writer_open,
  *  ckptio_writer_open_sharded or ckptio_ctx_create in the calling thread (there is no handle to keep it),
