@@ -118,7 +118,8 @@ TEST_F(Cuda, ShardedSnapshotWaitsForTheCallersStream) {
   auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
   for (auto &b : buf) ASSERT_EQ(memset_async(b, 0x22, n, stream), 0);
   ckptio_writer *w = nullptr;
-  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             0);
   ckptio_tensor t0{"w0", CKPTIO_U8, 1, {(int64_t)n}, buf[0], CKPTIO_DEVICE_CUDA(1)};
   ckptio_tensor t1{"w1", CKPTIO_U8, 1, {(int64_t)n}, buf[1], CKPTIO_DEVICE_CUDA(1)};

@@ -378,21 +378,27 @@ TEST_F(Shard, StaleShardsOfAnotherCountAreRemoved) {
 
 TEST_F(Shard, BadWriterArguments) {
   ckptio_writer *w = nullptr;
-  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "a/b", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "a/b", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_PYTORCH, 10, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_PYTORCH, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_FORMAT);
-  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 0, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 0, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.file("nope").c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.file("nope").c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             -ENOENT);
   ckptio_options zo = CKPTIO_OPTIONS_INIT;
   zo.compress_level = 1;
-  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED, &zo, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       &zo, &w),
             CKPTIO_E_FORMAT);
   EXPECT_NE(std::string(ckptio_last_open_error()).find("plain safetensors"), std::string::npos);
   EXPECT_EQ(w, nullptr);
-  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED, nullptr, &w), 0);
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w), 0);
   Tensor t = make_tensor("x", CKPTIO_F32, {4}, 1);
   ckptio_tensor d{"x", CKPTIO_F32, 1, {4}, t.bytes.data(), CKPTIO_DEVICE_HOST};
   EXPECT_EQ(ckptio_writer_set_metadata(w, "ckptio.save_id", "x"), CKPTIO_E_INVALID_ARG);
@@ -456,6 +462,7 @@ TEST_F(Shard, PollsAndStatsFollowTheSet) {
   auto ts = model(7);
   ckptio_writer *w = nullptr;
   ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 100000, CKPTIO_SHARD_ORDER_ADDED,
+                                       
                                      nullptr, &w),
             0);
   uint64_t total = 0;
