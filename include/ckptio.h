@@ -24,7 +24,7 @@ extern "C" {
 #pragma GCC visibility push(default)
 
 #define CKPTIO_VERSION_MAJOR 0
-#define CKPTIO_VERSION_MINOR 1
+#define CKPTIO_VERSION_MINOR 2
 #define CKPTIO_VERSION_PATCH 0
 #define CKPTIO_VERSION_NUMBER \
   (CKPTIO_VERSION_MAJOR * 10000 + CKPTIO_VERSION_MINOR * 100 + CKPTIO_VERSION_PATCH)
@@ -72,9 +72,16 @@ typedef enum ckptio_error {
  *          including -errno values. Never NULL. */
 const char *ckptio_strerror(int code);
 
+/*! ckptio_error_name() :
+ *  @return the enum's name of a library code without its prefix ("CHECKSUM"
+ *          for CKPTIO_E_CHECKSUM; static), or NULL for any other value. With
+ *          ckptio_strerror, what a binding needs to build its own table of
+ *          codes without copying this header. */
+const char *ckptio_error_name(int code);
+
 /*! ckptio_last_open_error() :
- *  The detail of the last failed ckptio_reader_open, ckptio_writer_open or
- *  ckptio_ctx_create in the calling thread (there is no handle to keep it),
+ *  The detail of the last failed ckptio_reader_open, ckptio_writer_open,
+ *  ckptio_writer_open_sharded or ckptio_ctx_create in the calling thread (there is no handle to keep it),
  *  or "". Valid until the next such call in this thread. */
 const char *ckptio_last_open_error(void);
 
@@ -233,9 +240,12 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
 
 /* ---------------------------------------------------------------- writer */
 
-/* One save: open, add tensors, commit, close. A writer is used by one thread
- * at a time, except the poll / wait / progress calls, which any thread may
- * call while a commit runs. */
+/* One save: open, add tensors, commit, close. A writer is opened for one
+ * file (ckptio_writer_open) or for a Hugging Face sharded set
+ * (ckptio_writer_open_sharded, in the "shards" section below); every other
+ * ckptio_writer_* call works on both. A writer is used by one thread at a
+ * time, except the poll / wait / progress calls, which any thread may call
+ * while a commit runs. A NULL writer gives CKPTIO_E_INVALID_ARG (close: 0). */
 typedef struct ckptio_writer ckptio_writer;
 
 /*! ckptio_writer_open() :
@@ -322,6 +332,11 @@ int ckptio_writer_close(ckptio_writer *w);
 /*! The detail of the last failure of this writer, or "" if none. Borrowed
  *  until the next call on the writer. */
 const char *ckptio_writer_last_error(const ckptio_writer *w);
+
+/*! Files the save writes: 1 for a writer from ckptio_writer_open; for one
+ *  from ckptio_writer_open_sharded, its shards once committed (0 before).
+ *  0 for NULL. */
+size_t ckptio_writer_shard_count(const ckptio_writer *w);
 
 /* ---------------------------------------------------------------- reader */
 
@@ -603,14 +618,16 @@ int ckptio_reader_shard(const ckptio_reader *r, size_t k, const char **path, siz
  *  CKPTIO_E_INVALID_ARG. */
 int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
 
-/* A sharded save. Like ckptio_writer, but the tensors are spread over shard
- * files in the order added, each filled up to max_shard_bytes of tensor data
- * (a tensor larger than the limit gets a shard of its own). Shards keep the
- * order added: where huggingface_hub puts an oversize tensor's shard before
- * the one still being filled, add the tensors in that order to get its
- * files (Python's save_torch_state_dict does). The shards are written concurrently, one pipeline each, sharing the
- * context's pool and staging ring. Used by one thread at a time, except the
- * wait and progress calls, which any thread may call while a commit runs.
+/* Sharded saves: a ckptio_writer opened with ckptio_writer_open_sharded
+ * takes every ckptio_writer_* call (add, set_metadata, set_stream,
+ * commit_async / commit, the waits and polls, progress, stats, close,
+ * last_error, shard_count); only what differs from one file is said here.
+ *
+ * The tensors are spread over shard files, each filled up to
+ * max_shard_bytes of tensor data (a tensor larger than the limit gets a
+ * shard of its own); see ckptio_shard_order for where that shard goes. The
+ * shards are written concurrently, one pipeline each, sharing the context's
+ * pool and staging ring.
  *
  * Atomic as a set: every shard is written to a temp file in `dir` and synced
  * but not renamed; only when all are durable are they renamed into place
@@ -629,61 +646,64 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * hidden temp files (".NAME.ckptio-tmp-*") may remain in `dir`. Once the new
  * index is in place, shards of an earlier save with another shard count
  * (`{prefix}-NNNNN-of-MMMMM.safetensors`, MMMMM != N) are removed, as
- * transformers' save_pretrained does; no other file is touched. */
-typedef struct ckptio_shard_writer ckptio_shard_writer;
+ * transformers' save_pretrained does; no other file is touched.
+ *
+ * On a sharded writer:
+ *   set_metadata  the keys go into every shard's __metadata__.
+ *   set_stream    handed to every shard's pipeline: the same ordering and
+ *                 legacy-stream default as for one file.
+ *   add           dtype, shape and duplicate names are refused here; the
+ *                 device of the pointer is checked at commit.
+ *   commit_async  at least one tensor (else CKPTIO_E_INVALID_ARG); starts
+ *                 every shard's save; a failure here writes nothing.
+ *   wait_snapshot every shard's snapshot point.
+ *   wait_durable  the set and its index are durable and in place.
+ *   poll_*        1 once every shard reached its snapshot point / once the
+ *                 set and its index are durable, 0 not yet, or the set's
+ *                 error once it has failed (a failing shard reads as 0 until
+ *                 the set's error is settled).
+ *   stats         bytes and stage busy seconds summed over the shards,
+ *                 `seconds` from commit_async to the index's publication,
+ *                 `snapshot_seconds` the latest shard's, `commit_seconds` the
+ *                 shards' syncs plus the publication (renames, index,
+ *                 directory fsyncs). All zero (threads aside) before commit.
+ *   shard_count   the shards of the committed (or committing) set; 0 before
+ *                 commit. */
 
-/*! ckptio_shard_writer_open() :
+/* Where a tensor larger than max_shard_bytes goes. Either way the other
+ * tensors fill shards in the order added, and a shard closes when the next
+ * tensor would push it over the limit. */
+typedef enum ckptio_shard_order {
+  CKPTIO_SHARD_ORDER_ADDED = 0, /* in the order added: it starts a shard of its
+                                   own where it comes */
+  CKPTIO_SHARD_ORDER_HF = 1,    /* as huggingface_hub's split_torch_state_dict_
+                                   into_shards: its shard comes at once, before
+                                   the shard still being filled, so a dict
+                                   added in order gives that function's files */
+} ckptio_shard_order;
+
+/*! ckptio_writer_open_sharded() :
+ *  Opens a save of a Hugging Face sharded set:
+ *  `{prefix}-00001-of-0000N.safetensors` ... and
+ *  `{prefix}.safetensors.index.json` in `dir`.
  *  @dir     the directory of the set (must exist); copied.
  *  @prefix  file name prefix, e.g. "model" (no '/'); copied.
- *  @format  CKPTIO_FORMAT_SAFETENSORS (the only sharded format).
+ *  @format  CKPTIO_FORMAT_SAFETENSORS (the only sharded format; else
+ *           CKPTIO_E_FORMAT).
  *  @max_shard_bytes  tensor bytes per shard, > 0.
- *  @opts    NULL for the context's defaults; copied.
- *  @return 0 and *out, or a negative code (detail: ckptio_last_open_error). */
-int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
-                             uint64_t max_shard_bytes, const ckptio_options *opts,
-                             ckptio_shard_writer **out);
-/*! Metadata written into every shard's __metadata__. Copied; "ckptio." keys
- *  are reserved. @return 0, CKPTIO_E_DUPLICATE, CKPTIO_E_INVALID_ARG, ... */
-int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value);
-/*! The stream GPU `device`'s tensors are produced on, handed to every
- *  shard's writer: see ckptio_writer_set_stream (the same ordering, the same
- *  legacy-stream default). Borrowed until the commit call returns. */
-int ckptio_shard_writer_set_stream(ckptio_shard_writer *w, int device, void *stream);
-/*! Adds one tensor: same descriptor and borrow rules as ckptio_writer_add
- *  (`t->data` borrowed until the snapshot point). Dtype, shape and duplicate
- *  names are refused here; the device of the pointer is checked at commit. */
-int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t);
-/*! Starts every shard's save and returns; outcome from the waits.
- *  @return 0 if the save started, or a negative code (nothing written). */
-int ckptio_shard_writer_commit_async(ckptio_shard_writer *w);
-/*! Blocks until every shard's snapshot point. @return 0 or the save's error. */
-int ckptio_shard_writer_wait_snapshot(ckptio_shard_writer *w);
-/*! Blocks until the set and its index are durable and in place. */
-int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w);
-/*! As ckptio_writer_poll_snapshot / _poll_durable, for the set: 1 once every
- *  shard reached its snapshot point / once the set and its index are durable,
- *  0 not yet, or the set's (negative) error once it has failed. A failing
- *  shard reads as 0 until the set's error is settled. CKPTIO_E_STATE before
- *  commit. Any thread, also while the commit runs. */
-int ckptio_shard_writer_poll_snapshot(ckptio_shard_writer *w);
-int ckptio_shard_writer_poll_durable(ckptio_shard_writer *w);
-/*! As ckptio_writer_stats, for the set: bytes and the stage busy seconds
- *  summed over the shards, `seconds` from commit_async to the index's
- *  publication, `snapshot_seconds` the latest shard's, `commit_seconds` the
- *  shards' syncs plus the publication (renames, index, directory fsyncs).
- *  All zero (threads aside) before commit. */
-int ckptio_shard_writer_stats(const ckptio_shard_writer *w, ckptio_stats *out);
-/*! Blocking save: commit_async then wait_durable. */
-int ckptio_shard_writer_commit(ckptio_shard_writer *w);
-/*! Tensor bytes written so far and in all. Either pointer may be NULL. */
-void ckptio_shard_writer_progress(ckptio_shard_writer *w, uint64_t *done, uint64_t *total);
-/*! Shards of the committed (or committing) set; 0 before commit. */
-size_t ckptio_shard_writer_shard_count(const ckptio_shard_writer *w);
-/*! Waits for a running commit, then frees the writer. Accepts NULL.
- *  @return the save's outcome. */
-int ckptio_shard_writer_close(ckptio_shard_writer *w);
-/*! The detail of the last failure, or "". Borrowed until the next call. */
-const char *ckptio_shard_writer_last_error(const ckptio_shard_writer *w);
+ *  @order   CKPTIO_SHARD_ORDER_ADDED or CKPTIO_SHARD_ORDER_HF.
+ *  @opts    NULL for the context's defaults; copied. compress_level must be
+ *           0 (shards are plain safetensors, as Hugging Face tools read
+ *           them): else CKPTIO_E_FORMAT.
+ *  @return 0 and *out (free it with ckptio_writer_close), or a negative code
+ *          with *out NULL and the detail in ckptio_last_open_error:
+ *          CKPTIO_E_INVALID_ARG (bad prefix, max_shard_bytes 0, unknown
+ *          order), CKPTIO_E_FORMAT, -ENOENT / -ENOTDIR for `dir`.
+ *  Thread safety: as any writer (one thread at a time; the waits, polls and
+ *  progress from any thread while a commit runs). */
+int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                               uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
+                               ckptio_writer **out);
 
 #pragma GCC visibility pop
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "device/numa.h"
+#include "device/transfer.h"
 #include "internal.h"
 
 unsigned ckptio_version_number(void) { return CKPTIO_VERSION_NUMBER; }
@@ -35,9 +36,9 @@ static int copy_options(const ckptio_options *in, ckptio_options *out) {
 /* Staging and workers near the first GPU: the one a single-GPU process
  * (the common case: one process per GPU) drives. */
 static void place_near_gpu(ckptio_ctx *ctx) {
-  char busid[32] = "";
-  if (ctx->gpu->ops->pci_bus_id(0, busid, sizeof(busid))) {
-    snprintf(ctx->numa_report, sizeof(ctx->numa_report), "NUMA: no PCI bus id for GPU 0; nothing placed");
+  char busid[32] = "", msg[CKPTIO_ERRLEN];
+  if (ckptio_gpu_pci_bus_id(ctx->gpu, 0, busid, sizeof(busid), msg, sizeof(msg)) < 0) {
+    snprintf(ctx->numa_report, sizeof(ctx->numa_report), "NUMA: no PCI bus id for GPU 0 (%s); nothing placed", msg);
     return;
   }
   ckptio_numa_place(busid, ckptio_ring_base(ctx->ring), ckptio_ring_slots(ctx->ring) * ctx->opts.chunk_bytes,
@@ -122,7 +123,7 @@ int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr
   if (!ctx || !ptr) return CKPTIO_E_INVALID_ARG;
   *ptr = NULL;
   if (ckptio_ctx_gpu_ordinal(ctx, device, &ord, NULL, 0) < 0) return CKPTIO_E_DEVICE;
-  return ctx->gpu->ops->mem_alloc(ord, (size_t)nbytes, ptr) ? CKPTIO_E_DEVICE : 0;
+  return ckptio_gpu_alloc(ctx->gpu, ord, (size_t)nbytes, ptr, NULL, 0);
 }
 
 int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr) {
@@ -130,7 +131,7 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr) {
   if (!ctx) return CKPTIO_E_INVALID_ARG;
   if (!ptr) return 0;
   if (ckptio_ctx_gpu_ordinal(ctx, device, &ord, NULL, 0) < 0) return CKPTIO_E_DEVICE;
-  return ctx->gpu->ops->mem_free(ord, ptr) ? CKPTIO_E_DEVICE : 0;
+  return ckptio_gpu_free(ctx->gpu, ord, ptr, NULL, 0);
 }
 
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out) {

@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from . import _lib, _mapped
-from ._lib import E_CHECKSUM, ERRORS
+from ._lib import ERRORS
 
 __all__ = ["save_file", "load_file", "load_metadata", "verify", "Tensor",
            "CkptioError", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES"]
@@ -38,6 +38,13 @@ NUMPY_DTYPES = {
     "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "U64": np.dtype("<u8"),
     "C64": np.dtype("<c8"),
 }
+
+
+def __getattr__(name):
+    # E_CHECKSUM is read from the library when first asked for (see ERRORS).
+    if name == "E_CHECKSUM":
+        return _lib.ERRORS["CHECKSUM"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CkptioError(RuntimeError):

@@ -2,6 +2,7 @@
 finding libckptio.so. Mirrors the header exactly; a change there must be made
 here too (the interop tests catch a mismatch)."""
 
+import collections.abc
 import ctypes
 import os
 import pathlib
@@ -12,6 +13,8 @@ DEVICE_HOST = 0  # CKPTIO_DEVICE_HOST; GPU n is n + 1
 AUTO = -1
 FORMAT_SAFETENSORS = 0
 FORMAT_PYTORCH = 1
+SHARD_ORDER_ADDED = 0  # enum ckptio_shard_order
+SHARD_ORDER_HF = 1
 
 
 def device_cuda(ordinal):
@@ -19,16 +22,44 @@ def device_cuda(ordinal):
     return ordinal + 1
 
 
-# enum ckptio_error in header order: CKPTIO_E_INVALID_ARG = -1000, then down by one.
-_ERROR_NAMES = [
-    "INVALID_ARG", "STATE", "HEADER_TOO_SMALL", "HEADER_TOO_LARGE", "HEADER_LENGTH",
-    "HEADER_UTF8", "HEADER_JSON", "INVALID_OFFSET", "OVERFLOW", "MISALIGNED",
-    "TENSOR_INFO", "INCOMPLETE_BUFFER", "CHECKSUM", "NOT_FOUND", "DUPLICATE", "DTYPE",
-    "SHAPE", "FORMAT", "BUFFER_TOO_SMALL", "DEVICE", "SHORT_IO", "PICKLE", "ZIP",
-    "ZSTD", "SHARD",
-]
-ERRORS = {name: -1000 - i for i, name in enumerate(_ERROR_NAMES)}
-E_CHECKSUM = ERRORS["CHECKSUM"]
+class _ErrorCodes(collections.abc.Mapping):
+    """enum ckptio_error as {name without "CKPTIO_E_": code}, read from the
+    library (ckptio_error_name, from CKPTIO_E_INVALID_ARG down) the first
+    time it is used, so the binding never holds a copy of the header's list."""
+
+    def __init__(self):
+        self._codes = None
+
+    def _table(self):
+        if self._codes is None:
+            handle, codes, code = lib(), {}, -1000
+            while (name := handle.ckptio_error_name(code)) is not None:
+                codes[name.decode()] = code
+                code -= 1
+            self._codes = codes
+        return self._codes
+
+    def __getitem__(self, name):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+    def __repr__(self):
+        return repr(self._table())
+
+
+ERRORS = _ErrorCodes()
+
+
+def __getattr__(name):
+    if name == "E_CHECKSUM":  # a plain int, read when first asked for
+        return ERRORS["CHECKSUM"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
@@ -144,6 +175,7 @@ _SIGNATURES = {
     "ckptio_version_number": (ctypes.c_uint, []),
     "ckptio_version_string": (_S, []),
     "ckptio_strerror": (_S, [_I]),
+    "ckptio_error_name": (_S, [_I]),
     "ckptio_last_open_error": (_S, []),
     "ckptio_dtype_bits": (_I, [_I]),
     "ckptio_dtype_name": (_S, [_I]),
@@ -203,24 +235,11 @@ _SIGNATURES = {
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
     "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
-    # Sharded saves (ckptio.torch.save_torch_state_dict): the ckptio_writer_*
-    # calls above, for a set of shards and its index.
-    "ckptio_shard_writer_open": (_I, [_P, _S, _S, _I, ctypes.c_uint64, ctypes.POINTER(Options),
-                                      _PP]),
-    "ckptio_shard_writer_set_metadata": (_I, [_P, _S, _S]),
-    "ckptio_shard_writer_set_stream": (_I, [_P, _I, _P]),
-    "ckptio_shard_writer_add": (_I, [_P, ctypes.POINTER(Tensor_)]),
-    "ckptio_shard_writer_commit_async": (_I, [_P]),
-    "ckptio_shard_writer_wait_snapshot": (_I, [_P]),
-    "ckptio_shard_writer_wait_durable": (_I, [_P]),
-    "ckptio_shard_writer_poll_snapshot": (_I, [_P]),
-    "ckptio_shard_writer_poll_durable": (_I, [_P]),
-    "ckptio_shard_writer_progress": (None, [_P, ctypes.POINTER(ctypes.c_uint64),
-                                            ctypes.POINTER(ctypes.c_uint64)]),
-    "ckptio_shard_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
-    "ckptio_shard_writer_shard_count": (ctypes.c_size_t, [_P]),
-    "ckptio_shard_writer_close": (_I, [_P]),
-    "ckptio_shard_writer_last_error": (_S, [_P]),
+    # Sharded saves (ckptio.torch.save_torch_state_dict): a ckptio_writer
+    # opened on a set of shards and its index; every ckptio_writer_* call above.
+    "ckptio_writer_open_sharded": (_I, [_P, _S, _S, _I, ctypes.c_uint64, _I, ctypes.POINTER(Options),
+                                        _PP]),
+    "ckptio_writer_shard_count": (ctypes.c_size_t, [_P]),
 }
 
 _lock = threading.Lock()

@@ -134,25 +134,24 @@ def _as_saveable(name, t):
 
 
 class _Ops:
-    """The C calls one kind of save goes through: ckptio_writer_* (one file)
-    or ckptio_shard_writer_* (a set of shards and its index), whose APIs are
-    parallel. ops.add is ckptio_<kind>_add, and so on."""
+    """The ckptio_writer_* calls a SaveHandle makes: the same for one file
+    and for a set of shards (one writer API)."""
 
     NAMES = ("set_metadata", "set_stream", "add", "commit_async", "wait_snapshot",
              "wait_durable", "poll_snapshot", "poll_durable", "progress", "stats", "close",
              "last_error")
-    _cache = {}
+    _the = None
 
-    def __init__(self, kind):
+    def __init__(self):
         lib = _lib.lib()
         for name in self.NAMES:
-            setattr(self, name, getattr(lib, f"ckptio_{kind}_{name}"))
+            setattr(self, name, getattr(lib, f"ckptio_writer_{name}"))
 
     @classmethod
-    def of(cls, kind):
-        if kind not in cls._cache:
-            cls._cache[kind] = cls(kind)
-        return cls._cache[kind]
+    def get(cls):
+        if cls._the is None:
+            cls._the = cls()
+        return cls._the
 
 
 class SaveHandle:
@@ -172,7 +171,7 @@ class SaveHandle:
 
     def __init__(self, writer, keep, filename, ops=None):
         self.filename = filename
-        self._ops = ops or _Ops.of("writer")  # the C calls, by kind of writer
+        self._ops = ops or _Ops.get()  # the ckptio_writer_* calls
         self._w = writer
         self._keep = keep
         self._cv = threading.Condition()
@@ -247,8 +246,8 @@ class SaveHandle:
         return self._final_progress if rc is None else (done.value, total.value)
 
     def stats(self):
-        """Where the save's time went (ckptio_writer_stats, or
-        ckptio_shard_writer_stats summed over the shards) as a dict: bytes,
+        """Where the save's time went (ckptio_writer_stats; for a set of
+        shards, summed over the shards) as a dict: bytes,
         seconds (wall, commit to durable), snapshot_seconds, and the busy
         seconds of each stage summed over the workers (device, copy, write,
         commit), threads, staging_bytes. While the save runs, the figures so
@@ -357,21 +356,21 @@ def _plan(tensors, metadata):
     return plan, meta, streams
 
 
-def _start(kind, path, crc, open_args, plan, meta, streams):
-    """Opens a writer of `kind` ("writer" or "shard_writer":
-    ckptio_<kind>_open(ctx, path, *open_args, opts, &w)), fills it and starts
-    its commit: a SaveHandle. On failure the writer is closed (uncommitted:
-    nothing written)."""
+def _start(opener, path, crc, open_args, plan, meta, streams):
+    """Opens a writer with `opener` ("open" or "open_sharded":
+    ckptio_writer_<opener>(ctx, path, *open_args, opts, &w)), fills it and
+    starts its commit: a SaveHandle. On failure the writer is closed
+    (uncommitted: nothing written)."""
     lib = _lib.lib()
     ctx = _ctx()
     _register_atexit()
-    ops = _Ops.of(kind)
+    ops = _Ops.get()
     fspath = os.fsencode(os.fspath(path))
     shown = os.fsdecode(fspath)
     opts = _options(ctx, crc)
     w = ctypes.c_void_p()
-    _check(getattr(lib, f"ckptio_{kind}_open")(ctx, fspath, *open_args, ctypes.byref(opts),
-                                                ctypes.byref(w)),
+    _check(getattr(lib, f"ckptio_writer_{opener}")(ctx, fspath, *open_args, ctypes.byref(opts),
+                                                    ctypes.byref(w)),
            f"cannot save {shown}", lib.ckptio_last_open_error())
     try:
         for key, value in meta:
@@ -403,7 +402,7 @@ def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=
     if format not in _FORMATS:
         raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
     plan, meta, streams = _plan(tensors, metadata)
-    return _start("writer", filename, crc, (_FORMATS[format],), plan, meta, streams)
+    return _start("open", filename, crc, (_FORMATS[format],), plan, meta, streams)
 
 
 def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
@@ -455,29 +454,6 @@ def parse_size(size):
     return value
 
 
-def _hf_order(plan, limit):
-    """The plan reordered so that the shard writer (which fills shards in the
-    order added) cuts the shards huggingface_hub's
-    split_torch_state_dict_into_shards would: in dict order, a new shard when
-    the next tensor would push the current one over the limit, and a tensor
-    larger than the limit alone in a shard placed where it is met, before
-    the still open one."""
-    shards, cur, fill = [], [], 0
-    for item in plan:
-        n = item[1].numel() * item[1].element_size()
-        if n > limit:
-            shards.append([item])
-            continue
-        if fill + n > limit:
-            shards.append(cur)
-            cur, fill = [], 0
-        cur.append(item)
-        fill += n
-    if cur:
-        shards.append(cur)
-    return [item for shard in shards for item in shard]
-
-
 def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", metadata=None,
                                 prefix="model", crc=True):
     """Starts a sharded save of `tensors` into the existing directory
@@ -492,9 +468,11 @@ def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", m
     # it); the caller's metadata may set another.
     if all(key != "format" for key, _ in meta):
         meta.insert(0, ("format", "pt"))
-    return _start("shard_writer", save_directory, crc,
-                  (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit),
-                  _hf_order(plan, limit), meta, streams)
+    # The shards huggingface_hub's split_torch_state_dict_into_shards cuts:
+    # the library's CKPTIO_SHARD_ORDER_HF over the dict's order.
+    return _start("open_sharded", save_directory, crc,
+                  (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit, _lib.SHARD_ORDER_HF),
+                  plan, meta, streams)
 
 
 def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadata=None,

@@ -370,18 +370,19 @@ fail:
 /* The same model as a sharded set (--max-shard-size), timed like the
  * single-file save: open to durable, index included. */
 static int bench_shard_save(bench_state *s, bench_run *out) {
-  ckptio_shard_writer *w = NULL;
+  ckptio_writer *w = NULL;
   remove_shards(); /* every save makes new files */
   if (mkdir(g_shards, 0777) < 0) return fail_msg("sharded save: mkdir", -errno, g_shards);
   double t0 = cli_now();
-  int rc = ckptio_shard_writer_open(s->ctx, g_shards, "model", CKPTIO_FORMAT_SAFETENSORS, s->o->max_shard, NULL, &w);
+  int rc = ckptio_writer_open_sharded(s->ctx, g_shards, "model", CKPTIO_FORMAT_SAFETENSORS, s->o->max_shard,
+                                      CKPTIO_SHARD_ORDER_ADDED, NULL, &w);
   if (rc < 0) return fail_msg("sharded save: open", rc, cli_open_error(rc));
-  for (size_t i = 0; i < s->m->count && rc == 0; i++) rc = ckptio_shard_writer_add(w, &s->m->tensors[i]);
-  if (rc == 0) rc = ckptio_shard_writer_commit(w);
+  for (size_t i = 0; i < s->m->count && rc == 0; i++) rc = ckptio_writer_add(w, &s->m->tensors[i]);
+  if (rc == 0) rc = ckptio_writer_commit(w);
   out->shard_save_s = cli_now() - t0;
-  out->nshards = ckptio_shard_writer_shard_count(w);
-  if (rc < 0) fail_msg("sharded save", rc, ckptio_shard_writer_last_error(w));
-  int rc2 = ckptio_shard_writer_close(w);
+  out->nshards = ckptio_writer_shard_count(w);
+  if (rc < 0) fail_msg("sharded save", rc, ckptio_writer_last_error(w));
+  int rc2 = ckptio_writer_close(w);
   return rc < 0 ? rc : rc2;
 }
 

@@ -46,25 +46,6 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* The output: one file, or a sharded set. */
-typedef struct sink {
-  ckptio_writer *w;
-  ckptio_shard_writer *s;
-} sink;
-
-static int sink_add(sink *o, const ckptio_tensor *t) {
-  return o->s ? ckptio_shard_writer_add(o->s, t) : ckptio_writer_add(o->w, t);
-}
-static int sink_meta(sink *o, const char *k, const char *v) {
-  return o->s ? ckptio_shard_writer_set_metadata(o->s, k, v) : ckptio_writer_set_metadata(o->w, k, v);
-}
-static const char *sink_error(sink *o) {
-  return o->s ? ckptio_shard_writer_last_error(o->s) : ckptio_writer_last_error(o->w);
-}
-static void progress_shards(void *s, uint64_t *done, uint64_t *total) {
-  ckptio_shard_writer_progress(s, done, total);
-}
-
 /* Bytes of input tensors that cannot be handed over as views (strided or
  * big-endian PyTorch storages, compressed files): loaded into one mapping of
  * an unlinked temp file next to the output, so the kernel can write them
@@ -99,7 +80,7 @@ static int spill_map(spill *sp, const char *dir, uint64_t size, const char **why
 
 /* Adds every tensor of r to w: a view of the input's map when its bytes are
  * the tensor's as they are, else a copy in the spill mapping. */
-static int add_tensors(ckptio_reader *r, sink *w, const char *spill_dir, spill *sp, const char **why) {
+static int add_tensors(ckptio_reader *r, ckptio_writer *w, const char *spill_dir, spill *sp, const char **why) {
   size_t n = ckptio_reader_count(r), nload = 0;
   const void **views = calloc(n + 1, sizeof(*views));
   uint64_t *at = calloc(n + 1, sizeof(*at)), total = 0;
@@ -130,8 +111,8 @@ static int add_tensors(ckptio_reader *r, sink *w, const char *spill_dir, spill *
     ckptio_tensor t = {info.name, info.dtype, info.ndim, {0}, NULL, CKPTIO_DEVICE_HOST};
     memcpy(t.shape, info.shape, sizeof(t.shape));
     t.data = views[i] ? views[i] : sp->base + at[i];
-    if ((rc = sink_add(w, &t)) < 0) {
-      *why = sink_error(w);
+    if ((rc = ckptio_writer_add(w, &t)) < 0) {
+      *why = ckptio_writer_last_error(w);
       goto out;
     }
   }
@@ -191,7 +172,7 @@ int cli_convert_main(int argc, char **argv) {
   int ret = CLI_EXIT_USAGE, rc;
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
-  sink w = {NULL, NULL};
+  ckptio_writer *w = NULL; /* one file, or a sharded set */
   spill sp = {NULL, 0};
   const char *why = "";
   ckptio_options o = CKPTIO_OPTIONS_INIT;
@@ -220,8 +201,8 @@ int cli_convert_main(int argc, char **argv) {
   ckptio_options wo = o;
   wo.compress_level = level;
   wo.shuffle = shuffle;
-  rc = max_shard ? ckptio_shard_writer_open(ctx, out, "model", format, max_shard, NULL, &w.s)
-                 : ckptio_writer_open(ctx, out, format, &wo, &w.w);
+  rc = max_shard ? ckptio_writer_open_sharded(ctx, out, "model", format, max_shard, CKPTIO_SHARD_ORDER_ADDED, NULL, &w)
+                 : ckptio_writer_open(ctx, out, format, &wo, &w);
   if (rc < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     goto fail;
@@ -231,8 +212,8 @@ int cli_convert_main(int argc, char **argv) {
     ckptio_reader_metadata_at(r, i, &k, &v);
     if (strncmp(k, "ckptio.", 7) == 0) continue; /* the writer writes its own */
     if (!strcmp(k, "total_size") && ckptio_reader_shard_count(r)) continue; /* the index's own */
-    if ((rc = sink_meta(&w, k, v)) < 0) {
-      fprintf(stderr, "ckptio convert: %s\n", sink_error(&w));
+    if ((rc = ckptio_writer_set_metadata(w, k, v)) < 0) {
+      fprintf(stderr, "ckptio convert: %s\n", ckptio_writer_last_error(w));
       goto fail;
     }
   }
@@ -241,7 +222,7 @@ int cli_convert_main(int argc, char **argv) {
   if (max_shard) snprintf(spill_dir, sizeof(spill_dir), "%s", out);
   else if (slash) snprintf(spill_dir, sizeof(spill_dir), "%.*s", (int)(slash == out ? 1 : slash - out), out);
   else snprintf(spill_dir, sizeof(spill_dir), ".");
-  if ((rc = add_tensors(r, &w, spill_dir, &sp, &why)) < 0) {
+  if ((rc = add_tensors(r, w, spill_dir, &sp, &why)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", *why ? why : ckptio_strerror(rc));
     ret = cli_exit_for_read_error(rc);
     goto fail;
@@ -249,28 +230,25 @@ int cli_convert_main(int argc, char **argv) {
   cli_progress bar;
   uint64_t total = 0;
   double t0 = cli_now();
-  if (w.s) cli_progress_start(&bar, "convert", progress_shards, w.s);
-  else cli_progress_start(&bar, "convert", cli_progress_writer, w.w);
-  rc = w.s ? ckptio_shard_writer_commit(w.s) : ckptio_writer_commit(w.w);
+  cli_progress_start(&bar, "convert", cli_progress_writer, w);
+  rc = ckptio_writer_commit(w);
   cli_progress_stop(&bar);
   if (rc < 0) {
-    fprintf(stderr, "ckptio convert: %s\n", sink_error(&w));
+    fprintf(stderr, "ckptio convert: %s\n", ckptio_writer_last_error(w));
     goto fail;
   }
-  if (w.s) ckptio_shard_writer_progress(w.s, NULL, &total);
-  else ckptio_writer_progress(w.w, NULL, &total);
+  ckptio_writer_progress(w, NULL, &total);
   char hb[32];
   double secs = cli_now() - t0;
   char kind[64];
   snprintf(kind, sizeof(kind), "%s%s", format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors",
            level ? (shuffle ? ", zstd + shuffle" : ", zstd") : "");
-  if (w.s) snprintf(kind, sizeof(kind), "safetensors, %zu shards", ckptio_shard_writer_shard_count(w.s));
+  if (max_shard) snprintf(kind, sizeof(kind), "safetensors, %zu shards", ckptio_writer_shard_count(w));
   printf("OK %s -> %s (%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", in, out, kind, ckptio_reader_count(r),
          cli_fmt_bytes(total, hb, sizeof(hb)), secs, secs > 0 ? (double)total / secs / 1e9 : 0.0);
   ret = CLI_EXIT_OK;
 fail:
-  ckptio_writer_close(w.w);
-  ckptio_shard_writer_close(w.s);
+  ckptio_writer_close(w);
   if (sp.base) munmap(sp.base, sp.size);
   ckptio_reader_close(r);
   ckptio_ctx_free(ctx);

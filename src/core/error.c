@@ -6,44 +6,55 @@
 #include "ckptio.h"
 #include "core/error.h"
 
-static const char *const kNames[] = {
-    "invalid argument",
-    "call not allowed in this state",
-    "header too small",
-    "header too large",
-    "invalid header length",
-    "invalid header: not UTF-8",
-    "invalid header deserialization",
-    "invalid offset",
-    "validation overflow",
-    "misaligned slice",
-    "tensor invalid info",
-    "metadata incomplete buffer",
-    "checksum mismatch",
-    "not found",
-    "duplicate name",
-    "unknown dtype",
-    "invalid shape",
-    "unsupported format",
-    "buffer too small",
-    "device error",
-    "short read or write",
-    "pickle refused",
-    "corrupt zip archive",
-    "corrupt zstd frame or seek table",
-    "invalid shard index or inconsistent shard set",
+/* In enum order from CKPTIO_E_INVALID_ARG down: the enum's name without
+ * "CKPTIO_E_" (bindings build their tables from it), and the text. */
+static const struct {
+  const char *name, *text;
+} kErrors[] = {
+    {"INVALID_ARG", "invalid argument"},
+    {"STATE", "call not allowed in this state"},
+    {"HEADER_TOO_SMALL", "header too small"},
+    {"HEADER_TOO_LARGE", "header too large"},
+    {"HEADER_LENGTH", "invalid header length"},
+    {"HEADER_UTF8", "invalid header: not UTF-8"},
+    {"HEADER_JSON", "invalid header deserialization"},
+    {"INVALID_OFFSET", "invalid offset"},
+    {"OVERFLOW", "validation overflow"},
+    {"MISALIGNED", "misaligned slice"},
+    {"TENSOR_INFO", "tensor invalid info"},
+    {"INCOMPLETE_BUFFER", "metadata incomplete buffer"},
+    {"CHECKSUM", "checksum mismatch"},
+    {"NOT_FOUND", "not found"},
+    {"DUPLICATE", "duplicate name"},
+    {"DTYPE", "unknown dtype"},
+    {"SHAPE", "invalid shape"},
+    {"FORMAT", "unsupported format"},
+    {"BUFFER_TOO_SMALL", "buffer too small"},
+    {"DEVICE", "device error"},
+    {"SHORT_IO", "short read or write"},
+    {"PICKLE", "pickle refused"},
+    {"ZIP", "corrupt zip archive"},
+    {"ZSTD", "corrupt zstd frame or seek table"},
+    {"SHARD", "invalid shard index or inconsistent shard set"},
 };
+_Static_assert(sizeof(kErrors) / sizeof(kErrors[0]) == CKPTIO_E_INVALID_ARG - CKPTIO_E_ERROR_MIN + 1,
+               "one entry per code of enum ckptio_error");
 
 const char *ckptio_strerror(int code) {
   if (code >= 0) return "success";
   if (code <= CKPTIO_E_INVALID_ARG && code >= CKPTIO_E_ERROR_MIN)
-    return kNames[CKPTIO_E_INVALID_ARG - code];
+    return kErrors[CKPTIO_E_INVALID_ARG - code].text;
   if (code > -4096) {
     /* strerror is not thread-safe; the glibc table behind strerrordesc_np is. */
     const char *s = strerrordesc_np(-code);
     if (s) return s;
   }
   return "unknown error";
+}
+
+const char *ckptio_error_name(int code) {
+  if (code <= CKPTIO_E_INVALID_ARG && code >= CKPTIO_E_ERROR_MIN) return kErrors[CKPTIO_E_INVALID_ARG - code].name;
+  return NULL;
 }
 
 int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...) {

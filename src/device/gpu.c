@@ -66,11 +66,13 @@ void ckptio_gpu_close(ckptio_gpu *g) {
 }
 
 /* Creates whatever is still missing, so a retry after a failure neither
- * leaks nor duplicates. */
-static int create_dev(ckptio_gpu *g, ckptio_gpu_dev *v) {
+ * leaks nor duplicates. *call names the runtime call that failed. */
+static int create_dev(ckptio_gpu *g, ckptio_gpu_dev *v, const char **call) {
   int e;
+  *call = "cudaStreamCreate";
   if (!v->d2h && (e = g->ops->stream_create(&v->d2h))) return e;
   if (!v->h2d && (e = g->ops->stream_create(&v->h2d))) return e;
+  *call = "cudaEventCreate";
   if (!v->slot_events && !(v->slot_events = calloc(g->nslots, sizeof(void *))))
     return 2; /* cudaErrorMemoryAllocation */
   for (size_t s = 0; s < g->nslots; s++)
@@ -79,14 +81,20 @@ static int create_dev(ckptio_gpu *g, ckptio_gpu_dev *v) {
   return 0;
 }
 
-int ckptio_gpu_use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out) {
+int ckptio_gpu_use_call(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const char **call) {
+  *call = "cudaSetDevice";
   if (ordinal < 0 || ordinal >= g->ndev) return 101; /* cudaErrorInvalidDevice */
   int e = g->ops->set_device(ordinal);
   if (e) return e;
   ckptio_gpu_dev *v = &g->dev[ordinal];
   pthread_mutex_lock(&g->mu);
-  if (!v->ready) e = create_dev(g, v);
+  if (!v->ready) e = create_dev(g, v, call);
   pthread_mutex_unlock(&g->mu);
   *out = v;
   return e;
+}
+
+int ckptio_gpu_use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out) {
+  const char *call;
+  return ckptio_gpu_use_call(g, ordinal, out, &call);
 }

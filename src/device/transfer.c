@@ -5,6 +5,13 @@
 
 #include "core/error.h"
 
+/* ckptio_gpu_use, failing with the runtime call that failed named. */
+static int use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **v, char *err, size_t errlen) {
+  const char *call;
+  int e = ckptio_gpu_use_call(g, ordinal, v, &call);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, call) : 0;
+}
+
 int ckptio_gpu_mark_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, void **events, char *err,
                             size_t errlen) {
   int current = 0, e = g->ops->get_device(&current);
@@ -13,8 +20,8 @@ int ckptio_gpu_mark_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, 
   for (int ord = 0; ord < CKPTIO_GPU_MAX && !e; ord++) {
     if (!(mask >> ord & 1)) continue;
     ckptio_gpu_dev *v;
-    if ((e = ckptio_gpu_use(g, ord, &v))) what = "cudaSetDevice";
-    else if ((e = g->ops->event_create(&events[ord]))) what = "cudaEventCreate";
+    if ((e = ckptio_gpu_use_call(g, ord, &v, &what))) break;
+    if ((e = g->ops->event_create(&events[ord]))) what = "cudaEventCreate";
     else if ((e = g->ops->event_record(events[ord], streams[ord]))) what = "cudaEventRecord (caller's stream)";
   }
   g->ops->set_device(current);
@@ -26,8 +33,8 @@ int ckptio_gpu_wait_marks(ckptio_gpu *g, uint64_t mask, ckptio_gpu_dir dir, void
   for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
     if (!(mask >> ord & 1)) continue;
     ckptio_gpu_dev *v;
-    int e = ckptio_gpu_use(g, ord, &v);
-    if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaSetDevice");
+    int e, rc = use(g, ord, &v, err, errlen);
+    if (rc < 0) return rc;
     if ((e = g->ops->stream_wait_event(dir == CKPTIO_GPU_H2D ? v->h2d : v->d2h, events[ord])))
       return ckptio_gpu_fail(g, e, err, errlen, "cudaStreamWaitEvent");
   }
@@ -52,8 +59,8 @@ void ckptio_gpu_events_free(ckptio_gpu *g, void **events) {
 int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
                         size_t errlen) {
   ckptio_gpu_dev *v;
-  const char *call = "cudaSetDevice";
-  int e = ckptio_gpu_use(g, gpu, &v);
+  const char *call;
+  int e = ckptio_gpu_use_call(g, gpu, &v, &call);
   void *ev = e ? NULL : v->slot_events[slot];
   if (!e) call = "cudaMemcpyAsync (host to device)", e = g->ops->copy_h2d(dst, src, n, v->h2d);
   if (!e) call = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
@@ -71,4 +78,60 @@ void ckptio_gpu_unregister(ckptio_gpu *g, const void *p) { g->ops->host_unregist
 int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen) {
   int e = g->ops->pointer_device(p, ordinal);
   return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaPointerGetAttributes") : 0;
+}
+
+int ckptio_gpu_d2h_start(ckptio_gpu *g, int gpu, void *dst, const void *src, size_t n, char *err,
+                         size_t errlen) {
+  ckptio_gpu_dev *v;
+  int rc = use(g, gpu, &v, err, errlen);
+  if (rc < 0) return rc;
+  int e = g->ops->copy_d2h(dst, src, n, v->d2h);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaMemcpyAsync (device to host)") : 0;
+}
+
+int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen) {
+  for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
+    if (!(mask >> ord & 1)) continue;
+    ckptio_gpu_dev *v;
+    int e, rc = use(g, ord, &v, err, errlen);
+    if (rc < 0) return rc;
+    if ((e = g->ops->event_record(v->slot_events[slot], v->d2h)))
+      return ckptio_gpu_fail(g, e, err, errlen, "cudaEventRecord");
+  }
+  return 0;
+}
+
+int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen) {
+  for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
+    if (!(mask >> ord & 1)) continue;
+    /* The event exists: mark_slot made this GPU ready. No device switch:
+     * an event is waited for from any current GPU. */
+    int e = g->ops->event_sync(g->dev[ord].slot_events[slot]);
+    if (e) {
+      char what[64];
+      snprintf(what, sizeof(what), "GPU %d: cudaEventSynchronize (device to host copy)", ord);
+      return ckptio_gpu_fail(g, e, err, errlen, what);
+    }
+  }
+  return 0;
+}
+
+void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask) {
+  for (int ord = 0; ord < CKPTIO_GPU_MAX && ord < g->ndev; ord++)
+    if (mask >> ord & 1 && g->dev[ord].d2h) g->ops->set_device(ord), g->ops->stream_sync(g->dev[ord].d2h);
+}
+
+int ckptio_gpu_pci_bus_id(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen) {
+  int e = g->ops->pci_bus_id(gpu, buf, len > 0x7fffffff ? 0x7fffffff : (int)len);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaDeviceGetPCIBusId") : 0;
+}
+
+int ckptio_gpu_alloc(ckptio_gpu *g, int gpu, size_t n, void **p, char *err, size_t errlen) {
+  int e = g->ops->mem_alloc(gpu, n, p);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaMalloc") : 0;
+}
+
+int ckptio_gpu_free(ckptio_gpu *g, int gpu, void *p, char *err, size_t errlen) {
+  int e = g->ops->mem_free(gpu, p);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaFree") : 0;
 }

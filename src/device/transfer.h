@@ -49,4 +49,27 @@ void ckptio_gpu_unregister(ckptio_gpu *g, const void *p);
 /* *ordinal: -1 for host memory (pinned or not), else the GPU holding p. */
 int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen);
 
+/* ---- save side: device -> staging slot, and the context's needs ---- */
+
+/* Queues an async copy of n bytes from src on GPU `gpu` to dst (pinned
+ * staging) on that GPU's D2H stream; it completes when the slot's event on
+ * that GPU (ckptio_gpu_mark_slot) does. Leaves `gpu` current. */
+int ckptio_gpu_d2h_start(ckptio_gpu *g, int gpu, void *dst, const void *src, size_t n, char *err,
+                         size_t errlen);
+/* Records staging slot `slot`'s event on the D2H stream of each GPU in
+ * `mask`, after the copies queued there. */
+int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
+/* Any thread: blocks until slot `slot`'s event of each GPU in `mask` has
+ * completed. On failure err reads "GPU <n>: cudaEventSynchronize ...". */
+int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
+/* After a failure: waits for every copy queued on the D2H streams of the
+ * GPUs in `mask`, so the staging they target may be reused. Best effort. */
+void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask);
+
+/* The PCI bus id "dddd:bb:dd.f" of a GPU (NUMA placement). */
+int ckptio_gpu_pci_bus_id(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen);
+/* Device memory on GPU `gpu`, and its release. */
+int ckptio_gpu_alloc(ckptio_gpu *g, int gpu, size_t n, void **p, char *err, size_t errlen);
+int ckptio_gpu_free(ckptio_gpu *g, int gpu, void *p, char *err, size_t errlen);
+
 #endif

@@ -117,18 +117,19 @@ TEST_F(Cuda, ShardedSnapshotWaitsForTheCallersStream) {
   ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
   auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
   for (auto &b : buf) ASSERT_EQ(memset_async(b, 0x22, n, stream), 0);
-  ckptio_shard_writer *w = nullptr;
-  ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, nullptr, &w),
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             0);
   ckptio_tensor t0{"w0", CKPTIO_U8, 1, {(int64_t)n}, buf[0], CKPTIO_DEVICE_CUDA(1)};
   ckptio_tensor t1{"w1", CKPTIO_U8, 1, {(int64_t)n}, buf[1], CKPTIO_DEVICE_CUDA(1)};
-  ASSERT_EQ(ckptio_shard_writer_add(w, &t0), 0);
-  ASSERT_EQ(ckptio_shard_writer_add(w, &t1), 0);
-  EXPECT_EQ(ckptio_shard_writer_set_stream(w, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
-  ASSERT_EQ(ckptio_shard_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
-  ASSERT_EQ(ckptio_shard_writer_commit(w), 0) << ckptio_shard_writer_last_error(w);
-  ASSERT_EQ(ckptio_shard_writer_shard_count(w), 2u);
-  ckptio_shard_writer_close(w);
+  ASSERT_EQ(ckptio_writer_add(w, &t0), 0);
+  ASSERT_EQ(ckptio_writer_add(w, &t1), 0);
+  EXPECT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
+  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ASSERT_EQ(ckptio_writer_shard_count(w), 2u);
+  ckptio_writer_close(w);
   sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
   sym<int (*)(void *)>("cudaStreamDestroy")(stream);
   for (auto &b : buf) ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), b);
@@ -199,6 +200,29 @@ TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
   expect_loads(ctx_, dir_.file("m.safetensors"), old);
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), next), 0);
   expect_loads(ctx_, dir_.file("m.safetensors"), next);
+}
+
+// A GPU's copy streams and slot events are created on its first use: a
+// failure there names the call that failed, and the next save retries.
+TEST_F(Cuda, FirstUseFailuresNameTheCall) {
+  auto ts = model();
+  struct Case { const char *func, *named; };
+  for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreate"},
+                 Case{"cudaEventCreateWithFlags", "cudaEventCreate"}, Case{"cudaGetDevice", "cudaGetDevice"}}) {
+    SCOPED_TRACE(c.func);
+    ckptio_ctx *fresh = nullptr;
+    ckptio_options o = small_options(64 << 10, 512 << 10, 4);
+    o.cuda = 1;
+    ASSERT_EQ(ckptio_ctx_create(&o, &fresh), 0) << ckptio_last_open_error();
+    fail_nth(c.func, 1, 2);
+    std::string msg;
+    EXPECT_EQ(save(fresh, dir_.file("m.safetensors"), ts, nullptr, &msg), CKPTIO_E_DEVICE) << msg;
+    fail_nth(nullptr, 0, 0);
+    EXPECT_NE(msg.find(std::string(c.named) + ": cudaErrorMemoryAllocation"), std::string::npos) << msg;
+    EXPECT_EQ(save(fresh, dir_.file("m.safetensors"), ts), 0);
+    ckptio_ctx_free(fresh);
+  }
+  expect_loads(ctx_, dir_.file("m.safetensors"), ts);
 }
 
 TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {

@@ -15,6 +15,7 @@
 
 #include "ckpt_fixture.h"
 extern "C" {
+#include "formats/hf_index_write.h"
 #include "io/fault.h"
 }
 
@@ -31,14 +32,16 @@ std::string shard_name(int k, int n) {
 }
 
 int save_set(ckptio_ctx *ctx, const std::string &dir, const std::vector<Tensor> &ts, uint64_t max_bytes,
-             std::string *err = nullptr, size_t *nshards = nullptr) {
-  ckptio_shard_writer *w = nullptr;
-  int rc = ckptio_shard_writer_open(ctx, dir.c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, max_bytes, nullptr, &w);
+             std::string *err = nullptr, size_t *nshards = nullptr,
+             ckptio_shard_order order = CKPTIO_SHARD_ORDER_ADDED) {
+  ckptio_writer *w = nullptr;
+  int rc = ckptio_writer_open_sharded(ctx, dir.c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, max_bytes, order,
+                                      nullptr, &w);
   if (rc < 0) {
     if (err) *err = ckptio_last_open_error();
     return rc;
   }
-  rc = ckptio_shard_writer_set_metadata(w, "format", "pt");
+  rc = ckptio_writer_set_metadata(w, "format", "pt");
   std::vector<std::pair<int, void *>> on_device;
   for (size_t k = 0; k < ts.size() && rc == 0; k++) {
     ckptio_tensor d = host_desc(ts[k]);
@@ -50,22 +53,22 @@ int save_set(ckptio_ctx *ctx, const std::string &dir, const std::vector<Tensor> 
       to_gpu(p, ts[k].bytes.data(), ts[k].bytes.size());
       d.data = p;
     }
-    rc = ckptio_shard_writer_add(w, &d);
+    rc = ckptio_writer_add(w, &d);
   }
-  if (rc == 0) rc = ckptio_shard_writer_commit_async(w);
+  if (rc == 0) rc = ckptio_writer_commit_async(w);
   if (rc == 0) {
-    int snap = ckptio_shard_writer_wait_snapshot(w);
-    rc = ckptio_shard_writer_wait_durable(w);
+    int snap = ckptio_writer_wait_snapshot(w);
+    rc = ckptio_writer_wait_durable(w);
     if (rc == 0) {
       EXPECT_EQ(snap, 0);
     }
     // Settled: both polls say so, with the set's error when it failed.
-    EXPECT_EQ(ckptio_shard_writer_poll_durable(w), rc == 0 ? 1 : rc);
-    EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), rc == 0 ? 1 : rc);
+    EXPECT_EQ(ckptio_writer_poll_durable(w), rc == 0 ? 1 : rc);
+    EXPECT_EQ(ckptio_writer_poll_snapshot(w), rc == 0 ? 1 : rc);
   }
-  if (err) *err = ckptio_shard_writer_last_error(w);
-  if (nshards) *nshards = ckptio_shard_writer_shard_count(w);
-  int rc2 = ckptio_shard_writer_close(w);
+  if (err) *err = ckptio_writer_last_error(w);
+  if (nshards) *nshards = ckptio_writer_shard_count(w);
+  int rc2 = ckptio_writer_close(w);
   for (auto &dp : on_device) ckptio_device_free(ctx, dp.first, dp.second);
   return rc < 0 ? rc : rc2;
 }
@@ -119,6 +122,31 @@ class Shard : public ::testing::Test {
 
 }  // namespace
 
+// The index's bytes alone (formats/hf_index_write.c): transformers' layout,
+// total_size sorted among the other metadata keys, inputs left in order.
+TEST(HfIndexWrite, SortedTwoSpaceLayout) {
+  ckptio_hf_weight map[] = {{"z", "m-00002-of-00002.safetensors"}, {"a\"b", "m-00001-of-00002.safetensors"}};
+  ckptio_kv meta[] = {{"zeta", "1"}, {"alpha", "x"}};
+  ckptio_json_out o = {};
+  ASSERT_EQ(ckptio_hf_index_write(map, 2, meta, 2, 42, &o), 0);
+  EXPECT_EQ(std::string(o.data, o.len),
+            "{\n  \"metadata\": {\n    \"alpha\": \"x\",\n    \"total_size\": 42,\n    \"zeta\": \"1\"\n  },\n"
+            "  \"weight_map\": {\n    \"a\\\"b\": \"m-00001-of-00002.safetensors\",\n"
+            "    \"z\": \"m-00002-of-00002.safetensors\"\n  }\n}\n");
+  EXPECT_STREQ(map[0].tensor, "z") << "the caller's array is not reordered";
+  free(o.data);
+  o = {};
+  ASSERT_EQ(ckptio_hf_index_write(nullptr, 0, nullptr, 0, 0, &o), 0);
+  EXPECT_EQ(std::string(o.data, o.len), "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}\n");
+  free(o.data);
+  o = {};
+  ckptio_hf_weight dup[] = {{"a", "f"}, {"a", "g"}};
+  EXPECT_EQ(ckptio_hf_index_write(dup, 2, nullptr, 0, 0, &o), CKPTIO_E_DUPLICATE);
+  ckptio_kv total[] = {{"total_size", "1"}};
+  EXPECT_EQ(ckptio_hf_index_write(map, 2, total, 1, 0, &o), CKPTIO_E_INVALID_ARG);
+  free(o.data);
+}
+
 TEST_F(Shard, SplitsInOrderByTheFillRule) {
   auto ts = model(0);
   size_t n = 0;
@@ -157,6 +185,66 @@ TEST_F(Shard, SplitsInOrderByTheFillRule) {
   EXPECT_NE(json.find("\"embed\": \"model-00002-of-00004.safetensors\""), std::string::npos) << json;
   EXPECT_LT(json.find("\"embed\""), json.find("\"head\"")) << "weight_map keys sorted";
   EXPECT_LT(json.find("\"head\""), json.find("\"layers.0.b\""));
+}
+
+// CKPTIO_SHARD_ORDER_HF: the tensor over the limit gets its shard at once,
+// before the one still open, as huggingface_hub's
+// split_torch_state_dict_into_shards places it (tests/interop compares with
+// huggingface_hub itself).
+TEST_F(Shard, HuggingFaceOrderPlacesTheOversizeShardFirst) {
+  auto ts = model(0);
+  size_t n = 0;
+  std::string err;
+  ASSERT_EQ(save_set(ctx_, dir_.path(), ts, 100000, &err, &n, CKPTIO_SHARD_ORDER_HF), 0) << err;
+  ASSERT_EQ(n, 4u);
+  std::vector<std::vector<std::string>> expect = {
+      {"embed"}, {"layers.0.b", "layers.0.w", "layers.1.w"}, {"layers.1.b", "scale"}, {"head"}};
+  for (int k = 1; k <= 4; k++) {
+    ckptio_reader *r = nullptr;
+    ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file(shard_name(k, 4)).c_str(), nullptr, &r), 0);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+      ckptio_tensor_info info;
+      ckptio_reader_info(r, i, &info);
+      names.push_back(info.name);
+    }
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, expect[k - 1]) << "shard " << k;
+    ckptio_reader_close(r);
+  }
+  std::vector<uint8_t> idx = read_file(dir_.file(kIndex));
+  std::string json(idx.begin(), idx.end());
+  EXPECT_NE(json.find("\"embed\": \"model-00001-of-00004.safetensors\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"layers.1.w\": \"model-00002-of-00004.safetensors\""), std::string::npos) << json;
+  expect_loads(ctx_, dir_.path(), ts);
+}
+
+// One handle for both kinds: a single file reports one shard, and NULL is
+// refused by every call the same way.
+TEST_F(Shard, OneWriterApiForFilesAndSets) {
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("one.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  EXPECT_EQ(ckptio_writer_shard_count(w), 1u);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10,
+                                       (ckptio_shard_order)7, nullptr, &w),
+            CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(w, nullptr);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("shard order"), std::string::npos) << ckptio_last_open_error();
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10,
+                                       CKPTIO_SHARD_ORDER_HF, nullptr, &w),
+            0);
+  EXPECT_EQ(ckptio_writer_shard_count(w), 0u) << "no shards before commit";
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  EXPECT_EQ(ckptio_writer_shard_count(nullptr), 0u);
+  EXPECT_EQ(ckptio_writer_add(nullptr, nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_set_stream(nullptr, 0, nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_wait_snapshot(nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_commit(nullptr), CKPTIO_E_INVALID_ARG);
+  uint64_t done = 1, total = 1;
+  ckptio_writer_progress(nullptr, &done, &total);
+  EXPECT_EQ(done + total, 0u);
+  EXPECT_STREQ(ckptio_writer_last_error(nullptr), "");
 }
 
 TEST_F(Shard, OpensAsOneCheckpoint) {
@@ -289,33 +377,39 @@ TEST_F(Shard, StaleShardsOfAnotherCountAreRemoved) {
 }
 
 TEST_F(Shard, BadWriterArguments) {
-  ckptio_shard_writer *w = nullptr;
-  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "a/b", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w),
+  ckptio_writer *w = nullptr;
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "a/b", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_PYTORCH, 10, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_PYTORCH, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_FORMAT);
-  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 0, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 0, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.file("nope").c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.file("nope").c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w),
             -ENOENT);
   ckptio_options zo = CKPTIO_OPTIONS_INIT;
   zo.compress_level = 1;
-  EXPECT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, &zo, &w),
+  EXPECT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       &zo, &w),
             CKPTIO_E_FORMAT);
   EXPECT_NE(std::string(ckptio_last_open_error()).find("plain safetensors"), std::string::npos);
   EXPECT_EQ(w, nullptr);
-  ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, nullptr, &w), 0);
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, 10, CKPTIO_SHARD_ORDER_ADDED,
+                                       nullptr, &w), 0);
   Tensor t = make_tensor("x", CKPTIO_F32, {4}, 1);
   ckptio_tensor d{"x", CKPTIO_F32, 1, {4}, t.bytes.data(), CKPTIO_DEVICE_HOST};
-  EXPECT_EQ(ckptio_shard_writer_set_metadata(w, "ckptio.save_id", "x"), CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_shard_writer_commit(w), CKPTIO_E_INVALID_ARG) << "no tensors";
-  EXPECT_EQ(ckptio_shard_writer_add(w, &d), 0);
-  EXPECT_EQ(ckptio_shard_writer_add(w, &d), CKPTIO_E_DUPLICATE);
+  EXPECT_EQ(ckptio_writer_set_metadata(w, "ckptio.save_id", "x"), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_commit(w), CKPTIO_E_INVALID_ARG) << "no tensors";
+  EXPECT_EQ(ckptio_writer_add(w, &d), 0);
+  EXPECT_EQ(ckptio_writer_add(w, &d), CKPTIO_E_DUPLICATE);
   d.dtype = (ckptio_dtype)99;
-  EXPECT_EQ(ckptio_shard_writer_add(w, &d), CKPTIO_E_DTYPE);
-  EXPECT_EQ(ckptio_shard_writer_close(w), 0);
+  EXPECT_EQ(ckptio_writer_add(w, &d), CKPTIO_E_DTYPE);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
   EXPECT_TRUE(dir_.list().empty()) << "a writer closed without commit writes nothing";
-  EXPECT_EQ(ckptio_shard_writer_close(nullptr), 0);
+  EXPECT_EQ(ckptio_writer_close(nullptr), 0);
 }
 
 // ------------------------------------------------------------ atomic set
@@ -366,36 +460,37 @@ TEST_F(ShardFaults, FsyncOfIndexFails) { expect_failed_save(CKPTIO_FAULT_FSYNC, 
 
 TEST_F(Shard, PollsAndStatsFollowTheSet) {
   auto ts = model(7);
-  ckptio_shard_writer *w = nullptr;
-  ASSERT_EQ(ckptio_shard_writer_open(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 100000,
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 100000, CKPTIO_SHARD_ORDER_ADDED,
+                                       
                                      nullptr, &w),
             0);
   uint64_t total = 0;
   for (auto &t : ts) {
     ckptio_tensor d = host_desc(t);
-    ASSERT_EQ(ckptio_shard_writer_add(w, &d), 0);
+    ASSERT_EQ(ckptio_writer_add(w, &d), 0);
     total += t.bytes.size();
   }
   // Before commit: no save to poll, and empty stats.
-  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), CKPTIO_E_STATE);
-  EXPECT_EQ(ckptio_shard_writer_poll_durable(w), CKPTIO_E_STATE);
+  EXPECT_EQ(ckptio_writer_poll_snapshot(w), CKPTIO_E_STATE);
+  EXPECT_EQ(ckptio_writer_poll_durable(w), CKPTIO_E_STATE);
   ckptio_stats st = CKPTIO_STATS_INIT;
-  ASSERT_EQ(ckptio_shard_writer_stats(w, &st), 0);
+  ASSERT_EQ(ckptio_writer_stats(w, &st), 0);
   EXPECT_EQ(st.bytes, 0u);
   EXPECT_EQ(st.seconds, 0.0);
   EXPECT_GT(st.threads, 0);
-  ASSERT_EQ(ckptio_shard_writer_commit_async(w), 0);
+  ASSERT_EQ(ckptio_writer_commit_async(w), 0);
   int polls = 0, d;
-  while ((d = ckptio_shard_writer_poll_durable(w)) == 0) {
-    int s = ckptio_shard_writer_poll_snapshot(w);
+  while ((d = ckptio_writer_poll_durable(w)) == 0) {
+    int s = ckptio_writer_poll_snapshot(w);
     EXPECT_TRUE(s == 0 || s == 1) << s;
     polls++;
     usleep(200);
   }
   EXPECT_EQ(d, 1);
-  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(w), 1);
-  EXPECT_EQ(ckptio_shard_writer_wait_durable(w), 0);
-  ASSERT_EQ(ckptio_shard_writer_stats(w, &st), 0);
+  EXPECT_EQ(ckptio_writer_poll_snapshot(w), 1);
+  EXPECT_EQ(ckptio_writer_wait_durable(w), 0);
+  ASSERT_EQ(ckptio_writer_stats(w, &st), 0);
   EXPECT_EQ(st.bytes, total);
   EXPECT_GT(st.seconds, 0.0);
   EXPECT_LE(st.snapshot_seconds, st.seconds);
@@ -405,19 +500,19 @@ TEST_F(Shard, PollsAndStatsFollowTheSet) {
   // Stable once durable: the wall time stops at the index's publication.
   ckptio_stats again = CKPTIO_STATS_INIT;
   usleep(20000);
-  ASSERT_EQ(ckptio_shard_writer_stats(w, &again), 0);
+  ASSERT_EQ(ckptio_writer_stats(w, &again), 0);
   EXPECT_EQ(again.seconds, st.seconds);
   // A caller with an older, shorter struct gets only its fields.
   ckptio_stats small = CKPTIO_STATS_INIT;
   small.size = offsetof(ckptio_stats, seconds);
   small.seconds = -1;
-  ASSERT_EQ(ckptio_shard_writer_stats(w, &small), 0);
+  ASSERT_EQ(ckptio_writer_stats(w, &small), 0);
   EXPECT_EQ(small.bytes, total);
   EXPECT_EQ(small.seconds, -1.0);
-  EXPECT_EQ(ckptio_shard_writer_close(w), 0);
-  EXPECT_EQ(ckptio_shard_writer_poll_durable(nullptr), CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_shard_writer_poll_snapshot(nullptr), CKPTIO_E_INVALID_ARG);
-  EXPECT_EQ(ckptio_shard_writer_stats(nullptr, &st), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  EXPECT_EQ(ckptio_writer_poll_durable(nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_poll_snapshot(nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_writer_stats(nullptr, &st), CKPTIO_E_INVALID_ARG);
   (void)polls;
 }
 

@@ -18,9 +18,9 @@
 #include "ckpt_fixture.h"
 #include "ckptio.h"
 extern "C" {
-#include "compress/zsave.h"
 #include "formats/zstd_seekable.h"
 #include "io/fault.h"
+#include "save/zsave.h"
 }
 #include "test_util.h"
 

@@ -13,10 +13,10 @@
 
 #include "ckptio.h"
 #include "compress/shuffle.h"
-#include "compress/zsave.h"
 #include "core/error.h"
 #include "formats/zstd_seekable.h"
 #include "io/file.h"
+#include "save/zsave.h"
 
 typedef struct workspace {
   ZSTD_CCtx *cctx;

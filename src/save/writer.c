@@ -11,18 +11,21 @@
 #include <string.h>
 
 #include "compress/shuffle.h"
-#include "compress/zsave.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
+#include "device/transfer.h"
 #include "formats/layout.h"
 #include "formats/safetensors.h"
 #include "formats/torch_write.h"
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
-#include "writer_hooks.h"
+#include "save/save.h"
+#include "save/zsave.h"
+
+typedef struct file_writer file_writer;
 
 typedef struct wtensor {
   char *name;
@@ -31,17 +34,18 @@ typedef struct wtensor {
 } wtensor;
 
 typedef struct chunk_job {
-  ckptio_writer *w;
+  file_writer *w;
   uint64_t index;
   unsigned char *slot;
   uint64_t gpu_mask;      /* GPUs with copies into this slot in flight */
 } chunk_job;
 
-#define MAX_GPUS 64       /* gpu_mask bits */
+#define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
 
 enum { W_OPEN, W_RUNNING };
 
-struct ckptio_writer {
+struct file_writer {
+  ckptio_writer base;     /* first: the public handle is this struct */
   ckptio_ctx *ctx;
   ckptio_options opts;
   char *path;
@@ -71,7 +75,7 @@ struct ckptio_writer {
   ckptio_format format;
   ckptio_layout layout;
   ckptio_tmpfile file;
-  int hold;               /* ckptio_writer_hold_publish: stop at a synced temp */
+  int hold;               /* ckptio_file_writer_hold_publish: stop at a synced temp */
   uint64_t chunk_bytes, nchunks;
   uint64_t *first_chunk;  /* [k]: chunk holding tensor k's first byte */
   size_t *piece_base;     /* [k]: index of tensor k's first piece CRC */
@@ -79,45 +83,47 @@ struct ckptio_writer {
   chunk_job *jobs;
   ckptio_zsave *zs;       /* compressed saves: chunks are its frames */
   ckptio_batch batch;
-  char err[CKPTIO_ERRLEN];
 };
 
-static int fail(ckptio_writer *w, int code, const char *fmt, const char *a, const char *b) {
-  snprintf(w->err, sizeof(w->err), fmt, a, b);
+static int fail(file_writer *w, int code, const char *fmt, const char *a, const char *b) {
+  snprintf(w->base.err, sizeof(w->base.err), fmt, a, b);
   return code;
 }
 
-int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
-                       const ckptio_options *opts, ckptio_writer **out) {
+static const ckptio_writer_verbs file_verbs;
+
+int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
+                            ckptio_writer **out) {
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
   if (!ctx || !path || !*path) return CKPTIO_E_INVALID_ARG;
   if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_PYTORCH) return CKPTIO_E_FORMAT;
-  ckptio_writer *w = calloc(1, sizeof(*w));
+  file_writer *w = calloc(1, sizeof(*w));
   if (!w) return -ENOMEM;
   int rc = ckptio_options_for_call(ctx, opts, &w->opts);
-  if (rc == 0 && w->opts.compress_level) rc = ckptio_zsave_check_level(w->opts.compress_level, w->err, sizeof(w->err));
+  if (rc == 0 && w->opts.compress_level) rc = ckptio_zsave_check_level(w->opts.compress_level, w->base.err, sizeof(w->base.err));
   if (rc == 0 && w->opts.compress_level && format != CKPTIO_FORMAT_SAFETENSORS)
-    rc = ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_FORMAT,
+    rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,
                         "%s: only safetensors files can be compressed (compress_level %d)", path,
                         w->opts.compress_level);
   if (rc == 0 && w->opts.shuffle && !w->opts.compress_level)
-    rc = ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_INVALID_ARG, "%s: shuffle needs compress_level", path);
-  if (rc < 0 && w->err[0]) ckptio_set_open_error(w->err);
+    rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_INVALID_ARG, "%s: shuffle needs compress_level", path);
+  if (rc < 0 && w->base.err[0]) ckptio_set_open_error(w->base.err);
   if (rc < 0 || !(w->path = strdup(path))) {
     free(w);
     return rc < 0 ? rc : -ENOMEM;
   }
+  w->base.verbs = &file_verbs;
   w->ctx = ctx;
   w->format = format;
   w->file.fd = w->file.fd_direct = -1;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
-  *out = w;
+  *out = &w->base;
   return 0;
 }
 
-static int add_metadata(ckptio_writer *w, const char *key, const char *value, int reserved_ok) {
+static int add_metadata(file_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
   if (!reserved_ok && strncmp(key, "ckptio.", 7) == 0)
@@ -136,21 +142,25 @@ static int add_metadata(ckptio_writer *w, const char *key, const char *value, in
   return 0;
 }
 
-int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
+static int file_set_metadata(ckptio_writer *base, const char *key, const char *value) {
+  file_writer *w = (file_writer *)base;
   return add_metadata(w, key, value, 0);
 }
 
-int ckptio_writer_set_reserved_metadata(ckptio_writer *w, const char *key, const char *value) {
+int ckptio_file_writer_set_reserved_metadata(ckptio_writer *base, const char *key, const char *value) {
+  file_writer *w = (file_writer *)base;
   return add_metadata(w, key, value, 1);
 }
 
-int ckptio_writer_hold_publish(ckptio_writer *w) {
+int ckptio_file_writer_hold_publish(ckptio_writer *base) {
+  file_writer *w = (file_writer *)base;
   if (!w || w->state != W_OPEN) return CKPTIO_E_STATE;
   w->hold = 1;
   return 0;
 }
 
-int ckptio_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out) {
+int ckptio_file_writer_take_file(ckptio_writer *base, ckptio_tmpfile *out) {
+  file_writer *w = (file_writer *)base;
   if (!w || !w->hold || w->state != W_RUNNING || !w->durable_done || w->result < 0 || !w->file.tmp)
     return CKPTIO_E_STATE;
   *out = w->file;
@@ -162,7 +172,7 @@ int ckptio_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out) {
 /* The descriptor's device must be where the pointer really lives: a host
  * pointer named as GPU memory (or the reverse) would make the copy engine
  * read garbage or fault, so it is refused here with both places named. */
-static int check_pointer(ckptio_writer *w, const ckptio_tensor *t, int64_t nbytes) {
+static int check_pointer(file_writer *w, const ckptio_tensor *t, int64_t nbytes) {
   int ord = -1;
   char msg[CKPTIO_ERRLEN];
   if (t->device != CKPTIO_DEVICE_HOST) {
@@ -173,9 +183,8 @@ static int check_pointer(ckptio_writer *w, const ckptio_tensor *t, int64_t nbyte
   }
   if (!w->ctx->gpu || !nbytes) return 0;
   int where = -1;
-  int e = w->ctx->gpu->ops->pointer_device(t->data, &where);
-  if (e) return fail(w, ckptio_gpu_fail(w->ctx->gpu, e, msg, sizeof(msg), "cudaPointerGetAttributes"),
-                     "tensor '%s': %s", t->name, msg);
+  int rc = ckptio_gpu_where(w->ctx->gpu, t->data, &where, msg, sizeof(msg));
+  if (rc < 0) return fail(w, rc, "tensor '%s': %s", t->name, msg);
   if (where != ord) {
     snprintf(msg, sizeof(msg), "data is %s memory but the descriptor says %s",
              where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
@@ -185,7 +194,8 @@ static int check_pointer(ckptio_writer *w, const ckptio_tensor *t, int64_t nbyte
   return 0;
 }
 
-int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
+static int file_set_stream(ckptio_writer *base, int device, void *stream) {
+  file_writer *w = (file_writer *)base;
   int ord;
   char msg[CKPTIO_ERRLEN];
   if (!w) return CKPTIO_E_INVALID_ARG;
@@ -199,7 +209,8 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
 
 static const char *wtensor_name(const void *items, size_t i) { return ((const wtensor *)items)[i].name; }
 
-int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
+static int file_add(ckptio_writer *base, const ckptio_tensor *t) {
+  file_writer *w = (file_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
@@ -229,10 +240,10 @@ int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   return 0;
 }
 
-static const wtensor *tensor_at(const ckptio_writer *w, size_t k) { return &w->tensors[w->layout.order[k]]; }
-static uint64_t offset_at(const ckptio_writer *w, size_t k) { return w->layout.offset[w->layout.order[k]]; }
+static const wtensor *tensor_at(const file_writer *w, size_t k) { return &w->tensors[w->layout.order[k]]; }
+static uint64_t offset_at(const file_writer *w, size_t k) { return w->layout.offset[w->layout.order[k]]; }
 
-static void mark_snapshot(ckptio_writer *w) {
+static void mark_snapshot(file_writer *w) {
   w->timers.snapshot_ns = ckptio_now_ns();
   pthread_mutex_lock(&w->mu);
   w->snapshot_done = 1;
@@ -241,7 +252,7 @@ static void mark_snapshot(ckptio_writer *w) {
 }
 
 /* The first tensor (file order) whose bytes end after file offset pos. */
-static size_t first_tensor_after(const ckptio_writer *w, uint64_t pos) {
+static size_t first_tensor_after(const file_writer *w, uint64_t pos) {
   size_t lo = 0, hi = w->count;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -254,19 +265,19 @@ static size_t first_tensor_after(const ckptio_writer *w, uint64_t pos) {
 /* The pieces of one chunk: the overlaps of [start, end) with the tensors,
  * in file order. Empty tensors have none. */
 typedef struct piece_iter {
-  const ckptio_writer *w;
+  const file_writer *w;
   uint64_t start, end;
   size_t k;           /* tensor of the current piece */
   uint64_t a, b;      /* its file range */
 } piece_iter;
 
-static void pieces_begin(piece_iter *it, const ckptio_writer *w, uint64_t start, uint64_t end) {
+static void pieces_begin(piece_iter *it, const file_writer *w, uint64_t start, uint64_t end) {
   *it = (piece_iter){w, start, end, first_tensor_after(w, start), 0, 0};
   it->k--; /* pieces_next moves to the first */
 }
 
 static int pieces_next(piece_iter *it) {
-  const ckptio_writer *w = it->w;
+  const file_writer *w = it->w;
   while (++it->k < w->count && offset_at(w, it->k) < it->end) {
     uint64_t off = offset_at(w, it->k), n = tensor_at(w, it->k)->nbytes;
     it->a = off > it->start ? off : it->start;
@@ -283,39 +294,29 @@ static const unsigned char *piece_src(const piece_iter *it) {
 /* Coordinator side: starts the GPU-to-slot copies of one chunk on the copy
  * streams and records the slot's event on each GPU used. On failure, waits
  * for the copies already started so the slot can be reused safely. */
-static int start_gpu_copies(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end) {
+static int start_gpu_copies(file_writer *w, chunk_job *j, uint64_t start, uint64_t end) {
   ckptio_gpu *g = w->ctx->gpu;
-  size_t slot = ckptio_ring_slot_index(w->ctx->ring, j->slot);
   piece_iter it;
-  int e = 0;
-  const char *what = "cudaMemcpyAsync (device to host)";
+  char msg[CKPTIO_ERRLEN];
+  int rc = 0;
   pieces_begin(&it, w, start, end);
-  while (!e && pieces_next(&it)) {
+  while (rc == 0 && pieces_next(&it)) {
     const wtensor *t = tensor_at(w, it.k);
     if (t->t.device == CKPTIO_DEVICE_HOST) continue;
     int ord = t->t.device - CKPTIO_DEVICE_CUDA(0);
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->copy_d2h(j->slot + (it.a - start), piece_src(&it), it.b - it.a, v->d2h);
-    j->gpu_mask |= 1ull << ord;
+    j->gpu_mask |= 1ull << ord; /* drained below even if the copy was refused */
+    rc = ckptio_gpu_d2h_start(g, ord, j->slot + (it.a - start), piece_src(&it), it.b - it.a, msg, sizeof(msg));
   }
-  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
-    if (!(j->gpu_mask >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v))) e = g->ops->event_record(v->slot_events[slot], v->d2h);
-    what = "cudaEventRecord";
-  }
-  if (!e) return 0;
-  char msg[CKPTIO_ERRLEN];
-  int rc = ckptio_gpu_fail(g, e, msg, sizeof(msg), what);
-  snprintf(w->err, sizeof(w->err), "%s: tensor '%s': %s", w->path,
+  if (rc == 0) rc = ckptio_gpu_mark_slot(g, j->gpu_mask, ckptio_ring_slot_index(w->ctx->ring, j->slot), msg, sizeof(msg));
+  if (rc == 0) return 0;
+  snprintf(w->base.err, sizeof(w->base.err), "%s: tensor '%s': %s", w->path,
            it.k < w->count ? tensor_at(w, it.k)->name : "?", msg);
-  for (int ord = 0; ord < MAX_GPUS; ord++)
-    if (j->gpu_mask >> ord & 1) g->ops->set_device(ord), g->ops->stream_sync(g->dev[ord].d2h);
+  ckptio_gpu_drain_d2h(g, j->gpu_mask);
   return rc;
 }
 
 /* The format's own bytes (headers, zip records) that fall in [start, end). */
-static void copy_extents(const ckptio_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
+static void copy_extents(const file_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
   const ckptio_extent *x = w->layout.extents;
   size_t lo = 0, hi = w->layout.nextents;
   while (lo < hi) { /* first extent ending after start */
@@ -333,20 +334,14 @@ static void copy_extents(const ckptio_writer *w, unsigned char *slot, uint64_t s
 /* Worker side: waits for the slot's GPU copies, copies the host tensors'
  * bytes and the format's, CRCs every piece and counts the tensor bytes.
  * @return 0 or a GPU error, described in msg. */
-static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
+static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
                       char *msg, size_t len) {
-  ckptio_gpu *g = w->ctx->gpu;
   uint64_t t = ckptio_now_ns();
-  for (int ord = 0; ord < MAX_GPUS; ord++) {
-    if (!(j->gpu_mask >> ord & 1)) continue;
-    int e = g->ops->event_sync(g->dev[ord].slot_events[ckptio_ring_slot_index(w->ctx->ring, j->slot)]);
-    if (e) {
-      int rc = ckptio_gpu_fail(g, e, msg, len, "cudaEventSynchronize (device to host copy)");
-      char detail[CKPTIO_ERRLEN];
-      snprintf(detail, sizeof(detail), "%s: GPU %d: %s", w->path, ord, msg);
-      snprintf(msg, len, "%s", detail);
-      return rc;
-    }
+  if (j->gpu_mask) {
+    char detail[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_wait_slot(w->ctx->gpu, j->gpu_mask, ckptio_ring_slot_index(w->ctx->ring, j->slot), detail,
+                                  sizeof(detail));
+    if (rc < 0) return ckptio_err_fmt(msg, len, rc, "%s: %s", w->path, detail);
   }
   if (j->gpu_mask) ckptio_lap(&w->timers.device_ns, &t);
   piece_iter it;
@@ -365,23 +360,23 @@ static int fill_chunk(ckptio_writer *w, chunk_job *j, uint64_t start, uint64_t e
 }
 
 /* Chunks are fixed slices of the file, or a compressed save's frames. */
-static uint64_t chunk_start(const ckptio_writer *w, uint64_t index) {
+static uint64_t chunk_start(const file_writer *w, uint64_t index) {
   if (w->zs) return ckptio_zsave_start(w->zs, index);
   return index * w->chunk_bytes < w->layout.file_size ? index * w->chunk_bytes : w->layout.file_size;
 }
 
-static uint64_t chunk_of(const ckptio_writer *w, uint64_t pos) {
+static uint64_t chunk_of(const file_writer *w, uint64_t pos) {
   return w->zs ? ckptio_zsave_frame_of(w->zs, pos) : pos / w->chunk_bytes;
 }
 
-static void chunk_range(const ckptio_writer *w, uint64_t index, uint64_t *start, uint64_t *end) {
+static void chunk_range(const file_writer *w, uint64_t index, uint64_t *start, uint64_t *end) {
   *start = chunk_start(w, index);
   *end = chunk_start(w, index + 1);
 }
 
 static void chunk_job_run(void *arg) {
   chunk_job *j = arg;
-  ckptio_writer *w = j->w;
+  file_writer *w = j->w;
   uint64_t start, end;
   chunk_range(w, j->index, &start, &end);
   int rc = 0;
@@ -422,7 +417,7 @@ static void chunk_job_run(void *arg) {
 
 /* Chunk bookkeeping for the planned file: which chunks each tensor spans
  * and where its piece CRCs go. */
-static int plan_chunks(ckptio_writer *w) {
+static int plan_chunks(file_writer *w) {
   uint64_t data_bytes = w->layout.file_size;
   w->chunk_bytes = ckptio_ring_slot_bytes(w->ctx->ring);
   w->nchunks = w->zs ? ckptio_zsave_frames(w->zs) : (data_bytes + w->chunk_bytes - 1) / w->chunk_bytes;
@@ -443,7 +438,7 @@ static int plan_chunks(ckptio_writer *w) {
   for (size_t k = 0; k < w->count; k++) covered += tensor_at(w, k)->nbytes;
   for (size_t x = 0; x < w->layout.nextents; x++) covered += w->layout.extents[x].len;
   if (covered != w->layout.file_size) {
-    snprintf(w->err, sizeof(w->err), "%s: internal error: layout covers %llu of %llu bytes", w->path,
+    snprintf(w->base.err, sizeof(w->base.err), "%s: internal error: layout covers %llu of %llu bytes", w->path,
              (unsigned long long)covered, (unsigned long long)w->layout.file_size);
     return CKPTIO_E_FORMAT;
   }
@@ -452,7 +447,7 @@ static int plan_chunks(ckptio_writer *w) {
 }
 
 /* Joins the piece CRCs of every tensor, in order, into the header. */
-static void combine_crcs(ckptio_writer *w) {
+static void combine_crcs(file_writer *w) {
   for (size_t k = 0; k < w->count; k++) {
     uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
     uint32_t crc = 0;
@@ -470,7 +465,7 @@ static void combine_crcs(ckptio_writer *w) {
  * (a safetensors header, zip data descriptors and directory). Whole pages go
  * through O_DIRECT; the rest through the page cache, which reads back the
  * pages the chunks wrote directly (they are complete by now). */
-static int rewrite_crc_extents(ckptio_writer *w) {
+static int rewrite_crc_extents(file_writer *w) {
   for (size_t x = 0; x < w->layout.nextents; x++) {
     const ckptio_extent *e = &w->layout.extents[x];
     if (!e->holds_crc) continue;
@@ -483,7 +478,7 @@ static int rewrite_crc_extents(ckptio_writer *w) {
     int rc = ckptio_pwrite_full(aligned ? w->file.fd_direct : w->file.fd, buf, (size_t)e->len, e->offset);
     if (aligned) free(buf);
     if (rc < 0) {
-      snprintf(w->err, sizeof(w->err), "%s: write of the %llu-byte header at offset %llu failed: %s", w->path,
+      snprintf(w->base.err, sizeof(w->base.err), "%s: write of the %llu-byte header at offset %llu failed: %s", w->path,
                (unsigned long long)e->len, (unsigned long long)e->offset, ckptio_strerror(rc));
       return rc;
     }
@@ -492,42 +487,21 @@ static int rewrite_crc_extents(ckptio_writer *w) {
 }
 
 /* On the caller's thread, at the commit call: an event on each GPU's
- * producing stream marks the work the snapshot must include. The caller's
- * current GPU is restored: a library must not move it. */
-static int record_start_events(ckptio_writer *w) {
-  ckptio_gpu *g = w->ctx->gpu;
-  int current = 0, e = g->ops->get_device(&current), rc = 0;
+ * producing stream marks the work the snapshot must include (the caller's
+ * current GPU is restored: a library must not move it). The coordinator's
+ * copy streams wait for these marks (queue_chunks). */
+static int mark_callers(file_writer *w) {
   char msg[CKPTIO_ERRLEN];
-  for (int ord = 0; ord < MAX_GPUS && !e; ord++) {
-    if (!(w->gpus_used >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    if (!(e = ckptio_gpu_use(g, ord, &v)) && !(e = g->ops->event_create(&w->start_event[ord])))
-      e = g->ops->event_record(w->start_event[ord], w->user_stream[ord]);
-  }
-  if (e) rc = fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "recording the snapshot event"), "%s: %s", w->path, msg);
-  g->ops->set_device(current);
-  return rc;
-}
-
-/* Coordinator side: the copy streams wait for the start events. */
-static int wait_start_events(ckptio_writer *w) {
-  ckptio_gpu *g = w->ctx->gpu;
-  char msg[CKPTIO_ERRLEN];
-  for (int ord = 0; ord < MAX_GPUS; ord++) {
-    if (!(w->gpus_used >> ord & 1)) continue;
-    ckptio_gpu_dev *v;
-    int e = ckptio_gpu_use(g, ord, &v);
-    if (!e) e = g->ops->stream_wait_event(v->d2h, w->start_event[ord]);
-    if (e) return fail(w, ckptio_gpu_fail(g, e, msg, sizeof(msg), "cudaStreamWaitEvent"), "%s: %s", w->path, msg);
-  }
-  return 0;
+  int rc = ckptio_gpu_mark_callers(w->ctx->gpu, w->gpus_used, w->user_stream, w->start_event, msg, sizeof(msg));
+  return rc < 0 ? fail(w, rc, "%s: recording the snapshot event: %s", w->path, msg) : 0;
 }
 
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
-static int queue_chunks(ckptio_writer *w) {
+static int queue_chunks(file_writer *w) {
   if (w->gpus_used) {
-    int rc = wait_start_events(w);
-    if (rc < 0) return rc;
+    char msg[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_wait_marks(w->ctx->gpu, w->gpus_used, CKPTIO_GPU_D2H, w->start_event, msg, sizeof(msg));
+    if (rc < 0) return fail(w, rc, "%s: %s", w->path, msg);
   }
   /* A compressed save's frame 0, the header, is written at the end. */
   uint64_t first = w->zs ? 1 : 0;
@@ -542,7 +516,7 @@ static int queue_chunks(ckptio_writer *w) {
     int rc = w->gpus_used ? start_gpu_copies(w, j, start, end) : 0;
     if (rc < 0) {
       ckptio_ring_release(w->ctx->ring, j->slot);
-      ckptio_batch_fail(&w->batch, rc, w->err);
+      ckptio_batch_fail(&w->batch, rc, w->base.err);
       break;
     }
     ckptio_batch_add(&w->batch, 1);
@@ -553,11 +527,11 @@ static int queue_chunks(ckptio_writer *w) {
     }
   }
   int rc = ckptio_batch_wait(&w->batch);
-  if (rc < 0) snprintf(w->err, sizeof(w->err), "%s", w->batch.err);
+  if (rc < 0) snprintf(w->base.err, sizeof(w->base.err), "%s", w->batch.err);
   return rc;
 }
 
-static int make_layout(ckptio_writer *w) {
+static int make_layout(file_writer *w) {
   ckptio_layout_input *in = calloc(w->count + 1, sizeof(*in));
   if (!in) return -ENOMEM;
   for (size_t i = 0; i < w->count; i++)
@@ -575,8 +549,8 @@ static int make_layout(ckptio_writer *w) {
     }
     char *dot = strrchr(archive, '.');
     if (dot && dot != archive) *dot = '\0';
-    rc = ckptio_torch_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, archive, &w->layout, w->err,
-                             sizeof(w->err));
+    rc = ckptio_torch_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, archive, &w->layout, w->base.err,
+                             sizeof(w->base.err));
     free(archive);
   } else {
     /* The filter is recorded so that loads undo it. */
@@ -588,18 +562,18 @@ static int make_layout(ckptio_writer *w) {
     if (w->nmeta) memcpy(meta, w->meta, w->nmeta * sizeof(*meta));
     size_t nmeta = w->nmeta;
     if (w->opts.compress_level && w->opts.shuffle) meta[nmeta++] = (ckptio_kv){CKPTIO_FILTER_KEY, CKPTIO_FILTER_SHUFFLE};
-    rc = ckptio_st_layout(in, w->count, meta, nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->err,
-                          sizeof(w->err));
+    rc = ckptio_st_layout(in, w->count, meta, nmeta, w->opts.crc, CKPTIO_IO_ALIGN, &w->layout, w->base.err,
+                          sizeof(w->base.err));
     free(meta);
   }
   free(in);
   return rc;
 }
 
-/* Compressed saves cut the planned file into frames (compress/zsave.c);
+/* Compressed saves cut the planned file into frames (save/zsave.c);
  * frames land at offsets known only after compression, so through the
  * page cache. */
-static int zsave_open(ckptio_writer *w) {
+static int zsave_open(file_writer *w) {
   ckptio_zsave_tensor *t = calloc(w->count + 1, sizeof(*t));
   if (!t) return -ENOMEM;
   for (size_t k = 0; k < w->count; k++) {
@@ -610,34 +584,34 @@ static int zsave_open(ckptio_writer *w) {
   ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, w->ctx->opts.threads, w->file.fd,
                            w->layout.extents[0].len, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
                            slots < threads + 2 ? slots : threads + 2, t, w->count};
-  int rc = ckptio_zsave_open(&p, &w->zs, w->err, sizeof(w->err));
+  int rc = ckptio_zsave_open(&p, &w->zs, w->base.err, sizeof(w->base.err));
   free(t);
   return rc;
 }
 
-static int save_run(ckptio_writer *w) {
+static int save_run(file_writer *w) {
   int rc = make_layout(w);
   if (rc < 0) return rc;
   int compress = w->opts.compress_level != 0;
   uint64_t final_size = w->layout.file_size;
   rc = ckptio_tmpfile_open(&w->file, w->path, compress ? 0 : w->opts.direct_io, compress ? 0 : w->layout.file_size,
-                           w->err, sizeof(w->err));
+                           w->base.err, sizeof(w->base.err));
   if (rc < 0) return rc;
   if (compress && (rc = zsave_open(w)) < 0) goto fail;
   if ((rc = plan_chunks(w)) < 0) goto fail;
   if ((rc = queue_chunks(w)) < 0) goto fail;
   uint64_t t = ckptio_now_ns();
   if (w->layout.set_crc) combine_crcs(w);
-  if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->err, sizeof(w->err));
+  if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->base.err, sizeof(w->base.err));
   else if (w->layout.set_crc) rc = rewrite_crc_extents(w);
   if (rc < 0) goto fail;
   ckptio_lap(&w->timers.write_ns, &t);
   if (w->hold) {
     /* Synced, not renamed: the set's owner publishes all files together. */
-    if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->err, sizeof(w->err))) < 0)
+    if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err))) < 0)
       goto fail;
   } else {
-    rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, w->err, sizeof(w->err));
+    rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err));
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
@@ -647,10 +621,10 @@ fail:
 }
 
 static void *save_main(void *arg) {
-  ckptio_writer *w = arg;
+  file_writer *w = arg;
   int rc = save_run(w);
-  if (rc < 0 && !w->err[0])
-    snprintf(w->err, sizeof(w->err), "%s: save failed: %s", w->path, ckptio_strerror(rc));
+  if (rc < 0 && !w->base.err[0])
+    snprintf(w->base.err, sizeof(w->base.err), "%s: save failed: %s", w->path, ckptio_strerror(rc));
   w->timers.end_ns = ckptio_now_ns();
   pthread_mutex_lock(&w->mu);
   w->result = rc;
@@ -660,10 +634,11 @@ static void *save_main(void *arg) {
   return NULL;
 }
 
-int ckptio_writer_commit_async(ckptio_writer *w) {
+static int file_commit_async(ckptio_writer *base) {
+  file_writer *w = (file_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
-  int rc = w->gpus_used ? record_start_events(w) : 0;
+  int rc = w->gpus_used ? mark_callers(w) : 0;
   if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
   w->state = W_RUNNING;
@@ -677,9 +652,10 @@ int ckptio_writer_commit_async(ckptio_writer *w) {
   return 0;
 }
 
-static int wait_flag(ckptio_writer *w, const int *flag) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
+/* The snapshot flag, or with `durable` the durable one. */
+static int wait_flag(file_writer *w, int durable) {
   if (w->state != W_RUNNING) return CKPTIO_E_STATE;
+  const int *flag = durable ? &w->durable_done : &w->snapshot_done;
   pthread_mutex_lock(&w->mu);
   while (!*flag) pthread_cond_wait(&w->cv, &w->mu);
   int rc = w->durable_done ? w->result : 0;
@@ -687,46 +663,45 @@ static int wait_flag(ckptio_writer *w, const int *flag) {
   return rc;
 }
 
-static int poll_flag(ckptio_writer *w, const int *flag) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
+static int poll_flag(file_writer *w, int durable) {
   if (w->state != W_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
-  int rc = w->durable_done && w->result < 0 ? w->result : *flag;
+  int rc = w->durable_done && w->result < 0 ? w->result : durable ? w->durable_done : w->snapshot_done;
   pthread_mutex_unlock(&w->mu);
   return rc;
 }
 
-int ckptio_writer_wait_snapshot(ckptio_writer *w) { return wait_flag(w, w ? &w->snapshot_done : NULL); }
-int ckptio_writer_wait_durable(ckptio_writer *w) { return wait_flag(w, w ? &w->durable_done : NULL); }
-int ckptio_writer_poll_snapshot(ckptio_writer *w) { return poll_flag(w, w ? &w->snapshot_done : NULL); }
-int ckptio_writer_poll_durable(ckptio_writer *w) { return poll_flag(w, w ? &w->durable_done : NULL); }
+static int file_wait_snapshot(ckptio_writer *base) { return wait_flag((file_writer *)base, 0); }
+static int file_wait_durable(ckptio_writer *base) { return wait_flag((file_writer *)base, 1); }
+static int file_poll_snapshot(ckptio_writer *base) { return poll_flag((file_writer *)base, 0); }
+static int file_poll_durable(ckptio_writer *base) { return poll_flag((file_writer *)base, 1); }
 
-void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
-  if (done) *done = w ? atomic_load(&w->done_bytes) : 0;
-  if (total) *total = w ? w->total_bytes : 0;
+static void file_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
+  file_writer *w = (file_writer *)base;
+  if (done) *done = atomic_load(&w->done_bytes);
+  if (total) *total = w->total_bytes;
 }
 
-int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
+static int file_stats(const ckptio_writer *base, ckptio_stats *out) {
+  const file_writer *w = (const file_writer *)base;
   return ckptio_timers_report(&w->timers, atomic_load(&w->done_bytes), w->ctx->opts.threads,
                               w->ctx->opts.staging_bytes / w->ctx->opts.chunk_bytes * w->ctx->opts.chunk_bytes, out);
 }
 
-int ckptio_writer_commit(ckptio_writer *w) {
-  int rc = ckptio_writer_commit_async(w);
-  return rc < 0 ? rc : ckptio_writer_wait_durable(w);
+static size_t file_shard_count(const ckptio_writer *base) {
+  (void)base;
+  return 1;
 }
 
-int ckptio_writer_close(ckptio_writer *w) {
-  if (!w) return 0;
+static int file_close(ckptio_writer *base) {
+  file_writer *w = (file_writer *)base;
   int rc = 0;
   if (w->state == W_RUNNING) {
-    rc = ckptio_writer_wait_durable(w);
+    rc = wait_flag(w, 1);
     pthread_join(w->thread, NULL);
     ckptio_batch_destroy(&w->batch);
   }
-  for (int ord = 0; ord < MAX_GPUS; ord++)
-    if (w->start_event[ord]) w->ctx->gpu->ops->event_destroy(w->start_event[ord]);
+  ckptio_gpu_events_free(w->ctx->gpu, w->start_event);
   ckptio_tmpfile_abort(&w->file); /* a held temp nobody took; else a no-op */
   ckptio_layout_free(&w->layout);
   ckptio_zsave_free(w->zs);
@@ -749,4 +724,7 @@ int ckptio_writer_close(ckptio_writer *w) {
   return rc;
 }
 
-const char *ckptio_writer_last_error(const ckptio_writer *w) { return w ? w->err : ""; }
+static const ckptio_writer_verbs file_verbs = {
+    file_set_metadata,  file_set_stream,   file_add,      file_commit_async, file_wait_snapshot, file_wait_durable,
+    file_poll_snapshot, file_poll_durable, file_progress, file_stats,        file_shard_count,   file_close,
+};

@@ -19,11 +19,11 @@
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
-#include "formats/json.h"
+#include "formats/hf_index_write.h"
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
-#include "writer_hooks.h"
+#include "save/save.h"
 
 typedef struct stensor {
   ckptio_tensor t;       /* name owned */
@@ -32,11 +32,13 @@ typedef struct stensor {
 
 enum { S_OPEN, S_RUNNING };
 
-struct ckptio_shard_writer {
+typedef struct set_writer {
+  ckptio_writer base;     /* first: the public handle is this struct */
   ckptio_ctx *ctx;
   ckptio_options opts;
   char *dir, *prefix;
   uint64_t max_shard_bytes;
+  ckptio_shard_order order;
   stensor *tensors;
   size_t count, cap;
   char **meta;            /* key, value pairs, owned */
@@ -47,8 +49,9 @@ struct ckptio_shard_writer {
 
   int state;
   size_t nshards;
-  size_t *first;          /* [k]: first tensor of shard k; [nshards] = count */
-  ckptio_writer **sub;
+  size_t *order_of;       /* [i]: the tensor at position i of the shards' order */
+  size_t *first;          /* [k]: first position of shard k; [nshards] = count */
+  ckptio_writer **sub;    /* one file writer per shard, driven by its verbs */
   ckptio_tmpfile *files;  /* taken from the subs at publish */
   ckptio_swap *how;
   char save_id[33];
@@ -59,27 +62,28 @@ struct ckptio_shard_writer {
   uint64_t start_ns;              /* commit_async; for stats */
   _Atomic uint64_t end_ns;        /* durable (or failed), set by shard_main */
   _Atomic uint64_t publish_ns;    /* renames, index write, directory syncs */
-  char err[CKPTIO_ERRLEN];
-};
+} set_writer;
 
-static int sfail(ckptio_shard_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sfail(ckptio_shard_writer *w, int code, const char *fmt, ...) {
+static int sfail(set_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int sfail(set_writer *w, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(w->err, sizeof(w->err), fmt, ap);
+  vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
   va_end(ap);
   return code;
 }
 
-int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
-                             uint64_t max_shard_bytes, const ckptio_options *opts,
-                             ckptio_shard_writer **out) {
+static const ckptio_writer_verbs set_verbs;
+
+int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                           uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
+                           ckptio_writer **out) {
   char msg[CKPTIO_ERRLEN] = "";
   int rc = CKPTIO_E_INVALID_ARG;
   if (!out) return rc;
   *out = NULL;
   if (!ctx || !dir || !*dir || !prefix) return rc;
-  ckptio_shard_writer *w = NULL;
+  set_writer *w = NULL;
   struct stat st;
   if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, "..")) {
     snprintf(msg, sizeof(msg), "shard prefix '%s': must be a plain, non-empty file name", prefix);
@@ -92,6 +96,10 @@ int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefi
   }
   if (max_shard_bytes == 0) {
     snprintf(msg, sizeof(msg), "%s: max_shard_bytes must be > 0", dir);
+    goto fail;
+  }
+  if (order != CKPTIO_SHARD_ORDER_ADDED && order != CKPTIO_SHARD_ORDER_HF) {
+    snprintf(msg, sizeof(msg), "%s: unknown shard order %d", dir, (int)order);
     goto fail;
   }
   if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
@@ -110,11 +118,13 @@ int ckptio_shard_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefi
   }
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
+  w->base.verbs = &set_verbs;
   w->ctx = ctx;
   w->max_shard_bytes = max_shard_bytes;
+  w->order = order;
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
-  *out = w;
+  *out = &w->base;
   return 0;
 fail:
   if (w) {
@@ -126,7 +136,8 @@ fail:
   return rc;
 }
 
-int ckptio_shard_writer_set_stream(ckptio_shard_writer *w, int device, void *stream) {
+static int set_set_stream(ckptio_writer *base, int device, void *stream) {
+  set_writer *w = (set_writer *)base;
   int ord;
   char msg[CKPTIO_ERRLEN];
   if (!w) return CKPTIO_E_INVALID_ARG;
@@ -138,7 +149,8 @@ int ckptio_shard_writer_set_stream(ckptio_shard_writer *w, int device, void *str
   return 0;
 }
 
-int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, const char *value) {
+static int set_set_metadata(ckptio_writer *base, const char *key, const char *value) {
+  set_writer *w = (set_writer *)base;
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   if (strncmp(key, "ckptio.", 7) == 0)
@@ -159,7 +171,8 @@ int ckptio_shard_writer_set_metadata(ckptio_shard_writer *w, const char *key, co
 
 static const char *stensor_name(const void *items, size_t i) { return ((const stensor *)items)[i].t.name; }
 
-int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
+static int set_add(ckptio_writer *base, const ckptio_tensor *t) {
+  set_writer *w = (set_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
@@ -186,31 +199,56 @@ int ckptio_shard_writer_add(ckptio_shard_writer *w, const ckptio_tensor *t) {
   return 0;
 }
 
-/* Shards are runs of tensors in the order added: a new shard starts when
- * the next tensor would push a non-empty shard over the limit (Hugging
- * Face's fill rule; its placement of oversize tensors is the caller's). */
-static int assign_shards(ckptio_shard_writer *w) {
-  if (!(w->first = calloc(w->count + 2, sizeof(size_t)))) return -ENOMEM;
-  size_t n = 0;
+/* Shards are runs of tensors: a new shard starts when the next tensor
+ * would push a non-empty shard over the limit (Hugging Face's fill rule).
+ * In the order added, a tensor over the limit starts a shard of its own
+ * where it comes; with CKPTIO_SHARD_ORDER_HF it gets its shard at once,
+ * before the shard still being filled, as huggingface_hub's
+ * split_torch_state_dict_into_shards places it. */
+static int assign_shards(set_writer *w) {
+  size_t *open = calloc(w->count + 1, sizeof(size_t)); /* the shard being filled */
+  w->first = calloc(w->count + 2, sizeof(size_t));
+  w->order_of = calloc(w->count + 1, sizeof(size_t));
+  if (!open || !w->first || !w->order_of) {
+    free(open);
+    return -ENOMEM;
+  }
+  size_t n = 0, pos = 0, nopen = 0;
   uint64_t fill = 0;
-  for (size_t i = 0; i < w->count; i++) {
-    if (i == 0 || (fill > 0 && fill + w->tensors[i].nbytes > w->max_shard_bytes)) {
-      w->first[n++] = i;
+  for (size_t i = 0; i <= w->count; i++) {
+    uint64_t b = i < w->count ? w->tensors[i].nbytes : 0;
+    int alone = i < w->count && w->order == CKPTIO_SHARD_ORDER_HF && b > w->max_shard_bytes;
+    if (nopen && (i == w->count || (fill > 0 && fill + b > w->max_shard_bytes && !alone))) {
+      w->first[n++] = pos;
+      memcpy(w->order_of + pos, open, nopen * sizeof(size_t));
+      pos += nopen;
+      nopen = 0;
       fill = 0;
     }
-    fill += w->tensors[i].nbytes;
+    if (i == w->count) break;
+    if (alone) {
+      w->first[n++] = pos;
+      w->order_of[pos++] = i;
+      continue;
+    }
+    open[nopen++] = i;
+    fill += b;
   }
+  free(open);
   w->first[n] = w->count;
   w->nshards = n;
   return 0;
 }
 
+/* The tensor at position i of the shards' order. */
+static const stensor *placed(const set_writer *w, size_t i) { return &w->tensors[w->order_of[i]]; }
+
 /* The file name of shard k (0-based), into buf. */
-static void shard_name(const ckptio_shard_writer *w, size_t k, char *buf, size_t len) {
+static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
   snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
 }
 
-static int make_save_id(ckptio_shard_writer *w) {
+static int make_save_id(set_writer *w) {
   unsigned char b[16];
   if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
     /* Only collisions between saves matter, not secrecy. */
@@ -224,74 +262,59 @@ static int make_save_id(ckptio_shard_writer *w) {
 }
 
 /* Opens and fills shard k's writer. */
-static int open_shard(ckptio_shard_writer *w, size_t k) {
+static int open_shard(set_writer *w, size_t k) {
   char name[4096], tag[64];
   shard_name(w, k, name, sizeof(name));
   char *path = ckptio_path_join(w->dir, name);
   if (!path) return -ENOMEM;
-  int rc = ckptio_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub[k]);
+  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub[k]);
   free(path);
   if (rc < 0) return sfail(w, rc, "%s", ckptio_last_open_error());
   ckptio_writer *s = w->sub[k];
   snprintf(tag, sizeof(tag), "%zu/%zu", k + 1, w->nshards);
-  for (size_t i = 0; i < w->nmeta2 && rc == 0; i += 2) rc = ckptio_writer_set_metadata(s, w->meta[i], w->meta[i + 1]);
-  if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
-  if (rc == 0) rc = ckptio_writer_set_reserved_metadata(s, "ckptio.shard", tag);
+  for (size_t i = 0; i < w->nmeta2 && rc == 0; i += 2) rc = s->verbs->set_metadata(s, w->meta[i], w->meta[i + 1]);
+  if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
+  if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
   for (int ord = 0; ord < 64 && rc == 0; ord++)
-    if (w->user_stream[ord]) rc = ckptio_writer_set_stream(s, CKPTIO_DEVICE_CUDA(ord), w->user_stream[ord]);
-  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = ckptio_writer_add(s, &w->tensors[i].t);
-  if (rc == 0) rc = ckptio_writer_hold_publish(s);
-  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, ckptio_writer_last_error(s));
+    if (w->user_stream[ord]) rc = s->verbs->set_stream(s, CKPTIO_DEVICE_CUDA(ord), w->user_stream[ord]);
+  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t);
+  if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
+  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
   return 0;
 }
 
-static int cmp_str(const void *a, const void *b) {
-  return strcmp(((const stensor *const *)a)[0]->t.name, ((const stensor *const *)b)[0]->t.name);
-}
-
-/* The index, as transformers writes it: sorted keys, two-space indent. */
-static int index_json(ckptio_shard_writer *w, ckptio_json_out *o) {
-  const stensor **by_name = calloc(w->count + 1, sizeof(*by_name));
-  size_t *shard_of = calloc(w->count + 1, sizeof(size_t));
+/* The index: every tensor mapped to its shard's file name. */
+static int index_json(set_writer *w, ckptio_json_out *o) {
+  size_t len = strlen(w->prefix) + 64; /* "-NNNNN-of-NNNNN.safetensors", any count */
+  ckptio_hf_weight *map = calloc(w->count + 1, sizeof(*map));
+  char *names = calloc(w->nshards + 1, len);
   int rc = -ENOMEM;
-  if (!by_name || !shard_of) goto out;
-  for (size_t k = 0; k < w->nshards; k++)
-    for (size_t i = w->first[k]; i < w->first[k + 1]; i++) shard_of[i] = k;
-  for (size_t i = 0; i < w->count; i++) by_name[i] = &w->tensors[i];
-  qsort(by_name, w->count, sizeof(*by_name), cmp_str);
-  rc = ckptio_json_out_puts(o, "{\n  \"metadata\": {\n    \"ckptio.save_id\": ");
-  rc |= ckptio_json_out_string(o, w->save_id);
-  rc |= ckptio_json_out_puts(o, ",\n    \"total_size\": ");
-  rc |= ckptio_json_out_u64(o, w->total_bytes);
-  rc |= ckptio_json_out_puts(o, "\n  },\n  \"weight_map\": {");
-  char name[4096];
-  for (size_t i = 0; i < w->count && rc == 0; i++) {
-    shard_name(w, shard_of[by_name[i] - w->tensors], name, sizeof(name));
-    rc |= ckptio_json_out_puts(o, i ? ",\n    " : "\n    ");
-    rc |= ckptio_json_out_string(o, by_name[i]->t.name);
-    rc |= ckptio_json_out_puts(o, ": ");
-    rc |= ckptio_json_out_string(o, name);
+  if (!map || !names) goto out;
+  for (size_t k = 0; k < w->nshards; k++) {
+    shard_name(w, k, names + k * len, len);
+    for (size_t i = w->first[k]; i < w->first[k + 1]; i++)
+      map[i] = (ckptio_hf_weight){placed(w, i)->t.name, names + k * len};
   }
-  rc |= ckptio_json_out_puts(o, w->count ? "\n  }\n}\n" : "}\n}\n");
-  rc = rc ? -ENOMEM : 0;
+  ckptio_kv id = {"ckptio.save_id", w->save_id};
+  rc = ckptio_hf_index_write(map, w->count, &id, 1, w->total_bytes, o);
 out:
-  free(by_name);
-  free(shard_of);
+  free(map);
+  free(names);
   return rc;
 }
 
 /* Writes the index to its temp file and syncs it; the rename is the caller's
  * (it is the moment the set is published). */
-static int write_index(ckptio_shard_writer *w, ckptio_tmpfile *t) {
+static int write_index(set_writer *w, ckptio_tmpfile *t) {
   ckptio_json_out o = {0};
   char name[4096];
   snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
   char *path = ckptio_path_join(w->dir, name);
   int rc = path ? index_json(w, &o) : -ENOMEM;
-  if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->err, sizeof(w->err));
+  if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->base.err, sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t->fd, o.data, o.len, 0)) < 0)
     sfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
-  if (rc == 0) rc = ckptio_tmpfile_sync(t, o.len, w->opts.fsync, w->err, sizeof(w->err));
+  if (rc == 0) rc = ckptio_tmpfile_sync(t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   free(o.data);
   free(path);
   return rc;
@@ -301,7 +324,7 @@ static int write_index(ckptio_shard_writer *w, ckptio_tmpfile *t) {
  * ({prefix}-NNNNN-of-MMMMM.safetensors, MMMMM != N) are stale: nothing
  * refers to them any more. Removed as transformers' save_pretrained does;
  * best effort, and nothing else in the directory is touched. */
-static void remove_stale_shards(ckptio_shard_writer *w) {
+static void remove_stale_shards(set_writer *w) {
   DIR *d = opendir(w->dir);
   if (!d) return;
   size_t plen = strlen(w->prefix);
@@ -325,20 +348,20 @@ static void remove_stale_shards(ckptio_shard_writer *w) {
 
 /* Every shard is synced in its temp file: swap them in, then the index.
  * Until the index is renamed every step can be undone. */
-static int publish(ckptio_shard_writer *w) {
+static int publish(set_writer *w) {
   ckptio_tmpfile index;
   ckptio_swap index_how = CKPTIO_SWAP_NONE;
   memset(&index, 0, sizeof(index));
   index.fd = index.fd_direct = -1;
   int rc = 0;
   for (size_t k = 0; k < w->nshards; k++)
-    if ((rc = ckptio_tmpfile_swap_in(&w->files[k], &w->how[k], w->err, sizeof(w->err))) < 0) goto undo;
+    if ((rc = ckptio_tmpfile_swap_in(&w->files[k], &w->how[k], w->base.err, sizeof(w->base.err))) < 0) goto undo;
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0) {
     sfail(w, rc, "%s: fsync of the directory: %s", w->dir, strerror(-rc));
     goto undo;
   }
   if ((rc = write_index(w, &index)) < 0) goto undo;
-  if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->err, sizeof(w->err))) < 0) goto undo;
+  if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->base.err, sizeof(w->base.err))) < 0) goto undo;
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how);
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
@@ -353,19 +376,19 @@ undo:
 }
 
 static void *shard_main(void *arg) {
-  ckptio_shard_writer *w = arg;
+  set_writer *w = arg;
   int rc = 0;
   for (size_t k = 0; k < w->nshards; k++) {
-    int r = ckptio_writer_wait_durable(w->sub[k]);
+    int r = w->sub[k]->verbs->wait_durable(w->sub[k]);
     if (r < 0 && rc == 0) {
       rc = r;
-      sfail(w, r, "%s", ckptio_writer_last_error(w->sub[k]));
+      sfail(w, r, "%s", w->sub[k]->err);
     }
   }
   /* The shards that did finish hold synced temp files: take them all, so a
    * failed set leaves no temp file behind when the commit returns. */
   for (size_t k = 0; k < w->nshards; k++) {
-    int r = ckptio_writer_take_file(w->sub[k], &w->files[k]);
+    int r = ckptio_file_writer_take_file(w->sub[k], &w->files[k]);
     if (r < 0 && rc == 0) rc = sfail(w, r, "%s: shard %zu/%zu: internal error: no synced temp file", w->dir, k + 1, w->nshards);
   }
   if (rc == 0) {
@@ -374,7 +397,7 @@ static void *shard_main(void *arg) {
     atomic_store(&w->publish_ns, ckptio_now_ns() - t);
   } else
     for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
-  if (rc < 0 && !w->err[0]) sfail(w, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
+  if (rc < 0 && !w->base.err[0]) sfail(w, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
   atomic_store(&w->end_ns, ckptio_now_ns());
   pthread_mutex_lock(&w->mu);
   w->result = rc;
@@ -384,12 +407,15 @@ static void *shard_main(void *arg) {
   return NULL;
 }
 
-static void close_subs(ckptio_shard_writer *w) {
-  for (size_t k = 0; w->sub && k < w->nshards; k++) ckptio_writer_close(w->sub[k]);
+static void close_subs(set_writer *w) {
+  for (size_t k = 0; w->sub && k < w->nshards; k++)
+    if (w->sub[k]) w->sub[k]->verbs->close(w->sub[k]);
   free(w->sub);
   free(w->files);
   free(w->how);
   free(w->first);
+  free(w->order_of);
+  w->order_of = NULL;
   w->sub = NULL;
   w->files = NULL;
   w->how = NULL;
@@ -397,10 +423,11 @@ static void close_subs(ckptio_shard_writer *w) {
   w->nshards = 0;
 }
 
-int ckptio_shard_writer_commit_async(ckptio_shard_writer *w) {
+static int set_commit_async(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
-  w->err[0] = '\0';
+  w->base.err[0] = '\0';
   /* An index maps tensors to files: with none there is no set to index. */
   if (w->count == 0) return sfail(w, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
   int rc = assign_shards(w);
@@ -417,8 +444,8 @@ int ckptio_shard_writer_commit_async(ckptio_shard_writer *w) {
   w->start_ns = ckptio_now_ns();
   /* On this thread: each writer records its GPU snapshot events here. */
   for (size_t k = 0; k < w->nshards; k++) {
-    if ((rc = ckptio_writer_commit_async(w->sub[k])) < 0) {
-      sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, ckptio_writer_last_error(w->sub[k]));
+    if ((rc = w->sub[k]->verbs->commit_async(w->sub[k])) < 0) {
+      sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, w->sub[k]->err);
       goto fail; /* close_subs waits for the shards already started */
     }
   }
@@ -434,18 +461,8 @@ fail:
   return rc;
 }
 
-int ckptio_shard_writer_wait_snapshot(ckptio_shard_writer *w) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
-  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
-  for (size_t k = 0; k < w->nshards; k++) {
-    int rc = ckptio_writer_wait_snapshot(w->sub[k]);
-    if (rc < 0) return ckptio_shard_writer_wait_durable(w); /* the set's error, once settled */
-  }
-  return 0;
-}
-
-int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
+static int set_wait_durable(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
   if (w->state != S_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
   while (!w->durable_done) pthread_cond_wait(&w->cv, &w->mu);
@@ -454,18 +471,18 @@ int ckptio_shard_writer_wait_durable(ckptio_shard_writer *w) {
   return rc;
 }
 
-/* The set's snapshot: every shard's. A shard that failed reports "not yet"
- * until the set's error is settled (as wait_snapshot returns it). */
-int ckptio_shard_writer_poll_snapshot(ckptio_shard_writer *w) {
-  int rc = ckptio_shard_writer_poll_durable(w);
-  if (rc != 0) return rc;
-  for (size_t k = 0; k < w->nshards; k++)
-    if (ckptio_writer_poll_snapshot(w->sub[k]) != 1) return 0;
-  return 1;
+static int set_wait_snapshot(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
+  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  for (size_t k = 0; k < w->nshards; k++) {
+    int rc = w->sub[k]->verbs->wait_snapshot(w->sub[k]);
+    if (rc < 0) return set_wait_durable(base); /* the set's error, once settled */
+  }
+  return 0;
 }
 
-int ckptio_shard_writer_poll_durable(ckptio_shard_writer *w) {
-  if (!w) return CKPTIO_E_INVALID_ARG;
+static int set_poll_durable(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
   if (w->state != S_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
   int rc = w->durable_done ? (w->result < 0 ? w->result : 1) : 0;
@@ -473,13 +490,25 @@ int ckptio_shard_writer_poll_durable(ckptio_shard_writer *w) {
   return rc;
 }
 
-int ckptio_shard_writer_stats(const ckptio_shard_writer *w, ckptio_stats *out) {
-  if (!w || !out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
+/* The set's snapshot: every shard's. A shard that failed reports "not yet"
+ * until the set's error is settled (as wait_snapshot returns it). */
+static int set_poll_snapshot(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
+  int rc = set_poll_durable(base);
+  if (rc != 0) return rc;
+  for (size_t k = 0; k < w->nshards; k++)
+    if (w->sub[k]->verbs->poll_snapshot(w->sub[k]) != 1) return 0;
+  return 1;
+}
+
+static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
+  const set_writer *w = (const set_writer *)base;
+  if (!out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
   ckptio_stats sum = CKPTIO_STATS_INIT, one;
   sum.threads = w->ctx->opts.threads;
   for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
     one = (ckptio_stats)CKPTIO_STATS_INIT;
-    int rc = ckptio_writer_stats(w->sub[k], &one);
+    int rc = w->sub[k]->verbs->stats(w->sub[k], &one);
     if (rc < 0) return rc;
     sum.bytes += one.bytes;
     if (one.snapshot_seconds > sum.snapshot_seconds) sum.snapshot_seconds = one.snapshot_seconds;
@@ -501,29 +530,25 @@ int ckptio_shard_writer_stats(const ckptio_shard_writer *w, ckptio_stats *out) {
   return 0;
 }
 
-int ckptio_shard_writer_commit(ckptio_shard_writer *w) {
-  int rc = ckptio_shard_writer_commit_async(w);
-  return rc < 0 ? rc : ckptio_shard_writer_wait_durable(w);
-}
-
-void ckptio_shard_writer_progress(ckptio_shard_writer *w, uint64_t *done, uint64_t *total) {
+static void set_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
+  set_writer *w = (set_writer *)base;
   uint64_t d = 0;
-  for (size_t k = 0; w && w->state == S_RUNNING && k < w->nshards; k++) {
+  for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
     uint64_t x = 0;
-    ckptio_writer_progress(w->sub[k], &x, NULL);
+    w->sub[k]->verbs->progress(w->sub[k], &x, NULL);
     d += x;
   }
   if (done) *done = d;
-  if (total) *total = w ? w->total_bytes : 0;
+  if (total) *total = w->total_bytes;
 }
 
-size_t ckptio_shard_writer_shard_count(const ckptio_shard_writer *w) { return w ? w->nshards : 0; }
+static size_t set_shard_count(const ckptio_writer *base) { return ((const set_writer *)base)->nshards; }
 
-int ckptio_shard_writer_close(ckptio_shard_writer *w) {
-  if (!w) return 0;
+static int set_close(ckptio_writer *base) {
+  set_writer *w = (set_writer *)base;
   int rc = 0;
   if (w->state == S_RUNNING) {
-    rc = ckptio_shard_writer_wait_durable(w);
+    rc = set_wait_durable(base);
     pthread_join(w->thread, NULL);
   }
   close_subs(w);
@@ -540,4 +565,7 @@ int ckptio_shard_writer_close(ckptio_shard_writer *w) {
   return rc;
 }
 
-const char *ckptio_shard_writer_last_error(const ckptio_shard_writer *w) { return w ? w->err : ""; }
+static const ckptio_writer_verbs set_verbs = {
+    set_set_metadata,  set_set_stream,   set_add,      set_commit_async, set_wait_snapshot, set_wait_durable,
+    set_poll_snapshot, set_poll_durable, set_progress, set_stats,        set_shard_count,   set_close,
+};

@@ -1,0 +1,61 @@
+/* The public writer: one handle for a single file or a sharded set. The
+ * front checks the handle and hands every call to its kind's verbs
+ * (save.h); what the kinds share (commit = commit_async + wait, the error
+ * text) is here once. */
+#include <stdint.h>
+
+#include "ckptio.h"
+#include "save/save.h"
+
+int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
+                       ckptio_writer **out) {
+  return ckptio_file_writer_open(ctx, path, format, opts, out);
+}
+
+int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                               uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
+                               ckptio_writer **out) {
+  return ckptio_set_writer_open(ctx, dir, prefix, format, max_shard_bytes, order, opts, out);
+}
+
+int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
+  return w ? w->verbs->set_metadata(w, key, value) : CKPTIO_E_INVALID_ARG;
+}
+
+int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
+  return w ? w->verbs->set_stream(w, device, stream) : CKPTIO_E_INVALID_ARG;
+}
+
+int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
+  return w ? w->verbs->add(w, t) : CKPTIO_E_INVALID_ARG;
+}
+
+int ckptio_writer_commit_async(ckptio_writer *w) { return w ? w->verbs->commit_async(w) : CKPTIO_E_INVALID_ARG; }
+int ckptio_writer_wait_snapshot(ckptio_writer *w) { return w ? w->verbs->wait_snapshot(w) : CKPTIO_E_INVALID_ARG; }
+int ckptio_writer_wait_durable(ckptio_writer *w) { return w ? w->verbs->wait_durable(w) : CKPTIO_E_INVALID_ARG; }
+int ckptio_writer_poll_snapshot(ckptio_writer *w) { return w ? w->verbs->poll_snapshot(w) : CKPTIO_E_INVALID_ARG; }
+int ckptio_writer_poll_durable(ckptio_writer *w) { return w ? w->verbs->poll_durable(w) : CKPTIO_E_INVALID_ARG; }
+
+int ckptio_writer_commit(ckptio_writer *w) {
+  int rc = ckptio_writer_commit_async(w);
+  return rc < 0 ? rc : ckptio_writer_wait_durable(w);
+}
+
+void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
+  if (w) {
+    w->verbs->progress(w, done, total);
+    return;
+  }
+  if (done) *done = 0;
+  if (total) *total = 0;
+}
+
+int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out) {
+  return w ? w->verbs->stats(w, out) : CKPTIO_E_INVALID_ARG;
+}
+
+size_t ckptio_writer_shard_count(const ckptio_writer *w) { return w ? w->verbs->shard_count(w) : 0; }
+
+int ckptio_writer_close(ckptio_writer *w) { return w ? w->verbs->close(w) : 0; }
+
+const char *ckptio_writer_last_error(const ckptio_writer *w) { return w ? w->err : ""; }

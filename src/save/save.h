@@ -1,0 +1,56 @@
+/* The kinds of writer behind the one public ckptio_writer: a single file
+ * (writer.c) and a sharded set of files (set.c). Each kind fills a table of
+ * verbs; front.c checks the handle and dispatches, and a set holds its
+ * files' writers by this same table, never through the public front. */
+#ifndef CKPTIO_SAVE_SAVE_H
+#define CKPTIO_SAVE_SAVE_H
+
+#include "ckptio.h"
+#include "core/error.h"
+#include "io/file.h"
+
+/* Every verb gets a non-NULL writer of its own kind; the public contract of
+ * each is the one in ckptio.h for ckptio_writer_<verb>. */
+typedef struct ckptio_writer_verbs {
+  int (*set_metadata)(ckptio_writer *w, const char *key, const char *value);
+  int (*set_stream)(ckptio_writer *w, int device, void *stream);
+  int (*add)(ckptio_writer *w, const ckptio_tensor *t);
+  int (*commit_async)(ckptio_writer *w);
+  int (*wait_snapshot)(ckptio_writer *w);
+  int (*wait_durable)(ckptio_writer *w);
+  int (*poll_snapshot)(ckptio_writer *w);
+  int (*poll_durable)(ckptio_writer *w);
+  void (*progress)(ckptio_writer *w, uint64_t *done, uint64_t *total);
+  int (*stats)(const ckptio_writer *w, ckptio_stats *out);
+  size_t (*shard_count)(const ckptio_writer *w);
+  int (*close)(ckptio_writer *w); /* waits for a running commit, frees */
+} ckptio_writer_verbs;
+
+/* The head of every kind's struct. */
+struct ckptio_writer {
+  const ckptio_writer_verbs *verbs;
+  char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
+};
+
+/* One file (writer.c): ckptio_writer_open's contract. */
+int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
+                            ckptio_writer **out);
+
+/* What a set needs from its files beyond the verbs; w must be a file
+ * writer. */
+/* set_metadata without the "ckptio." reservation. */
+int ckptio_file_writer_set_reserved_metadata(ckptio_writer *w, const char *key, const char *value);
+/* Before commit: the save ends with its temp file synced but not renamed
+ * ("durable" then means that). The file is removed at close unless taken. */
+int ckptio_file_writer_hold_publish(ckptio_writer *w);
+/* After a held save succeeded (wait_durable returned 0): moves the synced
+ * temp file, still open, to *out; the caller then owns it (publish or
+ * ckptio_tmpfile_abort). @return 0 or CKPTIO_E_STATE. */
+int ckptio_file_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out);
+
+/* A sharded set (set.c): ckptio_writer_open_sharded's contract. */
+int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
+                           uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
+                           ckptio_writer **out);
+
+#endif
