@@ -1,7 +1,7 @@
 /* Writing the Hugging Face index of a sharded set: sorted keys, two-space
  * indent, so a set saved here is byte for byte what transformers' own
  * save_pretrained writes for the same map. */
-#include "formats/hf_index_write.h"
+#include "formats/hf_index.h"
 
 #include <errno.h>
 #include <stdlib.h>

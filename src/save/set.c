@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
-#include "formats/hf_index_write.h"
+#include "formats/hf_index.h"
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"

@@ -15,7 +15,7 @@
 
 #include "ckpt_fixture.h"
 extern "C" {
-#include "formats/hf_index_write.h"
+#include "formats/hf_index.h"
 #include "io/fault.h"
 }
 
