@@ -197,10 +197,20 @@ typedef struct ckptio_options {
                                every element of a tensor before compressing (the
                                file records it under "ckptio.filter"; ckptio undoes
                                it on load, `zstd -d` does not); 0: off */
+  size_t snapshot_bytes;    /* context only. Pinned host memory that holds
+                               snapshots, beyond staging_bytes (rounded down to
+                               whole chunks; allocated, pinned and pre-faulted
+                               once, at ckptio_ctx_create, and reused by every
+                               save). 0 (the default): none, memory stays bounded
+                               by staging_bytes. CKPTIO_SNAPSHOT_AUTO: a quarter
+                               of the machine's physical memory. See "The
+                               snapshot point" at ckptio_writer_commit_async. */
 } ckptio_options;
 
+#define CKPTIO_SNAPSHOT_AUTO ((size_t)-1)
+
 #define CKPTIO_OPTIONS_INIT \
-  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0 }
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0, 0 }
 
 /* ---------------------------------------------------------------- context */
 

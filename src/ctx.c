@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device/numa.h"
 #include "device/transfer.h"
@@ -65,7 +66,16 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
     goto fail;
   }
   if ((rc = ckptio_pool_create(o->threads, &ctx->pool)) < 0) goto fail;
-  if ((rc = ckptio_ring_create(o->staging_bytes / o->chunk_bytes, o->chunk_bytes, &ctx->ring)) < 0)
+  if (o->snapshot_bytes == CKPTIO_SNAPSHOT_AUTO) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    o->snapshot_bytes = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : 0;
+  }
+  o->snapshot_bytes = o->snapshot_bytes / o->chunk_bytes * o->chunk_bytes;
+  /* Snapshot memory is more slots of the same ring: a save takes slots in
+   * file order, copies into every one it gets at once and writes behind
+   * (save/writer.c), so the slots beyond staging_bytes are what lets a
+   * whole state be copied before the disk has taken any of it. */
+  if ((rc = ckptio_ring_create((o->staging_bytes + o->snapshot_bytes) / o->chunk_bytes, o->chunk_bytes, &ctx->ring)) < 0)
     goto fail;
   if (o->cuda) {
     rc = ckptio_gpu_open(&ctx->gpu, ckptio_ring_base(ctx->ring),

@@ -105,6 +105,34 @@ def _check(rc, what, detail=None):
 # touches its staging ring once, which is too costly to repeat per call.
 _ctx_lock = threading.Lock()
 _ctx_handle = None
+_ctx_settings = {}
+SNAPSHOT_AUTO = "auto"
+
+
+def configure(*, snapshot_bytes=None, staging_bytes=None, chunk_bytes=None, threads=None):
+    """Sets the options of the process's context (its worker pool and pinned
+    memory) before its first save or load; afterwards it raises.
+
+    snapshot_bytes: pinned memory that holds whole snapshots, beyond the
+    staging ring: a save whose file fits in both reaches its snapshot point
+    (SaveHandle.wait_snapshot) as soon as its bytes are copied, and is
+    written behind it. ckptio.SNAPSHOT_AUTO takes a quarter of physical
+    memory; 0 (the default) keeps memory bounded by the 256 MiB ring. The
+    memory is allocated and touched once, here, and reused by every save."""
+    values = {"snapshot_bytes": snapshot_bytes, "staging_bytes": staging_bytes,
+              "chunk_bytes": chunk_bytes, "threads": threads}
+    with _ctx_lock:
+        if _ctx_handle is not None:
+            raise CkptioError(-1001,  # CKPTIO_E_STATE
+                              "ckptio.configure: the context already exists (call it before the first save or load)")
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key == "snapshot_bytes" and value == SNAPSHOT_AUTO:
+                value = ctypes.c_size_t(-1).value
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"ckptio.configure: {key} must be a non-negative int, not {value!r}")
+            _ctx_settings[key] = value
 
 
 def _ctx():
@@ -113,7 +141,10 @@ def _ctx():
         if _ctx_handle is None:
             lib = _lib.lib()
             handle = ctypes.c_void_p()
-            _check(lib.ckptio_ctx_create(None, ctypes.byref(handle)), "ckptio_ctx_create",
+            opts = _lib.Options.init()
+            for key, value in _ctx_settings.items():
+                setattr(opts, key, value)
+            _check(lib.ckptio_ctx_create(ctypes.byref(opts), ctypes.byref(handle)), "ckptio_ctx_create",
                    lib.ckptio_last_open_error())
             _ctx_handle = handle
             atexit.register(_ctx_free)

@@ -103,12 +103,13 @@ class Options(ctypes.Structure):  # ckptio_options
         ("numa", ctypes.c_int),
         ("compress_level", ctypes.c_int),
         ("shuffle", ctypes.c_int),
+        ("snapshot_bytes", ctypes.c_size_t),
     ]
 
     @classmethod
     def init(cls):
         """CKPTIO_OPTIONS_INIT."""
-        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0)
+        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0, 0)
 
 
 class Stats(ctypes.Structure):  # ckptio_stats

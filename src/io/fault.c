@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static _Atomic long countdown[CKPTIO_FAULT_OPS];
 static _Atomic int fault_err[CKPTIO_FAULT_OPS];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t write_rate;    /* bytes per second, 0: off */
 
 void ckptio_fault_arm(ckptio_fault_op op, long nth, int err) {
   atomic_store(&fault_err[op], err);
@@ -26,6 +28,8 @@ static void env_arm(void) {
   static const char *const ops[] = {"pwrite", "pread", "fsync", "rename"};
   static const struct { const char *name; int err; } errs[] = {
       {"ENOSPC", ENOSPC}, {"EIO", EIO}, {"EROFS", EROFS}, {"short", CKPTIO_FAULT_SHORT}};
+  const char *mbps = getenv("CKPTIO_FAULT_WRITE_MBPS");
+  if (mbps && atoll(mbps) > 0) ckptio_fault_slow_writes((uint64_t)atoll(mbps) * 1000000u);
   const char *spec = getenv("CKPTIO_FAULT");
   if (!spec) return;
   char op[16], er[16];
@@ -35,6 +39,32 @@ static void env_arm(void) {
   for (int i = 0; i < CKPTIO_FAULT_OPS; i++)
     for (size_t j = 0; j < sizeof(errs) / sizeof(errs[0]); j++)
       if (!strcmp(op, ops[i]) && !strcmp(er, errs[j].name)) ckptio_fault_arm(i, nth, errs[j].err);
+}
+
+static uint64_t disk_free_ns;          /* when the modeled disk is idle again */
+static pthread_mutex_t disk_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void ckptio_fault_slow_writes(uint64_t bytes_per_second) { atomic_store(&write_rate, bytes_per_second); }
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void ckptio_fault_write_time(uint64_t len) {
+  pthread_once(&env_once, env_arm);
+  uint64_t rate = atomic_load_explicit(&write_rate, memory_order_relaxed);
+  if (!rate) return;
+  pthread_mutex_lock(&disk_mu);
+  uint64_t start = now_ns() > disk_free_ns ? now_ns() : disk_free_ns;
+  disk_free_ns = start + (uint64_t)((double)len * 1e9 / (double)rate);
+  uint64_t until = disk_free_ns;
+  pthread_mutex_unlock(&disk_mu);
+  for (uint64_t t = now_ns(); t < until; t = now_ns()) {
+    struct timespec ts = {(time_t)((until - t) / 1000000000u), (long)((until - t) % 1000000000u)};
+    nanosleep(&ts, NULL);
+  }
 }
 
 int ckptio_fault_check(ckptio_fault_op op) {

@@ -6,6 +6,8 @@
 #ifndef CKPTIO_IO_FAULT_H
 #define CKPTIO_IO_FAULT_H
 
+#include <stdint.h>
+
 typedef enum ckptio_fault_op {
   CKPTIO_FAULT_PWRITE,
   CKPTIO_FAULT_PREAD,
@@ -21,5 +23,13 @@ void ckptio_fault_arm(ckptio_fault_op op, long nth, int err);
 void ckptio_fault_clear(void);
 /* Called by the io room before each operation: 0, or the errno to inject. */
 int ckptio_fault_check(ckptio_fault_op op);
+
+/* A slow disk: from now on writes share one device of bytes_per_second
+ * (0: off), each waiting for its turn and its bytes' time, so a save's
+ * write time is known and much longer than its copies. Also armed by
+ * CKPTIO_FAULT_WRITE_MBPS (MB/s, 10^6 bytes). */
+void ckptio_fault_slow_writes(uint64_t bytes_per_second);
+/* Called by the io room after each write of len bytes. */
+void ckptio_fault_write_time(uint64_t len);
 
 #endif

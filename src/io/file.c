@@ -28,6 +28,7 @@ int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
     if (n < 0) return -errno;
     if (n == 0) return CKPTIO_E_SHORT_IO; /* the disk took nothing: do not spin */
     if (inject == CKPTIO_FAULT_SHORT) return CKPTIO_E_SHORT_IO;
+    ckptio_fault_write_time((uint64_t)n);
     p += n;
     off += (uint64_t)n;
     len -= (size_t)n;

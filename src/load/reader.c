@@ -159,7 +159,7 @@ int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {
   if (!r) return CKPTIO_E_INVALID_ARG;
   const ckptio_options *o = &r->ctx->opts;
   return ckptio_timers_report(&r->timers, atomic_load(&r->done_bytes), o->threads,
-                              o->staging_bytes / o->chunk_bytes * o->chunk_bytes, out);
+                              ckptio_ring_slots(r->ctx->ring) * o->chunk_bytes, out);
 }
 
 int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,

@@ -65,7 +65,7 @@ fail:
   return -ENOMEM;
 }
 
-int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg) {
+static int add(ckptio_pool *p, ckptio_job_fn fn, void *arg, int first) {
   pthread_mutex_lock(&p->mu);
   if (p->len == p->cap) {
     size_t ncap = p->cap * 2;
@@ -80,12 +80,21 @@ int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg) {
     p->cap = ncap;
     p->head = 0;
   }
-  p->queue[(p->head + p->len) % p->cap] = (job){fn, arg};
+  if (first) {
+    p->head = (p->head + p->cap - 1) % p->cap;
+    p->queue[p->head] = (job){fn, arg};
+  } else {
+    p->queue[(p->head + p->len) % p->cap] = (job){fn, arg};
+  }
   p->len++;
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->mu);
   return 0;
 }
+
+int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg) { return add(p, fn, arg, 0); }
+
+int ckptio_pool_add_first(ckptio_pool *p, ckptio_job_fn fn, void *arg) { return add(p, fn, arg, 1); }
 
 void ckptio_pool_free(ckptio_pool *p) {
   if (!p) return;

@@ -16,6 +16,9 @@ typedef void (*ckptio_job_fn)(void *arg);
 int ckptio_pool_create(int threads, ckptio_pool **out);
 /* Queues fn(arg); never blocks on the workers. @return 0 or -ENOMEM. */
 int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg);
+/* The same at the front of the queue: runs before everything queued (a
+ * save's copies go before its writes, so its snapshot is not behind them). */
+int ckptio_pool_add_first(ckptio_pool *p, ckptio_job_fn fn, void *arg);
 /* Runs the queued jobs to the end, joins the workers, frees. Accepts NULL. */
 void ckptio_pool_free(ckptio_pool *p);
 int ckptio_pool_threads(const ckptio_pool *p);

@@ -38,6 +38,7 @@ typedef struct chunk_job {
   uint64_t index;
   unsigned char *slot;
   uint64_t gpu_mask;      /* GPUs with copies into this slot in flight */
+  uint64_t tensor_bytes;  /* of tensors, in the chunk (progress) */
 } chunk_job;
 
 #define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
@@ -374,23 +375,23 @@ static void chunk_range(const file_writer *w, uint64_t index, uint64_t *start, u
   *end = chunk_start(w, index + 1);
 }
 
-static void chunk_job_run(void *arg) {
+/* A chunk's last step: its slot back to the ring, its result to the batch. */
+static void chunk_end(chunk_job *j, int rc, const char *msg) {
+  file_writer *w = j->w;
+  if (w->zs && (rc < 0 || ckptio_batch_failed(&w->batch))) ckptio_zsave_abort(w->zs, rc); /* wake the coordinator */
+  ckptio_ring_release(w->ctx->ring, j->slot);
+  ckptio_batch_done(&w->batch, rc, msg);
+}
+
+/* Worker side, second half: the filled slot to the file at its offset. */
+static void chunk_write_run(void *arg) {
   chunk_job *j = arg;
   file_writer *w = j->w;
   uint64_t start, end;
   chunk_range(w, j->index, &start, &end);
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
-  uint64_t tensor_bytes = 0;
-  if (!ckptio_batch_failed(&w->batch) && (rc = fill_chunk(w, j, start, end, &tensor_bytes, msg, sizeof(msg))) == 0 &&
-      w->zs) {
-    if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
-    uint64_t t = ckptio_now_ns();
-    rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
-    ckptio_lap(&w->timers.write_ns, &t);
-    if (rc == 0) atomic_fetch_add(&w->done_bytes, tensor_bytes);
-  } else if (!ckptio_batch_failed(&w->batch) && rc == 0) {
-    if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
+  if (!ckptio_batch_failed(&w->batch)) {
     size_t len = (size_t)(end - start);
     int fd = w->file.fd;
     if (w->file.fd_direct >= 0) {
@@ -408,11 +409,39 @@ static void chunk_job_run(void *arg) {
       snprintf(msg, sizeof(msg), "%s: write of %zu bytes at offset %llu failed: %s", w->path, len,
                (unsigned long long)start, ckptio_strerror(rc));
     else
-      atomic_fetch_add(&w->done_bytes, tensor_bytes);
+      atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
   }
-  if (w->zs && (rc < 0 || ckptio_batch_failed(&w->batch))) ckptio_zsave_abort(w->zs, rc); /* wake the coordinator */
-  ckptio_ring_release(w->ctx->ring, j->slot);
-  ckptio_batch_done(&w->batch, rc, msg);
+  chunk_end(j, rc, msg);
+}
+
+/* Worker side, first half: the chunk's bytes into its slot. The write is
+ * queued behind, at the back, while the coordinator queues copies at the
+ * front: every slot the save holds is filled before any write waits for the
+ * disk, so the snapshot point comes after the copies of the whole state when
+ * the ring holds it (snapshot memory), and never waits for writes it need
+ * not wait for. A compressed chunk is compressed and written here. */
+static void chunk_copy_run(void *arg) {
+  chunk_job *j = arg;
+  file_writer *w = j->w;
+  uint64_t start, end;
+  chunk_range(w, j->index, &start, &end);
+  int rc = 0;
+  char msg[CKPTIO_ERRLEN] = "";
+  j->tensor_bytes = 0;
+  if (ckptio_batch_failed(&w->batch) || (rc = fill_chunk(w, j, start, end, &j->tensor_bytes, msg, sizeof(msg))) < 0) {
+    chunk_end(j, rc, msg);
+    return;
+  }
+  if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
+  if (w->zs) {
+    uint64_t t = ckptio_now_ns();
+    rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
+    ckptio_lap(&w->timers.write_ns, &t);
+    if (rc == 0) atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
+    chunk_end(j, rc, msg);
+  } else if (ckptio_pool_add(w->ctx->pool, chunk_write_run, j) < 0) {
+    chunk_write_run(j); /* no memory to queue it: write it now */
+  }
 }
 
 /* Chunk bookkeeping for the planned file: which chunks each tensor spans
@@ -510,7 +539,7 @@ static int queue_chunks(file_writer *w) {
   for (uint64_t c = first; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
     if (w->zs && ckptio_zsave_reserve(w->zs, c) < 0) break; /* a frame failed: the batch has its error */
     chunk_job *j = &w->jobs[c];
-    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0};
+    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0};
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
     int rc = w->gpus_used ? start_gpu_copies(w, j, start, end) : 0;
@@ -520,7 +549,7 @@ static int queue_chunks(file_writer *w) {
       break;
     }
     ckptio_batch_add(&w->batch, 1);
-    rc = ckptio_pool_add(w->ctx->pool, chunk_job_run, j);
+    rc = ckptio_pool_add_first(w->ctx->pool, chunk_copy_run, j);
     if (rc < 0) {
       ckptio_ring_release(w->ctx->ring, j->slot);
       ckptio_batch_done(&w->batch, rc, "cannot queue a chunk: out of memory");
@@ -685,7 +714,7 @@ static void file_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) 
 static int file_stats(const ckptio_writer *base, ckptio_stats *out) {
   const file_writer *w = (const file_writer *)base;
   return ckptio_timers_report(&w->timers, atomic_load(&w->done_bytes), w->ctx->opts.threads,
-                              w->ctx->opts.staging_bytes / w->ctx->opts.chunk_bytes * w->ctx->opts.chunk_bytes, out);
+                              ckptio_ring_slots(w->ctx->ring) * w->ctx->opts.chunk_bytes, out);
 }
 
 static size_t file_shard_count(const ckptio_writer *base) {

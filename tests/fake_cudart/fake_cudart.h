@@ -87,6 +87,13 @@ long fake_cudart_calls(const char *func);
  * FAKE_CUDART_DELAY_US or 2000). Applies to operations started afterwards. */
 void fake_cudart_set_delay_us(long us);
 
+/* The modeled bandwidth of copies and memsets, in MB/s (10^6 bytes): each
+ * operation of n bytes takes at least n / bandwidth after its delay, as one
+ * copy engine per stream would (default FAKE_CUDART_MBPS or 20000, PCIe 4.0
+ * x16 in one direction; 0: as fast as memcpy). Applies to operations
+ * started afterwards. */
+void fake_cudart_set_bandwidth_mbps(long mbps);
+
 /* hold(1): queued copies and memsets do not start until hold(0); event
  * records and waits queued behind them wait too. Lets a test observe the
  * "not yet copied" state deterministically. While held, anything that waits

@@ -13,6 +13,7 @@ pthread_mutex_t fc_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t fc_progress = PTHREAD_COND_INITIALIZER;
 struct fake_cudart_stats fc_st = {.size = sizeof(struct fake_cudart_stats)};
 long fc_delay_us = 2000;
+long fc_mbps = 20000; /* PCIe 4.0 x16, one direction */
 int fc_held;
 struct fc_dev *fc_devs;
 
@@ -189,6 +190,7 @@ static void init_once(void) {
   fc_cfg.driver_version = (int)env_long("FAKE_CUDART_DRIVER_VERSION", 13000, 0, 1000000);
   __atomic_store_n(&fc_delay_us, env_long("FAKE_CUDART_DELAY_US", 2000, 0, 60000000),
                    __ATOMIC_RELAXED);
+  __atomic_store_n(&fc_mbps, env_long("FAKE_CUDART_MBPS", 20000, 0, 100000000), __ATOMIC_RELAXED);
   fc_devs = calloc(fc_cfg.ndev ? (size_t)fc_cfg.ndev : 1, sizeof *fc_devs);
   if (!fc_devs) abort();
   const char *spec = getenv("FAKE_CUDART_FAIL");
@@ -305,4 +307,9 @@ long fake_cudart_calls(const char *func) {
 void fake_cudart_set_delay_us(long us) {
   fc_init();
   __atomic_store_n(&fc_delay_us, us < 0 ? 0 : us, __ATOMIC_RELAXED);
+}
+
+void fake_cudart_set_bandwidth_mbps(long mbps) {
+  fc_init();
+  __atomic_store_n(&fc_mbps, mbps < 0 ? 0 : mbps, __ATOMIC_RELAXED);
 }

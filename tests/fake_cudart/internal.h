@@ -43,6 +43,7 @@ extern pthread_mutex_t fc_lock;
 extern pthread_cond_t fc_progress;  /* broadcast whenever a queued op completes */
 extern struct fake_cudart_stats fc_st;
 extern long fc_delay_us;            /* atomic */
+extern long fc_mbps;                /* atomic: modeled copy bandwidth, MB/s (0: unlimited) */
 extern int fc_held;                 /* fake_cudart_hold; under fc_lock */
 
 /* Reads the environment once (aborts on a malformed FAKE_CUDART_FAIL). */

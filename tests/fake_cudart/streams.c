@@ -89,9 +89,19 @@ static void run_op(struct fc_stream *s, struct fc_op *op) {
     if (s->sticky) return;  /* a failed stream runs nothing more */
     pthread_mutex_unlock(&fc_lock);
     sleep_us(__atomic_load_n(&fc_delay_us, __ATOMIC_RELAXED));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     if (!op->exec_err) {
       if (op->kind == OP_COPY) memmove(op->dst, op->src, op->n);
       else memset(op->dst, op->value, op->n);
+    }
+    /* The rest of n / bandwidth that the host's own copy did not take. */
+    long mbps = __atomic_load_n(&fc_mbps, __ATOMIC_RELAXED);
+    if (mbps > 0) {
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      long spent_us = (t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000;
+      long model_us = (long)(op->n / (size_t)mbps);
+      if (model_us > spent_us) sleep_us(model_us - spent_us);
     }
     pthread_mutex_lock(&fc_lock);
     if (op->exec_err) {

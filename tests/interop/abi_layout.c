@@ -60,6 +60,7 @@ int main(void) {
   FIELD(ckptio_options, numa);
   FIELD(ckptio_options, compress_level);
   FIELD(ckptio_options, shuffle);
+  FIELD(ckptio_options, snapshot_bytes);
   FIELD(ckptio_load_request, index);
   FIELD(ckptio_load_request, dst);
   FIELD(ckptio_load_request, dst_bytes);
@@ -88,9 +89,9 @@ int main(void) {
   FIELD(ckptio_stats, staging_bytes);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
-  printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d, %d, %d", o.size, o.threads, o.chunk_bytes,
+  printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d, %d, %d, %zu", o.size, o.threads, o.chunk_bytes,
          o.staging_bytes, o.crc, o.direct_io, o.fsync, (int)o.load_method, o.cuda, o.numa,
-         o.compress_level, o.shuffle);
+         o.compress_level, o.shuffle, o.snapshot_bytes);
   printf("],\n \"constants\": {");
   first = 1;
   CONST(CKPTIO_MAX_DIMS);
