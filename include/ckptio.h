@@ -294,8 +294,21 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream);
  *    snapshot: every byte of every tensor has been copied out of the caller's
  *              memory (into staging or onto disk); the tensors may change.
  *    durable:  the file is complete, synced and renamed into place.
- *  The staging ring is bounded, so the snapshot comes when all but the last
- *  staging-sized part of the data has reached the disk.
+ *
+ *  The snapshot point. The save takes pinned slots of the context's memory
+ *  (M = staging_bytes + snapshot_bytes) in file order, copies into every
+ *  slot it holds before any of its writes (all workers for host tensors,
+ *  each GPU's copy stream for device tensors), and writes behind. So for a
+ *  save of B bytes (the file's size):
+ *    B <= M: the snapshot comes after the copies alone: B / copy bandwidth
+ *            (memcpy, or pinned device-to-host), however slow the disk;
+ *    B >  M: the bytes beyond M wait for slots that writes free: the stall
+ *            is the copy time plus the time to write B - M bytes.
+ *  With the default (no snapshot memory, 256 MiB of staging) that is the
+ *  0.1 rule: all but the last staging-sized part must reach the disk first.
+ *  A save started while another is still writing takes slots as that one
+ *  frees them: its snapshot waits until the memory its bytes need is free.
+ *  The durable point comes after the writes, at the disk's speed.
  *  @return 0 if the save started; its outcome comes from wait / poll. */
 int ckptio_writer_commit_async(ckptio_writer *w);
 
