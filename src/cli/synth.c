@@ -3,11 +3,9 @@
  * to a requested size, or the 10 x Linear(10000, 10000) model of the
  * torch.save comparison. Memory is allocated, filled and touched here, once,
  * so no page fault lands inside a timed region; with --device cuda:N the
- * model is then uploaded to the GPU through the library's device table.
+ * model is then uploaded to the GPU from pinned memory (cli/cudart.h).
  */
-#include <dlfcn.h>
 #include <errno.h>
-#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,64 +211,53 @@ void cli_model_free(cli_model *m) {
 
 /* ------------------------------------------------------------ on a GPU */
 
-/* The leading fields of struct fake_cudart_stats (tests/fake_cudart/
- * fake_cudart.h): the fake fills up to `size` bytes, so a prefix is enough. */
-typedef struct fake_stats_prefix {
-  size_t size;
-  uint64_t async_copies, sync_copies, pageable_copies, memsets;
-  uint64_t bytes_h2d, bytes_d2h, bytes_d2d, bytes_h2h;
-  uint64_t frees_while_busy, exec_failures;
-  uint64_t pinned_allocs, pinned_bytes, registered_ranges, registered_bytes;
-  uint64_t device_allocs, device_bytes, streams, events;
-  uint64_t peak_pinned_bytes, peak_locked_bytes;
-} fake_stats_prefix;
-
 static int gpu_fail(const bench_gpu *g, const char *what, int e) {
-  fprintf(stderr, "ckptio bench: GPU %d: %s: %s\n", g->ordinal, what, g->ops->error_name(e));
+  fprintf(stderr, "ckptio bench: GPU %d: %s: %s\n", g->ordinal, what, g->rt.GetErrorName(e));
   return CKPTIO_E_DEVICE;
 }
 
-/* The runtime the library loaded, found again without loading anything:
- * the same names in the same order (cuda/cuda_device.c). The test fake is
- * recognised by its control functions. */
-static void find_runtime(bench_gpu *g) {
-  const char *env = getenv("CKPTIO_CUDART");
-  const char *names[] = {env && *env ? env : NULL, "libcudart.so.13", "libcudart.so.12"};
-  snprintf(g->runtime, sizeof(g->runtime), "?");
-  for (size_t i = env && *env ? 0 : 1; i < (env && *env ? 1 : 3); i++) {
-    if (!(g->handle = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD))) continue;
-    struct link_map *lm = NULL;
-    const char *file = dlinfo(g->handle, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name[0]
-                           ? lm->l_name : names[i];
-    snprintf(g->runtime, sizeof(g->runtime), "%s", file);
-    *(void **)&g->fake_stats = dlsym(g->handle, "fake_cudart_stats");
-    *(void **)&g->fake_reset = dlsym(g->handle, "fake_cudart_reset_stats");
-    return;
+/* host -> device through the pinned buffer, a pinned-sized piece at a time,
+ * so the upload runs at the copy engines' speed as a user's would; with
+ * src NULL the device range is zeroed. */
+static int upload(bench_gpu *g, uint8_t *dst, const uint8_t *src, uint64_t n) {
+  for (uint64_t off = 0; off < n;) {
+    uint64_t k = n - off < g->pinned_bytes ? n - off : g->pinned_bytes;
+    if (src)
+      memcpy(g->pinned, src + off, (size_t)k);
+    else
+      memset(g->pinned, 0, (size_t)k);
+    int rc = bench_gpu_copy(g, dst + off, g->pinned, k, 1, NULL);
+    if (rc < 0) return rc;
+    off += k;
   }
+  return 0;
 }
 
 int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *m, uint8_t *pinned,
                    uint64_t n) {
-  const char *why = NULL;
+  char why[512];
   memset(g, 0, sizeof(*g));
   g->ordinal = ordinal;
-  if (!(g->ops = ckptio_cuda_ops(&why))) {
-    fprintf(stderr, "ckptio bench: %s\n", why);
+  if (cli_cudart_open(&g->rt, why, sizeof(why)) < 0) {
+    fprintf(stderr, "ckptio bench: --device cuda:%d: CUDA unavailable: %s\n", ordinal, why);
     return CKPTIO_E_DEVICE;
   }
-  find_runtime(g);
+  snprintf(g->runtime, sizeof(g->runtime), "%s", g->rt.file);
   int e, rc, ndev = 0;
-  if ((e = g->ops->count(&ndev))) return gpu_fail(g, "cudaGetDeviceCount", e);
+  if ((e = g->rt.GetDeviceCount(&ndev))) return gpu_fail(g, "cudaGetDeviceCount", e);
   if (ordinal >= ndev) {
     fprintf(stderr, "ckptio bench: --device cuda:%d: no GPU %d (the runtime sees %d)\n", ordinal,
             ordinal, ndev);
     return CKPTIO_E_DEVICE;
   }
-  if ((e = g->ops->set_device(ordinal))) return gpu_fail(g, "cudaSetDevice", e);
-  if (g->ops->pci_bus_id(ordinal, g->busid, sizeof(g->busid))) snprintf(g->busid, sizeof(g->busid), "?");
-  if ((e = g->ops->stream_create(&g->stream))) {
+  if ((e = g->rt.SetDevice(ordinal))) return gpu_fail(g, "cudaSetDevice", e);
+  if (g->rt.DeviceGetPCIBusId(g->busid, (int)sizeof(g->busid), ordinal)) snprintf(g->busid, sizeof(g->busid), "?");
+  cli_cudart_gpu_name(&g->rt, ordinal, g->name, sizeof(g->name));
+  /* Non-blocking, as frameworks make theirs: the library must be told of it
+   * (set_stream), the legacy default stream would not order it. */
+  if ((e = g->rt.StreamCreateWithFlags(&g->stream, 1 /* cudaStreamNonBlocking */))) {
     g->stream = NULL;
-    return gpu_fail(g, "cudaStreamCreate", e);
+    return gpu_fail(g, "cudaStreamCreateWithFlags", e);
   }
   g->bytes = m->arena_bytes;
   int dev = CKPTIO_DEVICE_CUDA(ordinal);
@@ -280,61 +267,41 @@ int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *
             (unsigned long long)g->bytes, ckptio_strerror(rc));
     return rc;
   }
-  /* Pinned, as a training loop's own staging would be: the raw copies and
-   * the downloads of --verify then run at the DMA engines' speed. */
-  if ((e = g->ops->host_register(pinned, (size_t)n, 0))) return gpu_fail(g, "cudaHostRegister", e);
+  /* Pinned, as a training loop's own staging would be: the raw copies, the
+   * uploads and the downloads of --verify run at the DMA engines' speed. */
+  if ((e = g->rt.HostRegister(pinned, (size_t)n, 0))) return gpu_fail(g, "cudaHostRegister", e);
   g->pinned = pinned;
   g->pinned_bytes = n;
   /* Both arenas written once, untimed: the fake's device memory is host
    * pages that fault on first touch, as the host buffers would. */
-  memset(pinned, 0, (size_t)n);
-  int rc2 = bench_gpu_copy(g, g->dst, pinned, m->arena_bytes < n ? m->arena_bytes : n, 1, NULL);
-  return rc2 < 0 ? rc2 : bench_gpu_copy(g, g->src, m->arena, m->arena_bytes, 1, NULL);
+  rc = upload(g, g->dst, NULL, g->bytes);
+  return rc < 0 ? rc : upload(g, g->src, m->arena, m->arena_bytes);
 }
 
 void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx) {
-  if (!g->ops) return;
+  if (!g->rt.handle) return;
   if (g->stream) {
-    g->ops->set_device(g->ordinal);
-    g->ops->stream_sync(g->stream);
-    g->ops->stream_destroy(g->stream);
+    g->rt.SetDevice(g->ordinal);
+    g->rt.StreamSynchronize(g->stream);
+    g->rt.StreamDestroy(g->stream);
   }
-  if (g->pinned) g->ops->host_unregister(g->pinned);
+  if (g->pinned) g->rt.HostUnregister(g->pinned);
   ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->dst);
   ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->src);
-  if (g->handle) dlclose(g->handle);
+  cli_cudart_close(&g->rt);
   memset(g, 0, sizeof(*g));
 }
 
 int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_device,
                    double *secs) {
-  int e = g->ops->set_device(g->ordinal);
+  int e = g->rt.SetDevice(g->ordinal);
   if (e) return gpu_fail(g, "cudaSetDevice", e);
   double t0 = cli_now();
-  e = to_device ? g->ops->copy_h2d(dst, src, (size_t)n, g->stream)
-                : g->ops->copy_d2h(dst, src, (size_t)n, g->stream);
+  e = g->rt.MemcpyAsync(dst, src, (size_t)n, to_device ? CLI_CUDA_H2D : CLI_CUDA_D2H, g->stream);
   if (e)
     return gpu_fail(g, to_device ? "cudaMemcpyAsync (host to device)" : "cudaMemcpyAsync (device to host)",
                     e);
-  if ((e = g->ops->stream_sync(g->stream))) return gpu_fail(g, "cudaStreamSynchronize", e);
+  if ((e = g->rt.StreamSynchronize(g->stream))) return gpu_fail(g, "cudaStreamSynchronize", e);
   if (secs) *secs = cli_now() - t0;
-  return 0;
-}
-
-void bench_gpu_fake_reset(bench_gpu *g) {
-  if (g->fake_reset) g->fake_reset();
-}
-
-int bench_gpu_fake_read(bench_gpu *g, bench_fake *out) {
-  fake_stats_prefix st;
-  memset(&st, 0, sizeof(st));
-  st.size = sizeof(st);
-  if (!g->fake_stats || g->fake_stats(&st) != 0) return -1;
-  /* The bench's own registered buffer is live the whole time: what is above
-   * it is the library's. */
-  out->peak_locked_bytes =
-      st.peak_locked_bytes > g->pinned_bytes ? st.peak_locked_bytes - g->pinned_bytes : 0;
-  out->pageable_copies = st.pageable_copies;
-  out->async_copies = st.async_copies;
   return 0;
 }

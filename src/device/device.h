@@ -5,7 +5,8 @@
  *
  * Every operation returns 0 or a positive runtime error number; error_name
  * turns that number into the runtime's name for it ("cudaErrorLaunchFailure"),
- * which the pipelines put in their messages. */
+ * which the pipelines put in their messages, and failed_call names the runtime
+ * function that returned it. */
 #ifndef CKPTIO_DEVICE_DEVICE_H
 #define CKPTIO_DEVICE_DEVICE_H
 
@@ -41,6 +42,11 @@ typedef struct ckptio_device_ops {
   /* PCI bus id "dddd:bb:dd.f" of a GPU, for NUMA placement. */
   int (*pci_bus_id)(int ordinal, char *buf, int len);
   const char *(*error_name)(int err);
+  /* The runtime function ("cudaStreamCreateWithFlags") whose failure with
+   * `err` is this thread's most recent failed call, or NULL when the last
+   * failure had another number. Lets a message name the call even when the
+   * failure surfaced through a helper that made several. */
+  const char *(*failed_call)(int err);
 } ckptio_device_ops;
 
 /* The CUDA table, loaded once (dlopen of $CKPTIO_CUDART, libcudart.so.13,

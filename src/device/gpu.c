@@ -11,6 +11,9 @@
 #include "core/error.h"
 
 int ckptio_gpu_fail(const ckptio_gpu *g, int rt_err, char *err, size_t errlen, const char *what) {
+  const char *call = g->ops->failed_call ? g->ops->failed_call(rt_err) : NULL;
+  if (call && !strstr(what, call))
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s: %s: %s", what, call, g->ops->error_name(rt_err));
   return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s: %s", what, g->ops->error_name(rt_err));
 }
 
@@ -66,22 +69,24 @@ void ckptio_gpu_close(ckptio_gpu *g) {
 }
 
 /* Creates whatever is still missing, so a retry after a failure neither
- * leaks nor duplicates. *call names the runtime call that failed. */
+ * leaks nor duplicates. *call names what failed. */
 static int create_dev(ckptio_gpu *g, ckptio_gpu_dev *v, const char **call) {
   int e;
-  *call = "cudaStreamCreate";
+  *call = "cudaStreamCreateWithFlags";
   if (!v->d2h && (e = g->ops->stream_create(&v->d2h))) return e;
   if (!v->h2d && (e = g->ops->stream_create(&v->h2d))) return e;
-  *call = "cudaEventCreate";
+  *call = "calloc (slot events)";
   if (!v->slot_events && !(v->slot_events = calloc(g->nslots, sizeof(void *))))
     return 2; /* cudaErrorMemoryAllocation */
+  *call = "cudaEventCreateWithFlags";
   for (size_t s = 0; s < g->nslots; s++)
     if (!v->slot_events[s] && (e = g->ops->event_create(&v->slot_events[s]))) return e;
   v->ready = 1;
   return 0;
 }
 
-int ckptio_gpu_use_call(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const char **call) {
+/* @return 0 or a runtime error number, with *call the call that failed. */
+static int use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const char **call) {
   *call = "cudaSetDevice";
   if (ordinal < 0 || ordinal >= g->ndev) return 101; /* cudaErrorInvalidDevice */
   int e = g->ops->set_device(ordinal);
@@ -94,7 +99,12 @@ int ckptio_gpu_use_call(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const 
   return e;
 }
 
-int ckptio_gpu_use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out) {
+int ckptio_gpu_select(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, char *err, size_t errlen) {
   const char *call;
-  return ckptio_gpu_use_call(g, ordinal, out, &call);
+  int e = use(g, ordinal, out, &call);
+  if (!e) return 0;
+  if (e == 101 && (ordinal < 0 || ordinal >= g->ndev))
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "cudaSetDevice(%d): no such GPU (%d visible)",
+                          ordinal, g->ndev);
+  return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s: %s", call, g->ops->error_name(e));
 }

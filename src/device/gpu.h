@@ -33,13 +33,13 @@ int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslo
 void ckptio_gpu_close(ckptio_gpu *g);
 
 /* Makes `ordinal` current in the calling thread and returns its streams,
- * creating them on first use. @return 0 or a runtime error number. */
-int ckptio_gpu_use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out);
-/* The same, with *call set to the runtime call that failed
- * ("cudaSetDevice", "cudaStreamCreate", "cudaEventCreate"). */
-int ckptio_gpu_use_call(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const char **call);
-
-/* Formats "what: <runtime error name>" into err; @return CKPTIO_E_DEVICE. */
+ * creating them on first use. @return 0, or CKPTIO_E_DEVICE with
+ * "<runtime call>: <runtime error name>" in err, the call being the one that
+ * failed (cudaSetDevice, cudaStreamCreateWithFlags, cudaEventCreateWithFlags). */
+int ckptio_gpu_select(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, char *err, size_t errlen);
+/* Formats "what: <runtime error name>" into err, or "what: <call>:
+ * <runtime error name>" when the runtime call that failed with rt_err in
+ * this thread is not already named in what; @return CKPTIO_E_DEVICE. */
 int ckptio_gpu_fail(const ckptio_gpu *g, int rt_err, char *err, size_t errlen, const char *what);
 
 #endif

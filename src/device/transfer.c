@@ -5,27 +5,21 @@
 
 #include "core/error.h"
 
-/* ckptio_gpu_use, failing with the runtime call that failed named. */
-static int use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **v, char *err, size_t errlen) {
-  const char *call;
-  int e = ckptio_gpu_use_call(g, ordinal, v, &call);
-  return e ? ckptio_gpu_fail(g, e, err, errlen, call) : 0;
-}
-
 int ckptio_gpu_mark_callers(ckptio_gpu *g, uint64_t mask, void *const *streams, void **events, char *err,
                             size_t errlen) {
-  int current = 0, e = g->ops->get_device(&current);
+  int current = 0, e = g->ops->get_device(&current), rc = 0;
   if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaGetDevice");
-  const char *what = "";
-  for (int ord = 0; ord < CKPTIO_GPU_MAX && !e; ord++) {
+  for (int ord = 0; ord < CKPTIO_GPU_MAX && !rc; ord++) {
     if (!(mask >> ord & 1)) continue;
     ckptio_gpu_dev *v;
-    if ((e = ckptio_gpu_use_call(g, ord, &v, &what))) break;
-    if ((e = g->ops->event_create(&events[ord]))) what = "cudaEventCreate";
-    else if ((e = g->ops->event_record(events[ord], streams[ord]))) what = "cudaEventRecord (caller's stream)";
+    if ((rc = ckptio_gpu_select(g, ord, &v, err, errlen))) break;
+    if ((e = g->ops->event_create(&events[ord])))
+      rc = ckptio_gpu_fail(g, e, err, errlen, "cudaEventCreateWithFlags");
+    else if ((e = g->ops->event_record(events[ord], streams[ord])))
+      rc = ckptio_gpu_fail(g, e, err, errlen, "cudaEventRecord (caller's stream)");
   }
   g->ops->set_device(current);
-  return e ? ckptio_gpu_fail(g, e, err, errlen, what) : 0;
+  return rc;
 }
 
 int ckptio_gpu_wait_marks(ckptio_gpu *g, uint64_t mask, ckptio_gpu_dir dir, void *const *events, char *err,
@@ -33,8 +27,8 @@ int ckptio_gpu_wait_marks(ckptio_gpu *g, uint64_t mask, ckptio_gpu_dir dir, void
   for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
     if (!(mask >> ord & 1)) continue;
     ckptio_gpu_dev *v;
-    int e, rc = use(g, ord, &v, err, errlen);
-    if (rc < 0) return rc;
+    int rc = ckptio_gpu_select(g, ord, &v, err, errlen), e;
+    if (rc) return rc;
     if ((e = g->ops->stream_wait_event(dir == CKPTIO_GPU_H2D ? v->h2d : v->d2h, events[ord])))
       return ckptio_gpu_fail(g, e, err, errlen, "cudaStreamWaitEvent");
   }
@@ -59,10 +53,11 @@ void ckptio_gpu_events_free(ckptio_gpu *g, void **events) {
 int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
                         size_t errlen) {
   ckptio_gpu_dev *v;
-  const char *call;
-  int e = ckptio_gpu_use_call(g, gpu, &v, &call);
-  void *ev = e ? NULL : v->slot_events[slot];
-  if (!e) call = "cudaMemcpyAsync (host to device)", e = g->ops->copy_h2d(dst, src, n, v->h2d);
+  int rc = ckptio_gpu_select(g, gpu, &v, err, errlen);
+  if (rc) return rc;
+  void *ev = v->slot_events[slot];
+  const char *call = "cudaMemcpyAsync (host to device)";
+  int e = g->ops->copy_h2d(dst, src, n, v->h2d);
   if (!e) call = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
   if (!e) call = "cudaEventSynchronize", e = g->ops->event_sync(ev);
   return e ? ckptio_gpu_fail(g, e, err, errlen, call) : 0;
@@ -83,7 +78,7 @@ int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size
 int ckptio_gpu_d2h_start(ckptio_gpu *g, int gpu, void *dst, const void *src, size_t n, char *err,
                          size_t errlen) {
   ckptio_gpu_dev *v;
-  int rc = use(g, gpu, &v, err, errlen);
+  int rc = ckptio_gpu_select(g, gpu, &v, err, errlen);
   if (rc < 0) return rc;
   int e = g->ops->copy_d2h(dst, src, n, v->d2h);
   return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaMemcpyAsync (device to host)") : 0;
@@ -93,7 +88,7 @@ int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, s
   for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
     if (!(mask >> ord & 1)) continue;
     ckptio_gpu_dev *v;
-    int e, rc = use(g, ord, &v, err, errlen);
+    int e, rc = ckptio_gpu_select(g, ord, &v, err, errlen);
     if (rc < 0) return rc;
     if ((e = g->ops->event_record(v->slot_events[slot], v->d2h)))
       return ckptio_gpu_fail(g, e, err, errlen, "cudaEventRecord");

@@ -140,19 +140,29 @@ elif [ ! -e "$FAKE_CUDART" ]; then
   fail "fake CUDA runtime $FAKE_CUDART does not exist"
 else
   # Leak reporting on: the bench must free every device buffer, stream and
-  # registration it made (the fake exits 3 otherwise).
+  # registration it made (the fake exits 3 otherwise). The fake writes its
+  # counters at exit: every copy of the process, the bench's own uploads
+  # included, must come from pinned memory, as a user's would.
   expect 0 "bench --device cuda:0 --verify (fake runtime)" \
     env CKPTIO_CUDART="$FAKE_CUDART" FAKE_CUDART_DEVICES=2 FAKE_CUDART_REPORT_LEAKS=1 \
+    FAKE_CUDART_STATS_FILE="$T/fake-stats" \
     "$CKPTIO" bench --device cuda:0 --size 32MiB --runs 1 --verify --dir "$T"
-  mentions "bench --device cuda:0" "figures are from the fake CUDA runtime, not from a GPU"
+  # The report names the GPU as the runtime does; the fake's name says it is not one.
+  mentions "bench --device cuda:0" "on GPU    cuda:0: fake CUDA GPU (tests/fake_cudart), not a GPU"
   mentions "bench --device cuda:0" "pinned D2H"
   mentions "bench --device cuda:0" "host to device"
-  mentions "bench --device cuda:0" "0 from pageable memory"
+  stat_of() { awk -v k="$1" '$1 == k { print $2 }' "$T/fake-stats" 2>/dev/null; }
+  pageable=$(stat_of pageable_copies) async=$(stat_of async_copies)
+  if [ "$pageable" = 0 ] && [ "${async:-0}" -gt 0 ]; then
+    pass "bench --device cuda:0: $async device copies, none from pageable memory"
+  else
+    fail "bench --device cuda:0: fake runtime counted pageable_copies '${pageable}', async_copies '${async}' (want 0 and > 0)"
+  fi
   expect 0 "bench --device cuda:1 --format pt --json (fake runtime)" \
     env CKPTIO_CUDART="$FAKE_CUDART" FAKE_CUDART_DEVICES=2 FAKE_CUDART_REPORT_LEAKS=1 FAKE_CUDART_DELAY_US=50 \
     "$CKPTIO" bench --device cuda:1 --format pt --shapes linear --size 8MiB --runs 1 --verify --json --dir "$T"
   if command -v python3 >/dev/null; then
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["fake_cuda_runtime"] and d["device"]=="cuda:1" and d["raw_h2d_gbps"]["median"]>0' \
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert "not a GPU" in d["gpu_name"] and d["device"]=="cuda:1" and d["raw_h2d_gbps"]["median"]>0' \
       <(head -n 1 "$T/out") 2>/dev/null && pass "bench --device --json parses" || fail "bench --device --json is not the expected JSON"
   fi
   expect 2 "bench --device cuda:2 (two fake GPUs)" \

@@ -1,6 +1,7 @@
 /* Devices and versions, error names, the _ptds / _ptsz aliases of the
- * per-thread-default-stream build of the headers, the copy-engine hold and
- * the leak report that fails a leaking test at exit. */
+ * per-thread-default-stream build of the headers, the copy-engine hold,
+ * the statistics written at exit for a test that runs a program in another
+ * process, and the leak report that fails a leaking test at exit. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,29 @@ cudaError_t CUDARTAPI cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
   unsigned bus = 0x3bu + (unsigned)device;
   snprintf(pciBusId, (size_t)len, "%04x:%02x:00.0", bus >> 8, bus & 0xffu);
   return cudaSuccess;
+}
+
+/* The name says what this is, so whatever prints a GPU's name (a
+ * benchmark's report) labels figures from the fake without knowing of it. */
+#define FAKE_GPU_NAME "fake CUDA GPU (tests/fake_cudart), not a GPU"
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
+  cudaError_t e = fc_enter(FC_cudaGetDeviceProperties, NULL);
+  if (e || (e = fc_need_device())) return fc_ret(e);
+  if (device < 0 || device >= fc_cfg.ndev) return fc_ret(cudaErrorInvalidDevice);
+  if (!prop) return fc_ret(cudaErrorInvalidValue);
+  memset(prop, 0, sizeof *prop);
+  snprintf(prop->name, sizeof prop->name, "%s", FAKE_GPU_NAME);
+  prop->totalGlobalMem = fc_cfg.mem_bytes;
+  prop->major = 9;
+  prop->pciBusID = 0x3b + device;
+  return cudaSuccess;
+}
+
+/* CUDA 12's name for the same call (its headers #define one to the other). */
+cudaError_t CUDARTAPI cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device);
+cudaError_t CUDARTAPI cudaGetDeviceProperties_v2(struct cudaDeviceProp *prop, int device) {
+  return cudaGetDeviceProperties(prop, device);
 }
 
 cudaError_t CUDARTAPI cudaRuntimeGetVersion(int *runtimeVersion) {
@@ -146,8 +170,32 @@ int fake_cudart_leaks(void) {
   return n;
 }
 
+/* FAKE_CUDART_STATS_FILE=path: the counters as "name value" lines at exit,
+ * for a test that runs a program (the ckptio command) in another process
+ * and cannot call fake_cudart_stats itself. Read at exit, like the leak
+ * report, so a test may set it for itself. */
+static void write_stats_at_exit(void) {
+  const char *path = getenv("FAKE_CUDART_STATS_FILE");
+  if (!path || !*path) return;
+  struct fake_cudart_stats s = FAKE_CUDART_STATS_INIT;
+  fake_cudart_stats(&s);
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "fake_cudart: FAKE_CUDART_STATS_FILE=%s: cannot write it\n", path);
+    return;
+  }
+#define W(field) fprintf(f, "%s %llu\n", #field, (unsigned long long)s.field);
+  W(async_copies) W(sync_copies) W(pageable_copies) W(memsets) W(bytes_h2d) W(bytes_d2h)
+  W(bytes_d2d) W(bytes_h2h) W(frees_while_busy) W(exec_failures) W(pinned_allocs)
+  W(pinned_bytes) W(registered_ranges) W(registered_bytes) W(device_allocs) W(device_bytes)
+  W(streams) W(events) W(peak_pinned_bytes) W(peak_locked_bytes) W(peak_device_bytes)
+#undef W
+  fclose(f);
+}
+
 /* Read at exit, not at start, so a test may turn it on for itself. */
 __attribute__((destructor)) static void report_leaks_at_exit(void) {
+  write_stats_at_exit();
   const char *s = getenv("FAKE_CUDART_REPORT_LEAKS");
   if (!s || strcmp(s, "1")) return;
   int n = fake_cudart_leaks();

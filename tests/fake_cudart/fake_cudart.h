@@ -103,7 +103,10 @@ void fake_cudart_hold(int on);
 
 /* Prints every live pinned allocation, registered range, device allocation,
  * stream and event to stderr. @return how many there are. The same check
- * runs at exit when FAKE_CUDART_REPORT_LEAKS=1 and then _exit(3)s if any. */
+ * runs at exit when FAKE_CUDART_REPORT_LEAKS=1 and then _exit(3)s if any.
+ * Before it, with FAKE_CUDART_STATS_FILE=path, the fields of
+ * struct fake_cudart_stats are written to path as "name value" lines, for a
+ * test that runs the library in another process. */
 int fake_cudart_leaks(void);
 
 #ifdef __cplusplus

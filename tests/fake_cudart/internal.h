@@ -22,7 +22,7 @@
   X(cudaEventElapsedTime) X(cudaMemcpyAsync) X(cudaMemcpy) X(cudaMemsetAsync)        \
   X(cudaMemset) X(cudaDeviceSynchronize) X(cudaPointerGetAttributes)                 \
   X(cudaGetLastError) X(cudaRuntimeGetVersion) X(cudaDriverGetVersion)               \
-  X(cudaDeviceGetPCIBusId)
+  X(cudaDeviceGetPCIBusId) X(cudaGetDeviceProperties)
 
 enum fc_fn {
 #define FC_ENUM(n) FC_##n,

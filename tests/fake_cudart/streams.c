@@ -1,5 +1,5 @@
 /* Streams and events. Every stream, and each device's default stream, has a
- * worker thread that runs its queue in order; copies sleep fc_delay_us first,
+ * worker thread that runs its queue in order; copies take fc_delay_us plus their modeled time,
  * so a host that reads before synchronising sees stale data. Destroyed
  * streams and events are never freed (a stale handle or a queued op keeps
  * pointing at valid memory, and their addresses are never reused, so a stale
@@ -36,6 +36,7 @@ struct fc_stream {
   struct fc_op *head, *tail;  /* head is running or next */
   uint64_t submitted, completed;
   cudaError_t sticky;
+  uint64_t model_ns;    /* when the modeled copy engine finishes its last op */
   struct fc_stream *next_live, *next_all;
 };
 
@@ -54,9 +55,15 @@ static struct fc_stream *all_streams;   /* worker running (incl. default streams
 static struct fc_stream *dead_streams;  /* worker exited; kept, see above */
 static struct fc_event *live_events, *dead_events;
 
-static void sleep_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  while (nanosleep(&ts, &ts)) {
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void sleep_until_ns(uint64_t when) {
+  struct timespec ts = {(time_t)(when / 1000000000u), (long)(when % 1000000000u)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL)) {
   }
 }
 
@@ -88,21 +95,19 @@ static void run_op(struct fc_stream *s, struct fc_op *op) {
     while (fc_held) pthread_cond_wait(&fc_progress, &fc_lock);
     if (s->sticky) return;  /* a failed stream runs nothing more */
     pthread_mutex_unlock(&fc_lock);
-    sleep_us(__atomic_load_n(&fc_delay_us, __ATOMIC_RELAXED));
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* The op ends at a modeled time: its delay plus n / bandwidth after the
+     * stream's previous op ended (or now, when the stream was idle). Deadlines
+     * are absolute, so a late wake-up of one op does not delay the next. */
+    long mbps = __atomic_load_n(&fc_mbps, __ATOMIC_RELAXED);
+    uint64_t start = now_ns() > s->model_ns ? now_ns() : s->model_ns;
+    uint64_t end = start + (uint64_t)__atomic_load_n(&fc_delay_us, __ATOMIC_RELAXED) * 1000u +
+                   (mbps > 0 ? (uint64_t)(op->n * 1000u / (size_t)mbps) : 0);
+    s->model_ns = end;
     if (!op->exec_err) {
       if (op->kind == OP_COPY) memmove(op->dst, op->src, op->n);
       else memset(op->dst, op->value, op->n);
     }
-    /* The rest of n / bandwidth that the host's own copy did not take. */
-    long mbps = __atomic_load_n(&fc_mbps, __ATOMIC_RELAXED);
-    if (mbps > 0) {
-      clock_gettime(CLOCK_MONOTONIC, &t1);
-      long spent_us = (t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000;
-      long model_us = (long)(op->n / (size_t)mbps);
-      if (model_us > spent_us) sleep_us(model_us - spent_us);
-    }
+    sleep_until_ns(end);
     pthread_mutex_lock(&fc_lock);
     if (op->exec_err) {
       s->sticky = op->exec_err;

@@ -418,6 +418,11 @@ TEST_F(Fake, TwoDevicesWithAPerThreadCurrentDevice) {
   EXPECT_STRNE(bus0, bus1);
   EXPECT_EQ(cudaErrorInvalidDevice, cudaSetDevice(2));
   EXPECT_EQ(cudaErrorInvalidDevice, cudaDeviceGetPCIBusId(bus1, sizeof bus1, 2));
+  // The name is what a report prints: it must say this is not a GPU.
+  struct cudaDeviceProp prop;
+  ASSERT_EQ(cudaSuccess, cudaGetDeviceProperties(&prop, 1));
+  EXPECT_NE(nullptr, strstr(prop.name, "not a GPU")) << prop.name;
+  EXPECT_EQ(cudaErrorInvalidDevice, cudaGetDeviceProperties(&prop, 2));
 
   ASSERT_EQ(cudaSuccess, cudaSetDevice(1));
   void *d1 = nullptr, *d0 = nullptr;
@@ -575,7 +580,8 @@ TEST_F(Fake, LoadsAsLibcudartSo13AndExportsTheRuntimeNames) {
           "cudaMemcpy_ptds", "cudaMemsetAsync", "cudaMemsetAsync_ptsz", "cudaMemset",
           "cudaMemset_ptds", "cudaDeviceSynchronize", "cudaPointerGetAttributes",
           "cudaGetErrorName", "cudaGetErrorString", "cudaGetLastError", "cudaRuntimeGetVersion",
-          "cudaDriverGetVersion", "cudaDeviceGetPCIBusId", "fake_cudart_reset_stats",
+          "cudaDriverGetVersion", "cudaDeviceGetPCIBusId", "cudaGetDeviceProperties",
+          "cudaGetDeviceProperties_v2", "fake_cudart_reset_stats",
           "fake_cudart_set_fail", "fake_cudart_set_fail_spec", "fake_cudart_calls",
           "fake_cudart_set_delay_us", "fake_cudart_hold", "fake_cudart_leaks"})
       EXPECT_NE(nullptr, dlsym(h, sym)) << sym;

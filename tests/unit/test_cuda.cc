@@ -207,8 +207,8 @@ TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
 TEST_F(Cuda, FirstUseFailuresNameTheCall) {
   auto ts = model();
   struct Case { const char *func, *named; };
-  for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreate"},
-                 Case{"cudaEventCreateWithFlags", "cudaEventCreate"}, Case{"cudaGetDevice", "cudaGetDevice"}}) {
+  for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"},
+                 Case{"cudaEventCreateWithFlags", "cudaEventCreateWithFlags"}, Case{"cudaGetDevice", "cudaGetDevice"}}) {
     SCOPED_TRACE(c.func);
     ckptio_ctx *fresh = nullptr;
     ckptio_options o = small_options(64 << 10, 512 << 10, 4);
@@ -244,6 +244,66 @@ TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {
   }
   ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(0), dev);
   ckptio_reader_close(r);
+}
+
+// The calls that create a GPU's streams and events (lazily, on a context's
+// first save or load there; events also per operation) and the query of the
+// caller's current GPU, failed in turn: the message names the call, not
+// only the error, and the context works once the fault is gone.
+TEST_F(Cuda, FailedStreamEventAndDeviceCallsAreNamed) {
+  auto ts = model();
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  struct Case { const char *func, *named; bool warm; };
+  for (Case c : {Case{"cudaEventCreateWithFlags", "cudaEventCreate", false},
+                 Case{"cudaEventCreateWithFlags", "cudaEventCreate", true},
+                 Case{"cudaStreamCreateWithFlags", "cudaStreamCreate", false},
+                 Case{"cudaGetDevice", "cudaGetDevice", false},
+                 Case{"cudaGetDevice", "cudaGetDevice", true}}) {
+    for (bool loading : {false, true}) {
+      SCOPED_TRACE(std::string(c.func) + (c.warm ? " (streams made)" : " (first use)") +
+                   (loading ? " in a load" : " in a save"));
+      ckptio_options o = small_options(64 << 10, 512 << 10, 4);
+      o.cuda = 1;
+      ckptio_ctx *ctx = nullptr;
+      ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0) << ckptio_last_open_error();
+      // Warm: the streams and slot events exist, so what fails is the
+      // per-operation event or query.
+      if (c.warm) {
+        ASSERT_EQ(save(ctx, dir_.file("w.safetensors"), ts), 0);
+        expect_loads(ctx, dir_.file("m.safetensors"), ts);
+      }
+      void *dev = nullptr;
+      ckptio_reader *r = nullptr;
+      if (loading) {
+        ASSERT_EQ(ckptio_device_alloc(ctx, CKPTIO_DEVICE_CUDA(0), 1 << 20, &dev), 0);
+        ASSERT_EQ(ckptio_reader_open(ctx, dir_.file("m.safetensors").c_str(), nullptr, &r), 0);
+      }
+      fail_nth(c.func, 1, 2);  // cudaErrorMemoryAllocation
+      std::string msg;
+      int rc;
+      if (loading) {
+        ckptio_load_request q{(size_t)ckptio_reader_find(r, "a"), dev, 1 << 20, CKPTIO_DEVICE_CUDA(0)};
+        rc = ckptio_reader_load_many(r, &q, 1);
+        msg = ckptio_reader_last_error(r);
+      } else {
+        rc = save(ctx, dir_.file("n.safetensors"), ts, nullptr, &msg);
+      }
+      long calls = sym<long (*)(const char *)>("fake_cudart_calls")(c.func);
+      fail_nth(nullptr, 0, 0);
+      ASSERT_GE(calls, 1) << "the fault was never reached: this case tests nothing";
+      EXPECT_EQ(rc, CKPTIO_E_DEVICE) << msg;
+      EXPECT_NE(msg.find(c.named), std::string::npos) << msg;
+      EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+      if (loading) {
+        expect_loads(ctx, dir_.file("m.safetensors"), ts);
+        ckptio_reader_close(r);
+        ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(0), dev);
+      } else {
+        EXPECT_EQ(save(ctx, dir_.file("n.safetensors"), ts), 0);
+      }
+      ckptio_ctx_free(ctx);
+    }
+  }
 }
 
 TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {

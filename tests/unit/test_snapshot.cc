@@ -28,7 +28,7 @@ namespace {
 constexpr size_t MiB = 1 << 20;
 constexpr size_t kChunk = 1 * MiB, kStaging = 4 * MiB;
 constexpr double kDiskBps = 40e6;   // the modeled disk: 40 MB/s
-constexpr long kGpuMBps = 400;      // the modeled copy engine: 400 MB/s per direction
+constexpr long kGpuMBps = 200;      // the modeled copy engine: 200 MB/s per direction
 
 template <class F>
 F sym(const char *name) {
