@@ -11,10 +11,12 @@ VENV="$ROOT/.venv"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev libzstd-dev zstd fio python3-venv)
-# pip name = import name for all of these. torch is the real PyTorch the
-# .pt interop tests check against (a large download the first time: the
-# registry's wheel brings its CUDA libraries; nothing here uses a GPU).
-PY_PACKAGES=(numpy safetensors pytest torch)
+# pip name, or pip name:import name where they differ. torch is the real
+# PyTorch the .pt interop tests check against (a large download the first
+# time: the registry's wheel brings its CUDA libraries; nothing here uses a
+# GPU); transformers the real save_pretrained / from_pretrained; the wheel
+# test builds pyproject.toml offline with this venv's scikit-build-core.
+PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
@@ -63,18 +65,19 @@ fi
 
 py_missing=()
 for p in "${PY_PACKAGES[@]}"; do
-  "$VENV/bin/python" -c "import $p" 2>/dev/null || py_missing+=("$p")
+  "$VENV/bin/python" -c "import ${p#*:}" 2>/dev/null || py_missing+=("${p%%:*}")
 done
 if ((${#py_missing[@]})); then
   say "pip installing into $VENV: ${py_missing[*]}"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${py_missing[@]}" \
     || die "pip install ${py_missing[*]} failed"
-  for p in "${py_missing[@]}"; do
-    "$VENV/bin/python" -c "import $p" || die "$p still does not import after pip install"
+  for p in "${PY_PACKAGES[@]}"; do
+    "$VENV/bin/python" -c "import ${p#*:}" || die "${p%%:*} still does not import after pip install"
   done
 fi
 say "venv ready: $("$VENV/bin/python" -c '
-import numpy, safetensors, pytest, torch, sys
+import numpy, safetensors, pytest, torch, transformers, scikit_build_core, sys
 print("python %d.%d.%d" % sys.version_info[:3], "numpy", numpy.__version__,
       "safetensors", safetensors.__version__, "pytest", pytest.__version__,
-      "torch", torch.__version__)')"
+      "torch", torch.__version__, "transformers", transformers.__version__,
+      "scikit-build-core", scikit_build_core.__version__)')"

@@ -11,8 +11,9 @@ non-contiguous or big-endian array). dtypes numpy cannot represent (BF16, the
 F8 / F6 / F4 types) travel as Tensor(dtype_name, shape, buffer) holding the raw
 little-endian bytes; load_file returns those as Tensor too.
 
-The library is build/libckptio.so of this repository, or the path in the
-environment variable CKPTIO_LIB.
+The library is the path in the environment variable CKPTIO_LIB, else the
+copy inside the package (the wheel), else build/libckptio.so of this
+repository (see _lib._candidates).
 
 torch tensors (CPU and CUDA, safetensors.torch's API, async saves): ckptio.torch.
 """

@@ -251,8 +251,11 @@ def _candidates():
     env = os.environ.get("CKPTIO_LIB")
     if env:
         return [env]  # an explicit choice is never second-guessed
-    repo = pathlib.Path(__file__).resolve().parent.parent.parent
-    return [str(repo / "build" / "libckptio.so"), "libckptio.so.0"]
+    here = pathlib.Path(__file__).resolve().parent
+    # The wheel's copy inside the package (pyproject.toml), then the build of
+    # the source tree the package sits in, then the loader path.
+    return [str(here / "libckptio.so"), str(here.parent.parent / "build" / "libckptio.so"),
+            "libckptio.so.0"]
 
 
 def lib():

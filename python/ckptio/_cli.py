@@ -1,0 +1,17 @@
+"""The wheel's `ckptio` console command: runs the C program that the wheel
+ships inside the package (ckptio/_bin/ckptio, see pyproject.toml), so that
+pip puts `ckptio` on PATH. In a source tree the program is build/ckptio."""
+
+import os
+import pathlib
+import sys
+
+
+def main():
+    exe = pathlib.Path(__file__).resolve().parent / "_bin" / "ckptio"
+    if not exe.is_file():
+        sys.stderr.write(f"ckptio: {exe} is missing: this ckptio package was not installed "
+                         "from the wheel (pip install . at the repository root); "
+                         "in a source tree run build/ckptio\n")
+        return 2
+    os.execv(exe, ["ckptio", *sys.argv[1:]])
