@@ -49,6 +49,9 @@ void cli_bench_usage(FILE *out) {
           "                      is uploaded to GPU N, saved from it and loaded back onto it\n"
           "                      (--verify downloads and compares); adds the pinned\n"
           "                      cudaMemcpy D2H and H2D limits of the same byte count\n"
+          "  --snapshot-bytes BYTES|auto  snapshot memory (pinned, beyond --staging): a\n"
+          "                      save that fits is snapshotted after its copies alone;\n"
+          "                      reports the time to snapshot next to the copy limit\n"
           "  --max-shard-size BYTES  also save the model as a Hugging Face sharded set\n"
           "                      (shards of at most BYTES, written concurrently) right\n"
           "                      after each single-file save; reports both side by side\n"
@@ -197,7 +200,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   enum { OPT_SIZE = 256, OPT_SHAPES, OPT_DIR, OPT_KEEP, OPT_RUNS, OPT_THREADS, OPT_CHUNK, OPT_STAGING,
          OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON, OPT_FORMAT,
-         OPT_DEVICE, OPT_MAX_SHARD };
+         OPT_DEVICE, OPT_MAX_SHARD, OPT_SNAPSHOT };
   static const struct option kLong[] = {
       {"size", required_argument, 0, OPT_SIZE},       {"shapes", required_argument, 0, OPT_SHAPES},
       {"dir", required_argument, 0, OPT_DIR},         {"keep", required_argument, 0, OPT_KEEP},
@@ -208,6 +211,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       {"verify", no_argument, 0, OPT_VERIFY},         {"json", no_argument, 0, OPT_JSON},
       {"format", required_argument, 0, OPT_FORMAT},   {"device", required_argument, 0, OPT_DEVICE},
       {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
+      {"snapshot-bytes", required_argument, 0, OPT_SNAPSHOT},
       {0, 0, 0, 0},
   };
   memset(o, 0, sizeof(*o));
@@ -226,6 +230,13 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, NULL)) != -1) {
     switch (c) {
+      case OPT_SNAPSHOT: {
+        uint64_t v = 0;
+        if (!strcmp(optarg, "auto")) o->snapshot = CKPTIO_SNAPSHOT_AUTO;
+        else if (cli_parse_size(optarg, &v) < 0) return usage_error("bad --snapshot-bytes '%s' (e.g. 4GiB, auto)", optarg);
+        else o->snapshot = (size_t)v;
+        break;
+      }
       case OPT_MAX_SHARD:
         if (cli_parse_size(optarg, &o->max_shard) < 0 || !o->max_shard)
           return usage_error("bad --max-shard-size '%s' (e.g. 2GiB, 500MB)", optarg);
@@ -595,6 +606,7 @@ int cli_bench_main(int argc, char **argv) {
   co.threads = o.threads;
   co.chunk_bytes = o.chunk;
   co.staging_bytes = o.staging;
+  co.snapshot_bytes = o.snapshot;
   co.crc = o.crc;
   co.fsync = o.fsync;
   co.direct_io = o.direct;

@@ -15,7 +15,7 @@ typedef enum series {
   S_SAVE, S_RAW_WRITE, S_SAVE_RATIO, S_SNAPSHOT, S_SAVE_S, S_RAW_D2H,
   S_COLD, S_RAW_READ, S_COLD_RATIO, S_RAW_H2D,
   S_WARM, S_MEMCPY, S_WARM_RATIO, S_WARM_H2D_RATIO,
-  S_SHARD_SAVE, S_SHARD_RATIO,
+  S_SHARD_SAVE, S_SHARD_RATIO, S_COPY_LIMIT, S_SNAPSHOT_RATIO,
   S_COUNT
 } series;
 
@@ -40,6 +40,13 @@ static double value(const bench_result *r, const bench_run *x, series k) {
     case S_WARM_RATIO: return gbps(data, x->warm_s) / gbps(raw, x->memcpy_s);
     case S_SHARD_SAVE: return gbps(data, x->shard_save_s);
     case S_SHARD_RATIO: return x->shard_save_s > 0 ? x->save_s / x->shard_save_s : 0; /* GB/s over GB/s */
+    /* What a snapshot cannot beat: copying the tensors' bytes out once, by
+     * memcpy from host tensors or by pinned cudaMemcpy from a GPU. */
+    case S_COPY_LIMIT: return (r->gpu ? x->raw_d2h_s : x->memcpy_s) * (double)data / (double)raw;
+    case S_SNAPSHOT_RATIO: {
+      double lim = (r->gpu ? x->raw_d2h_s : x->memcpy_s) * (double)data / (double)raw;
+      return lim > 0 ? x->snapshot_s / lim : 0;
+    }
     default: return 0;
   }
 }
@@ -130,6 +137,7 @@ void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *f
     fputs(" --device host", out);
   fputs(" --dir ", out);
   cli_shell_word(out, o->dir);
+  if (f->snapshot_bytes) fprintf(out, " --snapshot-bytes %zu", f->snapshot_bytes);
   fprintf(out, " --runs %d --threads %d --chunk %zu --staging %zu%s%s --direct %s --load %s%s",
           o->runs, f->threads, f->chunk_bytes, f->staging_bytes, f->crc ? "" : " --no-crc",
           f->fsync ? "" : " --no-fsync", bench_direct_name(f->direct_io),
@@ -182,10 +190,12 @@ void bench_report_table(FILE *out, const bench_result *r) {
           mc->dir, mc->fs_type, mc->fs_device[0] ? mc->fs_device : "?",
           mc->fs_mount[0] ? mc->fs_mount : "?", r->raw_direct_write ? "O_DIRECT" : "buffered",
           r->raw_direct_read ? "O_DIRECT" : "buffered", CLI_RAW_DEPTH, CLI_RAW_BLOCK >> 20);
-  fprintf(out, "options   threads %d, chunk %s, staging %s, crc %s, fsync %s, direct %s, load %s, "
-          "verify %s\n",
+  char b4[32];
+  fprintf(out, "options   threads %d, chunk %s, staging %s, snapshot memory %s, crc %s, fsync %s, direct %s, "
+          "load %s, verify %s\n",
           f->threads, cli_fmt_bytes(f->chunk_bytes, b1, sizeof(b1)),
-          cli_fmt_bytes(f->staging_bytes, b2, sizeof(b2)), f->crc ? "on" : "off",
+          cli_fmt_bytes(f->staging_bytes, b2, sizeof(b2)),
+          f->snapshot_bytes ? cli_fmt_bytes(f->snapshot_bytes, b4, sizeof(b4)) : "none", f->crc ? "on" : "off",
           f->fsync ? "on" : "off", bench_direct_name(f->direct_io), bench_load_name(f->load_method),
           r->opts->verify ? "on (every byte compared, every CRC checked)" : "off");
   if (r->gpu)
@@ -206,6 +216,8 @@ void bench_report_table(FILE *out, const bench_result *r) {
   row(out, r, "save / raw write", "x", S_SAVE_RATIO);
   row(out, r, "save time", "s", S_SAVE_S);
   row(out, r, "time to snapshot", "s", S_SNAPSHOT);
+  row(out, r, r->gpu ? "copy limit (pinned D2H)" : "copy limit (memcpy)", "s", S_COPY_LIMIT);
+  row(out, r, "snapshot / copy limit", "x", S_SNAPSHOT_RATIO);
   if (r->opts->max_shard && r->runs_done) {
     row(out, r, "sharded save", "GB/s", S_SHARD_SAVE);
     row(out, r, "sharded / single-file save", "x", S_SHARD_RATIO);
@@ -297,11 +309,11 @@ void bench_report_json(FILE *out, const bench_result *r) {
   fprintf(out,
           "},\"options\":{\"shapes\":\"%s\",\"runs\":%d,\"threads\":%d,\"chunk_bytes\":%zu,"
           "\"staging_bytes\":%zu,\"crc\":%s,\"fsync\":%s,\"direct\":\"%s\",\"load\":\"%s\","
-          "\"verify\":%s}",
+          "\"verify\":%s,\"snapshot_bytes\":%zu}",
           bench_shapes_name(m->shapes), r->opts->runs, f->threads, f->chunk_bytes,
           f->staging_bytes, f->crc ? "true" : "false", f->fsync ? "true" : "false",
           bench_direct_name(f->direct_io), bench_load_name(f->load_method),
-          r->opts->verify ? "true" : "false");
+          r->opts->verify ? "true" : "false", f->snapshot_bytes);
   fprintf(out, ",\"model\":{\"tensors\":%zu,\"bytes\":%" PRIu64 ",\"file_bytes\":%" PRIu64,
           m->count, m->tensor_bytes, r->file_bytes);
   if (m->shapes == CLI_SHAPES_LLM)
@@ -341,6 +353,8 @@ void bench_report_json(FILE *out, const bench_result *r) {
     fprintf(out, ",\"shards\":%zu", r->runs_done ? r->runs[0].nshards : (size_t)0);
   }
   json_stat(out, "snapshot_s", r, S_SNAPSHOT);
+  json_stat(out, "copy_limit_s", r, S_COPY_LIMIT);
+  json_stat(out, "snapshot_vs_copy_limit", r, S_SNAPSHOT_RATIO);
   if (!r->load_skipped) {
     json_stat(out, "cold_load_gbps", r, S_COLD);
     json_stat(out, "raw_read_gbps", r, S_RAW_READ);
