@@ -335,6 +335,20 @@ static void copy_extents(const file_writer *w, unsigned char *slot, uint64_t sta
 /* Worker side: waits for the slot's GPU copies, copies the host tensors'
  * bytes and the format's, CRCs every piece and counts the tensor bytes.
  * @return 0 or a GPU error, described in msg. */
+/* One more chunk is out of the caller's memory; the last one is the
+ * snapshot point. */
+static void chunk_copied(file_writer *w) {
+  if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
+}
+
+static uint32_t *piece_crc(file_writer *w, const chunk_job *j, const piece_iter *it) {
+  return w->opts.crc ? &w->piece_crc[w->piece_base[it->k] + (j->index - w->first_chunk[it->k])] : NULL;
+}
+
+/* Worker side: waits for the slot's GPU copies, copies the host tensors'
+ * bytes (with their CRC) and the format's, counts the chunk copied — the
+ * caller's memory is no longer read — then CRCs the pieces that came from
+ * GPUs, off the snapshot's path. @return 0 or a GPU error, described in msg. */
 static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
                       char *msg, size_t len) {
   uint64_t t = ckptio_now_ns();
@@ -343,19 +357,25 @@ static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end
     int rc = ckptio_gpu_wait_slot(w->ctx->gpu, j->gpu_mask, ckptio_ring_slot_index(w->ctx->ring, j->slot), detail,
                                   sizeof(detail));
     if (rc < 0) return ckptio_err_fmt(msg, len, rc, "%s: %s", w->path, detail);
+    ckptio_lap(&w->timers.device_ns, &t);
   }
-  if (j->gpu_mask) ckptio_lap(&w->timers.device_ns, &t);
   piece_iter it;
   pieces_begin(&it, w, start, end);
   while (pieces_next(&it)) {
-    unsigned char *dst = j->slot + (it.a - start);
     *tensor_bytes += it.b - it.a;
-    uint32_t *crc = w->opts.crc ? &w->piece_crc[w->piece_base[it.k] + (j->index - w->first_chunk[it.k])] : NULL;
+    uint32_t *crc = piece_crc(w, j, &it);
     if (crc) *crc = 0;
-    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST) ckptio_copy_crc(dst, piece_src(&it), it.b - it.a, crc);
-    else if (crc) *crc = ckptio_crc32(0, dst, it.b - it.a);
+    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST)
+      ckptio_copy_crc(j->slot + (it.a - start), piece_src(&it), it.b - it.a, crc);
   }
   copy_extents(w, j->slot, start, end);
+  chunk_copied(w);
+  if (j->gpu_mask && w->opts.crc) {
+    pieces_begin(&it, w, start, end);
+    while (pieces_next(&it))
+      if (tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST)
+        *piece_crc(w, j, &it) = ckptio_crc32(0, j->slot + (it.a - start), it.b - it.a);
+  }
   ckptio_lap(&w->timers.copy_ns, &t);
   return 0;
 }
@@ -432,7 +452,6 @@ static void chunk_copy_run(void *arg) {
     chunk_end(j, rc, msg);
     return;
   }
-  if (atomic_fetch_add(&w->chunks_copied, 1) + 1 == w->nchunks) mark_snapshot(w);
   if (w->zs) {
     uint64_t t = ckptio_now_ns();
     rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
