@@ -823,7 +823,9 @@ void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, vo
  *         hand it to ckptio_manager_save_end; never ckptio_writer_close it.
  *  A checkpoint of the same step already published is replaced when this
  *  save is published (exchanged atomically; on a filesystem without
- *  renameat2(RENAME_EXCHANGE) the old one is moved aside first).
+ *  renameat2(RENAME_EXCHANGE) the old one is moved aside first, and a crash
+ *  between those two renames leaves neither under the step name, so there
+ *  save a new step rather than the newest one again).
  *  @return 0 and *out, or a negative code with *out NULL:
  *          CKPTIO_E_STATE (a save of this manager is open), -EBUSY (another
  *          save holds the directory), the writer's open errors, -errno. */
