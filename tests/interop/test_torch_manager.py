@@ -6,8 +6,11 @@ a corrupt newest checkpoint skipped with a CheckpointWarning naming it, a
 second saver refused, save errors raised, close waiting for the last save.
 Run by ctest through run_pytest.sh (CKPTIO_PYTEST_NEEDS=torch)."""
 
+import ctypes
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import warnings
 
@@ -16,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 import ckptio  # noqa: E402
+import ckptio.manager as cm  # noqa: E402
 from ckptio.manager import CheckpointManager, CheckpointWarning  # noqa: E402
 
 
@@ -151,3 +155,20 @@ def test_pt_format(tmp_path):
         assert mgr.list()[0].path.endswith("model.pt")
         loaded = torch.load(mgr.latest_path()[1], weights_only=True)
         assert torch.equal(loaded["x"], torch.arange(10))
+
+
+def test_binding_matches_header_layout():
+    # tests/interop/abi_layout.c prints the header's layouts as the compiler sees them.
+    exe = os.environ.get("CKPTIO_ABI_LAYOUT")
+    if not exe:
+        pytest.skip("CKPTIO_ABI_LAYOUT not set: run through ctest")
+    layout = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
+    for cname, cls in {"ckptio_manager_options": cm._ManagerOptions,
+                       "ckptio_checkpoint_info": cm._CheckpointInfo}.items():
+        assert ctypes.sizeof(cls) == layout["sizeof"][cname], cname
+        c_fields = {k.split(".", 1)[1]: v for k, v in layout["fields"].items()
+                    if k.startswith(cname + ".")}
+        assert [f[0] for f in cls._fields_] == list(c_fields), cname
+        for name, (offset, size) in c_fields.items():
+            field = getattr(cls, name)
+            assert (field.offset, field.size) == (offset, size), f"{cname}.{name}"
