@@ -55,7 +55,7 @@ def main():
     prev_latest = -1
     saves_seen = set()
     while kills < a.kills and time.monotonic() - start < a.max_seconds:
-        args = [a.driver, "save", d, "--keep", "2", "--every", "7"]
+        args = [a.driver, "save", d, "--keep", "2", "--every", "25"]
         if rng.random() < 0.5:
             args.append("--sharded")
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -76,7 +76,7 @@ def main():
         saves_seen.add(latest)
 
     # A clean save removes whatever the kills left behind.
-    r = subprocess.run([a.driver, "save", d, "--keep", "2", "--every", "7", "--steps", "1"],
+    r = subprocess.run([a.driver, "save", d, "--keep", "2", "--every", "25", "--steps", "1"],
                        capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         sys.exit(f"FAIL final save: {r.stderr}")
