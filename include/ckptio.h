@@ -728,6 +728,197 @@ int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *pre
                                uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
                                ckptio_writer **out);
 
+/* ---------------------------------------------------------------- manager */
+
+/* A directory of checkpoints for a training loop, one per step, crash-safe:
+ *
+ *   DIR/step-00001000/model.safetensors          (single file; .pt for
+ *                                                 CKPTIO_FORMAT_PYTORCH,
+ *                                                 .safetensors.zst when
+ *                                                 compress_level != 0)
+ *   DIR/step-00002000/model-00001-of-00002.safetensors ...
+ *   DIR/step-00002000/model.safetensors.index.json    (sharded set)
+ *   DIR/latest                                    "step-00002000\n"
+ *
+ * Step directories are named "step-" and the step in decimal, at least 8
+ * digits (zero-padded); only that exact spelling is a checkpoint of the
+ * manager. A save goes:
+ *   1. ckptio_manager_save_begin: removes stray temporaries of an earlier
+ *      killed save, creates a hidden temporary step directory
+ *      (".ckptio-mgr-tmp-step-...") and opens a writer in it;
+ *   2. the caller adds tensors and commits (commit_async: the snapshot and
+ *      durable points of any writer);
+ *   3. ckptio_manager_save_end: once the writer's save is durable, renames
+ *      the temporary directory to its step name and fsyncs DIR (the
+ *      checkpoint is now published), replaces `latest` atomically (temp
+ *      file, fsync, rename, fsync DIR), then applies retention.
+ * A process killed at any point leaves every published checkpoint intact
+ * and at most hidden ".ckptio-mgr-*" entries, which the next save_begin
+ * removes. (Durability across power loss relies on the fsyncs, which the
+ * `fsync` option may turn off.)
+ *
+ * Retention (after publication, never before): of the step directories
+ * older than the new checkpoint, keep the keep_last newest complete
+ * checkpoints (the new one and any newer ones count), and those whose step
+ * is a multiple of keep_every; remove the rest, incomplete ones included
+ * (each is first renamed to a hidden ".ckptio-mgr-del-*" name, so a killed
+ * removal never leaves a half-deleted checkpoint). The new checkpoint is
+ * never removed, so a complete checkpoint always exists once one was
+ * published. A directory whose check fails for a reason other than its
+ * content (out of memory, too many open files) is kept.
+ *
+ * "Complete" means: published under its step name and opened by
+ * ckptio_reader_open (every header parsed and checked; for a set, every
+ * shard present with the index's save id). "Verified" means
+ * ckptio_reader_verify passed (every recorded CRC32 read and checked).
+ *
+ * Saving: one saving process per directory. save_begin takes an exclusive
+ * flock(2) on DIR until save_end, and refuses (-EBUSY) when another
+ * process (or another manager) holds it; list and latest take no lock and
+ * may run in other processes, where a checkpoint removed by retention
+ * meanwhile shows as incomplete.
+ *
+ * Thread safety: a manager is used by one thread at a time (its calls are
+ * not concurrent); the writer from save_begin follows the writer's rules
+ * (its waits and polls from any thread while the commit runs). Managers of
+ * one context on different directories are independent. */
+typedef struct ckptio_manager ckptio_manager;
+
+/* Options of a manager. Versioned: start from CKPTIO_MANAGER_OPTIONS_INIT. */
+typedef struct ckptio_manager_options {
+  size_t size;              /* sizeof(ckptio_manager_options) */
+  int keep_last;            /* keep this many newest complete checkpoints (>= 1);
+                               0: keep every checkpoint (no retention) */
+  uint64_t keep_every;      /* also keep every checkpoint whose step is a multiple
+                               of this; 0: off */
+  ckptio_format format;     /* file format of a single-file checkpoint */
+  uint64_t max_shard_bytes; /* 0: one file per checkpoint; else a Hugging Face
+                               sharded set (safetensors) with this many tensor
+                               bytes per shard (CKPTIO_SHARD_ORDER_ADDED) */
+  int verify;               /* 1: ckptio_manager_latest also verifies every CRC32
+                               of the checkpoint it returns (reads it whole);
+                               0: the structural check only */
+} ckptio_manager_options;
+
+#define CKPTIO_MANAGER_OPTIONS_INIT \
+  { sizeof(ckptio_manager_options), 3, 0, CKPTIO_FORMAT_SAFETENSORS, 0, 0 }
+
+/* Receives each warning: a checkpoint skipped by ckptio_manager_latest
+ * (named by its directory, with the code of its check), a stale or missing
+ * `latest` record, a step directory retention could not remove. `message`
+ * is borrowed for the call. Called on the thread of the manager call. */
+typedef void (*ckptio_manager_warn_fn)(void *arg, uint64_t step, int code, const char *message);
+
+/*! ckptio_manager_open() :
+ *  @ctx   borrowed: must outlive the manager.
+ *  @dir   the checkpoint directory; created (one level, mode 0777 less umask)
+ *         when missing; copied.
+ *  @mopts NULL for CKPTIO_MANAGER_OPTIONS_INIT; copied.
+ *  @opts  NULL for the context's defaults; copied; used for every writer and
+ *         reader the manager opens (crc, direct_io, fsync, load_method,
+ *         compress_level). With fsync 0 the manager skips its own fsyncs too.
+ *  Nothing in DIR is changed by open.
+ *  @return 0 and *out (free with ckptio_manager_close), or a negative code
+ *          with *out NULL and the detail in ckptio_last_open_error:
+ *          CKPTIO_E_INVALID_ARG (NULL, bad size, keep_last < 0, unknown
+ *          format, a sharded PyTorch format or compressed set), -errno for
+ *          `dir`. */
+int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_options *mopts,
+                        const ckptio_options *opts, ckptio_manager **out);
+
+/*! ckptio_manager_close() :
+ *  A save begun and not ended is abandoned: its writer is closed (waiting
+ *  for a running commit) and its temporary directory removed. Accepts NULL. */
+void ckptio_manager_close(ckptio_manager *m);
+
+/*! ckptio_manager_set_warning() :
+ *  Where warnings go; fn NULL (the default) drops them (ckptio_manager_list
+ *  still shows every incomplete checkpoint and why). `arg` is borrowed. */
+void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, void *arg);
+
+/*! ckptio_manager_save_begin() :
+ *  Starts the checkpoint of `step`: takes the directory's lock, removes
+ *  stray ".ckptio-mgr-*" entries left by a killed save, creates the
+ *  temporary step directory and opens a writer in it (ckptio_writer_open, or
+ *  ckptio_writer_open_sharded with the prefix "model").
+ *  @out   the writer, owned by the manager: add tensors, set metadata and
+ *         streams, commit_async (or commit), wait as with any writer, then
+ *         hand it to ckptio_manager_save_end; never ckptio_writer_close it.
+ *  A checkpoint of the same step already published is replaced when this
+ *  save is published (exchanged atomically; on a filesystem without
+ *  renameat2(RENAME_EXCHANGE) the old one is moved aside first, and a crash
+ *  between those two renames leaves neither under the step name, so there
+ *  save a new step rather than the newest one again).
+ *  @return 0 and *out, or a negative code with *out NULL:
+ *          CKPTIO_E_STATE (a save of this manager is open), -EBUSY (another
+ *          save holds the directory), the writer's open errors, -errno. */
+int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **out);
+
+/*! ckptio_manager_save_end() :
+ *  Ends the save of `w` (the writer of the last save_begin): waits until it
+ *  is durable, closes it, then publishes the checkpoint, writes `latest` and
+ *  applies retention (see above), and releases the directory's lock.
+ *  Blocking; call it from any one thread (e.g. a background one, or when
+ *  the next save begins). A writer never committed, or whose save failed,
+ *  publishes nothing: it is closed and its temporary directory removed.
+ *  `w` is freed in every case.
+ *  @return 0 once published, or a negative code: the save's error,
+ *          CKPTIO_E_STATE (never committed), CKPTIO_E_INVALID_ARG (not the
+ *          open save's writer; then nothing is done), -errno of the
+ *          publication. A failure after the step directory's rename (the
+ *          `latest` record, a removal) leaves the checkpoint published and
+ *          says so in ckptio_manager_last_error. */
+int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w);
+
+/*! ckptio_manager_latest() :
+ *  The checkpoint to resume from: the newest complete one (see above; with
+ *  the verify option, also verified), walking the step directories from
+ *  the newest. Each one skipped (incomplete, or failing verification) is
+ *  reported to the warning callback by its directory and code; a `latest`
+ *  record that is missing, unreadable or names another step is reported
+ *  too and otherwise ignored: the directory is the truth, the record a
+ *  convenience for other tools.
+ *  @step  may be NULL; else the step.
+ *  @path  may be NULL (with len 0); else gets what ckptio_reader_open takes
+ *         (the file, or the index of a set), NUL-terminated.
+ *  @return 1 when found, 0 when no complete checkpoint exists (*step and
+ *          path untouched), or a negative code: CKPTIO_E_BUFFER_TOO_SMALL
+ *          (path needs more than len bytes), -errno reading DIR. */
+int ckptio_manager_latest(ckptio_manager *m, uint64_t *step, char *path, size_t len);
+
+/* One checkpoint of the directory, as ckptio_manager_list saw it. Strings are
+ * borrowed from the manager until its next list, latest, save_end or close. */
+typedef struct ckptio_checkpoint_info {
+  size_t size;          /* sizeof(ckptio_checkpoint_info): set before the call */
+  uint64_t step;
+  const char *dir;      /* the step directory */
+  const char *path;     /* what ckptio_reader_open takes */
+  uint64_t bytes;       /* bytes of the files in the step directory */
+  uint32_t files;       /* files in the step directory */
+  int complete;         /* 1: opened by ckptio_reader_open */
+  int verified;         /* 1: ckptio_reader_verify passed (list with verify) */
+  int error;            /* 0, or why not complete / not verified */
+  const char *detail;   /* the error's detail, or "" */
+} ckptio_checkpoint_info;
+
+#define CKPTIO_CHECKPOINT_INFO_INIT { sizeof(ckptio_checkpoint_info), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/*! ckptio_manager_list() :
+ *  Scans DIR: every step directory, oldest first, checked (opened; with
+ *  verify 1, also every CRC32 read and checked). Temporaries are not listed.
+ *  Read the entries with ckptio_manager_checkpoint.
+ *  @return the number of checkpoints, or -errno reading DIR. */
+int64_t ckptio_manager_list(ckptio_manager *m, int verify);
+
+/*! Entry i (0 .. count - 1, oldest first) of the last ckptio_manager_list.
+ *  @return 0, or CKPTIO_E_INVALID_ARG (i out of range, out NULL or its size
+ *  too small). */
+int ckptio_manager_checkpoint(const ckptio_manager *m, size_t i, ckptio_checkpoint_info *out);
+
+/*! The detail of the last failure of this manager, or "". Borrowed until
+ *  the next call on the manager. */
+const char *ckptio_manager_last_error(const ckptio_manager *m);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

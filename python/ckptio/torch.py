@@ -279,7 +279,7 @@ class SaveHandle:
         self._final_stats = _mapped.stats(_lib.lib(), ops.stats, self._w)
         rc = ops.close(self._w)  # the save's outcome
         if rc < 0:
-            self._record(rc)
+            self._record(rc, ops.close_detail() if hasattr(ops, "close_detail") else None)
         self._w = None
         self._keep = None
         _live.discard(self)
@@ -372,6 +372,15 @@ def _start(opener, path, crc, open_args, plan, meta, streams):
     _check(getattr(lib, f"ckptio_writer_{opener}")(ctx, fspath, *open_args, ctypes.byref(opts),
                                                     ctypes.byref(w)),
            f"cannot save {shown}", lib.ckptio_last_open_error())
+    return _fill_and_commit(w, shown, plan, meta, streams, ops)
+
+
+def _fill_and_commit(w, shown, plan, meta, streams, ops):
+    """Fills the open writer `w` from _plan's output and starts its commit: a
+    SaveHandle making its calls through `ops` (an _Ops, or one whose close
+    also ends a managed save; see ckptio/manager.py). On failure the writer
+    is closed with ops.close (uncommitted: nothing written)."""
+    _register_atexit()
     try:
         for key, value in meta:
             _check(ops.set_metadata(w, key.encode(), value.encode()),

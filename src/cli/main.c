@@ -8,6 +8,9 @@
 
 #include "cli/cli.h"
 
+int cli_checkpoints_main(int argc, char **argv); /* src/cli/checkpoints.c */
+void cli_checkpoints_usage(FILE *out);
+
 typedef struct command {
   const char *name;
   const char *summary;
@@ -24,6 +27,8 @@ static const command kCommands[] = {
      cli_convert_usage},
     {"bench", "save / load throughput next to this machine's raw limits", cli_bench_main,
      cli_bench_usage},
+    {"checkpoints", "list a checkpoint manager's directory (steps, sizes, state)",
+     cli_checkpoints_main, cli_checkpoints_usage},
 };
 #define NCOMMANDS (sizeof(kCommands) / sizeof(kCommands[0]))
 
@@ -34,7 +39,7 @@ static void usage(FILE *out) {
           "       ckptio --version\n\n"
           "commands:\n");
   for (size_t i = 0; i < NCOMMANDS; i++)
-    fprintf(out, "  %-9s %s\n", kCommands[i].name, kCommands[i].summary);
+    fprintf(out, "  %-11s %s\n", kCommands[i].name, kCommands[i].summary);
   fprintf(out,
           "\nexit codes: 0 success; 1 the file is not a valid checkpoint (or loaded\n"
           "data differ); 2 bad usage, or an I/O or system error.\n");

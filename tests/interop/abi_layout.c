@@ -31,6 +31,8 @@ int main(void) {
   SIZE(ckptio_slice_request);
   SIZE(ckptio_byte_range);
   SIZE(ckptio_stats);
+  SIZE(ckptio_manager_options);
+  SIZE(ckptio_checkpoint_info);
   printf("},\n \"fields\": {");
   first = 1;
   FIELD(ckptio_tensor, name);
@@ -87,6 +89,22 @@ int main(void) {
   FIELD(ckptio_stats, commit_seconds);
   FIELD(ckptio_stats, threads);
   FIELD(ckptio_stats, staging_bytes);
+  FIELD(ckptio_manager_options, size);
+  FIELD(ckptio_manager_options, keep_last);
+  FIELD(ckptio_manager_options, keep_every);
+  FIELD(ckptio_manager_options, format);
+  FIELD(ckptio_manager_options, max_shard_bytes);
+  FIELD(ckptio_manager_options, verify);
+  FIELD(ckptio_checkpoint_info, size);
+  FIELD(ckptio_checkpoint_info, step);
+  FIELD(ckptio_checkpoint_info, dir);
+  FIELD(ckptio_checkpoint_info, path);
+  FIELD(ckptio_checkpoint_info, bytes);
+  FIELD(ckptio_checkpoint_info, files);
+  FIELD(ckptio_checkpoint_info, complete);
+  FIELD(ckptio_checkpoint_info, verified);
+  FIELD(ckptio_checkpoint_info, error);
+  FIELD(ckptio_checkpoint_info, detail);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d, %d, %d, %zu", o.size, o.threads, o.chunk_bytes,

@@ -1,0 +1,116 @@
+/* The manager's directory operations: names of step directories and
+ * temporaries, the `latest` record (replaced atomically), removal of a
+ * whole step directory, warnings. Everything is relative to DIR's
+ * descriptor, so a renamed or remounted path cannot redirect a removal. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "manage/manage.h"
+
+void mgr_step_name(uint64_t step, char *buf, size_t len) { snprintf(buf, len, "step-%08" PRIu64, step); }
+
+int mgr_parse_step(const char *name, uint64_t *step) {
+  if (strncmp(name, "step-", 5) != 0) return 0;
+  const char *d = name + 5;
+  size_t n = strlen(d);
+  if (n < 8 || n > 20) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (d[i] < '0' || d[i] > '9') return 0;
+  errno = 0;
+  unsigned long long v = strtoull(d, NULL, 10);
+  if (errno) return 0;
+  /* Only the canonical spelling: "step-1" and "step-00000001" would
+   * otherwise be two checkpoints of one step. */
+  char canon[MGR_STEP_NAME_MAX];
+  mgr_step_name((uint64_t)v, canon, sizeof(canon));
+  if (strcmp(canon, name) != 0) return 0;
+  *step = (uint64_t)v;
+  return 1;
+}
+
+void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len) {
+  snprintf(buf, len, MGR_TMP_PREFIX "%s-%d-%u", what, (int)getpid(), m->serial++);
+}
+
+int mgr_sync_dir(ckptio_manager *m) {
+  if (!m->sync) return 0;
+  return fsync(m->dirfd) == 0 ? 0 : -errno;
+}
+
+void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...) {
+  if (!m->warn) return;
+  char msg[CKPTIO_ERRLEN + 256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  m->warn(m->warn_arg, step, code, msg);
+}
+
+static int remove_at(int dirfd, const char *name, int depth) {
+  if (unlinkat(dirfd, name, 0) == 0) return 0;
+  if (errno != EISDIR && errno != EPERM) return errno == ENOENT ? 0 : -errno;
+  if (depth > 4) return -ELOOP; /* the manager makes one level; more is not ours */
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    int rc = -errno;
+    close(fd);
+    return rc;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    int r = remove_at(fd, e->d_name, depth + 1);
+    if (r < 0 && rc == 0) rc = r;
+  }
+  closedir(d);
+  if (rc == 0 && unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) rc = -errno;
+  return rc;
+}
+
+int mgr_remove_tree(int dirfd, const char *name) { return remove_at(dirfd, name, 0); }
+
+int mgr_write_latest(ckptio_manager *m, const char *content) {
+  char tmp[128];
+  mgr_tmp_name(m, "latest", tmp, sizeof(tmp));
+  int fd = openat(m->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) return -errno;
+  size_t n = strlen(content);
+  int rc = 0;
+  ssize_t wr = write(fd, content, n);
+  if (wr < 0)
+    rc = -errno;
+  else if ((size_t)wr != n)
+    rc = -EIO;
+  if (rc == 0 && m->sync && fdatasync(fd) != 0) rc = -errno;
+  if (close(fd) != 0 && rc == 0) rc = -errno;
+  if (rc == 0 && renameat(m->dirfd, tmp, m->dirfd, MGR_LATEST) != 0) rc = -errno;
+  if (rc < 0) {
+    unlinkat(m->dirfd, tmp, 0);
+    return rc;
+  }
+  return mgr_sync_dir(m);
+}
+
+int mgr_read_latest(ckptio_manager *m, char *buf, size_t len) {
+  int fd = openat(m->dirfd, MGR_LATEST, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : -errno;
+  ssize_t n = read(fd, buf, len - 1);
+  int rc = n < 0 ? -errno : 1;
+  close(fd);
+  if (rc < 0) return rc;
+  buf[n] = '\0';
+  buf[strcspn(buf, "\r\n")] = '\0';
+  return 1;
+}

@@ -1,0 +1,82 @@
+/* The checkpoint manager's private interface: the handle, the names it gives
+ * step directories and temporaries, and the directory operations the save
+ * and the scan share. Built on the public writer / reader API only. */
+#ifndef CKPTIO_MANAGE_MANAGE_H
+#define CKPTIO_MANAGE_MANAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckptio.h"
+#include "core/error.h"
+
+/* Every hidden entry the manager creates starts with this, and a save
+ * removes only entries that do. */
+#define MGR_TMP_PREFIX ".ckptio-mgr-"
+#define MGR_LATEST "latest"
+#define MGR_STEP_NAME_MAX 32
+
+/* One step directory as checked by a scan. */
+typedef struct mgr_entry {
+  uint64_t step;
+  char *dir;     /* DIR/step-N */
+  char *path;    /* what ckptio_reader_open takes; "" when none was found */
+  char *detail;  /* why not complete / verified, or "" */
+  uint64_t bytes;
+  uint32_t files;
+  int complete, verified, error;
+} mgr_entry;
+
+struct ckptio_manager {
+  ckptio_ctx *ctx;
+  char *dir;
+  int dirfd;                 /* DIR, for the *at() calls and the save lock */
+  ckptio_manager_options mo;
+  ckptio_options opts;
+  int sync;                  /* fsync DIR after renames */
+  ckptio_manager_warn_fn warn;
+  void *warn_arg;
+  ckptio_writer *w;          /* the open save, or NULL */
+  uint64_t w_step;
+  char *w_tmp;               /* its temporary directory's name in DIR */
+  unsigned serial;           /* makes this process's temporary names unique */
+  mgr_entry *list;           /* the last list */
+  size_t nlist;
+  char err[CKPTIO_ERRLEN];
+};
+
+/* "step-00001000". */
+void mgr_step_name(uint64_t step, char *buf, size_t len);
+/* 1 and *step when `name` is the canonical name of a step directory, else 0. */
+int mgr_parse_step(const char *name, uint64_t *step);
+
+/* The steps of the published step directories of DIR, ascending (malloc'd;
+ * free it). @return the count, or -errno. */
+int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps);
+/* Checks step directory `step`: files, bytes, reader open, and with verify
+ * every CRC. Fills *e (free with mgr_entry_free). @return 0 or -ENOMEM. */
+int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e);
+void mgr_entry_free(mgr_entry *e);
+/* 1 when a failed check says something about the checkpoint itself (a
+ * library code, a missing file), 0 when it may be the machine's (memory,
+ * descriptors): such a checkpoint is never removed. */
+int mgr_content_error(int code);
+
+/* Removes DIR/name and everything below it (a few levels at most).
+ * @return 0 or -errno. */
+int mgr_remove_tree(int dirfd, const char *name);
+/* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
+void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);
+/* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR).
+ * @return 0 or -errno. */
+int mgr_write_latest(ckptio_manager *m, const char *content);
+/* The step directory name in DIR/latest (first line), into buf. @return 1,
+ * 0 when there is no record, or -errno. */
+int mgr_read_latest(ckptio_manager *m, char *buf, size_t len);
+/* Reports a warning to the callback, if any. */
+void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* fsync of DIR when the options ask for syncs. @return 0 or -errno. */
+int mgr_sync_dir(ckptio_manager *m);
+
+#endif

@@ -1,0 +1,306 @@
+/* The checkpoint manager: a directory of step directories for a training
+ * loop. A save is written by an ordinary writer into a hidden temporary
+ * directory, renamed to its step name once durable, recorded in `latest`,
+ * and only then are old checkpoints removed (see the manager section of
+ * include/ckptio.h for the rules this file keeps). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "manage/manage.h"
+
+static int fail_open(int code, const char *fmt, const char *a, const char *b) {
+  char msg[CKPTIO_ERRLEN];
+  snprintf(msg, sizeof(msg), fmt, a, b);
+  ckptio_set_open_error(msg);
+  return code;
+}
+
+int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_options *mopts,
+                        const ckptio_options *opts, ckptio_manager **out) {
+  if (out) *out = NULL;
+  if (!ctx || !dir || !*dir || !out) return fail_open(CKPTIO_E_INVALID_ARG, "ckptio_manager_open: %s%s", "a NULL argument", "");
+  ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
+  if (mopts) {
+    if (mopts->size < sizeof(mo))
+      return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "manager options: size is not sizeof(ckptio_manager_options)");
+    mo = *mopts;
+    mo.size = sizeof(mo);
+  }
+  ckptio_options o;
+  if (opts) {
+    if (opts->size != sizeof(o)) return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "options: size is not sizeof(ckptio_options)");
+    o = *opts;
+  } else {
+    ckptio_ctx_options(ctx, &o);
+  }
+  if (mo.keep_last < 0) return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "keep_last < 0");
+  if (mo.format != CKPTIO_FORMAT_SAFETENSORS && mo.format != CKPTIO_FORMAT_PYTORCH)
+    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "unknown format");
+  if (mo.max_shard_bytes && mo.format != CKPTIO_FORMAT_SAFETENSORS)
+    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set is safetensors only");
+  if (mo.max_shard_bytes && o.compress_level)
+    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set cannot be compressed");
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    int rc = -errno;
+    return fail_open(rc, "%s: cannot create it: %s", dir, strerror(-rc));
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    int rc = -errno;
+    return fail_open(rc, "%s: %s", dir, strerror(-rc));
+  }
+  ckptio_manager *m = calloc(1, sizeof(*m));
+  char *d = strdup(dir);
+  if (!m || !d) {
+    free(m);
+    free(d);
+    close(fd);
+    return fail_open(-ENOMEM, "%s: %s", dir, "out of memory");
+  }
+  m->ctx = ctx;
+  m->dir = d;
+  m->dirfd = fd;
+  m->mo = mo;
+  m->opts = o;
+  m->sync = o.fsync != 0;
+  *out = m;
+  return 0;
+}
+
+void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, void *arg) {
+  if (!m) return;
+  m->warn = fn;
+  m->warn_arg = arg;
+}
+
+const char *ckptio_manager_last_error(const ckptio_manager *m) { return m ? m->err : ""; }
+
+/* The open save is over, published or not: drop its temporary directory
+ * (gone already when published) and the lock. */
+static void end_save(ckptio_manager *m) {
+  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp);
+  free(m->w_tmp);
+  m->w_tmp = NULL;
+  m->w = NULL;
+  flock(m->dirfd, LOCK_UN);
+}
+
+void ckptio_manager_close(ckptio_manager *m) {
+  if (!m) return;
+  if (m->w) {
+    ckptio_writer_close(m->w);
+    end_save(m);
+  }
+  for (size_t i = 0; i < m->nlist; i++) mgr_entry_free(&m->list[i]);
+  free(m->list);
+  close(m->dirfd);
+  free(m->dir);
+  free(m);
+}
+
+/* Entries of a killed save (or removal) of this manager's kind. The lock
+ * is held, so no live save of another process owns them. */
+static int remove_strays(ckptio_manager *m) {
+  int fd = openat(m->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    int rc = -errno;
+    close(fd);
+    return rc;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, MGR_TMP_PREFIX, strlen(MGR_TMP_PREFIX)) != 0) continue;
+    int r = mgr_remove_tree(m->dirfd, e->d_name);
+    if (r < 0 && rc == 0) {
+      rc = r;
+      ckptio_err_fmt(m->err, sizeof(m->err), r, "%s/%s: cannot remove this temporary: %s", m->dir, e->d_name,
+                     strerror(-r));
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **out) {
+  if (out) *out = NULL;
+  if (!m || !out) return CKPTIO_E_INVALID_ARG;
+  m->err[0] = '\0';
+  if (m->w)
+    return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_STATE,
+                          "%s: the save of step %" PRIu64 " is still open (ckptio_manager_save_end)", m->dir,
+                          m->w_step);
+  if (flock(m->dirfd, LOCK_EX | LOCK_NB) != 0) {
+    int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+    return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: another save holds the directory's lock (%s)",
+                          m->dir, strerror(-rc));
+  }
+  int rc = remove_strays(m);
+  if (rc < 0) goto fail;
+  char what[64], tmp[128];
+  snprintf(what, sizeof(what), "tmp-step-%08" PRIu64, step);
+  mgr_tmp_name(m, what, tmp, sizeof(tmp));
+  if (mkdirat(m->dirfd, tmp, 0777) != 0) {
+    rc = ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s/%s: cannot create: %s", m->dir, tmp, strerror(errno));
+    goto fail;
+  }
+  m->w_tmp = strdup(tmp);
+  size_t pl = strlen(m->dir) + strlen(tmp) + 64;
+  char *path = malloc(pl);
+  if (!m->w_tmp || !path) {
+    free(path);
+    rc = ckptio_err_fmt(m->err, sizeof(m->err), -ENOMEM, "%s: out of memory", m->dir);
+    goto fail;
+  }
+  ckptio_writer *w = NULL;
+  if (m->mo.max_shard_bytes) {
+    snprintf(path, pl, "%s/%s", m->dir, tmp);
+    rc = ckptio_writer_open_sharded(m->ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
+                                    CKPTIO_SHARD_ORDER_ADDED, &m->opts, &w);
+  } else {
+    const char *file = m->mo.format == CKPTIO_FORMAT_PYTORCH ? "model.pt"
+                       : m->opts.compress_level             ? "model.safetensors.zst"
+                                                            : "model.safetensors";
+    snprintf(path, pl, "%s/%s/%s", m->dir, tmp, file);
+    rc = ckptio_writer_open(m->ctx, path, m->mo.format, &m->opts, &w);
+  }
+  free(path);
+  if (rc < 0) {
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "step %" PRIu64 ": %s", step, ckptio_last_open_error());
+    goto fail;
+  }
+  m->w = w;
+  m->w_step = step;
+  *out = w;
+  return 0;
+fail:
+  end_save(m);
+  return rc;
+}
+
+/* Moves the durable temporary directory to its step name; an existing
+ * checkpoint of that step is exchanged with it and then removed. */
+static int publish(ckptio_manager *m, const char *name) {
+  if (renameat2(m->dirfd, m->w_tmp, m->dirfd, name, RENAME_NOREPLACE) == 0) goto published;
+  if (errno == EINVAL || errno == ENOSYS) {
+    if (renameat(m->dirfd, m->w_tmp, m->dirfd, name) == 0) goto published;
+  }
+  if (errno != EEXIST && errno != ENOTEMPTY)
+    return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot rename %s to %s: %s", m->dir, m->w_tmp, name,
+                          strerror(errno));
+  /* A checkpoint of this step exists: the old one takes the temporary name,
+   * so a crash from here on leaves it a stray for the next save. */
+  if (renameat2(m->dirfd, m->w_tmp, m->dirfd, name, RENAME_EXCHANGE) != 0) {
+    if (errno != EINVAL && errno != ENOSYS)
+      return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot exchange %s with %s: %s", m->dir,
+                            m->w_tmp, name, strerror(errno));
+    char old[128];
+    mgr_tmp_name(m, "del-old", old, sizeof(old));
+    if (renameat(m->dirfd, name, m->dirfd, old) != 0 || renameat(m->dirfd, m->w_tmp, m->dirfd, name) != 0)
+      return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot replace %s: %s", m->dir, name,
+                            strerror(errno));
+    free(m->w_tmp);
+    m->w_tmp = strdup(old); /* removed by end_save; a stray if that fails */
+    return mgr_sync_dir(m);
+  }
+  return mgr_sync_dir(m); /* the old checkpoint, now at w_tmp, goes in end_save */
+published:
+  free(m->w_tmp);
+  m->w_tmp = NULL;
+  return mgr_sync_dir(m);
+}
+
+/* Removes what the keep rules let go, now that `step` is durable. */
+static int retain(ckptio_manager *m, uint64_t step) {
+  if (m->mo.keep_last == 0) return 0;
+  uint64_t *steps;
+  int64_t n = mgr_scan_steps(m, &steps);
+  if (n < 0) return (int)n;
+  int rc = 0, kept = 0;
+  for (int64_t i = n - 1; i >= 0; i--) {
+    uint64_t s = steps[i];
+    if (s == step) {
+      kept++;
+      continue;
+    }
+    int complete = 0, unknown = 0;
+    if (kept < m->mo.keep_last) {
+      mgr_entry e;
+      int r = mgr_check(m, s, 0, &e);
+      if (r < 0) {
+        rc = r;
+        break;
+      }
+      complete = e.complete;
+      unknown = !e.complete && !mgr_content_error(e.error);
+      mgr_entry_free(&e);
+    }
+    if (complete && kept < m->mo.keep_last) {
+      kept++;
+      continue;
+    }
+    if (unknown || s > step || (m->mo.keep_every && s % m->mo.keep_every == 0)) continue;
+    char name[MGR_STEP_NAME_MAX], del[128], what[64];
+    mgr_step_name(s, name, sizeof(name));
+    snprintf(what, sizeof(what), "del-step-%08" PRIu64, s);
+    mgr_tmp_name(m, what, del, sizeof(del));
+    /* Hidden first: a removal cut short leaves a stray, never a step
+     * directory with some files gone. */
+    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del) : -errno;
+    if (r < 0) {
+      mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, strerror(-r));
+      if (rc == 0) rc = r;
+    }
+  }
+  free(steps);
+  return rc;
+}
+
+int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
+  if (!m || !w || w != m->w) {
+    if (m) ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_INVALID_ARG, "%s: not the writer of the open save", m->dir);
+    return CKPTIO_E_INVALID_ARG;
+  }
+  m->err[0] = '\0';
+  uint64_t step = m->w_step;
+  int rc = ckptio_writer_wait_durable(w);
+  if (rc == CKPTIO_E_STATE)
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: the save of step %" PRIu64 " was never committed", m->dir, step);
+  else if (rc < 0)
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: step %" PRIu64 ": %s", m->dir, step, ckptio_writer_last_error(w));
+  int rc2 = ckptio_writer_close(w);
+  m->w = NULL;
+  if (rc == 0 && rc2 < 0)
+    rc = ckptio_err_fmt(m->err, sizeof(m->err), rc2, "%s: step %" PRIu64 ": %s", m->dir, step, ckptio_strerror(rc2));
+  if (rc < 0) goto out;
+
+  char name[MGR_STEP_NAME_MAX], line[MGR_STEP_NAME_MAX + 2];
+  mgr_step_name(step, name, sizeof(name));
+  rc = publish(m, name);
+  if (rc < 0) goto out;
+  /* Published: what follows cannot unpublish it, only be reported. */
+  snprintf(line, sizeof(line), "%s\n", name);
+  rc = mgr_write_latest(m, line);
+  if (rc < 0) {
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but %s could not be replaced: %s", m->dir,
+                   name, MGR_LATEST, strerror(-rc));
+    goto out;
+  }
+  rc = retain(m, step);
+  if (rc < 0)
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but retention failed: %s", m->dir, name,
+                   ckptio_strerror(rc));
+out:
+  end_save(m);
+  return rc;
+}
