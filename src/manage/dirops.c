@@ -55,27 +55,32 @@ void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...) 
   m->warn(m->warn_arg, step, code, msg);
 }
 
-static int remove_at(int dirfd, const char *name, int depth) {
-  if (unlinkat(dirfd, name, 0) == 0) return 0;
-  if (errno != EISDIR && errno != EPERM) return errno == ENOENT ? 0 : -errno;
-  if (depth > 4) return -ELOOP; /* the manager makes one level; more is not ours */
-  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+int mgr_opendir(int dirfd, const char *name, int flags, DIR **out) {
+  int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | flags);
   if (fd < 0) return -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
+  if (!(*out = fdopendir(fd))) {
     int rc = -errno;
     close(fd);
     return rc;
   }
-  int rc = 0;
+  return 0;
+}
+
+static int remove_at(int at, const char *name, int depth) {
+  if (unlinkat(at, name, 0) == 0) return 0;
+  if (errno != EISDIR && errno != EPERM) return errno == ENOENT ? 0 : -errno;
+  if (depth > 4) return -ELOOP; /* the manager makes one level; more is not ours */
+  DIR *d;
+  int rc = mgr_opendir(at, name, O_NOFOLLOW, &d);
+  if (rc < 0) return rc;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    int r = remove_at(fd, e->d_name, depth + 1);
+    int r = remove_at(dirfd(d), e->d_name, depth + 1);
     if (r < 0 && rc == 0) rc = r;
   }
   closedir(d);
-  if (rc == 0 && unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) rc = -errno;
+  if (rc == 0 && unlinkat(at, name, AT_REMOVEDIR) != 0 && errno != ENOENT) rc = -errno;
   return rc;
 }
 

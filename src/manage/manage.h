@@ -5,6 +5,7 @@
 #define CKPTIO_MANAGE_MANAGE_H
 
 #include <stddef.h>
+#include <dirent.h>
 #include <stdint.h>
 
 #include "ckptio.h"
@@ -64,6 +65,8 @@ int mgr_content_error(int code);
 
 /* Removes DIR/name and everything below it (a few levels at most).
  * @return 0 or -errno. */
+/* fdopendir of name under dirfd (O_DIRECTORY | O_CLOEXEC | flags); @return 0 or -errno. */
+int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
 int mgr_remove_tree(int dirfd, const char *name);
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
 void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);

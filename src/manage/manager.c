@@ -109,14 +109,9 @@ void ckptio_manager_close(ckptio_manager *m) {
 /* Entries of a killed save (or removal) of this manager's kind. The lock
  * is held, so no live save of another process owns them. */
 static int remove_strays(ckptio_manager *m) {
-  int fd = openat(m->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    int rc = -errno;
-    close(fd);
-    return rc;
-  }
+  DIR *d;
+  int orc = mgr_opendir(m->dirfd, ".", 0, &d);
+  if (orc < 0) return orc;
   int rc = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {

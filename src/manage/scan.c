@@ -20,14 +20,9 @@ static int cmp_u64(const void *a, const void *b) {
 
 int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
   *steps = NULL;
-  int fd = openat(m->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -errno;
-  DIR *d = fdopendir(fd);
-  if (!d) {
-    int rc = -errno;
-    close(fd);
-    return rc;
-  }
+  DIR *d;
+  int orc = mgr_opendir(m->dirfd, ".", 0, &d);
+  if (orc < 0) return orc;
   uint64_t *v = NULL;
   size_t n = 0, cap = 0;
   int64_t rc = 0;
