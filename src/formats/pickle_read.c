@@ -462,7 +462,9 @@ static int op_reduce(parser *s, int newobj) {
   if (t->type != CKPTIO_PV_TUPLE) return bad(s, "has arguments that are not a tuple");
   int kind = f->aux;
   uint32_t n = t->n;
-  const uint32_t *a = s->p->items + t->u.first;
+  /* An empty tuple may come before any item exists (items still NULL), and
+   * NULL + 0 is undefined: point at nothing instead. */
+  const uint32_t *a = n ? s->p->items + t->u.first : NULL;
   if (newobj) {
     if (kind == G_ODICT || kind == G_COUNTER) kind = G_ODICT, n = 0;  /* cls.__new__(cls) */
     else if (kind != G_SET) return unsupported(s, fn);
@@ -518,7 +520,7 @@ static int op_persid(parser *s) {
   int rc;
   if ((rc = pop(s, &pid)) < 0) return rc;
   const ckptio_pv *t = V(s, pid);
-  const uint32_t *a = t->type == CKPTIO_PV_TUPLE ? p->items + t->u.first : NULL;
+  const uint32_t *a = t->type == CKPTIO_PV_TUPLE && t->n ? p->items + t->u.first : NULL;
   size_t len;
   const char *tag = a && t->n ? ckptio_pickle_str(p, a[0], &len) : NULL;
   if (!tag || len != 7 || memcmp(tag, "storage", 7))
