@@ -3,11 +3,12 @@
 # UBSan, -DCKPTIO_FUZZ=ON) and runs each for a time or a count, seeded from
 # tests/fuzz/corpus/<target>. New inputs go to build-fuzz/corpus/<target>,
 # crashes to build-fuzz/crashes/<target>/; the committed corpus is only read.
-# Usage: scripts/fuzz.sh [--seconds N | --runs N] [--jobs N] [--smoke] [target...]
+# Usage: scripts/fuzz.sh [--seconds N | --runs N] [--smoke] [target...]
 #   --seconds N   run each target N seconds (default 60)
 #   --runs N      run each target N inputs instead
 #   --smoke       exit 77 (skip) when clang-14 is missing, for the suite
-#   target        safetensors torch zstd_table hf_index reader (default: all)
+#   target        a tests/fuzz/fuzz_<target>.c: safetensors torch zstd_table
+#                 hf_index reader (default: all of them)
 # Prints per target the executions reached, the coverage and any crash file;
 # exits non-zero when a target crashed, leaked or ran out of memory
 # (-rss_limit_mb=2048).
@@ -24,12 +25,17 @@ while (($#)); do
     --seconds) SECONDS_EACH="${2:?--seconds needs a value}"; RUNS=""; shift 2 ;;
     --runs) RUNS="${2:?--runs needs a value}"; shift 2 ;;
     --smoke) SMOKE=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) die "unknown option $1" ;;
     *) TARGETS+=("$1"); shift ;;
   esac
 done
-((${#TARGETS[@]})) || TARGETS=(safetensors torch zstd_table hf_index reader)
+if ((${#TARGETS[@]} == 0)); then
+  for f in "$ROOT"/tests/fuzz/fuzz_*.c; do
+    f=${f##*/fuzz_}
+    TARGETS+=("${f%.c}")
+  done
+fi
 
 CC_FUZZ="${CKPTIO_FUZZ_CC:-clang-14}"
 if ! command -v "$CC_FUZZ" >/dev/null; then

@@ -1,7 +1,8 @@
 /* The public path: the input becomes a file (a memfd, opened by its
  * /proc/self/fd path) that ckptio_reader_open detects and indexes, then every
- * tensor's info, metadata, the CRC check of the whole file and loads of the
- * small tensors. One small context serves every input; everything else is
+ * tensor's info, metadata, the CRC check of the whole file and loads and
+ * views of the small tensors. The last byte picks the load method and whether
+ * loads check CRCs, so every executor path sees hostile files. One small context serves every input; everything else is
  * freed per input, so a leak shows in LeakSanitizer. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,9 @@ static void exercise(ckptio_reader *r) {
     if (!dst) continue;
     ckptio_reader_load(r, i, dst, info.nbytes);
     free(dst);
+    const void *view = NULL;
+    uint64_t vbytes = 0;
+    if (ckptio_reader_view(r, i, &view, &vbytes) == 0 && vbytes != info.nbytes) abort();
     loaded += info.nbytes;
   }
   size_t unchecked = 0;
@@ -74,8 +78,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (write_all(fd, data, size) != 0) abort();
   char path[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  static const ckptio_load_method methods[4] = {CKPTIO_LOAD_AUTO, CKPTIO_LOAD_PREAD, CKPTIO_LOAD_MMAP,
+                                               CKPTIO_LOAD_DIRECT};
+  unsigned sel = size ? data[size - 1] : 0;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.load_method = methods[sel & 3];
+  o.crc = !(sel & 4);
   ckptio_reader *r = NULL;
-  if (ckptio_reader_open(ctx, path, NULL, &r) == 0) exercise(r);
+  if (ckptio_reader_open(ctx, path, &o, &r) == 0) exercise(r);
   ckptio_reader_close(r);
   close(fd);
   return 0;
