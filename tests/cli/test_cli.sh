@@ -10,24 +10,7 @@ CKPTIO=${1:?usage: test_cli.sh PATH/TO/ckptio [PATH/TO/fake/libcudart.so.13]}
 FAKE_CUDART=${2:-}
 T=$(mktemp -d "${PWD}/cli-test.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
-fails=0
-
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-# expect CODE NAME -- runs the rest, keeps stdout+stderr in $T/out
-expect() {
-  local want=$1 name=$2
-  shift 2
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  cat "$T/err" >>"$T/out"
-  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
-    fail "$name: exit $got, expected $want"; sed 's/^/     | /' "$T/out"; fi
-}
-mentions() {
-  if grep -qi -- "$2" "$T/out"; then pass "$1 mentions '$2'"; else
-    fail "$1 does not mention '$2'"; sed 's/^/     | /' "$T/out"; fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 # flip_byte FILE OFFSET: inverts one byte in place
 flip_byte() {
   local v
@@ -172,5 +155,4 @@ fi
 leftover=$(find "$T" -name '.ckptio-bench-*' | wc -l)
 [ "$leftover" -eq 0 ] && pass "no scratch files left" || fail "$leftover scratch files left in $T"
 
-if [ "$fails" -ne 0 ]; then echo "$fails checks failed"; exit 1; fi
-echo "all checks passed"
+finish_checks

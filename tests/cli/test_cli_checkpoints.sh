@@ -9,19 +9,7 @@ CKPTIO=${1:?usage: test_cli_checkpoints.sh PATH/TO/ckptio PATH/TO/crash_driver}
 DRIVER=${2:?usage: test_cli_checkpoints.sh PATH/TO/ckptio PATH/TO/crash_driver}
 T=$(mktemp -d "${PWD}/cli-checkpoints-test.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
-fails=0
-
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-expect() {
-  local want=$1 name=$2
-  shift 2
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  cat "$T/err" >>"$T/out"
-  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
-    fail "$name: exit $got, expected $want"; sed 's/^/     | /' "$T/out"; fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 mentions() {
   if grep -qE -- "$2" "$T/out"; then pass "$1 mentions '$2'"; else
     fail "$1 does not mention '$2'"; sed 's/^/     | /' "$T/out"; fi
@@ -64,5 +52,4 @@ expect 2 "checkpoints of a missing dir" "$CKPTIO" checkpoints "$T/nothing"
 expect 2 "checkpoints --bogus" "$CKPTIO" checkpoints --bogus "$D"
 expect 0 "help checkpoints" "$CKPTIO" help checkpoints
 
-[ "$fails" -eq 0 ] && echo "PASS test_cli_checkpoints" || echo "FAILED: $fails check(s)"
-[ "$fails" -eq 0 ]
+finish_checks

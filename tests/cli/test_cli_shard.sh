@@ -8,23 +8,7 @@ set -u
 CKPTIO=${1:?usage: test_cli_shard.sh PATH/TO/ckptio}
 T=$(mktemp -d "${PWD}/cli-shard-test.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
-fails=0
-
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-expect() {
-  local want=$1 name=$2
-  shift 2
-  "$@" >"$T/out" 2>"$T/err"
-  local got=$?
-  cat "$T/err" >>"$T/out"
-  if [ "$got" -eq "$want" ]; then pass "$name (exit $got)"; else
-    fail "$name: exit $got, expected $want"; sed 's/^/     | /' "$T/out"; fi
-}
-mentions() {
-  if grep -qi -- "$2" "$T/out"; then pass "$1 mentions '$2'"; else
-    fail "$1 does not mention '$2'"; sed 's/^/     | /' "$T/out"; fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 # name:crc pairs of every tensor, sorted, from inspect --json
 tensor_crcs() {
   "$CKPTIO" inspect --json "$1" | python3 -c 'import json,sys
@@ -86,5 +70,4 @@ leftover=$(find "$T" -maxdepth 1 -name '.ckptio-bench-*' | wc -l)
 [ "$leftover" -eq 0 ] && pass "bench left no scratch files" || fail "$leftover scratch files left in $T"
 expect 2 "convert --max-shard-size 0" "$CKPTIO" convert "$F" "$T/x" --max-shard-size 0
 
-if [ "$fails" -ne 0 ]; then echo "$fails checks failed"; exit 1; fi
-echo "all checks passed"
+finish_checks
