@@ -64,7 +64,9 @@ typedef enum ckptio_error {
   CKPTIO_E_ZIP = -1022,           /* corrupt zip archive (directory, headers, bounds) */
   CKPTIO_E_ZSTD = -1023,          /* corrupt zstd frame or seek table */
   CKPTIO_E_SHARD = -1024,         /* invalid shard index or inconsistent shard set */
-  CKPTIO_E_ERROR_MIN = CKPTIO_E_SHARD
+  CKPTIO_E_RANK = -1025,          /* another rank of a multi-rank save failed,
+                                     or the ranks' tensors disagree */
+  CKPTIO_E_ERROR_MIN = CKPTIO_E_RANK
 } ckptio_error;
 
 /*! ckptio_strerror() :
@@ -727,6 +729,155 @@ typedef enum ckptio_shard_order {
 int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                                uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
                                ckptio_writer **out);
+
+/* ---------------------------------------------------------------- ranks */
+
+/* Multi-rank checkpoints: N processes (ranks) save one checkpoint together,
+ * and any number of ranks load any box of any tensor of it.
+ *
+ * The model. A checkpoint holds global tensors (name, dtype, global shape).
+ * Each rank adds the parts it holds: a whole tensor (ckptio_writer_add), or
+ * an N-dimensional box of one (ckptio_writer_add_part: offsets and sizes per
+ * dimension, as row or column tensor-parallel splits, FSDP's dim-0 shards and
+ * 2-D meshes cut them). A tensor or box added by several ranks (replicated) is
+ * written once: by one of its holders, chosen deterministically to balance
+ * the bytes each rank writes (so N data-parallel replicas each write 1/N).
+ *
+ * The files, in `dir`: `{prefix}-KKKKK-of-MMMMM.safetensors`, one per rank
+ * that has bytes to write (M of them, numbered in rank order), each a valid
+ * safetensors file whose keys are the tensor names (a part is stored under
+ * its tensor's name, with the part's shape), and `{prefix}.safetensors.
+ * index.json`, the Hugging Face index: whole tensors in "weight_map"; split
+ * tensors in a "ckptio" section that other tools ignore (docs/FORMATS.md has
+ * it byte for byte). When every tensor is whole, the checkpoint is exactly a
+ * sharded set as ckptio_writer_open_sharded writes it, which transformers
+ * and huggingface tools load.
+ *
+ * The commit. Atomic as a whole: every rank writes and syncs its file as a
+ * temporary file; the ranks agree through the communicator that all
+ * succeeded; each rank then swaps its file into place, the ranks agree
+ * again, and rank 0 writes the index last. Any failure before the index is
+ * renamed — on any rank — puts every replaced file back and removes every
+ * temporary file: each rank's save returns an error naming the failed rank
+ * and its reason (the failed rank its own code, the others CKPTIO_E_RANK),
+ * and the previous checkpoint at that path is complete. A process killed
+ * mid-save leaves the previous checkpoint in place, or (killed between the
+ * swaps) a mix the reader refuses by the save id, naming the file; hidden
+ * temp files of the killed save remain until a later save to `dir` with
+ * the same prefix removes them (CKPTIO_E_SHARD names what it found).
+ *
+ * The communicator. The library links no MPI or NCCL: the caller passes the
+ * rank, the size and two collectives as callbacks. They are called only from
+ * the thread that calls ckptio_writer_commit_async, ckptio_writer_wait_durable,
+ * ckptio_writer_commit or ckptio_writer_close on a multi-rank writer, never
+ * from the pool; those calls are collective (every rank makes them, in the
+ * same order). include/ckptio_mpi.h fills one from an MPI communicator;
+ * ckptio_comm_single is the one-process one. */
+
+/* Rank `rank` of `nranks`, with two collectives over the caller's engine.
+ * Each returns 0, or a negative code that fails the save on this rank. */
+typedef struct ckptio_comm {
+  size_t size;     /* sizeof(ckptio_comm) */
+  int rank;        /* 0 <= rank < nranks */
+  int nranks;
+  void *user;      /* handed to the callbacks */
+  /* Every rank gives `bytes` bytes at `send` (the same count on all ranks);
+   * `recv` (nranks * bytes) receives rank r's at r * bytes, on every rank. */
+  int (*allgather)(void *user, const void *send, void *recv, size_t bytes);
+  /* The `bytes` bytes at `buf` on rank `root` are copied to `buf` on every
+   * rank. */
+  int (*broadcast)(void *user, void *buf, size_t bytes, int root);
+} ckptio_comm;
+
+/*! The one-process communicator: rank 0 of 1, collectives are copies. */
+void ckptio_comm_single(ckptio_comm *out);
+
+/*! ckptio_writer_open_ranks() :
+ *  Opens this rank's side of a multi-rank save into `dir` (which must exist
+ *  and be the same directory on every rank: a shared filesystem, or one
+ *  machine). Not collective.
+ *  @comm    copied (the callbacks and `user` are borrowed until close).
+ *  @dir @prefix  copied; prefix as for ckptio_writer_open_sharded.
+ *  @opts    NULL for the context's defaults; copied; compress_level must be 0.
+ *  @return 0 and *out, or CKPTIO_E_INVALID_ARG (bad comm, prefix),
+ *          CKPTIO_E_FORMAT (compression), -ENOENT / -ENOTDIR for dir.
+ *  On the writer: add (a whole tensor), add_part, set_metadata (every file's
+ *  __metadata__ and, from rank 0, the index's), set_stream, commit_async
+ *  (collective: gathers every rank's parts, checks them — the same global
+ *  shape and dtype on every rank, parts inside it, not overlapping unless
+ *  identical, covering every tensor exactly; a violation fails every rank
+ *  with CKPTIO_E_RANK naming the tensor and the ranks — then starts this
+ *  rank's file), wait_snapshot / poll_snapshot (this rank's snapshot point:
+ *  local), wait_durable / commit / close (collective: the agreement and the
+ *  publication described above), poll_durable (1 only once wait_durable
+ *  has published), progress and stats (this rank's file), shard_count (the
+ *  checkpoint's files once committed). */
+int ckptio_writer_open_ranks(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
+                             const ckptio_options *opts, ckptio_writer **out);
+
+/*! ckptio_writer_add_part() :
+ *  Adds a box of a global tensor: `t` describes the box as a tensor (its
+ *  name is the global tensor's, t->shape the box's sizes, t->data the box's
+ *  bytes row-major, borrowed as for ckptio_writer_add), `global_shape` and
+ *  `offsets` (t->ndim each, copied) place it: dimension d covers
+ *  [offsets[d], offsets[d] + t->shape[d]) of global_shape[d]. A rank adds at
+ *  most one part of a tensor. Other writers take only boxes that are the
+ *  whole tensor (then it is ckptio_writer_add).
+ *  @return 0, CKPTIO_E_INVALID_ARG (box outside the global shape; a part on a
+ *          writer that is not multi-rank), CKPTIO_E_DUPLICATE, or the codes
+ *          of ckptio_writer_add. */
+int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
+                           const int64_t *offsets);
+
+/* Reading: ckptio_reader_open on the index (or its directory) opens the
+ * checkpoint as one: count / find / info list the global tensors (info's
+ * offset is 0 and has_crc 0 for a split tensor: each part has its own CRC),
+ * load_many and slices assemble them from their parts, each part's CRC
+ * checked when the part is read whole; verify checks every part. A split
+ * tensor has no bytes in place: view refuses it (CKPTIO_E_FORMAT). The index
+ * is checked when opened: every rule of a sharded set, plus for the "ckptio"
+ * section: parts inside the global shape, of the tensor's dtype, never
+ * overlapping, covering it exactly, each file's entry of the part's shape;
+ * failures are CKPTIO_E_SHARD naming the tensor, the part and the file. */
+
+/*! Parts of tensor `index`: 1 for a tensor stored whole, else its parts. */
+size_t ckptio_reader_part_count(const ckptio_reader *r, size_t index);
+/*! Part k of tensor `index`: the file holding it (borrowed until close), its
+ *  offsets and sizes in the global tensor (ndim values each, into arrays of
+ *  CKPTIO_MAX_DIMS). Any out pointer may be NULL. @return 0 or
+ *  CKPTIO_E_INVALID_ARG. */
+int ckptio_reader_part(const ckptio_reader *r, size_t index, size_t k, const char **path, int64_t *offsets,
+                       int64_t *sizes);
+
+/* A box of a tensor to load: dimension d from start[d] to stop[d] (0 <=
+ * start <= stop <= shape), landing in `dst` contiguous and row-major, shaped
+ * stop - start. Any checkpoint takes boxes (a plain file's tensor is one
+ * part). */
+typedef struct ckptio_box_request {
+  size_t index;
+  int64_t start[CKPTIO_MAX_DIMS];
+  int64_t stop[CKPTIO_MAX_DIMS];
+  void *dst;           /* memory of `device`, written, never kept */
+  uint64_t dst_bytes;  /* at least ckptio_reader_box_nbytes() */
+  int device;          /* CKPTIO_DEVICE_HOST or CKPTIO_DEVICE_CUDA(n) */
+  int verified;        /* out: 1 when every byte was covered by a checked
+                          CRC (every stored part it touches lies inside the
+                          box), else 0 */
+  uint64_t bytes_read; /* out: bytes read from the files (PREAD reads exactly
+                          the box's bytes of each part) */
+} ckptio_box_request;
+
+/*! ckptio_reader_box_nbytes() :
+ *  @return the bytes of the box (what dst must hold), or
+ *          CKPTIO_E_INVALID_ARG (no such tensor, a box outside it),
+ *          CKPTIO_E_MISALIGNED (a sub-byte dtype cut off a byte boundary). */
+int64_t ckptio_reader_box_nbytes(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop);
+/*! ckptio_reader_load_boxes() :
+ *  Loads the boxes in parallel on the pool, reading from each stored part
+ *  only the bytes that overlap the box. @return 0, or the codes of
+ *  ckptio_reader_box_nbytes, CKPTIO_E_BUFFER_TOO_SMALL, CKPTIO_E_DEVICE,
+ *  CKPTIO_E_CHECKSUM, I/O errors. */
+int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t n);
 
 /* ---------------------------------------------------------------- manager */
 

@@ -36,6 +36,7 @@ static const struct {
     {"ZIP", "corrupt zip archive"},
     {"ZSTD", "corrupt zstd frame or seek table"},
     {"SHARD", "invalid shard index or inconsistent shard set"},
+    {"RANK", "another rank failed or the ranks disagree"},
 };
 _Static_assert(sizeof(kErrors) / sizeof(kErrors[0]) == CKPTIO_E_INVALID_ARG - CKPTIO_E_ERROR_MIN + 1,
                "one entry per code of enum ckptio_error");
