@@ -801,13 +801,15 @@ void ckptio_comm_single(ckptio_comm *out);
  *  @opts    NULL for the context's defaults; copied; compress_level must be 0.
  *  @return 0 and *out, or CKPTIO_E_INVALID_ARG (bad comm, prefix),
  *          CKPTIO_E_FORMAT (compression), -ENOENT / -ENOTDIR for dir.
- *  On the writer: add (a whole tensor), add_part, set_metadata (every file's
- *  __metadata__ and, from rank 0, the index's), set_stream, commit_async
+ *  On the writer: add (a whole tensor), add_part, set_metadata (into every
+ *  file's __metadata__), set_stream, commit_async
  *  (collective: gathers every rank's parts, checks them — the same global
  *  shape and dtype on every rank, parts inside it, not overlapping unless
  *  identical, covering every tensor exactly; a violation fails every rank
  *  with CKPTIO_E_RANK naming the tensor and the ranks — then starts this
- *  rank's file), wait_snapshot / poll_snapshot (this rank's snapshot point:
+ *  rank's file; a failure here is this rank's alone — it returns it, and
+ *  must still call wait_durable or close, where the others learn of it),
+ *  wait_snapshot / poll_snapshot (this rank's snapshot point:
  *  local), wait_durable / commit / close (collective: the agreement and the
  *  publication described above), poll_durable (1 only once wait_durable
  *  has published), progress and stats (this rank's file), shard_count (the
@@ -834,7 +836,8 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
  * offset is 0 and has_crc 0 for a split tensor: each part has its own CRC),
  * load_many and slices assemble them from their parts, each part's CRC
  * checked when the part is read whole; verify checks every part. A split
- * tensor has no bytes in place: view refuses it (CKPTIO_E_FORMAT). The index
+ * tensor has no bytes in place: view refuses it, and so do slice_ranges and
+ * plan_rank (CKPTIO_E_FORMAT; ckptio_reader_part lists its parts). The index
  * is checked when opened: every rule of a sharded set, plus for the "ckptio"
  * section: parts inside the global shape, of the tensor's dtype, never
  * overlapping, covering it exactly, each file's entry of the part's shape;

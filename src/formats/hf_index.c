@@ -9,7 +9,7 @@
 #include "formats/json.h"
 
 /* A shard name must stay in the index's directory. */
-static const char *bad_file_name(const char *f, size_t len) {
+const char *ckptio_hf_bad_file_name(const char *f, size_t len) {
   if (len == 0) return "is empty";
   if (strlen(f) != len) return "contains a NUL byte";
   if (f[0] == '/') return "is an absolute path";
@@ -102,7 +102,7 @@ static int parse_weight_map(ckptio_json *j, ckptio_hf_index *s) {
     const char *f;
     size_t n;
     if ((rc = ckptio_json_string(j, &f, &n)) < 0) return rc;
-    const char *why = bad_file_name(f, n);
+    const char *why = ckptio_hf_bad_file_name(f, n);
     if (why) return ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "weight_map: file '%s' of tensor '%s' %s", f, e->tensor, why);
     if (!(e->file_name = strdup(f))) return -ENOMEM;
   }
@@ -113,6 +113,16 @@ static int cmp_map(const void *a, const void *b) {
   return strcmp(((const ckptio_hf_entry *)a)->tensor, ((const ckptio_hf_entry *)b)->tensor);
 }
 static int cmp_strp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The index of *name in the deduplicated files; the files array keeps
+ * the one copy it holds and any other copy is freed. */
+static size_t take_file(ckptio_hf_index *s, char **name) {
+  char **hit = bsearch(name, s->files, s->nfiles, sizeof(char *), cmp_strp);
+  size_t k = (size_t)(hit - s->files);
+  if (s->files[k] != *name) free(*name);
+  *name = NULL;
+  return k;
+}
 
 /* Parses the index into s: weight_map sorted by tensor, the unique files. */
 static int parse_index(const uint8_t *buf, size_t len, ckptio_hf_index *s) {
@@ -125,21 +135,22 @@ static int parse_index(const uint8_t *buf, size_t len, ckptio_hf_index *s) {
     goto out;
   }
   ckptio_json_init(&j, buf, len, msg, sizeof(msg));
-  int seen_meta = 0, seen_map = 0;
+  int seen_meta = 0, seen_map = 0, seen_parts = 0;
   size_t count = 0;
   const char *key;
   if ((rc = ckptio_json_object_begin(&j)) == 0) {
     while ((rc = ckptio_json_object_next(&j, &count, &key)) == 1) {
-      int is_meta = !strcmp(key, "metadata"), is_map = !strcmp(key, "weight_map");
-      if ((is_meta && seen_meta++) || (is_map && seen_map++)) {
-        rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "key \"%s\" appears twice", is_meta ? "metadata" : "weight_map");
+      int is_meta = !strcmp(key, "metadata"), is_map = !strcmp(key, "weight_map"), is_parts = !strcmp(key, "ckptio");
+      if ((is_meta && seen_meta++) || (is_map && seen_map++) || (is_parts && seen_parts++)) {
+        rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "key \"%s\" appears twice", key);
         break;
       }
       if (is_meta && ckptio_json_peek(&j) != '{') {
         rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "\"metadata\" is not an object");
         break;
       }
-      rc = is_meta ? parse_metadata(&j, s) : is_map ? parse_weight_map(&j, s) : ckptio_json_skip_value(&j);
+      rc = is_meta ? parse_metadata(&j, s) : is_map ? parse_weight_map(&j, s) : is_parts ? ckptio_parts_parse(&j, s)
+                                                                                   : ckptio_json_skip_value(&j);
       if (rc < 0) break;
     }
   }
@@ -155,7 +166,7 @@ static int parse_index(const uint8_t *buf, size_t len, ckptio_hf_index *s) {
     rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "no \"weight_map\" object");
     goto out;
   }
-  if (s->nmap == 0) {
+  if (s->nmap == 0 && s->nsplit == 0) { /* a checkpoint of only split tensors has an empty map */
     rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "weight_map is empty");
     goto out;
   }
@@ -165,26 +176,28 @@ static int parse_index(const uint8_t *buf, size_t len, ckptio_hf_index *s) {
       rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "weight_map: tensor '%s' appears twice", s->map[i].tensor);
       goto out;
     }
-  /* The unique files, sorted; each entry then points at its file. */
-  if (!(s->files = calloc(s->nmap, sizeof(char *)))) {
+  /* The unique files (weight_map's and the parts'), sorted; each entry and
+   * part then points at its file, and the files array owns each name once. */
+  size_t nparts = 0;
+  for (size_t i = 0; i < s->nsplit; i++) nparts += s->split[i].nparts;
+  if (!(s->files = calloc(s->nmap + nparts + 1, sizeof(char *)))) {
     rc = -ENOMEM;
     goto out;
   }
-  for (size_t i = 0; i < s->nmap; i++) s->files[i] = s->map[i].file_name;
-  qsort(s->files, s->nmap, sizeof(char *), cmp_strp);
   size_t n = 0;
-  for (size_t i = 0; i < s->nmap; i++)
-    if (n == 0 || strcmp(s->files[n - 1], s->files[i])) s->files[n++] = s->files[i];
-  s->nfiles = n;
-  for (size_t i = 0; i < s->nmap; i++) {
-    char **hit = bsearch(&s->map[i].file_name, s->files, n, sizeof(char *), cmp_strp);
-    s->map[i].file = (size_t)(hit - s->files);
-  }
-  /* The files array now owns one copy of each name. */
-  for (size_t i = 0; i < s->nmap; i++) {
-    if (s->files[s->map[i].file] != s->map[i].file_name) free(s->map[i].file_name);
-    s->map[i].file_name = NULL;
-  }
+  for (size_t i = 0; i < s->nmap; i++) s->files[n++] = s->map[i].file_name;
+  for (size_t i = 0; i < s->nsplit; i++)
+    for (size_t k = 0; k < s->split[i].nparts; k++) s->files[n++] = s->split[i].parts[k].file_name;
+  qsort(s->files, n, sizeof(char *), cmp_strp);
+  size_t u = 0;
+  for (size_t i = 0; i < n; i++)
+    if (u == 0 || strcmp(s->files[u - 1], s->files[i])) s->files[u++] = s->files[i];
+  s->nfiles = u;
+  for (size_t i = 0; i < s->nmap; i++) s->map[i].file = take_file(s, &s->map[i].file_name);
+  for (size_t i = 0; i < s->nsplit; i++)
+    for (size_t k = 0; k < s->split[i].nparts; k++)
+      s->split[i].parts[k].file = take_file(s, &s->split[i].parts[k].file_name);
+  rc = ckptio_parts_check(s);
 out:
   return rc;
 }
@@ -196,8 +209,8 @@ int ckptio_hf_index_parse(const uint8_t *buf, size_t len, ckptio_hf_index *out) 
 
 void ckptio_hf_index_free(ckptio_hf_index *s) {
   for (size_t k = 0; k < s->nfiles; k++) free(s->files[k]);
-  if (!s->nfiles) /* failed before deduplication: names still in map */
-    for (size_t i = 0; i < s->nmap; i++) free(s->map[i].file_name);
+  for (size_t i = 0; i < s->nmap; i++) free(s->map[i].file_name); /* NULL once deduplicated */
+  ckptio_parts_free(s);
   for (size_t i = 0; i < s->nmap; i++) free(s->map[i].tensor);
   for (size_t i = 0; i < s->nindex_meta; i++) {
     free(s->index_meta[i].key);

@@ -38,8 +38,8 @@ static int put_metadata(ckptio_json_out *o, const ckptio_kv *meta, size_t nmeta,
   return rc;
 }
 
-int ckptio_hf_index_write(const ckptio_hf_weight *weights, size_t n, const ckptio_kv *meta, size_t nmeta,
-                          uint64_t total_size, ckptio_json_out *out) {
+int ckptio_hf_index_write(const ckptio_hf_weight *weights, size_t n, const ckptio_split_out *split, size_t nsplit,
+                          const ckptio_kv *meta, size_t nmeta, uint64_t total_size, ckptio_json_out *out) {
   for (size_t i = 0; i < nmeta; i++)
     if (strcmp(meta[i].key, "total_size") == 0) return CKPTIO_E_INVALID_ARG;
   ckptio_hf_weight *w = calloc(n + 1, sizeof(*w));
@@ -62,7 +62,15 @@ int ckptio_hf_index_write(const ckptio_hf_weight *weights, size_t n, const ckpti
     rc |= ckptio_json_out_puts(out, ": ");
     rc |= ckptio_json_out_string(out, w[i].file);
   }
-  rc |= ckptio_json_out_puts(out, n ? "\n  }\n}\n" : "}\n}\n");
+  rc |= ckptio_json_out_puts(out, n ? "\n  }" : "}");
+  if (nsplit && rc == 0) { /* split tensors: the ckptio section, after the Hugging Face keys */
+    rc = ckptio_json_out_puts(out, ",\n");
+    if (rc == 0) rc = ckptio_parts_write(split, nsplit, out);
+    if (rc == CKPTIO_E_DUPLICATE) goto out;
+    rc |= ckptio_json_out_puts(out, "}\n");
+  } else {
+    rc |= ckptio_json_out_puts(out, "\n}\n");
+  }
   rc = rc ? -ENOMEM : 0;
 out:
   free(w);

@@ -4,6 +4,7 @@
  * is final, so a failure at the k-th rename can put files 1..k-1 back. */
 #include "io/publish.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -88,4 +89,51 @@ int ckptio_dir_sync(const char *dir) {
   int rc = fsync(fd) < 0 ? -errno : 0;
   close(fd);
   return rc;
+}
+
+/* Shards of an earlier save with another count are stale once a set is
+ * published: nothing refers to them any more. Removed as transformers'
+ * save_pretrained does; only names exactly of the pattern, best effort. */
+void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t plen = strlen(prefix);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    unsigned k, m;
+    int used = 0;
+    if (strncmp(n, prefix, plen) || n[plen] != '-') continue;
+    if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0')
+      continue;
+    char want[4096];
+    snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", prefix, k, m);
+    if (strcmp(want, n) || m == nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
+    char *p = ckptio_path_join(dir, n);
+    if (p) unlink(p);
+    free(p);
+  }
+  closedir(d);
+}
+
+/* Temp files (".NAME.ckptio-tmp-*", io/file.c) of the set's own names: the
+ * shards' "{prefix}-" and the index's "{prefix}.safetensors.index.json". */
+void ckptio_remove_stray_temps(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t plen = strlen(prefix);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *n = e->d_name;
+    if (n[0] != '.' || strncmp(n + 1, prefix, plen) || !strstr(n + 1 + plen, ".ckptio-tmp-")) continue;
+    const char *rest = n + 1 + plen;
+    unsigned k, m;
+    int used = 0;
+    int shard = sscanf(rest, "-%5u-of-%5u.safetensors.ckptio-tmp-%n", &k, &m, &used) == 2 && used > 0;
+    if (!shard && strncmp(rest, ".safetensors.index.json.ckptio-tmp-", 35)) continue;
+    char *p = ckptio_path_join(dir, n);
+    if (p) unlink(p);
+    free(p);
+  }
+  closedir(d);
 }

@@ -36,6 +36,14 @@ void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how);
 /* The set is final: removes the old file kept by an exchange and closes. */
 void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how);
 
+/* After a set "{prefix}-KKKKK-of-NNNNN.safetensors" is published: removes
+ * the files of that pattern with another count than nshards (an earlier
+ * save's). Best effort. */
+void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards);
+/* Removes the hidden temp files of a set's names that a killed save left
+ * (only while no other save of that prefix runs in dir). Best effort. */
+void ckptio_remove_stray_temps(const char *dir, const char *prefix);
+
 /* fsync of a directory. @return 0 or -errno. */
 int ckptio_dir_sync(const char *dir);
 

@@ -67,12 +67,35 @@ static void byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len) {
     }
 }
 
+/* Output bytes [off, off + len) of a scattered request, each run's piece
+ * to its place: dst + run * dpitch. */
+static int scatter(ckptio_run *r, const ckptio_xreq *q, uint64_t off, const unsigned char *bytes, uint64_t len) {
+  ckptio_job *j = r->job;
+  for (uint64_t x = off, n; x < off + len; x += n) {
+    uint64_t k = x / q->drun, within = x % q->drun;
+    n = q->drun - within < off + len - x ? q->drun - within : off + len - x;
+    unsigned char *to = q->dst + k * q->dpitch + within;
+    const unsigned char *from = bytes + (x - off);
+    if (q->gpu < 0) {
+      memcpy(to, from, (size_t)n);
+      continue;
+    }
+    char detail[CKPTIO_ERRLEN];
+    int rc = ckptio_gpu_h2d_slot(r->x->ctx->gpu, q->gpu, ckptio_ring_slot_index(r->x->ctx->ring, j->slot), to, from,
+                                 (size_t)n, detail, sizeof(detail));
+    if (rc < 0)
+      return ckptio_err_fmt(r->msg, sizeof(r->msg), rc, "%s: part of tensor '%s' to GPU %d: %s", q->src->path,
+                            q->e->name, q->gpu, detail);
+  }
+  return 0;
+}
+
 int ckptio_run_deliver(ckptio_run *r, size_t k, const unsigned char *bytes, int writable) {
   ckptio_part *p = ckptio_run_part(r, k);
   ckptio_xreq *q = p->q;
   ckptio_job *j = r->job;
   if (q->dst) {
-    unsigned char *host = q->gpu < 0 ? q->dst + p->off : NULL;
+    unsigned char *host = ckptio_xreq_host(q) ? q->dst + p->off : NULL;
     if (q->e->byteswap && !q->raw && ckptio_entry_elem(q->e) > 1) {
       /* After the CRC, which covers the file's bytes. */
       unsigned char *w = writable ? (unsigned char *)bytes : host ? host : j->slot;
@@ -81,7 +104,12 @@ int ckptio_run_deliver(ckptio_run *r, size_t k, const unsigned char *bytes, int 
       bytes = w;
     }
     if (host && bytes != host) memcpy(host, bytes, (size_t)p->len);
-    if (!host) {
+    if (q->dpitch) {
+      uint64_t t = ckptio_now_ns();
+      int rc = scatter(r, q, p->off, bytes, p->len);
+      if (q->gpu >= 0) r->device_ns += ckptio_now_ns() - t;
+      if (rc < 0) return rc;
+    } else if (!host) {
       ckptio_gpu *g = r->x->ctx->gpu;
       char detail[CKPTIO_ERRLEN];
       uint64_t t = ckptio_now_ns();

@@ -127,7 +127,8 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
       if (!j) return -ENOMEM;
       j->method = method;
       /* A GPU job holds a slot even when mapped: its event tracks the copy. */
-      j->need_slot = q->gpu >= 0 || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
+      /* A scattered box always: its bytes are assembled there first. */
+      j->need_slot = q->gpu >= 0 || q->dpitch || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
                      (method == CKPTIO_LOAD_DIRECT && !gathers(q));
       pl->parts[j->first] = (ckptio_part){q, off, q->g.nbytes - off < cap ? q->g.nbytes - off : cap, 0};
     }
@@ -271,7 +272,7 @@ static int plain_run(ckptio_source *s, ckptio_run *x) {
   plain *p = P(s);
   ckptio_part *t = ckptio_run_part(x, 0);
   const ckptio_xreq *q = t->q;
-  unsigned char *host = q->gpu < 0 && q->dst ? q->dst + t->off : NULL;
+  unsigned char *host = ckptio_xreq_host(q) ? ckptio_xreq_host(q) + t->off : NULL;
   unsigned char *out = host ? host : ckptio_run_job(x)->slot;
   if (gathers(q)) return run_gather(p, x, t, out);
   if (q->g.count == 1) return run_contiguous(p, x, t, host, q->e->offset + q->g.src0 + t->off);

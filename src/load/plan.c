@@ -54,6 +54,11 @@ int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int6
   ckptio_geom g;
   int rc = ckptio_slice_geom_of(r, index, dim, start, stop, &g);
   if (rc < 0) return rc;
+  if (ckptio_reader_part_count(r, index) > 1)
+    return rfail(r, CKPTIO_E_FORMAT,
+                 "%s: tensor '%s' is stored in %zu parts: list them with ckptio_reader_part, load with "
+                 "ckptio_reader_load_boxes",
+                 r->src->path, ckptio_reader_entry(r, index)->name, ckptio_reader_part_count(r, index));
   emitter m = {.out = ranges, .cap = cap};
   r->src->ops->ranges(r->src, index, &g, emit, &m);
   close_range(&m);

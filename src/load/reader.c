@@ -2,6 +2,8 @@
  * questions about it, and turn loads and verifies into executor requests. */
 #include "load/reader.h"
 
+#include "load/box.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -222,22 +224,38 @@ int ckptio_reader_check_device(ckptio_reader *r, const ckptio_entry *e, const vo
   return 0;
 }
 
-size_t ckptio_reader_tensor_reqs(ckptio_reader *r, size_t index, void *dst, int gpu, int check, ckptio_xreq *qs) {
-  size_t local;
-  ckptio_source *m = r->src->ops->member(r->src, index, &local, NULL);
-  const ckptio_entry *e = &m->idx.entries[local];
+/* A stored entry whole: a view is gathered, and its storage record checked
+ * by a second request. */
+static int entry_reqs(ckptio_source *m, const ckptio_entry *e, unsigned char *dst, int gpu, int check,
+                      ckptio_xreqs *v) {
   check = check && e->has_crc;
   uint64_t view = ckptio_entry_view_bytes(e);
-  size_t n = 0;
   if (e->strided && dst) { /* gathered from its storage; the CRC covers the storage record */
-    qs[n++] = (ckptio_xreq){.src = m, .e = e, .dst = dst, .gpu = gpu, .g = {0, view, view, view ? 1 : 0, view, 1}};
-    if (!check) return n;
+    ckptio_xreq q = {.src = m, .e = e, .dst = dst, .gpu = gpu, .g = {0, view, view, view ? 1 : 0, view, 1}};
+    if (ckptio_xreqs_push(v, &q) < 0) return -ENOMEM;
+    if (!check) return 0;
     dst = NULL;
     gpu = -1;
   }
-  qs[n++] = (ckptio_xreq){.src = m, .e = e, .dst = dst, .gpu = gpu, .raw = !dst, .check = check,
-                          .g = {0, e->nbytes, e->nbytes, e->nbytes ? 1 : 0, e->nbytes, 1}};
-  return n;
+  ckptio_xreq q = {.src = m, .e = e, .dst = dst, .gpu = gpu, .raw = !dst, .check = check,
+                   .g = {0, e->nbytes, e->nbytes, e->nbytes ? 1 : 0, e->nbytes, 1}};
+  return ckptio_xreqs_push(v, &q);
+}
+
+int ckptio_reader_tensor_reqs(ckptio_reader *r, size_t index, void *dst, int gpu, int check, ckptio_xreqs *v) {
+  const ckptio_spart *parts;
+  ckptio_spart one;
+  size_t n = ckptio_reader_parts_of(r, index, &parts, &one);
+  if (parts == &one) return entry_reqs(one.src, &one.src->idx.entries[one.local], dst, gpu, check, v);
+  const ckptio_entry *e = ckptio_reader_entry(r, index);
+  if (!dst) { /* a check: every part whole */
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+      rc = entry_reqs(parts[i].src, &parts[i].src->idx.entries[parts[i].local], NULL, -1, check, v);
+    return rc;
+  }
+  int64_t start[CKPTIO_MAX_DIMS] = {0};
+  return ckptio_box_reqs(r, index, start, e->shape, dst, gpu, check, v, NULL);
 }
 
 int ckptio_reader_exec(ckptio_reader *r, ckptio_xreq *qs, size_t n, int keep_stats) {
@@ -260,17 +278,15 @@ static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t 
 
 int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n) {
   if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
-  ckptio_xreq *qs = calloc(2 * n + 1, sizeof(*qs));
-  if (!qs) return -ENOMEM;
-  size_t m = 0;
+  ckptio_xreqs v = {0};
   int rc = 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
     int gpu;
     if ((rc = check_request(r, &reqs[i], i, &gpu)) == 0)
-      m += ckptio_reader_tensor_reqs(r, reqs[i].index, reqs[i].dst, gpu, r->opts.crc, qs + m);
+      rc = ckptio_reader_tensor_reqs(r, reqs[i].index, reqs[i].dst, gpu, r->opts.crc, &v);
   }
-  if (rc == 0) rc = ckptio_reader_exec(r, qs, m, 0);
-  free(qs);
+  if (rc == 0) rc = ckptio_reader_exec(r, v.q, v.n, 0);
+  free(v.q);
   return rc;
 }
 
@@ -279,16 +295,29 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
   return ckptio_reader_load_many(r, &req, 1);
 }
 
+/* A tensor is checked when every stored part of it has a CRC. */
+static int all_parts_crc(const ckptio_reader *r, size_t index) {
+  const ckptio_spart *parts;
+  ckptio_spart one;
+  size_t n = ckptio_reader_parts_of(r, index, &parts, &one);
+  for (size_t i = 0; i < n; i++)
+    if (!parts[i].src->idx.entries[parts[i].local].has_crc) return 0;
+  return 1;
+}
+
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked) {
   if (!r) return CKPTIO_E_INVALID_ARG;
-  size_t count = r->src->idx.count, m = 0;
-  ckptio_xreq *qs = calloc(count + 1, sizeof(*qs));
-  if (!qs) return -ENOMEM;
-  for (size_t i = 0; i < count; i++)
-    if (ckptio_reader_entry(r, i)->has_crc) m += ckptio_reader_tensor_reqs(r, i, NULL, -1, 1, qs + m);
-  int rc = ckptio_reader_exec(r, qs, m, 0);
-  free(qs);
-  if (unchecked) *unchecked = count - m;
+  size_t count = r->src->idx.count, checked = 0;
+  ckptio_xreqs v = {0};
+  int rc = 0;
+  for (size_t i = 0; i < count && rc == 0; i++)
+    if (all_parts_crc(r, i)) {
+      rc = ckptio_reader_tensor_reqs(r, i, NULL, -1, 1, &v);
+      checked++;
+    }
+  if (rc == 0) rc = ckptio_reader_exec(r, v.q, v.n, 0);
+  free(v.q);
+  if (unchecked) *unchecked = count - checked;
   return rc;
 }
 

@@ -39,10 +39,12 @@ static inline const ckptio_entry *ckptio_reader_entry(const ckptio_reader *r, si
 int ckptio_reader_check_device(ckptio_reader *r, const ckptio_entry *e, const void *dst, int device, uint64_t need,
                                const char *what, int *gpu);
 
-/* Appends to qs the executor requests for tensor `index` whole: a view is
- * gathered, and its storage record checked by a second request. @return
- * the number appended (1 or 2). */
-size_t ckptio_reader_tensor_reqs(ckptio_reader *r, size_t index, void *dst, int gpu, int check, ckptio_xreq *qs);
+/* Appends to v the executor requests for tensor `index` whole (dst NULL:
+ * read and check only): one stored entry (a view gathered, its storage
+ * record checked by a second request), or every part of a split tensor.
+ * @return 0 or a code. */
+struct ckptio_xreqs;
+int ckptio_reader_tensor_reqs(ckptio_reader *r, size_t index, void *dst, int gpu, int check, struct ckptio_xreqs *v);
 
 /* Runs executor requests, reporting into the reader's stats (added to
  * them with keep_stats). */

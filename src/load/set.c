@@ -24,7 +24,10 @@ typedef struct set {
   ckptio_hf_index hf;
   char **paths;           /* dir/file, owned */
   ckptio_source **sub;    /* one file source per shard */
-  size_t *base;           /* [k]: merged index of shard k's first tensor */
+  size_t *base;           /* [k]: merged index of shard k's first whole tensor */
+  size_t *local;          /* [merged index]: the tensor's index in its shard (whole tensors) */
+  size_t nwhole;          /* merged indices [0, nwhole) are whole, then the split ones */
+  ckptio_spart **parts;   /* [j]: split tensor j's parts (hf.split[j]'s order) */
 } set;
 
 #define S(src) ((set *)(src))
@@ -152,8 +155,53 @@ static int holds(const named *all, size_t n, const char *name, size_t k) {
   return 0;
 }
 
-/* Every mapped tensor is in its file, and every tensor of every file is
- * mapped to that file (so none sits in two shards). */
+static void dims_text(const int64_t *v, int n, char *buf, size_t len) {
+  size_t at = (size_t)snprintf(buf, len, "[");
+  for (int d = 0; d < n && at < len; d++) at += (size_t)snprintf(buf + at, len - at, d ? ", %lld" : "%lld", (long long)v[d]);
+  if (at < len) snprintf(buf + at, len - at, "]");
+}
+
+/* A file's entry named as a split tensor must be the part the index places
+ * in that file: the tensor's dtype, the part's shape. */
+static int check_part_entry(set *x, const ckptio_split_tensor *sp, size_t k, const ckptio_entry *e) {
+  const ckptio_split_part *p = NULL;
+  for (size_t i = 0; i < sp->nparts && !p; i++)
+    if (sp->parts[i].file == k) p = &sp->parts[i];
+  char a[256], b[256];
+  if (!p)
+    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: file '%s' holds tensor '%s', but no part of it is placed there",
+                              x->s.path, x->hf.files[k], e->name);
+  dims_text(p->offsets, sp->ndim, a, sizeof(a));
+  if (e->dtype != sp->dtype || e->ndim != sp->ndim || memcmp(e->shape, p->shape, (size_t)sp->ndim * sizeof(int64_t))) {
+    dims_text(e->shape, e->ndim, b, sizeof(b));
+    char c[256];
+    dims_text(p->shape, sp->ndim, c, sizeof(c));
+    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
+                              "%s: part %s of '%s' in file '%s' is %s %s there, the index says %s %s", x->s.path, a,
+                              sp->name, x->hf.files[k], ckptio_dtype_name(e->dtype) ? ckptio_dtype_name(e->dtype) : "?",
+                              b, ckptio_dtype_name(sp->dtype) ? ckptio_dtype_name(sp->dtype) : "?", c);
+  }
+  return 0;
+}
+
+/* Every part of every split tensor is in its file. */
+static int parts_present(set *x, const named *all, size_t n) {
+  for (size_t j = 0; j < x->hf.nsplit; j++) {
+    const ckptio_split_tensor *sp = &x->hf.split[j];
+    for (size_t i = 0; i < sp->nparts; i++)
+      if (!holds(all, n, sp->name, sp->parts[i].file)) {
+        char a[256];
+        dims_text(sp->parts[i].offsets, sp->ndim, a, sizeof(a));
+        return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: part %s of '%s' is placed in file '%s', which does not hold it",
+                                  x->s.path, a, sp->name, x->hf.files[sp->parts[i].file]);
+      }
+  }
+  return 0;
+}
+
+/* Every mapped tensor is in its file, every part in its file, and every
+ * tensor of every file is mapped to that file or is a part placed there (so
+ * none sits in two shards). */
 static int cross_check(set *x) {
   const ckptio_hf_index *hf = &x->hf;
   const char *path = x->s.path;
@@ -172,12 +220,16 @@ static int cross_check(set *x) {
       rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' is mapped to shard '%s', which does not hold it",
                               path, e->tensor, hf->files[e->file]);
   }
+  if (rc == 0) rc = parts_present(x, all, n);
   free(all);
   for (size_t k = 0; k < hf->nfiles && rc == 0; k++) {
     const ckptio_index *ix = &x->sub[k]->idx;
     for (size_t t = 0; t < ix->count && rc == 0; t++) {
       const ckptio_hf_entry *e = ckptio_hf_index_find(hf, ix->entries[t].name);
-      if (!e)
+      const ckptio_split_tensor *sp = e ? NULL : ckptio_hf_index_find_split(hf, ix->entries[t].name);
+      if (sp) {
+        rc = check_part_entry(x, sp, k, &ix->entries[t]);
+      } else if (!e)
         rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' of shard '%s' is not in the index's weight_map",
                                 path, ix->entries[t].name, hf->files[k]);
       else if (e->file != k)
@@ -231,15 +283,39 @@ static int merge(set *x) {
   if (!(x->base = calloc(nf + 1, sizeof(size_t)))) return -ENOMEM;
   for (size_t k = 0; k < nf; k++) {
     x->base[k] = total;
-    total += x->sub[k]->idx.count;
+    for (size_t t = 0; t < x->sub[k]->idx.count; t++) total += !ckptio_hf_index_find_split(&x->hf, x->sub[k]->idx.entries[t].name);
     nmeta += x->sub[k]->idx.meta_count;
     idx->header_bytes += x->sub[k]->idx.header_bytes;
   }
-  x->base[nf] = total;
-  if (!(idx->entries = calloc(total + 1, sizeof(ckptio_entry)))) return -ENOMEM;
-  for (size_t k = 0; k < nf; k++)
-    memcpy(idx->entries + x->base[k], x->sub[k]->idx.entries, x->sub[k]->idx.count * sizeof(ckptio_entry));
-  idx->count = total;
+  x->base[nf] = x->nwhole = total;
+  if (!(idx->entries = calloc(total + x->hf.nsplit + 1, sizeof(ckptio_entry))) ||
+      !(x->local = calloc(total + 1, sizeof(size_t))) || !(x->parts = calloc(x->hf.nsplit + 1, sizeof(*x->parts))))
+    return -ENOMEM;
+  for (size_t k = 0, i = 0; k < nf; k++)
+    for (size_t t = 0; t < x->sub[k]->idx.count; t++)
+      if (!ckptio_hf_index_find_split(&x->hf, x->sub[k]->idx.entries[t].name)) {
+        idx->entries[i] = x->sub[k]->idx.entries[t];
+        x->local[i++] = t;
+      }
+  for (size_t j = 0; j < x->hf.nsplit; j++) {
+    const ckptio_split_tensor *sp = &x->hf.split[j];
+    ckptio_entry *e = &idx->entries[total + j];
+    e->name = sp->name;
+    e->dtype = sp->dtype;
+    e->ndim = sp->ndim;
+    memcpy(e->shape, sp->shape, sizeof(e->shape));
+    e->nbytes = (uint64_t)ckptio_tensor_nbytes(sp->dtype, sp->ndim, sp->shape); /* checked by the parser */
+    if (!(x->parts[j] = calloc(sp->nparts, sizeof(ckptio_spart)))) return -ENOMEM;
+    for (size_t i = 0; i < sp->nparts; i++) {
+      ckptio_source *m = x->sub[sp->parts[i].file];
+      ckptio_spart *p = &x->parts[j][i];
+      p->src = m;
+      for (size_t t = 0; t < m->idx.count; t++)
+        if (!strcmp(m->idx.entries[t].name, sp->name)) p->local = t;
+      memcpy(p->off, sp->parts[i].offsets, sizeof(p->off));
+    }
+  }
+  idx->count = total + x->hf.nsplit;
   idx->format = "safetensors-sharded";
   meta_ref *refs = calloc(nmeta + 1, sizeof(*refs));
   if (!refs || !(idx->meta = calloc(nmeta + 1, sizeof(ckptio_meta)))) {
@@ -275,15 +351,34 @@ static size_t shard_of(const set *x, size_t i) {
   return lo;
 }
 
+/* A whole tensor's shard; a split tensor answers with its first part's
+ * file (the reader asks set_parts before it asks this). */
 static ckptio_source *set_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
   set *x = S(s);
+  if (index >= x->nwhole) {
+    const ckptio_spart *p = &x->parts[index - x->nwhole][0];
+    *local = p->local;
+    if (k) *k = x->hf.split[index - x->nwhole].parts[0].file;
+    return p->src;
+  }
   size_t sk = shard_of(x, index);
-  *local = index - x->base[sk];
+  *local = x->local[index];
   if (k) *k = sk;
   return x->sub[sk];
 }
 
+static size_t set_parts(ckptio_source *s, size_t index, const ckptio_spart **out) {
+  set *x = S(s);
+  if (index < x->nwhole) return 0;
+  *out = x->parts[index - x->nwhole];
+  return x->hf.split[index - x->nwhole].nparts;
+}
+
 static int set_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
+  set *x = S(s);
+  if (index >= x->nwhole)
+    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu parts, not in one place: load it",
+                              s->path, s->idx.entries[index].name, x->hf.split[index - x->nwhole].nparts);
   size_t local;
   ckptio_source *m = set_member(s, index, &local, NULL);
   return m->ops->view(m, local, data, nbytes);
@@ -317,11 +412,14 @@ static void set_close(ckptio_source *s) {
     if (x->sub) ckptio_source_close(x->sub[k]);
     if (x->paths) free(x->paths[k]);
   }
+  for (size_t j = 0; x->parts && j < x->hf.nsplit; j++) free(x->parts[j]);
+  free(x->parts);
   ckptio_hf_index_free(&x->hf);
   free(s->idx.entries); /* strings are the shards' */
   free(s->idx.meta);
   free(x->paths);
   free(x->sub);
+  free(x->local);
   free(x->base);
   free(x->dir);
 }
@@ -331,6 +429,7 @@ static const ckptio_source_ops set_ops = {
     .view = set_view,
     .ranges = set_ranges,
     .member = set_member,
+    .parts = set_parts,
     .file = set_file,
     .close = set_close,
 };

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "load/box.h"
 #include "load/reader.h"
 #include "load/slice.h"
 
@@ -92,35 +93,41 @@ static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_g
 
 int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size_t n) {
   if (!r || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
-  ckptio_xreq *qs = calloc(2 * n + 1, sizeof(*qs));
-  size_t *first = calloc(n + 1, sizeof(size_t)), m = 0;
-  int rc = 0;
-  if (!qs || !first) {
-    rc = -ENOMEM;
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) {
+  ckptio_xreqs v = {0};
+  size_t *first = calloc(n + 1, sizeof(size_t));
+  int rc = first ? 0 : -ENOMEM;
+  for (size_t i = 0; i < n && rc == 0; i++) {
     ckptio_geom g;
     int gpu;
     reqs[i].verified = 0;
     reqs[i].bytes_read = 0;
-    first[i] = m;
-    if ((rc = check_slice(r, &reqs[i], &g, &gpu)) < 0) goto out;
+    first[i] = v.n;
+    if ((rc = check_slice(r, &reqs[i], &g, &gpu)) < 0) break;
     const ckptio_entry *e = ckptio_reader_entry(r, reqs[i].index);
-    if (g.full && r->opts.crc && e->has_crc) { /* can be checked: load it as the tensor */
-      m += ckptio_reader_tensor_reqs(r, reqs[i].index, reqs[i].dst, gpu, 1, qs + m);
+    const ckptio_spart *parts;
+    ckptio_spart one;
+    if (ckptio_reader_parts_of(r, reqs[i].index, &parts, &one) > 1 || parts != &one) {
+      /* Stored in parts: the slice is a box */
+      int64_t start[CKPTIO_MAX_DIMS] = {0}, stop[CKPTIO_MAX_DIMS];
+      memcpy(stop, e->shape, sizeof(stop));
+      start[reqs[i].dim] = reqs[i].start;
+      stop[reqs[i].dim] = reqs[i].stop;
+      if (g.nbytes) rc = ckptio_box_reqs(r, reqs[i].index, start, stop, reqs[i].dst, gpu, r->opts.crc, &v, &reqs[i].verified);
+    } else if (g.full && r->opts.crc && e->has_crc) { /* can be checked: load it as the tensor */
+      rc = ckptio_reader_tensor_reqs(r, reqs[i].index, reqs[i].dst, gpu, 1, &v);
       reqs[i].verified = 1;
     } else if (g.nbytes) {
       size_t local;
       ckptio_source *src = r->src->ops->member(r->src, reqs[i].index, &local, NULL);
-      qs[m++] = (ckptio_xreq){.src = src, .e = &src->idx.entries[local], .dst = reqs[i].dst, .gpu = gpu, .g = g};
+      ckptio_xreq q = {.src = src, .e = &src->idx.entries[local], .dst = reqs[i].dst, .gpu = gpu, .g = g};
+      rc = ckptio_xreqs_push(&v, &q);
     }
   }
-  rc = ckptio_reader_exec(r, qs, m, 0);
-  for (size_t i = 0; i < n; i++)
-    for (size_t k = first[i]; k < (i + 1 < n ? first[i + 1] : m); k++) reqs[i].bytes_read += atomic_load(&qs[k].read);
-out:
-  free(qs);
+  if (first) first[n] = v.n;
+  if (rc == 0) rc = ckptio_reader_exec(r, v.q, v.n, 0);
+  for (size_t i = 0; first && i < n; i++)
+    for (size_t k = first[i]; k < first[i + 1]; k++) reqs[i].bytes_read += atomic_load(&v.q[k].read);
+  free(v.q);
   free(first);
   return rc;
 }

@@ -48,9 +48,29 @@ typedef struct ckptio_xreq {
   int raw;                  /* address the stored bytes (a view's storage
                                record) rather than the logical ones */
   int check;                /* compare the CRC of the bytes with e->crc */
+  uint64_t dpitch;          /* 0: output bytes land contiguous at dst; else
+                               output run k of drun bytes lands at dst + k *
+                               dpitch (a box of a part inside a larger
+                               destination) */
+  uint64_t drun;
   _Atomic uint64_t read;    /* bytes taken from the file */
   uint32_t crc;             /* the executor's: the parts' CRCs combined */
 } ckptio_xreq;
+
+/* Where a source may put a request's bytes itself: its host destination
+ * when the output lands there contiguous, else NULL (a GPU, a scattered
+ * box, or a check: the source hands the bytes to ckptio_run_deliver). */
+static inline unsigned char *ckptio_xreq_host(const ckptio_xreq *q) {
+  return q->gpu < 0 && q->dst && !q->dpitch ? q->dst : NULL;
+}
+
+/* A stored part of a tensor: an entry of a member source, and where its
+ * box starts in the tensor (its sizes are the entry's shape). */
+typedef struct ckptio_spart {
+  ckptio_source *src;
+  size_t local;
+  int64_t off[CKPTIO_MAX_DIMS];
+} ckptio_spart;
 
 /* A job's contribution to one request: output bytes [off, off + len) and,
  * when the request is checked, their CRC. A request's parts appear in the
@@ -119,6 +139,10 @@ typedef struct ckptio_source_ops {
    * hold output [0, g->nbytes) of tensor index, in order. */
   void (*ranges)(ckptio_source *s, size_t index, const ckptio_geom *g,
                  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg);
+  /* The stored parts of tensor index, when it is split over files (a
+   * multi-rank checkpoint): *out borrowed until close. NULL, or 0 parts:
+   * the tensor is stored whole, in member(). */
+  size_t (*parts)(ckptio_source *s, size_t index, const ckptio_spart **out);
   /* The member source holding tensor index, and its index there. */
   ckptio_source *(*member)(ckptio_source *s, size_t index, size_t *local, size_t *k);
   /* A private, writable mapping of the one file, every CRC checked over it

@@ -218,9 +218,9 @@ static int zstd_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t
     uint64_t pa, pb;
     portion(q->e, f, &pa, &pb);
     int gpu = 0;
-    for (size_t x = i; x < k; x++) gpu |= pairs[x].q->gpu >= 0;
-    int direct = k - i == 1 && pairs[i].len == f->dsize && plain_at(q, pairs[i].off) == f->doff && q->dst &&
-                 q->gpu < 0 && !(z->shuffle && ckptio_shuffle_applies(q->e->offset, pa, pb, elem_of(q->e)));
+    for (size_t x = i; x < k; x++) gpu |= pairs[x].q->gpu >= 0 || pairs[x].q->dpitch; /* both go through a slot */
+    int direct = k - i == 1 && pairs[i].len == f->dsize && plain_at(q, pairs[i].off) == f->doff &&
+                 ckptio_xreq_host(q) && !(z->shuffle && ckptio_shuffle_applies(q->e->offset, pa, pb, elem_of(q->e)));
     if (!direct && f->dsize > slot_bytes && (gpu || f->dsize > BIG_FRAME_MAX)) {
       rc = ckptio_source_fail(s, CKPTIO_E_ZSTD,
                               "%s: zstd frame %zu holds %u bytes, more than a staging slot (%zu)%s: load it with a "
@@ -300,8 +300,8 @@ static int deliver(zsrc *z, ckptio_run *x, workspace *w, size_t k, const ckptio_
   uint8_t *src = fbuf + (a - f->doff);
   size_t first = (size_t)((a - pa) / es), count = (size_t)(p->len / es);
   int shuffled = z->shuffle && !unshuffled && ckptio_shuffle_applies(e->offset, pa, pb, es);
-  if (q->dst && q->gpu < 0) {
-    uint8_t *dst = q->dst + p->off;
+  if (ckptio_xreq_host(q)) {
+    uint8_t *dst = ckptio_xreq_host(q) + p->off;
     if (shuffled) ckptio_unshuffle(dst, part, (size_t)(pb - pa), es, first, count);
     else memcpy(dst, src, (size_t)p->len);
     if (q->check) p->crc = ckptio_crc32(0, dst, (size_t)p->len);
@@ -362,7 +362,7 @@ static int zstd_run(ckptio_source *s, ckptio_run *x) {
     uint8_t *buf = j->method == CKPTIO_LOAD_MMAP ? w->big : j->slot;
     if (!rc) rc = inflate_frame(z, w, fi, buf, msg, mlen);
     int gpu = 0;
-    for (size_t i = 0; i < j->nparts; i++) gpu |= ckptio_run_part(x, i)->q->gpu >= 0;
+    for (size_t i = 0; i < j->nparts; i++) gpu |= ckptio_run_part(x, i)->q->gpu >= 0 || ckptio_run_part(x, i)->q->dpitch;
     int unshuffled = !rc && gpu && z->shuffle;
     if (unshuffled) rc = unshuffle_in_place(x, w, f, buf);
     for (size_t i = 0; i < j->nparts && !rc; i++) rc = deliver(z, x, w, i, f, buf, unshuffled);

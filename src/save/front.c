@@ -18,6 +18,11 @@ int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *pre
   return ckptio_set_writer_open(ctx, dir, prefix, format, max_shard_bytes, order, opts, out);
 }
 
+int ckptio_writer_open_ranks(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
+                             const ckptio_options *opts, ckptio_writer **out) {
+  return ckptio_ranks_writer_open(ctx, comm, dir, prefix, opts, out);
+}
+
 int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
   return w ? w->verbs->set_metadata(w, key, value) : CKPTIO_E_INVALID_ARG;
 }
@@ -28,6 +33,20 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
 
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   return w ? w->verbs->add(w, t) : CKPTIO_E_INVALID_ARG;
+}
+
+int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
+                           const int64_t *offsets) {
+  if (!w || !t || !t->name || !global_shape || !offsets || t->ndim < 0 || t->ndim > CKPTIO_MAX_DIMS)
+    return CKPTIO_E_INVALID_ARG;
+  if (w->verbs->add_part) return w->verbs->add_part(w, t, global_shape, offsets);
+  for (int d = 0; d < t->ndim; d++)
+    if (offsets[d] != 0 || global_shape[d] != t->shape[d])
+      return ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_INVALID_ARG,
+                            "tensor '%s': a part of a tensor needs a multi-rank writer (ckptio_writer_open_ranks); "
+                            "this writer stores tensors whole",
+                            t->name);
+  return w->verbs->add(w, t);
 }
 
 int ckptio_writer_commit_async(ckptio_writer *w) { return w ? w->verbs->commit_async(w) : CKPTIO_E_INVALID_ARG; }

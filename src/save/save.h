@@ -24,6 +24,9 @@ typedef struct ckptio_writer_verbs {
   int (*stats)(const ckptio_writer *w, ckptio_stats *out);
   size_t (*shard_count)(const ckptio_writer *w);
   int (*close)(ckptio_writer *w); /* waits for a running commit, frees */
+  /* A box of a global tensor; NULL for kinds that store tensors whole (the
+   * front then takes only whole boxes, as add). */
+  int (*add_part)(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets);
 } ckptio_writer_verbs;
 
 /* The head of every kind's struct. */
@@ -52,5 +55,9 @@ int ckptio_file_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out);
 int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                            uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
                            ckptio_writer **out);
+
+/* This rank's side of a multi-rank save (ranks.c): ckptio_writer_open_ranks's contract. */
+int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
+                             const ckptio_options *opts, ckptio_writer **out);
 
 #endif

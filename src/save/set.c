@@ -11,24 +11,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/nameset.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
+#include "save/collect.h"
 #include "save/save.h"
-
-typedef struct stensor {
-  ckptio_tensor t;       /* name owned */
-  uint64_t nbytes;
-} stensor;
 
 enum { S_OPEN, S_RUNNING };
 
@@ -39,13 +33,7 @@ typedef struct set_writer {
   char *dir, *prefix;
   uint64_t max_shard_bytes;
   ckptio_shard_order order;
-  stensor *tensors;
-  size_t count, cap;
-  char **meta;            /* key, value pairs, owned */
-  size_t nmeta2, meta_cap;
-  ckptio_nameset names;   /* the tensors' names, for O(1) duplicate checks */
-  uint64_t total_bytes;
-  void *user_stream[64];  /* set_stream, by GPU ordinal; handed to every shard's writer */
+  ckptio_collect c;       /* the tensors, metadata and streams, for every shard */
 
   int state;
   size_t nshards;
@@ -138,65 +126,22 @@ fail:
 
 static int set_set_stream(ckptio_writer *base, int device, void *stream) {
   set_writer *w = (set_writer *)base;
-  int ord;
-  char msg[CKPTIO_ERRLEN];
-  if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
-  if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
-    return sfail(w, CKPTIO_E_DEVICE, "%s: %s", w->dir, msg);
-  if (ord < 0 || ord >= 64) return sfail(w, CKPTIO_E_DEVICE, "%s: a stream needs a GPU 0 to 63", w->dir);
-  w->user_stream[ord] = stream;
-  return 0;
+  return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
 
 static int set_set_metadata(ckptio_writer *base, const char *key, const char *value) {
   set_writer *w = (set_writer *)base;
-  if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
+  if (!key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
-  if (strncmp(key, "ckptio.", 7) == 0)
-    return sfail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')", key);
-  for (size_t i = 0; i < w->nmeta2; i += 2)
-    if (strcmp(w->meta[i], key) == 0) return sfail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice", key);
-  if (ckptio_array_grow((void **)&w->meta, &w->meta_cap, w->nmeta2 + 1, sizeof(char *)) < 0) return -ENOMEM;
-  char *k = strdup(key), *v = strdup(value);
-  if (!k || !v) {
-    free(k);
-    free(v);
-    return -ENOMEM;
-  }
-  w->meta[w->nmeta2++] = k;
-  w->meta[w->nmeta2++] = v;
-  return 0;
+  return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
-
-static const char *stensor_name(const void *items, size_t i) { return ((const stensor *)items)[i].t.name; }
 
 static int set_add(ckptio_writer *base, const ckptio_tensor *t) {
   set_writer *w = (set_writer *)base;
-  if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
-  int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
-  if (nbytes < 0)
-    return sfail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
-                 ckptio_strerror((int)nbytes));
-  if (!t->data && nbytes) return sfail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': NULL data for a non-empty tensor", t->name);
-  if (strcmp(t->name, "__metadata__") == 0)
-    return sfail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors", t->name);
-  if (ckptio_array_grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
-  char *name = strdup(t->name);
-  if (!name) return -ENOMEM;
-  stensor *s = &w->tensors[w->count];
-  s->t = *t;
-  s->t.name = name;
-  int rc = ckptio_nameset_insert(&w->names, name, w->count, stensor_name, w->tensors);
-  if (rc <= 0) {
-    free(name);
-    return rc < 0 ? rc : sfail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice", t->name);
-  }
-  s->nbytes = (uint64_t)nbytes;
-  w->count++;
-  w->total_bytes += (uint64_t)nbytes;
-  return 0;
+  return ckptio_collect_add(&w->c, t, NULL, NULL, w->base.err);
 }
 
 /* Shards are runs of tensors: a new shard starts when the next tensor
@@ -206,26 +151,26 @@ static int set_add(ckptio_writer *base, const ckptio_tensor *t) {
  * before the shard still being filled, as huggingface_hub's
  * split_torch_state_dict_into_shards places it. */
 static int assign_shards(set_writer *w) {
-  size_t *open = calloc(w->count + 1, sizeof(size_t)); /* the shard being filled */
-  w->first = calloc(w->count + 2, sizeof(size_t));
-  w->order_of = calloc(w->count + 1, sizeof(size_t));
+  size_t *open = calloc(w->c.count + 1, sizeof(size_t)); /* the shard being filled */
+  w->first = calloc(w->c.count + 2, sizeof(size_t));
+  w->order_of = calloc(w->c.count + 1, sizeof(size_t));
   if (!open || !w->first || !w->order_of) {
     free(open);
     return -ENOMEM;
   }
   size_t n = 0, pos = 0, nopen = 0;
   uint64_t fill = 0;
-  for (size_t i = 0; i <= w->count; i++) {
-    uint64_t b = i < w->count ? w->tensors[i].nbytes : 0;
-    int alone = i < w->count && w->order == CKPTIO_SHARD_ORDER_HF && b > w->max_shard_bytes;
-    if (nopen && (i == w->count || (fill > 0 && fill + b > w->max_shard_bytes && !alone))) {
+  for (size_t i = 0; i <= w->c.count; i++) {
+    uint64_t b = i < w->c.count ? w->c.tensors[i].nbytes : 0;
+    int alone = i < w->c.count && w->order == CKPTIO_SHARD_ORDER_HF && b > w->max_shard_bytes;
+    if (nopen && (i == w->c.count || (fill > 0 && fill + b > w->max_shard_bytes && !alone))) {
       w->first[n++] = pos;
       memcpy(w->order_of + pos, open, nopen * sizeof(size_t));
       pos += nopen;
       nopen = 0;
       fill = 0;
     }
-    if (i == w->count) break;
+    if (i == w->c.count) break;
     if (alone) {
       w->first[n++] = pos;
       w->order_of[pos++] = i;
@@ -235,30 +180,17 @@ static int assign_shards(set_writer *w) {
     fill += b;
   }
   free(open);
-  w->first[n] = w->count;
+  w->first[n] = w->c.count;
   w->nshards = n;
   return 0;
 }
 
 /* The tensor at position i of the shards' order. */
-static const stensor *placed(const set_writer *w, size_t i) { return &w->tensors[w->order_of[i]]; }
+static const ckptio_ctensor *placed(const set_writer *w, size_t i) { return &w->c.tensors[w->order_of[i]]; }
 
 /* The file name of shard k (0-based), into buf. */
 static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
   snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
-}
-
-static int make_save_id(set_writer *w) {
-  unsigned char b[16];
-  if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b)) {
-    /* Only collisions between saves matter, not secrecy. */
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t x = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uint64_t)getpid() << 48;
-    for (int i = 0; i < 16; i++) b[i] = (unsigned char)(x >> (i % 8 * 8) ^ (uint64_t)i * 0x9e);
-  }
-  for (int i = 0; i < 16; i++) snprintf(w->save_id + 2 * i, 3, "%02x", b[i]);
-  return 0;
 }
 
 /* Opens and fills shard k's writer. */
@@ -272,11 +204,9 @@ static int open_shard(set_writer *w, size_t k) {
   if (rc < 0) return sfail(w, rc, "%s", ckptio_last_open_error());
   ckptio_writer *s = w->sub[k];
   snprintf(tag, sizeof(tag), "%zu/%zu", k + 1, w->nshards);
-  for (size_t i = 0; i < w->nmeta2 && rc == 0; i += 2) rc = s->verbs->set_metadata(s, w->meta[i], w->meta[i + 1]);
+  rc = ckptio_collect_apply(&w->c, s);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
-  for (int ord = 0; ord < 64 && rc == 0; ord++)
-    if (w->user_stream[ord]) rc = s->verbs->set_stream(s, CKPTIO_DEVICE_CUDA(ord), w->user_stream[ord]);
   for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t);
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
@@ -286,7 +216,7 @@ static int open_shard(set_writer *w, size_t k) {
 /* The index: every tensor mapped to its shard's file name. */
 static int index_json(set_writer *w, ckptio_json_out *o) {
   size_t len = strlen(w->prefix) + 64; /* "-NNNNN-of-NNNNN.safetensors", any count */
-  ckptio_hf_weight *map = calloc(w->count + 1, sizeof(*map));
+  ckptio_hf_weight *map = calloc(w->c.count + 1, sizeof(*map));
   char *names = calloc(w->nshards + 1, len);
   int rc = -ENOMEM;
   if (!map || !names) goto out;
@@ -296,7 +226,7 @@ static int index_json(set_writer *w, ckptio_json_out *o) {
       map[i] = (ckptio_hf_weight){placed(w, i)->t.name, names + k * len};
   }
   ckptio_kv id = {"ckptio.save_id", w->save_id};
-  rc = ckptio_hf_index_write(map, w->count, &id, 1, w->total_bytes, o);
+  rc = ckptio_hf_index_write(map, w->c.count, NULL, 0, &id, 1, w->c.total_bytes, o);
 out:
   free(map);
   free(names);
@@ -320,32 +250,6 @@ static int write_index(set_writer *w, ckptio_tmpfile *t) {
   return rc;
 }
 
-/* After a set is published, shards of an earlier save with another count
- * ({prefix}-NNNNN-of-MMMMM.safetensors, MMMMM != N) are stale: nothing
- * refers to them any more. Removed as transformers' save_pretrained does;
- * best effort, and nothing else in the directory is touched. */
-static void remove_stale_shards(set_writer *w) {
-  DIR *d = opendir(w->dir);
-  if (!d) return;
-  size_t plen = strlen(w->prefix);
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    const char *n = e->d_name;
-    unsigned k, m;
-    int used = 0;
-    if (strncmp(n, w->prefix, plen) || n[plen] != '-') continue;
-    if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0')
-      continue;
-    char want[4096];
-    snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", w->prefix, k, m);
-    if (strcmp(want, n) || m == w->nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
-    char *p = ckptio_path_join(w->dir, n);
-    if (p) unlink(p);
-    free(p);
-  }
-  closedir(d);
-}
-
 /* Every shard is synced in its temp file: swap them in, then the index.
  * Until the index is renamed every step can be undone. */
 static int publish(set_writer *w) {
@@ -365,7 +269,7 @@ static int publish(set_writer *w) {
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how);
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
-  remove_stale_shards(w);
+  ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards);
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
   return rc;
@@ -429,7 +333,7 @@ static int set_commit_async(ckptio_writer *base) {
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   /* An index maps tensors to files: with none there is no set to index. */
-  if (w->count == 0) return sfail(w, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
+  if (w->c.count == 0) return sfail(w, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
   int rc = assign_shards(w);
   if (rc < 0) goto fail;
   rc = -ENOMEM;
@@ -438,7 +342,7 @@ static int set_commit_async(ckptio_writer *base) {
   w->how = calloc(w->nshards, sizeof(*w->how));
   if (!w->sub || !w->files || !w->how) goto fail;
   for (size_t k = 0; k < w->nshards; k++) w->files[k].fd = w->files[k].fd_direct = -1;
-  make_save_id(w);
+  ckptio_save_id_make(w->save_id);
   for (size_t k = 0; k < w->nshards; k++)
     if ((rc = open_shard(w, k)) < 0) goto fail;
   w->start_ns = ckptio_now_ns();
@@ -539,7 +443,7 @@ static void set_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
     d += x;
   }
   if (done) *done = d;
-  if (total) *total = w->total_bytes;
+  if (total) *total = w->c.total_bytes;
 }
 
 static size_t set_shard_count(const ckptio_writer *base) { return ((const set_writer *)base)->nshards; }
@@ -552,11 +456,7 @@ static int set_close(ckptio_writer *base) {
     pthread_join(w->thread, NULL);
   }
   close_subs(w);
-  for (size_t i = 0; i < w->count; i++) free((char *)w->tensors[i].t.name);
-  for (size_t i = 0; i < w->nmeta2; i++) free(w->meta[i]);
-  free(w->tensors);
-  free(w->meta);
-  ckptio_nameset_free(&w->names);
+  ckptio_collect_free(&w->c);
   free(w->dir);
   free(w->prefix);
   pthread_cond_destroy(&w->cv);
@@ -568,4 +468,5 @@ static int set_close(ckptio_writer *base) {
 static const ckptio_writer_verbs set_verbs = {
     set_set_metadata,  set_set_stream,   set_add,      set_commit_async, set_wait_snapshot, set_wait_durable,
     set_poll_snapshot, set_poll_durable, set_progress, set_stats,        set_shard_count,   set_close,
+    NULL, /* add_part: tensors whole only */
 };

@@ -775,4 +775,5 @@ static int file_close(ckptio_writer *base) {
 static const ckptio_writer_verbs file_verbs = {
     file_set_metadata,  file_set_stream,   file_add,      file_commit_async, file_wait_snapshot, file_wait_durable,
     file_poll_snapshot, file_poll_durable, file_progress, file_stats,        file_shard_count,   file_close,
+    NULL, /* add_part: tensors whole only */
 };

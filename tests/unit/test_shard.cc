@@ -128,7 +128,7 @@ TEST(HfIndexWrite, SortedTwoSpaceLayout) {
   ckptio_hf_weight map[] = {{"z", "m-00002-of-00002.safetensors"}, {"a\"b", "m-00001-of-00002.safetensors"}};
   ckptio_kv meta[] = {{"zeta", "1"}, {"alpha", "x"}};
   ckptio_json_out o = {};
-  ASSERT_EQ(ckptio_hf_index_write(map, 2, meta, 2, 42, &o), 0);
+  ASSERT_EQ(ckptio_hf_index_write(map, 2, nullptr, 0, meta, 2, 42, &o), 0);
   EXPECT_EQ(std::string(o.data, o.len),
             "{\n  \"metadata\": {\n    \"alpha\": \"x\",\n    \"total_size\": 42,\n    \"zeta\": \"1\"\n  },\n"
             "  \"weight_map\": {\n    \"a\\\"b\": \"m-00001-of-00002.safetensors\",\n"
@@ -136,14 +136,14 @@ TEST(HfIndexWrite, SortedTwoSpaceLayout) {
   EXPECT_STREQ(map[0].tensor, "z") << "the caller's array is not reordered";
   free(o.data);
   o = {};
-  ASSERT_EQ(ckptio_hf_index_write(nullptr, 0, nullptr, 0, 0, &o), 0);
+  ASSERT_EQ(ckptio_hf_index_write(nullptr, 0, nullptr, 0, nullptr, 0, 0, &o), 0);
   EXPECT_EQ(std::string(o.data, o.len), "{\n  \"metadata\": {\n    \"total_size\": 0\n  },\n  \"weight_map\": {}\n}\n");
   free(o.data);
   o = {};
   ckptio_hf_weight dup[] = {{"a", "f"}, {"a", "g"}};
-  EXPECT_EQ(ckptio_hf_index_write(dup, 2, nullptr, 0, 0, &o), CKPTIO_E_DUPLICATE);
+  EXPECT_EQ(ckptio_hf_index_write(dup, 2, nullptr, 0, nullptr, 0, 0, &o), CKPTIO_E_DUPLICATE);
   ckptio_kv total[] = {{"total_size", "1"}};
-  EXPECT_EQ(ckptio_hf_index_write(map, 2, total, 1, 0, &o), CKPTIO_E_INVALID_ARG);
+  EXPECT_EQ(ckptio_hf_index_write(map, 2, nullptr, 0, total, 1, 0, &o), CKPTIO_E_INVALID_ARG);
   free(o.data);
 }
 

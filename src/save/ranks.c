@@ -1,0 +1,371 @@
+/* Multi-rank saves: this rank's side of one checkpoint written by N
+ * processes. commit_async agrees on the plan (ranks_plan.c) and starts this
+ * rank's file, held at "temp file synced"; wait_durable runs the commit's
+ * agreement on the calling thread — status, swap, status, index by rank 0 —
+ * undoing this rank's swap if any rank fails before the index is in place.
+ * See ckptio.h ("ranks") and docs/FORMATS.md for the guarantees. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "core/stats.h"
+#include "formats/hf_index.h"
+#include "internal.h"
+#include "io/file.h"
+#include "io/publish.h"
+#include "save/collect.h"
+#include "save/ranks.h"
+#include "save/save.h"
+
+enum { R_OPEN, R_RUNNING, R_DONE };
+
+typedef struct ranks_writer {
+  ckptio_writer base;     /* first: the public handle is this struct */
+  ckptio_ctx *ctx;
+  ckptio_options opts;
+  ckptio_comm comm;
+  char *dir, *prefix;
+  ckptio_collect c;
+  int state;
+  int local_rc;           /* this rank's failure after the plan (reported at the agreement) */
+  ckptio_rplan plan;
+  ckptio_writer *sub;     /* this rank's file, or NULL when it writes none */
+  ckptio_tmpfile file;
+  ckptio_swap how;
+  int result;             /* once R_DONE */
+  uint64_t start_ns, end_ns, publish_ns;
+} ranks_writer;
+
+static int rfail(ranks_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int rfail(ranks_writer *w, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static const ckptio_writer_verbs ranks_verbs;
+
+static int single_allgather(void *user, const void *send, void *recv, size_t bytes) {
+  (void)user;
+  memmove(recv, send, bytes);
+  return 0;
+}
+
+static int single_broadcast(void *user, void *buf, size_t bytes, int root) {
+  (void)user, (void)buf, (void)bytes, (void)root;
+  return 0;
+}
+
+void ckptio_comm_single(ckptio_comm *out) {
+  if (out) *out = (ckptio_comm){sizeof(ckptio_comm), 0, 1, NULL, single_allgather, single_broadcast};
+}
+
+int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
+                             const ckptio_options *opts, ckptio_writer **out) {
+  char msg[CKPTIO_ERRLEN] = "";
+  int rc = CKPTIO_E_INVALID_ARG;
+  if (!out) return rc;
+  *out = NULL;
+  ranks_writer *w = NULL;
+  struct stat st;
+  if (!ctx || !comm || !dir || !*dir || !prefix) return rc;
+  if (comm->size < sizeof(ckptio_comm) || comm->nranks < 1 || comm->rank < 0 || comm->rank >= comm->nranks ||
+      !comm->allgather || !comm->broadcast) {
+    snprintf(msg, sizeof(msg), "%s: the communicator needs size, 0 <= rank < nranks, allgather and broadcast", dir);
+    goto fail;
+  }
+  if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, "..")) {
+    snprintf(msg, sizeof(msg), "prefix '%s': must be a plain, non-empty file name", prefix);
+    goto fail;
+  }
+  if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+    rc = stat(dir, &st) < 0 ? -errno : -ENOTDIR;
+    snprintf(msg, sizeof(msg), "%s: %s", dir, strerror(-rc));
+    goto fail;
+  }
+  rc = -ENOMEM;
+  if (!(w = calloc(1, sizeof(*w)))) goto fail;
+  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
+  if (w->opts.compress_level) {
+    rc = CKPTIO_E_FORMAT;
+    snprintf(msg, sizeof(msg), "%s: multi-rank files are plain safetensors; compress single files", dir);
+    goto fail;
+  }
+  rc = -ENOMEM;
+  if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
+  w->base.verbs = &ranks_verbs;
+  w->ctx = ctx;
+  w->comm = *comm;
+  w->comm.size = sizeof(ckptio_comm);
+  w->file.fd = w->file.fd_direct = -1;
+  *out = &w->base;
+  return 0;
+fail:
+  if (w) {
+    free(w->dir);
+    free(w->prefix);
+    free(w);
+  }
+  ckptio_set_open_error(*msg ? msg : ckptio_strerror(rc));
+  return rc;
+}
+
+static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
+  return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
+}
+
+static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *value) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (!key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
+  return ckptio_collect_metadata(&w->c, key, value, w->base.err);
+}
+
+static int ranks_add_part(ckptio_writer *base, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
+  return ckptio_collect_add(&w->c, t, global, offsets, w->base.err);
+}
+
+static int ranks_add(ckptio_writer *base, const ckptio_tensor *t) { return ranks_add_part(base, t, NULL, NULL); }
+
+/* The file name of file k (0-based) of the plan. */
+static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
+  snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->plan.nfiles);
+}
+
+/* Opens this rank's file writer with the boxes the plan gives it, and
+ * starts its save. */
+static int start_file(ranks_writer *w) {
+  int k = w->plan.file_of[w->comm.rank];
+  if (k < 0) return 0;
+  char name[4096], tag[64], rank[32];
+  file_name(w, (size_t)k, name, sizeof(name));
+  char *path = ckptio_path_join(w->dir, name);
+  if (!path) return -ENOMEM;
+  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub);
+  free(path);
+  if (rc < 0) return rfail(w, rc, "%s", ckptio_last_open_error());
+  ckptio_writer *s = w->sub;
+  snprintf(tag, sizeof(tag), "%d/%zu", k + 1, w->plan.nfiles);
+  snprintf(rank, sizeof(rank), "%d", w->comm.rank);
+  rc = ckptio_collect_apply(&w->c, s);
+  if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->plan.save_id);
+  if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
+  if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.rank", rank);
+  for (size_t i = 0; i < w->plan.nboxes && rc == 0; i++)
+    if (w->plan.boxes[i].writer == w->comm.rank) rc = s->verbs->add(s, &w->c.tensors[w->plan.boxes[i].local].t);
+  if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
+  if (rc == 0) rc = s->verbs->commit_async(s);
+  if (rc < 0) return rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
+  return 0;
+}
+
+static int ranks_commit_async(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
+  w->base.err[0] = '\0';
+  char id[33];
+  ckptio_save_id_make(id);
+  w->start_ns = ckptio_now_ns();
+  int rc = ckptio_rplan_make(&w->comm, &w->c, id, &w->plan, w->base.err);
+  if (rc < 0) { /* the same verdict on every rank: nothing to agree on later */
+    w->state = R_DONE;
+    w->result = rc;
+    return rc;
+  }
+  if (w->plan.nboxes == 0) {
+    w->state = R_DONE;
+    return w->result = rfail(w, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor", w->dir);
+  }
+  w->state = R_RUNNING;
+  /* A failure from here on is this rank's alone: the others learn it at the
+   * agreement, which wait_durable or close (collective) runs. */
+  return w->local_rc = start_file(w);
+}
+
+/* ------------------------------------------------------------ the commit */
+
+/* The index, by rank 0: whole tensors in weight_map, split ones in the
+ * ckptio section. */
+static int index_json(ranks_writer *w, ckptio_json_out *o) {
+  const ckptio_rplan *p = &w->plan;
+  size_t len = strlen(w->prefix) + 64;
+  ckptio_hf_weight *map = calloc(p->ntensors + 1, sizeof(*map));
+  ckptio_split_out *split = calloc(p->ntensors + 1, sizeof(*split));
+  ckptio_split_part_out *parts = calloc(p->nboxes + 1, sizeof(*parts));
+  char *names = calloc(p->nfiles + 1, len);
+  size_t nmap = 0, nsplit = 0;
+  int rc = -ENOMEM;
+  if (!map || !split || !parts || !names) goto out;
+  for (size_t k = 0; k < p->nfiles; k++) file_name(w, k, names + k * len, len);
+  for (size_t t = 0; t < p->ntensors; t++) {
+    size_t a = p->first[t], b = p->first[t + 1];
+    const ckptio_rbox *x = &p->boxes[a];
+    if (b - a == 1) {
+      map[nmap++] = (ckptio_hf_weight){x->name, names + (size_t)p->file_of[x->writer] * len};
+      continue;
+    }
+    for (size_t i = a; i < b; i++)
+      parts[i] = (ckptio_split_part_out){names + (size_t)p->file_of[p->boxes[i].writer] * len, p->boxes[i].off,
+                                         p->boxes[i].size};
+    split[nsplit++] = (ckptio_split_out){x->name, x->dtype, x->ndim, x->global, parts + a, b - a};
+  }
+  ckptio_kv id = {"ckptio.save_id", p->save_id};
+  rc = ckptio_hf_index_write(map, nmap, split, nsplit, &id, 1, p->total_bytes, o);
+out:
+  free(map);
+  free(split);
+  free(parts);
+  free(names);
+  return rc;
+}
+
+/* Rank 0: the index written to its temp file, synced, renamed into place. */
+static int publish_index(ranks_writer *w) {
+  ckptio_json_out o = {0};
+  ckptio_tmpfile t = {.fd = -1, .fd_direct = -1};
+  ckptio_swap how = CKPTIO_SWAP_NONE;
+  char name[4096];
+  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
+  char *path = ckptio_path_join(w->dir, name);
+  int rc = path ? 0 : -ENOMEM;
+  if (rc == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
+    rfail(w, rc, "%s: fsync of the directory: %s", w->dir, strerror(-rc));
+  if (rc == 0 && (rc = index_json(w, &o)) < 0) rfail(w, rc, "%s: the index: %s", path, ckptio_strerror(rc));
+  if (rc == 0) rc = ckptio_tmpfile_open(&t, path, 0, o.len, w->base.err, sizeof(w->base.err));
+  if (rc == 0 && (rc = ckptio_pwrite_full(t.fd, o.data, o.len, 0)) < 0)
+    rfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
+  if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
+  if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
+  if (rc == 0) ckptio_tmpfile_release(&t, how);
+  else ckptio_tmpfile_abort(&t);
+  free(o.data);
+  free(path);
+  return rc;
+}
+
+/* This rank's part of the commit, every step agreed with the others. */
+static int agree_and_publish(ranks_writer *w) {
+  char *err = w->base.err;
+  int rc = w->local_rc;
+  if (rc == 0 && w->sub && (rc = w->sub->verbs->wait_durable(w->sub)) < 0)
+    rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
+  if (rc == 0 && w->sub && (rc = ckptio_file_writer_take_file(w->sub, &w->file)) < 0)
+    rfail(w, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
+  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  if (rc < 0) goto undo;
+  uint64_t t0 = ckptio_now_ns();
+  if (w->file.tmp) rc = ckptio_tmpfile_swap_in(&w->file, &w->how, err, CKPTIO_ERRLEN);
+  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  if (rc < 0) goto undo;
+  if (w->comm.rank == 0) rc = publish_index(w);
+  rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  if (rc < 0) goto undo;
+  /* Published. What remains only frees space. */
+  if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, w->how);
+  if (w->comm.rank == 0) {
+    ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles);
+    ckptio_remove_stray_temps(w->dir, w->prefix);
+    if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
+      rfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
+  }
+  w->publish_ns = ckptio_now_ns() - t0;
+  return rc;
+undo:
+  ckptio_tmpfile_swap_back(&w->file, w->how);
+  w->how = CKPTIO_SWAP_NONE;
+  return rc;
+}
+
+static int ranks_wait_durable(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_DONE) return w->result;
+  if (w->state != R_RUNNING) return CKPTIO_E_STATE;
+  w->result = agree_and_publish(w);
+  w->end_ns = ckptio_now_ns();
+  w->state = R_DONE;
+  return w->result;
+}
+
+static int ranks_wait_snapshot(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  return w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
+}
+
+static int ranks_poll_durable(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  return w->state == R_DONE ? (w->result < 0 ? w->result : 1) : 0;
+}
+
+static int ranks_poll_snapshot(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  return w->sub ? w->sub->verbs->poll_snapshot(w->sub) : 1;
+}
+
+static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
+  const ranks_writer *w = (const ranks_writer *)base;
+  if (!out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
+  ckptio_stats s = CKPTIO_STATS_INIT;
+  s.threads = w->ctx->opts.threads;
+  if (w->sub) {
+    int rc = w->sub->verbs->stats(w->sub, &s);
+    if (rc < 0) return rc;
+  }
+  if (w->state != R_OPEN) {
+    s.seconds = (double)((w->end_ns ? w->end_ns : ckptio_now_ns()) - w->start_ns) / 1e9;
+    s.commit_seconds += (double)w->publish_ns / 1e9;
+  }
+  size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
+  s.size = n;
+  memcpy(out, &s, n);
+  return 0;
+}
+
+static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->sub) {
+    w->sub->verbs->progress(w->sub, done, total);
+    return;
+  }
+  if (done) *done = 0;
+  if (total) *total = 0;
+}
+
+static size_t ranks_shard_count(const ckptio_writer *base) {
+  const ranks_writer *w = (const ranks_writer *)base;
+  return w->state == R_OPEN ? 0 : w->plan.nfiles;
+}
+
+static int ranks_close(ckptio_writer *base) {
+  ranks_writer *w = (ranks_writer *)base;
+  int rc = w->state == R_RUNNING ? ranks_wait_durable(base) : 0;
+  if (w->sub) w->sub->verbs->close(w->sub); /* removes a temp file not taken */
+  ckptio_tmpfile_abort(&w->file);
+  ckptio_rplan_free(&w->plan);
+  ckptio_collect_free(&w->c);
+  free(w->dir);
+  free(w->prefix);
+  free(w);
+  return rc;
+}
+
+static const ckptio_writer_verbs ranks_verbs = {
+    ranks_set_metadata, ranks_set_stream,   ranks_add,      ranks_commit_async, ranks_wait_snapshot,
+    ranks_wait_durable, ranks_poll_snapshot, ranks_poll_durable, ranks_progress, ranks_stats,
+    ranks_shard_count,  ranks_close,        ranks_add_part,
+};
