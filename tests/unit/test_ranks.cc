@@ -8,6 +8,8 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -15,6 +17,7 @@
 
 #include "ckpt_fixture.h"
 extern "C" {
+#include "core/box.h"
 #include "io/fault.h"
 }
 
@@ -519,6 +522,178 @@ TEST(RanksFail, AKilledSavesTempFilesAreRemovedByTheNext) {
   auto names = dir.list();
   EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string &n) { return n.find("ckptio-tmp") != std::string::npos; }), 1);
   expect_first_save(dir, m);
+}
+
+// ------------------------------------------------------------ the index as untrusted input
+
+// A checkpoint saved by 2 ranks, its index then replaced: every lie is
+// refused at open with CKPTIO_E_SHARD naming what is wrong.
+class RanksIndex : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto res = save_ranks(dir.path(), 2, [&](int r) { return m.parts(r, 2); });
+    for (auto &x : res) ASSERT_EQ(x.rc, 0) << x.err;
+    good = index_text(dir);
+  }
+  // Opens with the index text replaced (first occurrence of from -> to).
+  std::string open_with(const std::string &from, const std::string &to, int *rc) {
+    std::string text = good;
+    size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) text.replace(at, from.size(), to);
+    write_file(dir.file("model.safetensors.index.json"), text);
+    ckptio_ctx *ctx = make_ctx();
+    ckptio_reader *r = nullptr;
+    *rc = ckptio_reader_open(ctx, dir.path().c_str(), nullptr, &r);
+    std::string msg = *rc < 0 ? ckptio_last_open_error() : "";
+    ckptio_reader_close(r);
+    ckptio_ctx_free(ctx);
+    return msg;
+  }
+  TempDir dir;
+  Model m;
+  std::string good;
+};
+
+TEST_F(RanksIndex, TheSavedIndexLooksAsDocumented) {
+  // docs/FORMATS.md: the Hugging Face keys, then the section, parts sorted.
+  EXPECT_LT(good.find("\"metadata\""), good.find("\"weight_map\""));
+  EXPECT_LT(good.find("\"weight_map\""), good.find("\"ckptio\""));
+  EXPECT_NE(good.find("\"version\": 1"), std::string::npos);
+  EXPECT_NE(good.find("{\"file\": \"model-00001-of-00002.safetensors\", \"offsets\": [0, 0], \"shape\": [5, 6]}"),
+            std::string::npos)
+      << good;
+  EXPECT_NE(good.find("\"rep\": \"model-0000"), std::string::npos);  // whole: in weight_map
+  EXPECT_EQ(good.back(), '\n');
+}
+
+TEST_F(RanksIndex, LiesAreRefusedNamingTheRule) {
+  struct Case {
+    std::string from, to, says;
+  } cases[] = {
+      {"\"offsets\": [5, 0]", "\"offsets\": [4, 0]", "overlaps"},
+      {"\"offsets\": [5, 0], \"shape\": [5, 6]", "\"offsets\": [6, 0], \"shape\": [4, 6]", "hole"},
+      {"\"offsets\": [5, 0], \"shape\": [5, 6]", "\"offsets\": [5, 0], \"shape\": [6, 6]", "outside"},
+      {"\"dtype\": \"F32\"", "\"dtype\": \"F99\"", "unknown dtype"},
+      {"\"dtype\": \"F32\"", "\"dtype\": \"F16\"", "is F32"},                 // the file says otherwise
+      {"\"offsets\": [0, 0], \"shape\": [5, 6]", "\"offsets\": [0, 0], \"shape\": [5, 6, 1]", "sizes for a tensor"},
+      {"\"file\": \"model-00001-of-00002.safetensors\"", "\"file\": \"../model-00001-of-00002.safetensors\"", "contains"},
+      {"\"file\": \"model-00001-of-00002.safetensors\"", "\"file\": \"missing.safetensors\"", "missing.safetensors"},
+      {"\"version\": 1", "\"version\": 2", "version 2"},
+      {"\"version\": 1", "\"version\": 1, \"extra\": 0", "unknown or repeated key 'extra'"},
+      {"\"shape\": [10, 6]", "\"shape\": [10, 6, 1, 1, 1, 1, 1, 1, 1]", "more than 8 dims"},
+      {"\"shape\": [10, 6]", "\"shape\": [-10, 6]", "not an integer"},
+      {"\"shape\": [10, 6]", "\"shape\": [9223372036854775807, 6]", "overflow"},
+      {"\"weight_map\": {", "\"weight_map\": {\n    \"w_row\": \"model-00001-of-00002.safetensors\",", "both in weight_map"},
+      {"\"tensors\": {", "\"tensors\": {\"x\": {\"dtype\": \"F32\", \"shape\": [1], \"parts\": []},", "no parts"},
+  };
+  for (auto &c : cases) {
+    int rc = 0;
+    std::string msg = open_with(c.from, c.to, &rc);
+    // A missing file is the filesystem's answer, as for any set.
+    EXPECT_EQ(rc, c.says == "missing.safetensors" ? -ENOENT : CKPTIO_E_SHARD) << c.from << " -> " << c.to << ": " << msg;
+    EXPECT_NE(msg.find(c.says), std::string::npos) << c.to << ": " << msg;
+  }
+}
+
+TEST_F(RanksIndex, AFileOfAnotherSaveIsRefusedByTheSaveId) {
+  // Rank 1's file from a later save of other values, put in place without
+  // the index (a crash between the swaps).
+  TempDir other;
+  Model m2;
+  for (auto &b : m2.rep.bytes) b ^= 1;
+  auto res = save_ranks(other.path(), 2, [&](int r) { return m2.parts(r, 2); });
+  for (auto &x : res) ASSERT_EQ(x.rc, 0);
+  write_file(dir.file("model-00002-of-00002.safetensors"), read_file(other.file("model-00002-of-00002.safetensors")));
+  ckptio_ctx *ctx = make_ctx();
+  ckptio_reader *r = nullptr;
+  EXPECT_EQ(ckptio_reader_open(ctx, dir.path().c_str(), nullptr, &r), CKPTIO_E_SHARD);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("model-00002-of-00002.safetensors"), std::string::npos);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("another save"), std::string::npos);
+  ckptio_ctx_free(ctx);
+}
+
+TEST_F(RanksIndex, ThousandsOfMutationsNeverCrash) {
+  // Random byte edits of the section: each open fails cleanly or opens a
+  // checkpoint that loads (the parser's bounds under ASan).
+  size_t sec = good.find("\"ckptio\"");
+  ASSERT_NE(sec, std::string::npos);
+  std::mt19937 rng(11);
+  const char alphabet[] = "0123456789[]{},:\" -abcfhilnoprstuvxFS";
+  int opened = 0;
+  for (int k = 0; k < 1500; k++) {
+    std::string text = good;
+    int edits = 1 + (int)(rng() % 3);
+    for (int e = 0; e < edits; e++) {
+      size_t at = sec + rng() % (text.size() - sec);
+      text[at] = alphabet[rng() % (sizeof(alphabet) - 1)];
+    }
+    write_file(dir.file("model.safetensors.index.json"), text);
+    ckptio_ctx *ctx = make_ctx();
+    ckptio_reader *r = nullptr;
+    int rc = ckptio_reader_open(ctx, dir.path().c_str(), nullptr, &r);
+    if (rc == 0) {
+      opened++;
+      for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+        ckptio_tensor_info info;
+        ASSERT_EQ(ckptio_reader_info(r, i, &info), 0);
+        std::vector<uint8_t> buf(info.nbytes);
+        ckptio_reader_load(r, i, buf.data(), buf.size());
+      }
+      ckptio_reader_close(r);
+    } else {
+      EXPECT_TRUE(rc == CKPTIO_E_SHARD || rc == -ENOENT || rc == -ENOTDIR || rc == CKPTIO_E_HEADER_JSON) << rc;
+    }
+    ckptio_ctx_free(ctx);
+  }
+  EXPECT_GT(opened, 0);  // some edits (whitespace, equal digits) keep it valid
+}
+
+// ------------------------------------------------------------ exact cover, the arithmetic
+
+ckptio_box_result cover(std::vector<int64_t> shape, std::vector<std::vector<int64_t>> offs,
+                        std::vector<std::vector<int64_t>> sizes, size_t *a = nullptr, size_t *b = nullptr) {
+  std::vector<std::array<int64_t, CKPTIO_MAX_DIMS>> o(offs.size()), s(offs.size());
+  for (size_t i = 0; i < offs.size(); i++)
+    for (size_t d = 0; d < shape.size(); d++) o[i][d] = offs[i][d], s[i][d] = sizes[i][d];
+  return ckptio_box_cover_check((int)shape.size(), shape.data(), (const int64_t(*)[CKPTIO_MAX_DIMS])o.data(),
+                                (const int64_t(*)[CKPTIO_MAX_DIMS])s.data(), offs.size(), a, b);
+}
+
+TEST(RanksBoxes, CoverIsExactInsideAndWithoutOverlap) {
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {2, 0}}, {{2, 4}, {2, 4}}), CKPTIO_BOX_OK);
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {0, 2}, {2, 0}, {2, 2}}, {{2, 2}, {2, 2}, {2, 2}, {2, 2}}), CKPTIO_BOX_OK);
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {2, 0}}, {{2, 4}, {1, 4}}), CKPTIO_BOX_HOLE);
+  size_t a = 9, b = 9;
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {1, 0}}, {{2, 4}, {3, 4}}, &a, &b), CKPTIO_BOX_OVERLAP);
+  EXPECT_EQ(a, 0u);
+  EXPECT_EQ(b, 1u);
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {0, 0}}, {{4, 4}, {4, 4}}), CKPTIO_BOX_OVERLAP);  // identical
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {3, 0}}, {{3, 4}, {2, 4}}, &a), CKPTIO_BOX_OUTSIDE);
+  EXPECT_EQ(a, 1u);
+  EXPECT_EQ(cover({4}, {{INT64_MAX - 1}}, {{4}}), CKPTIO_BOX_OUTSIDE);  // no overflow
+  EXPECT_EQ(cover({4}, {{-1}}, {{5}}), CKPTIO_BOX_OUTSIDE);
+  EXPECT_EQ(cover({0, 4}, {{0, 0}}, {{0, 4}}), CKPTIO_BOX_OK);        // nothing to cover
+  EXPECT_EQ(cover({}, {{}}, {{}}), CKPTIO_BOX_OK);                    // a scalar, once
+  EXPECT_EQ(cover({}, {{}, {}}, {{}, {}}), CKPTIO_BOX_OVERLAP);
+  // 3-D, and boxes that are not a grid (an L of three bricks).
+  EXPECT_EQ(cover({2, 2, 4}, {{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}}, {{1, 1, 4}, {1, 1, 4}, {1, 1, 4}, {1, 1, 4}}),
+            CKPTIO_BOX_OK);
+  EXPECT_EQ(cover({4, 4}, {{0, 0}, {0, 3}, {3, 0}}, {{3, 3}, {4, 1}, {1, 3}}), CKPTIO_BOX_OK);
+}
+
+TEST(RanksBoxes, ManyPartsOffTheGridStayBounded) {
+  // 3000 diagonal-staggered column strips: the grid would have millions of
+  // cells, so the pairwise path decides (and finds the hole) within budget.
+  std::vector<std::vector<int64_t>> offs, sizes;
+  for (int64_t i = 0; i < 3000; i++) offs.push_back({i, i}), sizes.push_back({1, 3000 - i});
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(cover({3000, 3000}, offs, sizes), CKPTIO_BOX_HOLE);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // 65536 rows of one element each: a grid, linear.
+  offs.clear(), sizes.clear();
+  for (int64_t i = 0; i < 65536; i++) offs.push_back({i, 0}), sizes.push_back({1, 7});
+  EXPECT_EQ(cover({65536, 7}, offs, sizes), CKPTIO_BOX_OK);
 }
 
 }  // namespace
