@@ -21,7 +21,8 @@ void cli_inspect_usage(FILE *out) {
           "bytes, recorded CRC32 or \"-\") and the metadata. Only the header is read.\n"
           "A sharded checkpoint (its *.safetensors.index.json, or its directory) is\n"
           "shown as one, with a line per shard (file, tensors, bytes) and each\n"
-          "tensor's shard number.\n\n"
+          "tensor's shard number; a multi-rank checkpoint's split tensors list their\n"
+          "parts (offsets and sizes per dimension, file) instead.\n\n"
           "  --json   one JSON object instead of the table\n"
           "  --plan NAME:DIM:N\n"
           "           instead: what each of N tensor-parallel ranks reads of tensor NAME\n"
@@ -117,6 +118,46 @@ static void print_shards_table(ckptio_reader *r) {
   }
 }
 
+/* A tensor stored in parts (a multi-rank checkpoint): where each lives. */
+static void print_parts_json(ckptio_reader *r, size_t i, int ndim, size_t np) {
+  printf("\"parts\":[");
+  for (size_t k = 0; k < np; k++) {
+    const char *p;
+    int64_t off[CKPTIO_MAX_DIMS], size[CKPTIO_MAX_DIMS];
+    if (ckptio_reader_part(r, i, k, &p, off, size) < 0) continue;
+    printf("%s{\"file\":", k ? "," : "");
+    cli_json_string(stdout, p);
+    printf(",\"offsets\":[");
+    for (int d = 0; d < ndim; d++) printf("%s%" PRId64, d ? "," : "", off[d]);
+    printf("],\"shape\":[");
+    for (int d = 0; d < ndim; d++) printf("%s%" PRId64, d ? "," : "", size[d]);
+    printf("]}");
+  }
+  printf("],");
+}
+
+static void print_parts_table(ckptio_reader *r) {
+  int any = 0;
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+    size_t np = ckptio_reader_part_count(r, i);
+    ckptio_tensor_info t;
+    if (np < 2 || ckptio_reader_info(r, i, &t) < 0) continue;
+    if (!any++) printf("\nparts (offsets + sizes per dim, file)\n");
+    printf("  %s\n", t.name);
+    for (size_t k = 0; k < np; k++) {
+      const char *p, *base;
+      int64_t off[CKPTIO_MAX_DIMS], size[CKPTIO_MAX_DIMS];
+      char box[256];
+      size_t at = 0;
+      if (ckptio_reader_part(r, i, k, &p, off, size) < 0) continue;
+      for (int d = 0; d < t.ndim && at < sizeof(box); d++)
+        at += (size_t)snprintf(box + at, sizeof(box) - at, "%s%" PRId64 "+%" PRId64, d ? ", " : "", off[d], size[d]);
+      base = strrchr(p, '/');
+      printf("    [%s]  %s\n", at ? box : "", base ? base + 1 : p);
+    }
+  }
+}
+
 static void print_json(const char *path, const file_facts *f, ckptio_reader *r) {
   size_t n = ckptio_reader_count(r);
   int sharded = ckptio_reader_shard_count(r) > 0;
@@ -141,7 +182,11 @@ static void print_json(const char *path, const file_facts *f, ckptio_reader *r) 
     printf(",\"dtype\":\"%s\",\"shape\":[", ckptio_dtype_name(t.dtype));
     for (int d = 0; d < t.ndim; d++) printf("%s%" PRId64, d ? "," : "", t.shape[d]);
     printf("],\"offset\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",", t.offset, t.nbytes);
-    if (sharded) printf("\"shard\":%" PRId64 ",", ckptio_reader_shard_of(r, i) + 1);
+    size_t np = ckptio_reader_part_count(r, i);
+    if (np > 1)
+      print_parts_json(r, i, t.ndim, np);
+    else if (sharded)
+      printf("\"shard\":%" PRId64 ",", ckptio_reader_shard_of(r, i) + 1);
     printf("\"crc32\":");
     if (t.has_crc)
       printf("\"%08" PRIx32 "\"}", t.crc32);
@@ -207,9 +252,14 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
     if (t.has_crc) snprintf(crc, sizeof(crc), "%08" PRIx32, t.crc32);
     printf("%-*s  %-5s  %-*s  %*" PRIu64 "  %*" PRIu64 "  %s", wname, t.name,
            ckptio_dtype_name(t.dtype), wshape, shape, woff, t.offset, wbytes, t.nbytes, crc);
-    if (sharded) printf("%*s  %" PRId64, (int)(8 - strlen(crc)), "", ckptio_reader_shard_of(r, i) + 1);
+    size_t np = ckptio_reader_part_count(r, i);
+    if (np > 1)
+      printf("%*s  %zu parts", (int)(8 - strlen(crc)), "", np);
+    else if (sharded)
+      printf("%*s  %" PRId64, (int)(8 - strlen(crc)), "", ckptio_reader_shard_of(r, i) + 1);
     printf("\n");
   }
+  print_parts_table(r);
   size_t nm = ckptio_reader_metadata_count(r);
   if (nm) printf("\nmetadata\n");
   for (size_t i = 0; i < nm; i++) {

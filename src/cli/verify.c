@@ -74,7 +74,8 @@ int cli_verify_main(int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     ckptio_tensor_info t;
     if (ckptio_reader_info(r, i, &t) < 0) continue;
-    if (t.has_crc) {
+    /* A split tensor's parts carry the CRCs (the reader checks them all). */
+    if (t.has_crc || ckptio_reader_part_count(r, i) > 1) {
       with_crc++;
       checked_bytes += t.nbytes;
     }

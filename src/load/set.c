@@ -327,7 +327,8 @@ static int merge(set *x) {
   for (size_t k = 0; k < nf; k++)
     for (size_t i = 0; i < x->sub[k]->idx.meta_count; i++) {
       const ckptio_meta *m = &x->sub[k]->idx.meta[i];
-      if (strcmp(m->key, "ckptio.shard")) refs[n] = (meta_ref){m, n}, n++;
+      /* Each file's own place in the set is not the set's metadata. */
+      if (strcmp(m->key, "ckptio.shard") && strcmp(m->key, "ckptio.rank")) refs[n] = (meta_ref){m, n}, n++;
     }
   qsort(refs, n, sizeof(*refs), cmp_meta_key);
   size_t kept = 0;

@@ -9,9 +9,13 @@
 #   kill-rank     4 ranks save; then rank 2 is SIGKILLed mid-save: mpirun ends
 #                 the job, the first checkpoint stays whole, and a next save
 #                 (2 ranks) succeeds and removes the killed save's temp files
+#   cli           4 ranks save; `ckptio inspect` lists the parts, `verify`
+#                 checks every part (and names a damaged one), `convert`
+#                 consolidates into one file and into a set of whole tensors,
+#                 which 1 and 2 ranks load (CLI = the ckptio command, 4th argument)
 # Exits 77 (skip) when mpirun is missing.
 set -euo pipefail
-DRIVER="$1" SCENARIO="$2" WORK="$3"
+DRIVER="$1" SCENARIO="$2" WORK="$3" CLI="${4:-}"
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
 # Root in a container: OpenMPI refuses to run as root without both settings.
 # 2 cores: oversubscribe, no binding; shared memory between the ranks.
@@ -38,6 +42,26 @@ case "$SCENARIO" in
     left=$(ls -A "$WORK" | grep -c 'ckptio-tmp' || true)
     echo "temp files left by the killed save: $left"
     mpi 2 save "$WORK" 3  # also checks that no temp file remains
+    ;;
+  cli)
+    mkdir -p "$WORK/ckpt"
+    mpi 4 save "$WORK/ckpt" 1
+    "$CLI" inspect "$WORK/ckpt" >"$WORK/inspect.txt"
+    grep -q "layers.0.mlp .*4 parts" "$WORK/inspect.txt" || { cat "$WORK/inspect.txt"; echo "FAIL: no parts in inspect"; exit 1; }
+    grep -q "\[32+32, 24+24\]  model-00004-of-00004.safetensors" "$WORK/inspect.txt" || { echo "FAIL: mesh part"; exit 1; }
+    "$CLI" inspect --json "$WORK/ckpt" | grep -q '"parts":\[{"file":' || { echo "FAIL: no parts in --json"; exit 1; }
+    "$CLI" verify "$WORK/ckpt" | tee "$WORK/verify.txt"
+    grep -q "7 tensors, 7 checked, 0 unchecked" "$WORK/verify.txt" || { echo "FAIL: verify count"; exit 1; }
+    "$CLI" convert "$WORK/ckpt" "$WORK/one.safetensors"
+    mpi 1 load "$WORK/one.safetensors" 1
+    "$CLI" convert --max-shard-size 1MB "$WORK/ckpt" "$WORK/whole"
+    mpi 2 load "$WORK/whole" 1
+    grep -q '"ckptio"' "$WORK/whole/model.safetensors.index.json" && { echo "FAIL: a set of whole tensors has a ckptio section"; exit 1; }
+    # A damaged byte in rank 3's part of the mesh: verify names that file.
+    f="$WORK/ckpt/model-00003-of-00004.safetensors"
+    printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 7 )) conv=notrunc status=none
+    if "$CLI" verify "$WORK/ckpt" >"$WORK/bad.txt" 2>&1; then cat "$WORK/bad.txt"; echo "FAIL: damage not found"; exit 1; fi
+    grep -q "model-00003-of-00004.safetensors.*checksum" "$WORK/bad.txt" || { cat "$WORK/bad.txt"; echo "FAIL: the damaged file is not named"; exit 1; }
     ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac
