@@ -1,0 +1,130 @@
+/* Multi-rank save and load throughput, run by bench/dist.sh under mpirun
+ * next to fio's raw write and read with as many jobs as ranks.
+ *
+ *   dist_bench save DIR GIB    the ranks save GIB GiB of 8 row-split tensors (durable)
+ *   dist_bench load DIR        each rank loads its rows of every tensor (cache dropped first)
+ *   dist_bench reshard DIR     each rank loads its columns: bytes read / bytes needed
+ *
+ * Rank 0 prints one line: "<mode> ranks=N bytes=B seconds=S [read=R]". */
+#include <fcntl.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckptio.h"
+#include "ckptio_mpi.h"
+
+#define NTENSORS 8
+#define COLS 4096
+
+static int rank, nranks;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, const char *msg) {
+  fprintf(stderr, "rank %d: %s: %s\n", rank, what, msg);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Cold loads: the page cache holds none of the checkpoint. */
+static void drop_cache(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char p[4096];
+    snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+    int fd = open(p, O_RDONLY);
+    if (fd < 0) continue;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+  if (d) closedir(d);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  if (argc < 3) die("usage", "dist_bench save|load|reshard DIR [GIB]");
+  const char *mode = argv[1], *dir = argv[2];
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  ckptio_ctx *ctx = NULL;
+  if (ckptio_ctx_create(&o, &ctx) < 0) die("context", ckptio_last_open_error());
+  double t0, secs;
+  uint64_t bytes = 0, read = 0;
+  if (!strcmp(mode, "save")) {
+    double gib = argc > 3 ? atof(argv[3]) : 1.0;
+    int64_t rows = (int64_t)(gib * (double)(1ull << 30) / NTENSORS / COLS / 4);
+    int64_t a, b;
+    ckptio_split_rank(rows, rank, nranks, &a, &b);
+    size_t part = (size_t)(b - a) * COLS * 4;
+    unsigned char *buf = aligned_alloc(4096, part * NTENSORS + 4096);
+    for (size_t i = 0; i < part * NTENSORS; i += 4096) buf[i] = (unsigned char)(i >> 12) ^ (unsigned char)rank;
+    MPI_Comm world = MPI_COMM_WORLD;
+    ckptio_comm comm;
+    ckptio_comm_from_mpi(&world, &comm);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now();
+    ckptio_writer *w = NULL;
+    if (ckptio_writer_open_ranks(ctx, &comm, dir, "model", NULL, &w) < 0) die("open", ckptio_last_open_error());
+    for (int k = 0; k < NTENSORS; k++) {
+      char name[32];
+      snprintf(name, sizeof(name), "layers.%d.w", k);
+      int64_t global[2] = {rows, COLS}, off[2] = {a, 0};
+      ckptio_tensor t = {.name = name, .dtype = CKPTIO_F32, .ndim = 2, .shape = {b - a, COLS}, .data = buf + k * part};
+      if (ckptio_writer_add_part(w, &t, global, off) < 0) die("add", ckptio_writer_last_error(w));
+    }
+    if (ckptio_writer_commit(w) < 0) die("commit", ckptio_writer_last_error(w));
+    ckptio_writer_close(w);
+    MPI_Barrier(MPI_COMM_WORLD);
+    secs = now() - t0;
+    bytes = (uint64_t)rows * COLS * 4 * NTENSORS;
+    free(buf);
+  } else {
+    int columns = !strcmp(mode, "reshard");
+    if (!columns && strcmp(mode, "load")) die("mode", mode);
+    if (rank == 0) drop_cache(dir);
+    ckptio_options lo = CKPTIO_OPTIONS_INIT;
+    if (columns) lo.load_method = CKPTIO_LOAD_PREAD;
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now();
+    ckptio_reader *r = NULL;
+    if (ckptio_reader_open(ctx, dir, &lo, &r) < 0) die("open", ckptio_last_open_error());
+    size_t n = ckptio_reader_count(r);
+    ckptio_box_request *q = calloc(n, sizeof(*q));
+    uint64_t mine = 0;
+    for (size_t i = 0; i < n; i++) {
+      ckptio_tensor_info info;
+      ckptio_reader_info(r, i, &info);
+      int d = columns ? 1 : 0;
+      q[i].index = i;
+      q[i].stop[0] = info.shape[0], q[i].stop[1] = info.shape[1];
+      ckptio_split_rank(info.shape[d], rank, nranks, &q[i].start[d], &q[i].stop[d]);
+      q[i].dst_bytes = (uint64_t)ckptio_reader_box_nbytes(r, i, q[i].start, q[i].stop);
+      q[i].dst = aligned_alloc(4096, q[i].dst_bytes + 4096);
+      mine += q[i].dst_bytes;
+    }
+    if (ckptio_reader_load_boxes(r, q, n) < 0) die("load", ckptio_reader_last_error(r));
+    uint64_t got = 0;
+    for (size_t i = 0; i < n; i++) got += q[i].bytes_read, free(q[i].dst);
+    ckptio_reader_close(r);
+    MPI_Barrier(MPI_COMM_WORLD);
+    secs = now() - t0;
+    MPI_Allreduce(&mine, &bytes, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&got, &read, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    free(q);
+  }
+  if (rank == 0)
+    printf("%s ranks=%d bytes=%llu seconds=%.4f read=%llu\n", mode, nranks, (unsigned long long)bytes, secs,
+           (unsigned long long)read);
+  ckptio_ctx_free(ctx);
+  MPI_Finalize();
+  return 0;
+}
