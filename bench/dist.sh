@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Multi-rank save and load throughput next to fio with as many jobs as ranks,
 # interleaved in every round on the same directory and byte count:
-#   fio write (numjobs=N, one file each, --direct=1, bs 8M, libaio iodepth 8,
-#              end_fsync)   then   N ranks save (bench/dist_bench.c, durable)
-#   fio read (same files, page cache invalidated)   then   N ranks load their
-#              rows of every tensor, cold (page cache dropped)
+#   raw write: each of N ranks writes its share to its own file, O_DIRECT,
+#              8 MiB blocks, 16 in flight, fdatasync (dist_bench raw-write)
+#              then   N ranks save (bench/dist_bench.c, durable)
+#   raw read of those files (cache dropped)   then   N ranks load their rows
+#              of every tensor, cold (page cache dropped)
 #   N ranks load their columns (PREAD): bytes read / bytes needed
+#   fio with numjobs=N, write then read (libaio, iodepth 8, bs 8M, direct),
+#              as a second opinion of the limit (its bandwidth leaves out
+#              the final fsync, so it reads higher than a durable write)
+# Every dist_bench figure is barrier, work, barrier on the wall clock.
 # Ratios are taken per round, then the median over rounds.
 #
 # Usage: bench/dist.sh [--ranks N] [--gib G] [--rounds R] [--dir DIR]
@@ -44,13 +49,15 @@ print('fio-$1 bytes=%d seconds=%.4f' % (side['io_bytes'], side['io_bytes'] / sid
 }
 for round in $(seq "$ROUNDS"); do
   echo "round $round" >>"$LOG"
-  fio_run write >>"$LOG"
+  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-write "$DIR/fio" "$GIB" >>"$LOG"
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" save "$DIR/ckpt" "$GIB" >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
-  fio_run read >>"$LOG"
+  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-read "$DIR/fio" >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" load "$DIR/ckpt" >>"$LOG"
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" reshard "$DIR/ckpt" >>"$LOG"
+  fio_run write >>"$LOG"
+  fio_run read >>"$LOG"
 done
 python3 - "$LOG" "$RANKS" "$GIB" <<'PY'
 import re, statistics, sys
@@ -64,14 +71,16 @@ for line in open(log):
 gbs = lambda b, s: b / s / 1e9
 rows = []
 for r in rounds:
-    w, s, rd, l, rs = r['fio-write'], r['save'], r['fio-read'], r['load'], r['reshard']
-    rows.append((gbs(*w[:2]), gbs(*s[:2]), gbs(*rd[:2]), gbs(*l[:2]), rs[2] / rs[0]))
+    w, s, rd, l, rs = r['raw-write'], r['save'], r['raw-read'], r['load'], r['reshard']
+    rows.append((gbs(*w[:2]), gbs(*s[:2]), gbs(*rd[:2]), gbs(*l[:2]), rs[2] / rs[0],
+                 gbs(*r['fio-write'][:2]), gbs(*r['fio-read'][:2])))
 med = lambda i: statistics.median(x[i] for x in rows)
 ratio = lambda a, b: statistics.median(x[a] / x[b] for x in rows)
 print(f"ranks {ranks}, {gib} GiB, {len(rows)} rounds (GB/s, median; ratio per round, then median)")
 for i, r in enumerate(rows, 1):
     print(f"  round {i}: raw write {r[0]:.3f}  save {r[1]:.3f} ({r[1]/r[0]:.2f}x)  raw read {r[2]:.3f}  "
-          f"load {r[3]:.3f} ({r[3]/r[2]:.2f}x)  reshard read/needed {r[4]:.4f}")
+          f"load {r[3]:.3f} ({r[3]/r[2]:.2f}x)  reshard read/needed {r[4]:.4f}  "
+          f"fio write {r[5]:.3f} read {r[6]:.3f}")
 print(f"  median: save {med(1):.3f} = {ratio(1,0):.2f}x raw write {med(0):.3f}; load {med(3):.3f} = "
       f"{ratio(3,2):.2f}x raw read {med(2):.3f}; resharded loads read {med(4):.4f}x the bytes they need")
 PY

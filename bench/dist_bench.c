@@ -4,13 +4,21 @@
  *   dist_bench save DIR GIB    the ranks save GIB GiB of 8 row-split tensors (durable)
  *   dist_bench load DIR        each rank loads its rows of every tensor (cache dropped first)
  *   dist_bench reshard DIR     each rank loads its columns: bytes read / bytes needed
+ *   dist_bench raw-write DIR GIB   the limit: each rank writes its share to its own
+ *                              file, O_DIRECT, 8 MiB blocks, 16 in flight, fdatasync
+ *   dist_bench raw-read DIR    each rank reads its file back the same way (cache dropped)
  *
+ * Every figure is timed the same way: barrier, work, barrier, on the wall clock.
  * Rank 0 prints one line: "<mode> ranks=N bytes=B seconds=S [read=R]". */
-#include <fcntl.h>
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +56,50 @@ static void drop_cache(const char *dir) {
   if (d) closedir(d);
 }
 
+/* ------------------------------------------------------------ raw limit */
+
+#define RAW_BLOCK (8u << 20)
+#define RAW_DEPTH 16
+
+typedef struct raw {
+  int fd, writing;
+  unsigned char *buf;
+  uint64_t n;
+  atomic_uint_fast64_t next;
+  atomic_int err;
+} raw;
+
+static void *raw_worker(void *arg) {
+  raw *j = arg;
+  for (;;) {
+    uint64_t off = atomic_fetch_add(&j->next, RAW_BLOCK);
+    if (off >= j->n) break;
+    size_t len = (size_t)(j->n - off < RAW_BLOCK ? j->n - off : RAW_BLOCK);
+    ssize_t r = j->writing ? pwrite(j->fd, j->buf + off, len, (off_t)off) : pread(j->fd, j->buf + off, len, (off_t)off);
+    if (r != (ssize_t)len) atomic_store(&j->err, r < 0 ? errno : EIO);
+  }
+  return NULL;
+}
+
+/* This rank's share through RAW_DEPTH threads, O_DIRECT; writing ends with
+ * fdatasync. @return 0 or an errno. */
+static int raw_io(const char *dir, int writing, uint64_t n) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/raw-%05d", dir, rank);
+  raw j = {.writing = writing, .n = n};
+  j.fd = open(path, (writing ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_DIRECT, 0644);
+  if (j.fd < 0) return errno;
+  j.buf = aligned_alloc(4096, (size_t)n + 4096);
+  memset(j.buf, rank + 1, (size_t)n);
+  pthread_t t[RAW_DEPTH];
+  for (int i = 0; i < RAW_DEPTH; i++) pthread_create(&t[i], NULL, raw_worker, &j);
+  for (int i = 0; i < RAW_DEPTH; i++) pthread_join(t[i], NULL);
+  if (writing && fdatasync(j.fd) < 0) atomic_store(&j.err, errno);
+  close(j.fd);
+  free(j.buf);
+  return atomic_load(&j.err);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -59,7 +111,26 @@ int main(int argc, char **argv) {
   if (ckptio_ctx_create(&o, &ctx) < 0) die("context", ckptio_last_open_error());
   double t0, secs;
   uint64_t bytes = 0, read = 0;
-  if (!strcmp(mode, "save")) {
+  if (!strncmp(mode, "raw-", 4)) {
+    int writing = !strcmp(mode, "raw-write");
+    double gib = argc > 3 ? atof(argv[3]) : 1.0;
+    uint64_t share = ((uint64_t)(gib * (double)(1ull << 30)) / (uint64_t)nranks) & ~(uint64_t)4095;
+    if (!writing) {
+      struct stat st;
+      char path[4096];
+      snprintf(path, sizeof(path), "%s/raw-%05d", dir, rank);
+      share = stat(path, &st) == 0 ? (uint64_t)st.st_size : 0;
+      int fd = open(path, O_RDONLY);
+      if (fd >= 0) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), close(fd);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now();
+    int e = raw_io(dir, writing, share);
+    if (e) die(mode, strerror(e));
+    MPI_Barrier(MPI_COMM_WORLD);
+    secs = now() - t0;
+    MPI_Allreduce(&share, &bytes, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+  } else if (!strcmp(mode, "save")) {
     double gib = argc > 3 ? atof(argv[3]) : 1.0;
     int64_t rows = (int64_t)(gib * (double)(1ull << 30) / NTENSORS / COLS / 4);
     int64_t a, b;
