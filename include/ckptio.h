@@ -263,7 +263,10 @@ typedef struct ckptio_writer ckptio_writer;
 /*! ckptio_writer_open() :
  *  Nothing is created at `path` until commit; the final file appears there
  *  atomically (temp file in the same directory, fdatasync, rename, directory
- *  fsync), and a failed save leaves whatever was at `path` untouched.
+ *  fsync), and a failed save leaves whatever was at `path` untouched. A
+ *  process killed mid-save leaves `path` as it was and a hidden temp file
+ *  (".NAME.ckptio-tmp-*") next to it, which the next successful save of
+ *  `path` removes (so two saves of one path must not run at once).
  *  @path  copied.  @opts  NULL for the context's defaults; copied.
  *  @return 0 and *out, or a negative code. */
 int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
@@ -668,7 +671,9 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * metadata ("ckptio.save_id") and into every shard's __metadata__ (with
  * "ckptio.shard" = "k/N"); the reader refuses a set whose shards do not carry
  * the index's id, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
- * hidden temp files (".NAME.ckptio-tmp-*") may remain in `dir`. Once the new
+ * hidden temp files (".NAME.ckptio-tmp-*") remain in `dir` until the next
+ * save of the set publishes and removes those of its own names (so two
+ * saves of one set must not run at once). Once the new
  * index is in place, shards of an earlier save with another shard count
  * (`{prefix}-NNNNN-of-MMMMM.safetensors`, MMMMM != N) are removed, as
  * transformers' save_pretrained does; no other file is touched.

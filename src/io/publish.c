@@ -137,3 +137,21 @@ void ckptio_remove_stray_temps(const char *dir, const char *prefix) {
   }
   closedir(d);
 }
+
+void ckptio_remove_stray_temps_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  char dir[4096], want[4096];
+  snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
+  int n = snprintf(want, sizeof(want), ".%s.ckptio-tmp-", base);
+  if (n <= 0 || (size_t)n >= sizeof(want)) return;
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, want, (size_t)n)) continue;
+    char *p = ckptio_path_join(dir, e->d_name);
+    if (p) unlink(p);
+    free(p);
+  }
+  if (d) closedir(d);
+}

@@ -43,6 +43,8 @@ void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nsha
 /* Removes the hidden temp files of a set's names that a killed save left
  * (only while no other save of that prefix runs in dir). Best effort. */
 void ckptio_remove_stray_temps(const char *dir, const char *prefix);
+/* The same for one file: ".{basename}.ckptio-tmp-*" next to path. */
+void ckptio_remove_stray_temps_of(const char *path);
 
 /* fsync of a directory. @return 0 or -errno. */
 int ckptio_dir_sync(const char *dir);

@@ -270,6 +270,7 @@ static int publish(set_writer *w) {
   ckptio_tmpfile_release(&index, index_how);
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
   ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards);
+  ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
   return rc;

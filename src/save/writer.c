@@ -660,6 +660,7 @@ static int save_run(file_writer *w) {
       goto fail;
   } else {
     rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err));
+    if (rc == 0) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;

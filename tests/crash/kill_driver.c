@@ -1,0 +1,166 @@
+/* The saving side of the kill test (kill_test.py): `save KIND PATH` saves
+ * sequence numbers 1, 2, 3... to the same path in a loop until killed (or
+ * COUNT saves),
+ * printing "begin N", "snapshot N" and "durable N" as each save passes those
+ * points; `check KIND PATH` opens what is at the path, verifies every CRC,
+ * finds which save's bytes it holds, and prints "seq=N strays=K" (K: temp
+ * files in the directory). Kinds: single (safetensors), pt (PyTorch zip),
+ * sharded (a Hugging Face set of 3 shards), zstd (compressed), ranks (a
+ * one-rank multi-rank save). Linked like a user's program: public API only. */
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckptio.h"
+
+#define NTENSORS 4
+static const int64_t kRows[NTENSORS] = {512, 384, 256, 8};
+#define COLS 1024 /* F32: 4.6 MiB in all */
+
+/* Every byte depends on the save, the tensor and the element. */
+static uint32_t value(uint64_t seq, int k, uint64_t i) {
+  uint64_t x = seq * 0x9E3779B97F4A7C15ull ^ ((uint64_t)k << 56) ^ (i * 0xBF58476D1CE4E5B9ull);
+  x ^= x >> 31;
+  return (uint32_t)x;
+}
+
+static int usage(void) {
+  fprintf(stderr, "usage: kill_driver save|check single|pt|sharded|zstd|ranks PATH [COUNT]\n");
+  return 2;
+}
+
+static ckptio_ctx *make_ctx(void) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.threads = 2;
+  o.chunk_bytes = 256 << 10;
+  o.staging_bytes = 1 << 20;
+  o.cuda = 0;
+  ckptio_ctx *ctx = NULL;
+  if (ckptio_ctx_create(&o, &ctx) < 0) exit(2);
+  return ctx;
+}
+
+static int open_writer(ckptio_ctx *ctx, const char *kind, const char *path, ckptio_writer **w) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  if (!strcmp(kind, "single")) return ckptio_writer_open(ctx, path, CKPTIO_FORMAT_SAFETENSORS, NULL, w);
+  if (!strcmp(kind, "pt")) return ckptio_writer_open(ctx, path, CKPTIO_FORMAT_PYTORCH, NULL, w);
+  if (!strcmp(kind, "zstd")) {
+    o.compress_level = 1;
+    return ckptio_writer_open(ctx, path, CKPTIO_FORMAT_SAFETENSORS, &o, w);
+  }
+  if (!strcmp(kind, "sharded"))
+    return ckptio_writer_open_sharded(ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, 2u << 20, CKPTIO_SHARD_ORDER_ADDED,
+                                      NULL, w);
+  if (!strcmp(kind, "ranks")) {
+    ckptio_comm c;
+    ckptio_comm_single(&c);
+    return ckptio_writer_open_ranks(ctx, &c, path, "model", NULL, w);
+  }
+  return CKPTIO_E_INVALID_ARG;
+}
+
+static int save_loop(const char *kind, const char *path, uint64_t count) {
+  ckptio_ctx *ctx = make_ctx();
+  uint32_t *bufs[NTENSORS];
+  for (int k = 0; k < NTENSORS; k++) bufs[k] = malloc((size_t)kRows[k] * COLS * 4);
+  for (uint64_t seq = 1; seq <= count; seq++) {
+    for (int k = 0; k < NTENSORS; k++)
+      for (uint64_t i = 0; i < (uint64_t)kRows[k] * COLS; i++) bufs[k][i] = value(seq, k, i);
+    ckptio_writer *w = NULL;
+    int rc = open_writer(ctx, kind, path, &w);
+    char meta[32];
+    snprintf(meta, sizeof(meta), "%llu", (unsigned long long)seq);
+    if (rc == 0) rc = ckptio_writer_set_metadata(w, "seq", meta);
+    for (int k = 0; k < NTENSORS && rc == 0; k++) {
+      char name[32];
+      snprintf(name, sizeof(name), "t%d", k);
+      ckptio_tensor t = {.name = name, .dtype = CKPTIO_F32, .ndim = 2, .shape = {kRows[k], COLS}, .data = bufs[k]};
+      rc = ckptio_writer_add(w, &t);
+    }
+    printf("begin %llu\n", (unsigned long long)seq);
+    fflush(stdout);
+    if (rc == 0) rc = ckptio_writer_commit_async(w);
+    if (rc == 0) rc = ckptio_writer_wait_snapshot(w);
+    printf("snapshot %llu\n", (unsigned long long)seq);
+    fflush(stdout);
+    if (rc == 0) rc = ckptio_writer_wait_durable(w);
+    if (rc < 0) {
+      fprintf(stderr, "save %llu: %s\n", (unsigned long long)seq, w ? ckptio_writer_last_error(w) : ckptio_last_open_error());
+      return 1;
+    }
+    ckptio_writer_close(w);
+    printf("durable %llu\n", (unsigned long long)seq);
+    fflush(stdout);
+  }
+  return 0;
+}
+
+static int strays_in(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int n = 0;
+  while (d && (e = readdir(d))) n += strstr(e->d_name, "ckptio-tmp") != NULL;
+  if (d) closedir(d);
+  return n;
+}
+
+/* What is at the path: nothing (seq 0), or one whole save. */
+static int check(const char *kind, const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!strcmp(kind, "sharded") || !strcmp(kind, "ranks")) snprintf(dir, sizeof(dir), "%s", path);
+  else snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  ckptio_ctx *ctx = make_ctx();
+  ckptio_reader *r = NULL;
+  int rc = ckptio_reader_open(ctx, path, NULL, &r);
+  if (rc == -2 /* -ENOENT: no save finished yet */ ||
+      (rc == CKPTIO_E_SHARD && strstr(ckptio_last_open_error(), "exactly one"))) {
+    printf("seq=0 strays=%d\n", strays_in(dir));
+    return 0;
+  }
+  if (rc < 0) {
+    printf("BAD open: %s\n", ckptio_last_open_error());
+    return 1;
+  }
+  size_t unchecked = 99;
+  if ((rc = ckptio_reader_verify(r, &unchecked)) < 0 || unchecked) {
+    printf("BAD verify: %s (unchecked %zu)\n", ckptio_reader_last_error(r), unchecked);
+    return 1;
+  }
+  const char *m = ckptio_reader_metadata_get(r, "seq");
+  uint64_t seq = m ? strtoull(m, NULL, 10) : 0;
+  if (ckptio_reader_count(r) != NTENSORS) {
+    printf("BAD: %zu tensors\n", ckptio_reader_count(r));
+    return 1;
+  }
+  for (int k = 0; k < NTENSORS; k++) {
+    char name[32];
+    snprintf(name, sizeof(name), "t%d", k);
+    int64_t idx = ckptio_reader_find(r, name);
+    uint64_t n = (uint64_t)kRows[k] * COLS;
+    uint32_t *buf = malloc(n * 4);
+    if (idx < 0 || ckptio_reader_load(r, (size_t)idx, buf, n * 4) < 0) {
+      printf("BAD load %s: %s\n", name, ckptio_reader_last_error(r));
+      return 1;
+    }
+    for (uint64_t i = 0; i < n; i++)
+      if (buf[i] != value(seq, k, i)) {
+        printf("BAD: %s element %llu is not save %llu's\n", name, (unsigned long long)i, (unsigned long long)seq);
+        return 1;
+      }
+    free(buf);
+  }
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+  printf("seq=%llu strays=%d\n", (unsigned long long)seq, strays_in(dir));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4 && argc != 5) return usage();
+  if (!strcmp(argv[1], "save")) return save_loop(argv[2], argv[3], argc == 5 ? strtoull(argv[4], NULL, 10) : UINT64_MAX);
+  if (!strcmp(argv[1], "check")) return check(argv[2], argv[3]);
+  return usage();
+}
