@@ -170,7 +170,7 @@ static int parse_index(const uint8_t *buf, size_t len, ckptio_hf_index *s) {
     rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "weight_map is empty");
     goto out;
   }
-  qsort(s->map, s->nmap, sizeof(*s->map), cmp_map);
+  if (s->nmap > 1) qsort(s->map, s->nmap, sizeof(*s->map), cmp_map); /* map is NULL when empty */
   for (size_t i = 1; i < s->nmap; i++)
     if (!strcmp(s->map[i - 1].tensor, s->map[i].tensor)) {
       rc = ckptio_err_fmt(s->err, sizeof(s->err), CKPTIO_E_SHARD, "weight_map: tensor '%s' appears twice", s->map[i].tensor);
@@ -225,5 +225,6 @@ void ckptio_hf_index_free(ckptio_hf_index *s) {
 
 const ckptio_hf_entry *ckptio_hf_index_find(const ckptio_hf_index *x, const char *tensor) {
   ckptio_hf_entry key = {(char *)tensor, 0, NULL};
+  if (!x->nmap) return NULL; /* an index of only split tensors: no map to search */
   return bsearch(&key, x->map, x->nmap, sizeof(*x->map), cmp_map);
 }
