@@ -301,7 +301,9 @@ static int ranks_wait_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->state == R_OPEN) return CKPTIO_E_STATE;
   if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
-  return w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
+  int rc = w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
+  /* This rank's own failure, named; the others learn it at wait_durable. */
+  return rc < 0 ? rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
 }
 
 static int ranks_poll_durable(ckptio_writer *base) {

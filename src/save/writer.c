@@ -456,6 +456,11 @@ static void chunk_copy_run(void *arg) {
     uint64_t t = ckptio_now_ns();
     rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
     ckptio_lap(&w->timers.write_ns, &t);
+    if (rc < 0) { /* the codec's message does not know the file: name it, as plain writes do */
+      char inner[sizeof(msg)];
+      snprintf(inner, sizeof(inner), "%s", msg);
+      snprintf(msg, sizeof(msg), "%s: %s", w->path, inner);
+    }
     if (rc == 0) atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
     chunk_end(j, rc, msg);
   } else if (ckptio_pool_add(w->ctx->pool, chunk_write_run, j) < 0) {
