@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds build/ and runs every
 # ctest there, then builds build-asan/ (AddressSanitizer + UBSan, -O0) and runs it
-# again without the tests labelled slow. Extra arguments go to both ctest
+# again without the tests labelled slow, then the ThreadSanitizer pass of
+# scripts/tsan.sh (build-tsan/, the concurrent tests). Extra arguments go to both ctest
 # runs, e.g. scripts/test.sh -L unit (a -LE of yours replaces the ASan pass's
 # "-LE slow"). Exits non-zero if any build or test fails; the last line is
 # "test.sh: N passed, N failed, N skipped".
@@ -74,11 +75,26 @@ run_pass() {  # name dir "cmake args" -- ctest args...
   SUMMARY+=("$name: $pass passed, $fail failed, $skip skipped in $((SECONDS - t0)) s")
 }
 
-run_pass release build "" -- "$@"
+# The soak label (the 1,000-kill crash test) is left out: ctest -L soak.
+run_pass release build "" -- -LE '^soak$' "$@"
 # Debug (-O0) for the sanitizer build: GCC compiles the GoogleTest files with
 # ASan+UBSan 5-6x faster than at -O2, which keeps the suite well inside its
 # time budget; the optimised build/ above keeps the -O2-only warnings.
-run_pass asan build-asan "-DCKPTIO_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" -- -LE '^slow$' "$@"
+run_pass asan build-asan "-DCKPTIO_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" -- -LE '^(slow|soak)$' "$@"
+
+# ThreadSanitizer over the concurrent tests (scripts/tsan.sh builds
+# build-tsan/ and picks them); a reported race fails its test.
+t0=$SECONDS
+junit="$ROOT/build-tsan/ctest-junit.xml"
+rm -f "$junit"
+say "=== [tsan] scripts/tsan.sh"
+scripts/tsan.sh --output-junit "$junit"
+rc=$?
+pass=0 fail=0 skip=0
+if [[ -f "$junit" ]] && counts=$(count_junit tsan "$junit"); then read -r pass fail skip <<<"$counts"; fi
+if ((rc != 0 && fail == 0)); then fail=1; fi
+TOTAL_PASS=$((TOTAL_PASS + pass)) TOTAL_FAIL=$((TOTAL_FAIL + fail)) TOTAL_SKIP=$((TOTAL_SKIP + skip))
+SUMMARY+=("tsan: $pass passed, $fail failed, $skip skipped in $((SECONDS - t0)) s")
 
 for line in "${SUMMARY[@]}"; do say "$line"; done
 say "total time $((SECONDS - START)) s"

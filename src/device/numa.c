@@ -3,7 +3,13 @@
 #include "device/numa.h"
 
 #include <hwloc.h>
+#include <pthread.h>
 #include <stdio.h>
+
+/* hwloc's PCI discovery goes through libudev, whose one-time global setup
+ * is not thread-safe (ThreadSanitizer caught two contexts created at once):
+ * one topology load at a time. Contexts are made rarely; this costs nothing. */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int ckptio_numa_place(const char *busid, void *mem, size_t bytes, const pthread_t *threads,
                       int nthreads, char *report, size_t len) {
@@ -16,7 +22,10 @@ int ckptio_numa_place(const char *busid, void *mem, size_t bytes, const pthread_
   }
   /* PCI devices are filtered out by default; the GPU's is what we need. */
   hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-  if (hwloc_topology_load(topo) < 0) {
+  pthread_mutex_lock(&load_mu);
+  int loaded = hwloc_topology_load(topo);
+  pthread_mutex_unlock(&load_mu);
+  if (loaded < 0) {
     snprintf(report, len, "NUMA: hwloc could not load the topology; nothing placed");
     goto out;
   }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# ThreadSanitizer over the concurrent parts of the library: builds
+# build-tsan/ (-DCKPTIO_TSAN=ON) and runs the pool, pipeline, faults, shard,
+# slice, multi-rank and zstd tests, on the host device and over the fake CUDA
+# runtime (whose copy thread and events race with the pipeline's workers if
+# anything does). TSan stops a test at its first report (halt_on_error), so
+# a race fails the run. Called by scripts/test.sh; extra arguments go to ctest.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+scripts/build.sh build-tsan -DCKPTIO_TSAN=ON -DCMAKE_BUILD_TYPE=Debug || exit 1
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+ctest --test-dir build-tsan --output-on-failure -j2 --no-tests=error \
+      -R '^test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda)(_cuda_fake)?$' "$@"
