@@ -666,11 +666,15 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * file changed. Exception: a filesystem without renameat2(RENAME_EXCHANGE)
  * (NFS, some FUSE) gets plain renames, and a shard replaced that way cannot
  * be put back; the old set is then refused by the save-id check below rather
- * than read mixed. A crash between the renames cannot be hidden by rename alone:
- * it is made detectable instead. A random save id goes into the index
- * metadata ("ckptio.save_id") and into every shard's __metadata__ (with
- * "ckptio.shard" = "k/N"); the reader refuses a set whose shards do not carry
- * the index's id, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
+ * than read mixed. A crash between the renames cannot be hidden by rename
+ * alone, so it is made detectable and readable: a random save id goes into
+ * the index metadata ("ckptio.save_id") and into every shard's __metadata__
+ * (with "ckptio.shard" = "k/N"). A shard that does not carry the index's id
+ * is looked for in the hidden temp files the exchange left in `dir`
+ * (".NAME.ckptio-tmp-*"), where a killed save leaves the old shards: one
+ * with the index's id and place stands in for it, so the old set still
+ * reads whole until a later save publishes. Without one, the reader refuses
+ * the set, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
  * hidden temp files (".NAME.ckptio-tmp-*") remain in `dir` until the next
  * save of the set publishes and removes those of its own names (so two
  * saves of one set must not run at once). Once the new
@@ -766,10 +770,11 @@ int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *pre
  * temporary file: each rank's save returns an error naming the failed rank
  * and its reason (the failed rank its own code, the others CKPTIO_E_RANK),
  * and the previous checkpoint at that path is complete. A process killed
- * mid-save leaves the previous checkpoint in place, or (killed between the
- * swaps) a mix the reader refuses by the save id, naming the file; hidden
- * temp files of the killed save remain until a later save to `dir` with
- * the same prefix removes them (CKPTIO_E_SHARD names what it found).
+ * mid-save leaves the previous checkpoint readable: before the swaps it is
+ * untouched; between them, its files are in the hidden temp files the
+ * exchanges left, which the reader finds by the save id (see "shards"). The
+ * killed save's temp files remain until a later save to `dir` with the
+ * same prefix publishes and removes them.
  *
  * The communicator. The library links no MPI or NCCL: the caller passes the
  * rank, the size and two collectives as callbacks. They are called only from

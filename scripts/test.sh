@@ -3,8 +3,8 @@
 # ctest there, then builds build-asan/ (AddressSanitizer + UBSan, -O0) and runs it
 # again without the tests labelled slow, then the ThreadSanitizer pass of
 # scripts/tsan.sh (build-tsan/, the concurrent tests). Extra arguments go to both ctest
-# runs, e.g. scripts/test.sh -L unit (a -LE of yours replaces the ASan pass's
-# "-LE slow"). Exits non-zero if any build or test fails; the last line is
+# runs, e.g. scripts/test.sh -L unit (a -LE of yours replaces the passes'
+# "-LE soak" and "-LE slow|soak"). Exits non-zero if any build or test fails; the last line is
 # "test.sh: N passed, N failed, N skipped".
 #
 # The interop tests run under ASan too: tests/CMakeLists.txt preloads the ASan

@@ -199,12 +199,79 @@ static int parts_present(set *x, const named *all, size_t n) {
   return 0;
 }
 
+/* A save killed between its swaps leaves shards of the new save under the
+ * names the old index lists, and the old shards, which that index names, in
+ * the hidden temp files they were exchanged into (io/publish.c). Reading
+ * those keeps the old checkpoint whole until a later save publishes: the
+ * temp file of this shard that carries the index's save id stands in for
+ * it. Nothing is renamed here; a reader never changes the directory.
+ * @return 1 when one was found (sub[k] replaced), 0 when none, or -ENOMEM. */
+static int old_shard_in_temp(set *x, size_t k, const char *id, const char *want_tag) {
+  char prefix[4096];
+  int n = snprintf(prefix, sizeof(prefix), ".%s.ckptio-tmp-", x->hf.files[k]);
+  DIR *d = opendir(x->dir);
+  struct dirent *e;
+  int found = 0;
+  while (d && !found && (e = readdir(d))) {
+    if (n <= 0 || (size_t)n >= sizeof(prefix) || strncmp(e->d_name, prefix, (size_t)n)) continue;
+    char msg[CKPTIO_ERRLEN] = "", *p = ckptio_path_join(x->dir, e->d_name);
+    ckptio_source *c = NULL;
+    if (!p) {
+      found = -ENOMEM;
+      break;
+    }
+    if (ckptio_source_open_file(x->s.ctx, x->s.opts, p, msg, &c) == 0) {
+      const char *sid = meta_get(&c->idx, "ckptio.save_id"), *tag = meta_get(&c->idx, "ckptio.shard");
+      if (sid && !strcmp(sid, id) && tag && !strcmp(tag, want_tag) && !strcmp(c->idx.format, "safetensors")) {
+        ckptio_source_close(x->sub[k]);
+        free(x->paths[k]);
+        x->sub[k] = c, x->paths[k] = p, c->err = x->s.err;
+        found = 1;
+        continue;
+      }
+      ckptio_source_close(c);
+    }
+    free(p);
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+/* Every shard carries the index's save id and its place "k/N", or its old
+ * bytes are found where an interrupted save left them (above). */
+static int check_save_ids(set *x) {
+  const ckptio_hf_index *hf = &x->hf;
+  const char *id = NULL;
+  for (size_t i = 0; i < hf->nindex_meta; i++)
+    if (!strcmp(hf->index_meta[i].key, "ckptio.save_id")) id = hf->index_meta[i].value;
+  for (size_t k = 0; id && k < hf->nfiles; k++) {
+    const char *sid = meta_get(&x->sub[k]->idx, "ckptio.save_id");
+    const char *tag = meta_get(&x->sub[k]->idx, "ckptio.shard");
+    char want_tag[64];
+    snprintf(want_tag, sizeof(want_tag), "%zu/%zu", k + 1, hf->nfiles);
+    if (sid && !strcmp(sid, id) && tag && !strcmp(tag, want_tag)) continue;
+    int rc = old_shard_in_temp(x, k, id, want_tag);
+    if (rc < 0) return rc;
+    if (rc == 1) continue;
+    if (!sid || strcmp(sid, id))
+      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
+                                "%s: shard '%s' belongs to another save (save id %s, the index says %s): a save was "
+                                "interrupted while publishing, or files of two saves are mixed",
+                                x->s.path, hf->files[k], sid ? sid : "missing", id);
+    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' says it is shard %s, the index makes it %s",
+                              x->s.path, hf->files[k], tag ? tag : "(missing)", want_tag);
+  }
+  return 0;
+}
+
 /* Every mapped tensor is in its file, every part in its file, and every
  * tensor of every file is mapped to that file or is a part placed there (so
  * none sits in two shards). */
 static int cross_check(set *x) {
   const ckptio_hf_index *hf = &x->hf;
   const char *path = x->s.path;
+  int rc = check_save_ids(x); /* first: which file stands for each shard */
+  if (rc < 0) return rc;
   size_t n = 0;
   for (size_t k = 0; k < hf->nfiles; k++) n += x->sub[k]->idx.count;
   named *all = calloc(n + 1, sizeof(*all));
@@ -213,7 +280,6 @@ static int cross_check(set *x) {
   for (size_t k = 0; k < hf->nfiles; k++)
     for (size_t t = 0; t < x->sub[k]->idx.count; t++) all[n++] = (named){x->sub[k]->idx.entries[t].name, k};
   if (n) qsort(all, n, sizeof(*all), cmp_named);
-  int rc = 0;
   for (size_t i = 0; i < hf->nmap && rc == 0; i++) {
     const ckptio_hf_entry *e = &hf->map[i];
     if (!holds(all, n, e->tensor, e->file))
@@ -238,24 +304,6 @@ static int cross_check(set *x) {
     }
   }
   if (rc < 0) return rc;
-/* A save interrupted between its renames leaves shards of two saves. */
-  const char *id = NULL;
-  for (size_t i = 0; i < hf->nindex_meta; i++)
-    if (!strcmp(hf->index_meta[i].key, "ckptio.save_id")) id = hf->index_meta[i].value;
-  for (size_t k = 0; id && k < hf->nfiles; k++) {
-    const char *sid = meta_get(&x->sub[k]->idx, "ckptio.save_id");
-    const char *tag = meta_get(&x->sub[k]->idx, "ckptio.shard");
-    char want_tag[64];
-    snprintf(want_tag, sizeof(want_tag), "%zu/%zu", k + 1, hf->nfiles);
-    if (!sid || strcmp(sid, id))
-      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
-                                "%s: shard '%s' belongs to another save (save id %s, the index says %s): a save was "
-                                "interrupted while publishing, or files of two saves are mixed",
-                                path, hf->files[k], sid ? sid : "missing", id);
-    if (!tag || strcmp(tag, want_tag))
-      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' says it is shard %s, the index makes it %s",
-                                path, hf->files[k], tag ? tag : "(missing)", want_tag);
-  }
   return 0;
 }
 

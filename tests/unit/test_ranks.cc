@@ -613,6 +613,28 @@ TEST_F(RanksIndex, AFileOfAnotherSaveIsRefusedByTheSaveId) {
   ckptio_ctx_free(ctx);
 }
 
+TEST_F(RanksIndex, AKillBetweenTheSwapsStillReadsTheOldCheckpoint) {
+  // What a save killed after swapping rank 1's file in, before the index,
+  // leaves: the new file under the name, the old one in the hidden temp
+  // file it was exchanged into. The reader finds the old one by its save id.
+  TempDir other;
+  Model m2;
+  for (auto &b : m2.row.bytes) b ^= 1;
+  auto res = save_ranks(other.path(), 2, [&](int r) { return m2.parts(r, 2); });
+  for (auto &x : res) ASSERT_EQ(x.rc, 0);
+  const std::string name = "model-00002-of-00002.safetensors";
+  ASSERT_EQ(rename(dir.file(name).c_str(), dir.file("." + name + ".ckptio-tmp-9-9-9").c_str()), 0);
+  write_file(dir.file(name), read_file(other.file(name)));
+  expect_first_save(dir, m);
+  // And a temp file of another save (or damaged) stands in for nothing.
+  write_file(dir.file("." + name + ".ckptio-tmp-9-9-9"), read_file(other.file(name)));
+  ckptio_ctx *ctx = make_ctx();
+  ckptio_reader *r = nullptr;
+  EXPECT_EQ(ckptio_reader_open(ctx, dir.path().c_str(), nullptr, &r), CKPTIO_E_SHARD);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("another save"), std::string::npos);
+  ckptio_ctx_free(ctx);
+}
+
 TEST_F(RanksIndex, ThousandsOfMutationsNeverCrash) {
   // Random byte edits of the section: each open fails cleanly or opens a
   // checkpoint that loads (the parser's bounds under ASan).
