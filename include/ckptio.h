@@ -841,6 +841,19 @@ int ckptio_writer_open_ranks(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
 int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
                            const int64_t *offsets);
 
+/*! ckptio_writer_abort() :
+ *  Gives up a save before its commit, on this rank, when this rank cannot
+ *  take part (its tensors could not be prepared, say): on a multi-rank
+ *  writer it is collective in place of commit_async — the other ranks'
+ *  commit_async fails with CKPTIO_E_RANK naming this rank and `why` — so no
+ *  rank waits for it; on other writers nothing is written. The writer may
+ *  then only be closed.
+ *  @code  this rank's failure (< 0; CKPTIO_E_INVALID_ARG if not)
+ *  @why   copied; NULL for ckptio_strerror(code)
+ *  @return `code` (with last_error naming this rank), or CKPTIO_E_STATE
+ *          after commit_async. */
+int ckptio_writer_abort(ckptio_writer *w, int code, const char *why);
+
 /* Reading: ckptio_reader_open on the index (or its directory) opens the
  * checkpoint as one: count / find / info list the global tensors (info's
  * offset is 0 and has_crc 0 for a split tensor: each part has its own CRC),

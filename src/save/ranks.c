@@ -177,7 +177,7 @@ static int ranks_commit_async(ckptio_writer *base) {
   char id[33];
   ckptio_save_id_make(id);
   w->start_ns = ckptio_now_ns();
-  int rc = ckptio_rplan_make(&w->comm, &w->c, id, &w->plan, w->base.err);
+  int rc = ckptio_rplan_make(&w->comm, &w->c, 0, NULL, id, &w->plan, w->base.err);
   if (rc < 0) { /* the same verdict on every rank: nothing to agree on later */
     w->state = R_DONE;
     w->result = rc;
@@ -191,6 +191,25 @@ static int ranks_commit_async(ckptio_writer *base) {
   /* A failure from here on is this rank's alone: the others learn it at the
    * agreement, which wait_durable or close (collective) runs. */
   return w->local_rc = start_file(w);
+}
+
+/* A rank that cannot take part still joins the gather, with its failure
+ * instead of its tensors, so no rank waits for it and every one fails
+ * naming it. */
+static int ranks_abort(ckptio_writer *base, int code, const char *why) {
+  ranks_writer *w = (ranks_writer *)base;
+  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
+  char id[33];
+  ckptio_save_id_make(id);
+  if (code >= 0) code = CKPTIO_E_RANK;
+  char msg[CKPTIO_ERRLEN];
+  snprintf(msg, sizeof(msg), "%s", why && *why ? why : ckptio_strerror(code));
+  int rc = ckptio_rplan_make(&w->comm, &w->c, code, msg, id, &w->plan, w->base.err);
+  ckptio_rplan_free(&w->plan);
+  w->state = R_DONE;
+  if (rc == -ENOMEM || rc == CKPTIO_E_RANK) rc = code; /* this rank's own failure stands */
+  w->result = rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
+  return w->result;
 }
 
 /* ------------------------------------------------------------ the commit */
@@ -369,5 +388,5 @@ static int ranks_close(ckptio_writer *base) {
 static const ckptio_writer_verbs ranks_verbs = {
     ranks_set_metadata, ranks_set_stream,   ranks_add,      ranks_commit_async, ranks_wait_snapshot,
     ranks_wait_durable, ranks_poll_snapshot, ranks_poll_durable, ranks_progress, ranks_stats,
-    ranks_shard_count,  ranks_close,        ranks_add_part,
+    ranks_shard_count,  ranks_close,        ranks_add_part,     ranks_abort,
 };

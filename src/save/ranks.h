@@ -36,13 +36,14 @@ typedef struct ckptio_rplan {
   char save_id[33];        /* rank 0's */
 } ckptio_rplan;
 
-/* Collective. Gathers every rank's tensors of `mine`, checks that they
+/* Collective. Gathers every rank's tensors of `mine` (or, with status < 0,
+ * this rank's failure `why` instead: every rank then fails naming it), checks that they
  * agree (dtype and global shape per tensor; boxes inside, not overlapping
  * unless identical, covering each tensor) and plans the save. Rank 0's
  * save_id becomes everyone's. @return 0, CKPTIO_E_RANK (the same on every
  * rank, the reason in err), or the communicator's failure. */
-int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, const char *save_id, ckptio_rplan *out,
-                      char *err);
+int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int status, const char *why,
+                      const char *save_id, ckptio_rplan *out, char *err);
 void ckptio_rplan_free(ckptio_rplan *p);
 
 /* Collective. Every rank tells the others its status rc (and, failing, the

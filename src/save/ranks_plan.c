@@ -131,7 +131,7 @@ static int parse_rank(const unsigned char *p, uint64_t len, int r, entry **ents,
   int32_t st;
   uint32_t mlen, count;
   if (take(&rd, &st, 4) || take(&rd, &mlen, 4) || mlen > len - rd.pos) goto bad;
-  if (st < 0)
+  if (st < 0) /* the first failed rank is named; a failed rank keeps its own code (its caller's) */
     return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_RANK, "rank %d failed before the save began: %.*s", r,
                           (int)(mlen < 400 ? mlen : 400), (const char *)p + rd.pos);
   rd.pos += mlen;
@@ -257,11 +257,12 @@ static void assign(ckptio_rplan *pl, int **holders, const size_t *hcount, const 
   }
 }
 
-int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, const char *save_id, ckptio_rplan *out,
-                      char *err) {
+int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int status, const char *why,
+                      const char *save_id, ckptio_rplan *out, char *err) {
   memset(out, 0, sizeof(*out));
   bytes b = {0};
-  int local = describe(mine, 0, NULL, save_id, &b);
+  int local = status < 0 ? describe(&(ckptio_collect){0}, status, why, save_id, &b)
+                         : describe(mine, 0, NULL, save_id, &b);
   if (local < 0) { /* still take part in the gather, so the others learn why */
     b.len = 0;
     local = describe(&(ckptio_collect){0}, -ENOMEM, "out of memory describing its tensors", save_id, &b);

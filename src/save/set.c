@@ -470,4 +470,5 @@ static const ckptio_writer_verbs set_verbs = {
     set_set_metadata,  set_set_stream,   set_add,      set_commit_async, set_wait_snapshot, set_wait_durable,
     set_poll_snapshot, set_poll_durable, set_progress, set_stats,        set_shard_count,   set_close,
     NULL, /* add_part: tensors whole only */
+    NULL, /* abort: no other process waits on this save */
 };

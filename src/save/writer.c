@@ -782,4 +782,5 @@ static const ckptio_writer_verbs file_verbs = {
     file_set_metadata,  file_set_stream,   file_add,      file_commit_async, file_wait_snapshot, file_wait_durable,
     file_poll_snapshot, file_poll_durable, file_progress, file_stats,        file_shard_count,   file_close,
     NULL, /* add_part: tensors whole only */
+    NULL, /* abort: no other process waits on this save */
 };

@@ -101,7 +101,7 @@ struct RankResult {
 
 // Every rank (a thread) saves its parts into dir with prefix "model".
 std::vector<RankResult> save_ranks(const std::string &dir, int n,
-                                   const std::function<std::vector<Part>(int rank)> &parts_of) {
+                                   const std::function<std::vector<Part>(int rank)> &parts_of, int abort_rank = -1) {
   Group g(n);
   std::vector<RankResult> out((size_t)n);
   std::vector<std::thread> th;
@@ -138,6 +138,7 @@ std::vector<RankResult> save_ranks(const std::string &dir, int n,
         res.rc = p.off.empty() ? ckptio_writer_add(w, &d)
                                : ckptio_writer_add_part(w, &d, p.t->shape.data(), p.off.data());
       }
+      if (res.rc == 0 && r == abort_rank) res.rc = ckptio_writer_abort(w, -EIO, "its tensors could not be prepared");
       if (res.rc == 0) res.rc = ckptio_writer_commit_async(w);
       if (res.rc == 0) res.rc = ckptio_writer_wait_snapshot(w) < 0 ? ckptio_writer_wait_durable(w) : 0;
       if (res.rc == 0) res.rc = ckptio_writer_wait_durable(w);
@@ -508,6 +509,24 @@ TEST(RanksFail, AFailingRankFailsEveryRankAndKeepsThePreviousCheckpoint) {
       EXPECT_EQ(dir.list(), before) << "op " << op << " nth " << nth;
       expect_first_save(dir, m);
     }
+}
+
+TEST(RanksFail, ARankThatCannotTakePartAbortsAndEveryRankFails) {
+  TempDir dir;
+  Model m;
+  first_save(dir, m);
+  auto before = dir.list();
+  auto res = save_ranks(dir.path(), 3, [&](int r) { return m.parts(r, 3); }, 1);
+  EXPECT_EQ(res[1].rc, -EIO);
+  EXPECT_NE(res[1].err.find("rank 1"), std::string::npos) << res[1].err;
+  for (int r : {0, 2}) {
+    EXPECT_EQ(res[(size_t)r].rc, CKPTIO_E_RANK);
+    EXPECT_NE(res[(size_t)r].err.find("rank 1 failed before the save began: its tensors could not be prepared"),
+              std::string::npos)
+        << res[(size_t)r].err;
+  }
+  EXPECT_EQ(dir.list(), before);
+  expect_first_save(dir, m);
 }
 
 TEST(RanksFail, AKilledSavesTempFilesAreRemovedByTheNext) {
