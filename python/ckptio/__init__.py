@@ -57,6 +57,11 @@ class CkptioError(RuntimeError):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):
+        # Picklable with both arguments: torch.distributed.checkpoint sends a
+        # rank's exception to the others.
+        return (type(self), (self.code, self.args[0] if self.args else ""))
+
 
 class Tensor:
     """A tensor of any safetensors dtype as raw bytes: `dtype` is the

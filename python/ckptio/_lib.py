@@ -166,6 +166,35 @@ class ByteRange(ctypes.Structure):  # ckptio_byte_range
     ]
 
 
+class BoxRequest(ctypes.Structure):  # ckptio_box_request
+    _fields_ = [
+        ("index", ctypes.c_size_t),
+        ("start", ctypes.c_int64 * MAX_DIMS),
+        ("stop", ctypes.c_int64 * MAX_DIMS),
+        ("dst", ctypes.c_void_p),
+        ("dst_bytes", ctypes.c_uint64),
+        ("device", ctypes.c_int),
+        ("verified", ctypes.c_int),
+        ("bytes_read", ctypes.c_uint64),
+    ]
+
+
+# ckptio_comm's callbacks: allgather(user, send, recv, bytes), broadcast(user, buf, bytes, root)
+ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+class Comm(ctypes.Structure):  # ckptio_comm
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("rank", ctypes.c_int),
+        ("nranks", ctypes.c_int),
+        ("user", ctypes.c_void_p),
+        ("allgather", ALLGATHER_FN),
+        ("broadcast", BROADCAST_FN),
+    ]
+
+
 _P = ctypes.c_void_p  # every opaque handle
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I = ctypes.c_int
@@ -241,6 +270,14 @@ _SIGNATURES = {
     "ckptio_writer_open_sharded": (_I, [_P, _S, _S, _I, ctypes.c_uint64, _I, ctypes.POINTER(Options),
                                         _PP]),
     "ckptio_writer_shard_count": (ctypes.c_size_t, [_P]),
+    # Multi-rank checkpoints (ckptio.dcp): this rank's side of a save, boxes.
+    "ckptio_writer_open_ranks": (_I, [_P, ctypes.POINTER(Comm), _S, _S, ctypes.POINTER(Options), _PP]),
+    "ckptio_writer_add_part": (_I, [_P, ctypes.POINTER(Tensor_), c_int64_p, c_int64_p]),
+    "ckptio_writer_abort": (_I, [_P, _I, _S]),
+    "ckptio_reader_part_count": (ctypes.c_size_t, [_P, ctypes.c_size_t]),
+    "ckptio_reader_part": (_I, [_P, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(_S), c_int64_p, c_int64_p]),
+    "ckptio_reader_box_nbytes": (ctypes.c_int64, [_P, ctypes.c_size_t, c_int64_p, c_int64_p]),
+    "ckptio_reader_load_boxes": (_I, [_P, ctypes.POINTER(BoxRequest), ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,353 @@
+"""ckptio as the storage layer of torch.distributed.checkpoint (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    import ckptio.dcp
+    dcp.save(state_dict, storage_writer=ckptio.dcp.Writer(path))
+    dcp.load(state_dict, storage_reader=ckptio.dcp.Reader(path))
+
+DCP plans which rank writes which chunk of which tensor (DTensor shards,
+replicas deduplicated); ckptio writes each rank's chunks with its pipeline
+(pinned staging, CRC32, O_DIRECT) as one multi-rank checkpoint
+(ckptio_writer_open_ranks): one safetensors file per rank and the index,
+committed as a whole through a communicator built on torch.distributed (a
+gloo group of its own, so the collectives run on CPU tensors whatever the
+training backend). The result opens in the C API, `ckptio inspect / verify /
+convert`, safetensors (each file) and, when every tensor is whole,
+transformers. A checkpoint written by the C API under MPI loads through the
+Reader the same way.
+
+Non-tensor values (DCP's BYTE_IO items: param groups, Python numbers) are
+stored as U8 tensors named "__dcp_bytes__." + their key, each written once.
+The Reader rebuilds DCP's Metadata from the checkpoint itself (global
+tensors, their parts as chunks), so a checkpoint needs no other file.
+
+Tensors are passed by pointer: CPU tensors are not copied in Python (a
+non-contiguous one is made contiguous first, as ckptio.torch does); CUDA
+tensors go through the library's device path, ordered after the current
+stream of their device.
+"""
+
+import ctypes
+import os
+import io
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, StorageMeta, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import _check, _ctx, _lib, _options, CkptioError
+from .torch import TORCH_DTYPES, _as_saveable, _code_of
+
+__all__ = ["Writer", "Reader", "BYTES_PREFIX"]
+
+BYTES_PREFIX = "__dcp_bytes__."
+PREFIX = "model"
+
+
+# ------------------------------------------------------------ the communicator
+
+class _Group:
+    """ckptio_comm over torch.distributed: an all-gather and a broadcast of
+    byte strings on a gloo group, called by the library only from the thread
+    that calls it (DCP's). One process without torch.distributed: rank 0 of 1."""
+
+    def __init__(self, group=None):
+        self.error = None
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+            backend = dist.get_backend(group)
+            # Byte strings live on the CPU: a group that is not gloo gets a
+            # gloo twin (collective: every rank builds its Writer alike).
+            self.group = group if backend == "gloo" else dist.new_group(
+                ranks=dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
+        else:
+            self.rank, self.size, self.group = 0, 1, None
+        self._allgather = _lib.ALLGATHER_FN(self._allgather_cb)
+        self._broadcast = _lib.BROADCAST_FN(self._broadcast_cb)
+        self.comm = _lib.Comm(ctypes.sizeof(_lib.Comm), self.rank, self.size, None,
+                              self._allgather, self._broadcast)
+
+    def _fail(self, e):
+        self.error = e
+        return _lib.ERRORS["RANK"]
+
+    def _allgather_cb(self, user, send, recv, nbytes):
+        try:
+            mine = torch.frombuffer(bytearray(ctypes.string_at(send, nbytes)), dtype=torch.uint8) if nbytes \
+                else torch.empty(0, dtype=torch.uint8)
+            if self.size == 1:
+                out = [mine]
+            else:
+                out = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.size)]
+                dist.all_gather(out, mine, group=self.group)
+            for r, t in enumerate(out):
+                if nbytes:
+                    ctypes.memmove(recv + r * nbytes, t.data_ptr(), nbytes)
+            return 0
+        except Exception as e:  # noqa: BLE001 - reported by the save
+            return self._fail(e)
+
+    def _broadcast_cb(self, user, buf, nbytes, root):
+        try:
+            if self.size > 1 and nbytes:
+                t = torch.frombuffer(bytearray(ctypes.string_at(buf, nbytes)), dtype=torch.uint8)
+                src = dist.get_global_rank(self.group, root) if self.group is not None else root
+                dist.broadcast(t, src=src, group=self.group)
+                ctypes.memmove(buf, t.data_ptr(), nbytes)
+            return 0
+        except Exception as e:  # noqa: BLE001
+            return self._fail(e)
+
+
+def _done(value):
+    f = Future()
+    f.set_result(value)
+    return f
+
+
+# ------------------------------------------------------------ writing
+
+class Writer(StorageWriter):
+    """A DCP StorageWriter into `path` (a directory, created if missing):
+    `{prefix}-KKKKK-of-MMMMM.safetensors` per rank with chunks to write and
+    `{prefix}.safetensors.index.json`, committed as one (a rank's failure
+    fails the save on every rank and leaves the previous checkpoint).
+
+    process_group: the group DCP saves over (default: the default group)."""
+
+    def __init__(self, path, *, process_group=None, crc=True, prefix=PREFIX):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.process_group = process_group
+        self.crc = crc
+        self.prefix = prefix
+        self._group = None
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.is_coordinator = is_coordinator
+        if self._group is None:
+            self._group = _Group(self.process_group)
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def storage_meta(self):
+        return StorageMeta(checkpoint_id=self.path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def write_data(self, plan, planner):
+        if self._group is None:
+            self._group = _Group(self.process_group)
+        os.makedirs(self.path, exist_ok=True)
+        lib, ctx = _lib.lib(), _ctx()
+        opts = _options(ctx, self.crc)
+        w = ctypes.c_void_p()
+        _check(lib.ckptio_writer_open_ranks(ctx, ctypes.byref(self._group.comm), os.fsencode(self.path),
+                                            self.prefix.encode(), ctypes.byref(opts), ctypes.byref(w)),
+               f"cannot save {self.path}", lib.ckptio_last_open_error())
+        keep, results = [], []
+        try:
+            try:
+                streams = self._add_items(lib, w, plan, planner, keep, results)
+            except Exception as e:
+                # Every other rank is about to wait for this one in the
+                # commit: tell them instead, then raise here.
+                lib.ckptio_writer_abort(w, _lib.ERRORS["RANK"], f"{type(e).__name__}: {e}".encode()[:400])
+                raise
+            for device, stream in streams.items():
+                _check(lib.ckptio_writer_set_stream(w, device, stream), f"{self.path}: CUDA stream",
+                       lib.ckptio_writer_last_error(w))
+            rc = lib.ckptio_writer_commit(w)
+            if rc < 0 and self._group.error is not None:
+                raise CkptioError(rc, f"cannot save {self.path}: torch.distributed failed: "
+                                      f"{self._group.error}") from self._group.error
+            _check(rc, f"cannot save {self.path}", lib.ckptio_writer_last_error(w))
+        finally:
+            lib.ckptio_writer_close(w)
+            del keep
+        return _done(results)
+
+    def _add_items(self, lib, w, plan, planner, keep, results):
+        streams = {}
+        for item in plan.items:
+            fqn = item.index.fqn
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+                name, offsets, global_shape = BYTES_PREFIX + fqn, None, None
+            else:
+                t = data.detach()
+                name = fqn
+                chunk = item.tensor_data.chunk
+                offsets = list(chunk.offsets)
+                global_shape = list(item.tensor_data.size)
+            t, dtype, device = _as_saveable(name, t)
+            keep.append(t)
+            if device != _lib.DEVICE_HOST and device not in streams:
+                streams[device] = torch.cuda.current_stream(t.device).cuda_stream
+            shape = tuple(t.shape)
+            desc = _lib.Tensor_(name.encode(), _code_of(dtype), len(shape),
+                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
+            whole = offsets is None or (all(o == 0 for o in offsets) and list(shape) == global_shape)
+            if whole:
+                rc = lib.ckptio_writer_add(w, ctypes.byref(desc))
+            else:
+                g = (ctypes.c_int64 * _lib.MAX_DIMS)(*global_shape)
+                o = (ctypes.c_int64 * _lib.MAX_DIMS)(*offsets)
+                rc = lib.ckptio_writer_add_part(w, ctypes.byref(desc), g, o)
+            _check(rc, f"{self.path}: {name!r}", lib.ckptio_writer_last_error(w))
+            results.append(WriteResult(index=item.index, size_in_bytes=t.numel() * t.element_size(),
+                                       storage_data=None))
+        return streams
+
+    def finish(self, metadata, results):
+        # The index is written by the commit (rank 0, last); DCP's own
+        # metadata is rebuilt from it by the Reader.
+        return None
+
+
+# ------------------------------------------------------------ reading
+
+class Reader(StorageReader):
+    """A DCP StorageReader of a ckptio checkpoint at `path`: a multi-rank
+    checkpoint (any number of ranks may load it, each reading only the bytes
+    of the chunks it asks for), a sharded set or a single file. Every part a
+    read covers whole has its CRC32 checked."""
+
+    def __init__(self, path, *, crc=True):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.crc = crc
+        self._r = None
+        self._lock = threading.Lock()
+
+    def reset(self, checkpoint_id=None):
+        self._close()
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def _reader(self):
+        with self._lock:
+            if self._r is None:
+                lib, ctx = _lib.lib(), _ctx()
+                opts = _options(ctx, self.crc)
+                r = ctypes.c_void_p()
+                _check(lib.ckptio_reader_open(ctx, os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(r)),
+                       f"cannot open {self.path}", lib.ckptio_last_open_error())
+                self._r = r
+            return self._r
+
+    def _close(self):
+        with self._lock:
+            if self._r is not None:
+                _lib.lib().ckptio_reader_close(self._r)
+                self._r = None
+
+    def __del__(self):
+        try:
+            self._close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _infos(self):
+        lib, r = _lib.lib(), self._reader()
+        for i in range(lib.ckptio_reader_count(r)):
+            info = _lib.TensorInfo()
+            _check(lib.ckptio_reader_info(r, i, ctypes.byref(info)), f"{self.path}: tensor {i}")
+            yield i, info
+
+    def read_metadata(self):
+        lib, r = _lib.lib(), self._reader()
+        sd_meta, storage = {}, {}
+        for i, info in self._infos():
+            name = info.name.decode()
+            if name.startswith(BYTES_PREFIX):
+                fqn = name[len(BYTES_PREFIX):]
+                sd_meta[fqn] = BytesStorageMetadata()
+                storage[MetadataIndex(fqn)] = i
+                continue
+            dtype_name = lib.ckptio_dtype_name(info.dtype).decode()
+            if dtype_name not in TORCH_DTYPES:
+                raise CkptioError(_lib.ERRORS["DTYPE"], f"{self.path}: tensor {name!r} is {dtype_name}, "
+                                                        "which torch has no dtype for")
+            chunks = []
+            for k in range(lib.ckptio_reader_part_count(r, i)):
+                off = (ctypes.c_int64 * _lib.MAX_DIMS)()
+                size = (ctypes.c_int64 * _lib.MAX_DIMS)()
+                _check(lib.ckptio_reader_part(r, i, k, None, off, size), f"{self.path}: {name!r} part {k}")
+                offsets = torch.Size(off[:info.ndim])
+                chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(size[:info.ndim])))
+                storage[MetadataIndex(name, offsets)] = i
+            sd_meta[name] = TensorStorageMetadata(properties=TensorProperties(dtype=TORCH_DTYPES[dtype_name]),
+                                                  size=torch.Size(info.shape[:info.ndim]), chunks=chunks)
+        return Metadata(state_dict_metadata=sd_meta, storage_data=storage, storage_meta=StorageMeta(
+            checkpoint_id=self.path))
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        lib, r = _lib.lib(), self._reader()
+        reqs, targets = [], []
+        for item in plan.items:
+            index = self.storage_data[item.storage_index] if item.storage_index in self.storage_data else \
+                lib.ckptio_reader_find(r, (item.storage_index.fqn if item.type != LoadItemType.BYTE_IO
+                                           else BYTES_PREFIX + item.storage_index.fqn).encode())
+            if item.type == LoadItemType.BYTE_IO:
+                info = _lib.TensorInfo()
+                _check(lib.ckptio_reader_info(r, index, ctypes.byref(info)), f"{self.path}: {item.storage_index}")
+                buf = torch.empty(info.nbytes, dtype=torch.uint8)
+                _check(lib.ckptio_reader_load_many(r, ctypes.byref(_lib.LoadRequest(
+                    index, buf.data_ptr(), info.nbytes, _lib.DEVICE_HOST)), 1),
+                    f"cannot load {self.path}", lib.ckptio_reader_last_error(r))
+                planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes()))
+                continue
+            target = planner.resolve_tensor(item).detach()
+            chunk = item.storage_index.offset or [0] * len(item.lengths)
+            start = [c + o for c, o in zip(chunk, item.storage_offsets)]
+            stop = [s + n for s, n in zip(start, item.lengths)]
+            direct = target.is_contiguous() and target.device.type == "cpu"
+            dst = target if direct else torch.empty(tuple(item.lengths), dtype=target.dtype)
+            q = _lib.BoxRequest()
+            q.index = index
+            for d, (a, b) in enumerate(zip(start, stop)):
+                q.start[d], q.stop[d] = a, b
+            q.dst, q.dst_bytes, q.device = dst.data_ptr(), dst.numel() * dst.element_size(), _lib.DEVICE_HOST
+            reqs.append(q)
+            targets.append((item, target, dst, direct))
+        if reqs:
+            arr = (_lib.BoxRequest * len(reqs))(*reqs)
+            _check(lib.ckptio_reader_load_boxes(r, arr, len(reqs)), f"cannot load {self.path}",
+                   lib.ckptio_reader_last_error(r))
+        for item, target, dst, direct in targets:
+            if not direct:
+                target.copy_(dst.view(target.shape) if dst.shape != target.shape else dst)
+            planner.commit_tensor(item, target)
+        return _done(None)

@@ -1,0 +1,170 @@
+"""ckptio.dcp under the real torch.distributed.checkpoint: processes started
+with torch.multiprocessing on localhost, the gloo backend on CPU, DTensor
+state dicts (Shard(0), Shard(1), 2-D meshes, replicas) with an optimizer's
+non-tensor state; saved at one world size and loaded at others with other
+placements, every value equal; the files read by safetensors and by the C
+API (ckptio.torch / ckptio verify); a rank raising during the write fails
+dcp.save on every rank and keeps the previous checkpoint."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+mp = pytest.importorskip("torch.multiprocessing")
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+
+import ckptio.dcp  # noqa: E402
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full(name, shape, dtype=torch.float32):
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+SHAPES = {"w_row": (10, 6), "w_col": (8, 12), "w_bf16": (6, 16), "mesh": (8, 6), "bias": (16,)}
+
+
+def placements(world, layout):
+    """name -> placements on a 1-D mesh (or a 2-D one for "mesh" at 4)."""
+    if layout == "save":
+        return {"w_row": [Shard(0)], "w_col": [Shard(1)], "w_bf16": [Shard(0)], "bias": [Replicate()],
+                "mesh": [Shard(0), Shard(1)] if world == 4 else [Shard(0)]}
+    # Loading resharded: every split on another dim.
+    return {"w_row": [Shard(1)], "w_col": [Shard(0)], "w_bf16": [Shard(1)], "bias": [Shard(0)], "mesh": [Shard(1)]}
+
+
+def state_dict(world, layout, fill=True, step=7):
+    mesh1 = init_device_mesh("cpu", (world,))
+    mesh2 = init_device_mesh("cpu", (2, 2)) if world == 4 and layout == "save" else None
+    sd = {}
+    for name, shape in SHAPES.items():
+        dtype = torch.bfloat16 if name == "w_bf16" else torch.float32
+        t = full(name, shape, dtype) if fill else torch.zeros(shape, dtype=dtype)
+        pl = placements(world, layout)[name]
+        sd[name] = distribute_tensor(t, mesh2 if len(pl) == 2 else mesh1, pl)
+    sd["plain"] = full("plain", (5,)) if fill else torch.zeros(5)  # a plain tensor on every rank
+    sd["optim"] = {"step": step if fill else 0, "lr": 0.125 if fill else 0.0, "betas": (0.9, 0.99)}
+    return sd
+
+
+def check(sd, step=7):
+    for name, shape in SHAPES.items():
+        dtype = torch.bfloat16 if name == "w_bf16" else torch.float32
+        got = sd[name].full_tensor() if isinstance(sd[name], DTensor) else sd[name]
+        assert torch.equal(got, full(name, shape, dtype)), name
+    assert torch.equal(sd["plain"], full("plain", (5,)))
+    assert sd["optim"]["step"] == step and sd["optim"]["lr"] == 0.125, sd["optim"]
+
+
+def worker(rank, world, port, mode, path, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        if mode == "save":
+            dcp.save(state_dict(world, "save"), storage_writer=ckptio.dcp.Writer(path))
+        elif mode == "async":
+            sd = state_dict(world, "save")
+            fut = dcp.async_save(sd, storage_writer=ckptio.dcp.Writer(path))
+            # Training goes on: async_save returned once the state was staged,
+            # so these changes must not reach the checkpoint.
+            for name in SHAPES:
+                sd[name].to_local().add_(1000.0)
+            fut.result()
+        elif mode == "load":
+            sd = state_dict(world, "load", fill=False)
+            dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+            check(sd)
+        elif mode == "fail":
+            sd = state_dict(world, "save", step=8)
+            from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+            class FailingPlanner(DefaultSavePlanner):
+                """Rank 1 cannot produce a tensor when the write asks for it."""
+                def resolve_data(self, item):
+                    if rank == 1 and item.index.fqn == "plain":
+                        raise RuntimeError("rank 1 lost its tensor")
+                    return super().resolve_data(item)
+            try:
+                dcp.save(sd, storage_writer=ckptio.dcp.Writer(path), planner=FailingPlanner())
+            except BaseException as e:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+                with open(f"{out}.{rank}", "w") as f:
+                    f.write(f"raised {type(e).__name__}: {e}")
+                return
+            with open(f"{out}.{rank}", "w") as f:
+                f.write("no error")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run(world, mode, path, out=""):
+    mp.start_processes(worker, args=(world, free_port(), mode, str(path), str(out)), nprocs=world,
+                       join=True, start_method="spawn")
+
+
+@pytest.mark.parametrize("save_world", [1, 2, 4])
+def test_save_then_load_at_other_world_sizes(tmp_path, save_world):
+    path = tmp_path / "ckpt"
+    run(save_world, "save", path)
+    files = sorted(p.name for p in path.iterdir())
+    assert "model.safetensors.index.json" in files, files
+    assert not [f for f in files if "ckptio-tmp" in f], files
+    for load_world in {1, 2, 3} - ({save_world} if save_world == 1 else set()):
+        run(load_world, "load", path)
+
+
+def test_async_save_keeps_the_values_of_the_staging_point(tmp_path):
+    path = tmp_path / "ckpt"
+    run(2, "async", path)
+    run(2, "load", path)  # the values before the changes made after async_save returned
+
+
+def test_files_open_in_safetensors_the_c_api_and_the_cli(tmp_path):
+    from safetensors import safe_open
+    import ckptio.torch
+
+    path = tmp_path / "ckpt"
+    run(2, "save", path)
+    shards = sorted(path.glob("model-*.safetensors"))
+    assert len(shards) == 2
+    for f in shards:
+        with safe_open(str(f), framework="pt") as s:
+            assert "w_row" in s.keys()  # each rank's rows, under the tensor's name
+    # The C API assembles the global tensors from their parts.
+    with ckptio.torch.safe_open(str(path)) as s:
+        assert torch.equal(s.get_tensor("w_col"), full("w_col", SHAPES["w_col"]))
+        assert torch.equal(s.get_tensor("mesh"), full("mesh", SHAPES["mesh"]))
+    cli = os.environ.get("CKPTIO_CLI")
+    if cli:
+        r = subprocess.run([cli, "verify", str(path)], capture_output=True, text=True)
+        assert r.returncode == 0 and "0 unchecked" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint(tmp_path):
+    path = tmp_path / "ckpt"
+    run(2, "save", path)
+    before = sorted(p.name for p in path.iterdir())
+    out = tmp_path / "result"
+    run(2, "fail", path, out)
+    for rank in (0, 1):
+        text = (tmp_path / f"result.{rank}").read_text()
+        assert text.startswith("raised"), (rank, text)
+    assert "rank 1" in (tmp_path / "result.0").read_text()
+    assert sorted(p.name for p in path.iterdir()) == before
+    run(2, "load", path)  # step 7 and the first save's values
