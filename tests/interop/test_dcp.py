@@ -72,12 +72,54 @@ def check(sd, step=7):
     assert sd["optim"]["step"] == step and sd["optim"]["lr"] == 0.125, sd["optim"]
 
 
+def fsdp_model(world):
+    """A small MLP under FSDP2 (fully_shard on a CPU mesh) with Adam, one step taken."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    return m, torch.optim.Adam(m.parameters(), lr=1e-3)
+
+
+def full_state(msd, osd):
+    """Every value of a model and optimizer state dict, as full tensors."""
+    out = {f"model.{k}": v.full_tensor() for k, v in msd.items()}
+    for p, st in osd["state"].items():
+        for k, v in st.items():
+            out[f"optim.{p}.{k}"] = v.full_tensor() if isinstance(v, DTensor) else torch.as_tensor(v)
+    out["lr"] = torch.tensor(osd["param_groups"][0]["lr"])
+    return out
+
+
 def worker(rank, world, port, mode, path, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         if mode == "save":
             dcp.save(state_dict(world, "save"), storage_writer=ckptio.dcp.Writer(path))
+        elif mode == "fsdp":
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            m, opt = fsdp_model(world)
+            m(torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))).sum().backward()
+            opt.step()
+            msd, osd = get_state_dict(m, opt)
+            dcp.save({"model": msd, "optim": osd}, storage_writer=ckptio.dcp.Writer(path))
+            want = full_state(msd, osd)
+            m2, opt2 = fsdp_model(world)  # fresh: no step taken
+            msd2, osd2 = get_state_dict(m2, opt2)
+            sd = {"model": msd2, "optim": osd2}
+            dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+            set_state_dict(m2, opt2, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            got = full_state(*get_state_dict(m2, opt2))
+            assert got.keys() == want.keys(), (got.keys(), want.keys())
+            for k in want:
+                assert torch.equal(got[k], want[k]), k
         elif mode == "async":
             sd = state_dict(world, "save")
             fut = dcp.async_save(sd, storage_writer=ckptio.dcp.Writer(path))
@@ -127,6 +169,11 @@ def test_save_then_load_at_other_world_sizes(tmp_path, save_world):
     assert not [f for f in files if "ckptio-tmp" in f], files
     for load_world in {1, 2, 3} - ({save_world} if save_world == 1 else set()):
         run(load_world, "load", path)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp2_model_and_optimizer_round_trip(tmp_path, world):
+    run(world, "fsdp", tmp_path / "ckpt")
 
 
 def test_async_save_keeps_the_values_of_the_staging_point(tmp_path):
