@@ -327,7 +327,7 @@ def test_binding_matches_header_layout():
     structs = {"ckptio_tensor": lib.Tensor_, "ckptio_tensor_info": lib.TensorInfo,
                "ckptio_options": lib.Options, "ckptio_load_request": lib.LoadRequest,
                "ckptio_slice_request": lib.SliceRequest, "ckptio_byte_range": lib.ByteRange,
-               "ckptio_stats": lib.Stats}
+               "ckptio_stats": lib.Stats, "ckptio_box_request": lib.BoxRequest, "ckptio_comm": lib.Comm}
     for cname, cls in structs.items():
         assert ctypes.sizeof(cls) == layout["sizeof"][cname], cname
         c_fields = {k.split(".", 1)[1]: v for k, v in layout["fields"].items()
