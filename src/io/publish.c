@@ -91,51 +91,66 @@ int ckptio_dir_sync(const char *dir) {
   return rc;
 }
 
-/* Shards of an earlier save with another count are stale once a set is
- * published: nothing refers to them any more. Removed as transformers'
- * save_pretrained does; only names exactly of the pattern, best effort. */
-void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards) {
+/* Removes every file of dir whose name `doomed` says so. Best effort. */
+static void sweep(const char *dir, int (*doomed)(const char *name, const void *arg), const void *arg) {
   DIR *d = opendir(dir);
-  if (!d) return;
-  size_t plen = strlen(prefix);
   struct dirent *e;
-  while ((e = readdir(d))) {
-    const char *n = e->d_name;
-    unsigned k, m;
-    int used = 0;
-    if (strncmp(n, prefix, plen) || n[plen] != '-') continue;
-    if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0')
-      continue;
-    char want[4096];
-    snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", prefix, k, m);
-    if (strcmp(want, n) || m == nshards || k == 0 || k > m) continue; /* not exactly our pattern, or ours */
-    char *p = ckptio_path_join(dir, n);
+  while (d && (e = readdir(d))) {
+    if (!doomed(e->d_name, arg)) continue;
+    char *p = ckptio_path_join(dir, e->d_name);
     if (p) unlink(p);
     free(p);
   }
-  closedir(d);
+  if (d) closedir(d);
 }
 
-/* Temp files (".NAME.ckptio-tmp-*", io/file.c) of the set's own names: the
- * shards' "{prefix}-" and the index's "{prefix}.safetensors.index.json". */
+typedef struct set_names {
+  const char *prefix;
+  size_t nshards;
+} set_names;
+
+/* "{prefix}-KKKKK-of-MMMMM.safetensors" exactly, with MMMMM not ours. */
+static int stale_shard(const char *n, const void *arg) {
+  const set_names *s = arg;
+  size_t plen = strlen(s->prefix);
+  unsigned k, m;
+  int used = 0;
+  if (strncmp(n, s->prefix, plen) || n[plen] != '-') return 0;
+  if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0') return 0;
+  char want[4096];
+  snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", s->prefix, k, m);
+  return !strcmp(want, n) && m != s->nshards && k != 0 && k <= m;
+}
+
+/* Shards of an earlier save with another count are stale once a set is
+ * published: nothing refers to them any more. Removed as transformers'
+ * save_pretrained does; only names exactly of the pattern. */
+void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards) {
+  set_names s = {prefix, nshards};
+  sweep(dir, stale_shard, &s);
+}
+
+/* ".{prefix}-KKKKK-of-MMMMM.safetensors.ckptio-tmp-*" or
+ * ".{prefix}.safetensors.index.json.ckptio-tmp-*" (io/file.c's temp names). */
+static int set_temp(const char *n, const void *arg) {
+  const set_names *s = arg;
+  size_t plen = strlen(s->prefix);
+  if (n[0] != '.' || strncmp(n + 1, s->prefix, plen)) return 0;
+  const char *rest = n + 1 + plen;
+  unsigned k, m;
+  int used = 0;
+  if (sscanf(rest, "-%5u-of-%5u.safetensors.ckptio-tmp-%n", &k, &m, &used) == 2 && used > 0) return 1;
+  return !strncmp(rest, ".safetensors.index.json.ckptio-tmp-", 35);
+}
+
 void ckptio_remove_stray_temps(const char *dir, const char *prefix) {
-  DIR *d = opendir(dir);
-  if (!d) return;
-  size_t plen = strlen(prefix);
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    const char *n = e->d_name;
-    if (n[0] != '.' || strncmp(n + 1, prefix, plen) || !strstr(n + 1 + plen, ".ckptio-tmp-")) continue;
-    const char *rest = n + 1 + plen;
-    unsigned k, m;
-    int used = 0;
-    int shard = sscanf(rest, "-%5u-of-%5u.safetensors.ckptio-tmp-%n", &k, &m, &used) == 2 && used > 0;
-    if (!shard && strncmp(rest, ".safetensors.index.json.ckptio-tmp-", 35)) continue;
-    char *p = ckptio_path_join(dir, n);
-    if (p) unlink(p);
-    free(p);
-  }
-  closedir(d);
+  set_names s = {prefix, 0};
+  sweep(dir, set_temp, &s);
+}
+
+static int file_temp(const char *n, const void *arg) {
+  const char *want = arg;
+  return !strncmp(n, want, strlen(want));
 }
 
 void ckptio_remove_stray_temps_of(const char *path) {
@@ -144,14 +159,5 @@ void ckptio_remove_stray_temps_of(const char *path) {
   char dir[4096], want[4096];
   snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
   int n = snprintf(want, sizeof(want), ".%s.ckptio-tmp-", base);
-  if (n <= 0 || (size_t)n >= sizeof(want)) return;
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  while (d && (e = readdir(d))) {
-    if (strncmp(e->d_name, want, (size_t)n)) continue;
-    char *p = ckptio_path_join(dir, e->d_name);
-    if (p) unlink(p);
-    free(p);
-  }
-  if (d) closedir(d);
+  if (n > 0 && (size_t)n < sizeof(want)) sweep(dir, file_temp, want);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,4 +117,13 @@ void ckptio_save_id_make(char out[33]) {
     for (int i = 0; i < 16; i++) b[i] = (unsigned char)(x >> (i % 8 * 8) ^ (uint64_t)i * 0x9e);
   }
   for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+int ckptio_collect_check_dir(const char *dir, const char *prefix, char *msg, size_t len) {
+  struct stat st;
+  if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, ".."))
+    return ckptio_err_fmt(msg, len, CKPTIO_E_INVALID_ARG, "prefix '%s': must be a plain, non-empty file name", prefix);
+  if (stat(dir, &st) < 0) return ckptio_err_fmt(msg, len, -errno, "%s: %s", dir, strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return ckptio_err_fmt(msg, len, -ENOTDIR, "%s: %s", dir, strerror(ENOTDIR));
+  return 0;
 }

@@ -40,6 +40,11 @@ int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t 
 int ckptio_collect_apply(const ckptio_collect *c, ckptio_writer *sub);
 void ckptio_collect_free(ckptio_collect *c);
 
+/* The directory and file prefix of a writer of several files: a plain,
+ * non-empty prefix and an existing directory. @return 0, or
+ * CKPTIO_E_INVALID_ARG / -ENOENT / -ENOTDIR with the reason in msg. */
+int ckptio_collect_check_dir(const char *dir, const char *prefix, char *msg, size_t len);
+
 /* A random save id (32 hex digits and a NUL) that ties a set's files to its
  * index. */
 void ckptio_save_id_make(char out[33]);

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/stats.h"
@@ -73,22 +72,13 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   if (!out) return rc;
   *out = NULL;
   ranks_writer *w = NULL;
-  struct stat st;
   if (!ctx || !comm || !dir || !*dir || !prefix) return rc;
   if (comm->size < sizeof(ckptio_comm) || comm->nranks < 1 || comm->rank < 0 || comm->rank >= comm->nranks ||
       !comm->allgather || !comm->broadcast) {
     snprintf(msg, sizeof(msg), "%s: the communicator needs size, 0 <= rank < nranks, allgather and broadcast", dir);
     goto fail;
   }
-  if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, "..")) {
-    snprintf(msg, sizeof(msg), "prefix '%s': must be a plain, non-empty file name", prefix);
-    goto fail;
-  }
-  if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-    rc = stat(dir, &st) < 0 ? -errno : -ENOTDIR;
-    snprintf(msg, sizeof(msg), "%s: %s", dir, strerror(-rc));
-    goto fail;
-  }
+  if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;

@@ -72,11 +72,6 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
   *out = NULL;
   if (!ctx || !dir || !*dir || !prefix) return rc;
   set_writer *w = NULL;
-  struct stat st;
-  if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, "..")) {
-    snprintf(msg, sizeof(msg), "shard prefix '%s': must be a plain, non-empty file name", prefix);
-    goto fail;
-  }
   if (format != CKPTIO_FORMAT_SAFETENSORS) {
     rc = CKPTIO_E_FORMAT;
     snprintf(msg, sizeof(msg), "%s: sharded saves are safetensors only", dir);
@@ -90,11 +85,7 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
     snprintf(msg, sizeof(msg), "%s: unknown shard order %d", dir, (int)order);
     goto fail;
   }
-  if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
-    rc = stat(dir, &st) < 0 ? -errno : -ENOTDIR;
-    snprintf(msg, sizeof(msg), "%s: %s", dir, strerror(-rc));
-    goto fail;
-  }
+  if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
