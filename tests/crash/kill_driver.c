@@ -65,6 +65,7 @@ static int save_loop(const char *kind, const char *path, uint64_t count) {
   ckptio_ctx *ctx = make_ctx();
   uint32_t *bufs[NTENSORS];
   for (int k = 0; k < NTENSORS; k++) bufs[k] = malloc((size_t)kRows[k] * COLS * 4);
+  int failed = 0;
   for (uint64_t seq = 1; seq <= count; seq++) {
     for (int k = 0; k < NTENSORS; k++)
       for (uint64_t i = 0; i < (uint64_t)kRows[k] * COLS; i++) bufs[k][i] = value(seq, k, i);
@@ -88,13 +89,17 @@ static int save_loop(const char *kind, const char *path, uint64_t count) {
     if (rc == 0) rc = ckptio_writer_wait_durable(w);
     if (rc < 0) {
       fprintf(stderr, "save %llu: %s\n", (unsigned long long)seq, w ? ckptio_writer_last_error(w) : ckptio_last_open_error());
-      return 1;
+      ckptio_writer_close(w);
+      failed = 1;
+      break;
     }
     ckptio_writer_close(w);
     printf("durable %llu\n", (unsigned long long)seq);
     fflush(stdout);
   }
-  return 0;
+  for (int k = 0; k < NTENSORS; k++) free(bufs[k]);
+  ckptio_ctx_free(ctx);
+  return failed;
 }
 
 static int strays_in(const char *dir) {
@@ -118,6 +123,7 @@ static int check(const char *kind, const char *path) {
   if (rc == -2 /* -ENOENT: no save finished yet */ ||
       (rc == CKPTIO_E_SHARD && strstr(ckptio_last_open_error(), "exactly one"))) {
     printf("seq=0 strays=%d\n", strays_in(dir));
+    ckptio_ctx_free(ctx);
     return 0;
   }
   if (rc < 0) {

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import ckptio.dcp  # noqa: E402
+import ckptio.torch  # noqa: E402
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
@@ -106,7 +107,6 @@ def worker(rank, world, port, mode, path, out):
         elif mode == "load-c":
             # A checkpoint the C API wrote under MPI: every tensor, split on
             # dim 0 over this world, must equal what the C API assembles.
-            import ckptio.torch
             from torch.distributed.checkpoint.metadata import TensorStorageMetadata
             meta = ckptio.dcp.Reader(path).read_metadata()
             mesh = init_device_mesh("cpu", (world,))
@@ -211,7 +211,6 @@ def test_a_checkpoint_the_c_api_wrote_under_mpi_loads_through_dcp(tmp_path):
 
 def test_files_open_in_safetensors_the_c_api_and_the_cli(tmp_path):
     from safetensors import safe_open
-    import ckptio.torch
 
     path = tmp_path / "ckpt"
     run(2, "save", path)
