@@ -168,10 +168,14 @@ static int ranks_commit_async(ckptio_writer *base) {
   ckptio_save_id_make(id);
   w->start_ns = ckptio_now_ns();
   int rc = ckptio_rplan_make(&w->comm, &w->c, 0, NULL, id, &w->plan, w->base.err);
-  if (rc < 0) { /* the same verdict on every rank: nothing to agree on later */
+  if (rc == CKPTIO_E_RANK) { /* the same verdict on every rank: nothing to agree on later */
     w->state = R_DONE;
     w->result = rc;
     return rc;
+  }
+  if (rc < 0) { /* this rank's alone (memory, the communicator): told at the agreement */
+    w->state = R_RUNNING;
+    return w->local_rc = rc;
   }
   if (w->plan.nboxes == 0) {
     w->state = R_DONE;

@@ -40,8 +40,9 @@ typedef struct ckptio_rplan {
  * this rank's failure `why` instead: every rank then fails naming it), checks that they
  * agree (dtype and global shape per tensor; boxes inside, not overlapping
  * unless identical, covering each tensor) and plans the save. Rank 0's
- * save_id becomes everyone's. @return 0, CKPTIO_E_RANK (the same on every
- * rank, the reason in err), or the communicator's failure. */
+ * save_id becomes everyone's. @return 0, CKPTIO_E_RANK (the same verdict
+ * on every rank, the reason in err), or this rank's own failure (-ENOMEM,
+ * the communicator's code), which the others learn at the agreement. */
 int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int status, const char *why,
                       const char *save_id, ckptio_rplan *out, char *err);
 void ckptio_rplan_free(ckptio_rplan *p);

@@ -227,9 +227,9 @@ static int plan_tensor(ckptio_rplan *pl, entry *e, size_t a, size_t b, int **hol
 /* Who writes each box: its only holder, or among a replica's holders the
  * one with the fewest bytes so far (the lowest rank on a tie), boxes taken
  * in plan order; the same on every rank because the input is. */
-static void assign(ckptio_rplan *pl, int **holders, const size_t *hcount, const entry *e, size_t ne, int nranks) {
+static int assign(ckptio_rplan *pl, int **holders, const size_t *hcount, const entry *e, size_t ne, int nranks) {
   uint64_t *load = calloc((size_t)nranks, sizeof(uint64_t));
-  if (!load) return; /* cannot happen after the gather's allocations; every box keeps its first holder */
+  if (!load) return -ENOMEM;
   for (size_t k = 0; k < pl->nboxes; k++)
     if (hcount[k] == 1) load[holders[k][0]] += pl->boxes[k].nbytes;
   for (size_t k = 0; k < pl->nboxes; k++) {
@@ -255,6 +255,7 @@ static void assign(ckptio_rplan *pl, int **holders, const size_t *hcount, const 
     }
     if (lo < pl->nboxes && pl->boxes[lo].writer == e[i].rank) pl->boxes[lo].local = e[i].local;
   }
+  return 0;
 }
 
 int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int status, const char *why,
@@ -300,7 +301,7 @@ int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int s
   }
   out->first[out->ntensors] = out->nboxes;
   if (rc < 0) goto out;
-  assign(out, holders, hcount, e, ne, comm->nranks);
+  if ((rc = assign(out, holders, hcount, e, ne, comm->nranks)) < 0) goto out;
   for (size_t r = 0; r < nr; r++) out->file_of[r] = -1;
   for (size_t k = 0; k < out->nboxes; k++) out->file_of[out->boxes[k].writer] = 0;
   for (size_t r = 0; r < nr; r++)
