@@ -216,9 +216,14 @@ typedef struct ckptio_options {
 
 /* ---------------------------------------------------------------- context */
 
-/* A context owns the worker pool and the staging ring. They are allocated
- * and touched once, at creation, and reused by every save and load, so a
- * training loop that saves every N steps pays no page faults per save.
+/* A context owns the worker pool and the staging ring, allocated once and
+ * reused by every save and load. Creating one is cheap: the ring's pages
+ * are touched by the first save or load that uses them (on the workers,
+ * beside that save's I/O) and kept, so a one-shot save of a small file
+ * touches a slot, not the ring, and a training loop that saves every N
+ * steps pays page faults in its first save only. Snapshot memory is
+ * touched at creation. With CUDA, the whole ring is pinned at creation
+ * (cudaHostRegister), which touches it.
  * Thread safety: any number of writers and readers of one context may run
  * at once from different threads; they share the pool and the ring. */
 typedef struct ckptio_ctx ckptio_ctx;

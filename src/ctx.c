@@ -75,7 +75,8 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
    * file order, copies into every one it gets at once and writes behind
    * (save/writer.c), so the slots beyond staging_bytes are what lets a
    * whole state be copied before the disk has taken any of it. */
-  if ((rc = ckptio_ring_create((o->staging_bytes + o->snapshot_bytes) / o->chunk_bytes, o->chunk_bytes, &ctx->ring)) < 0)
+  if ((rc = ckptio_ring_create((o->staging_bytes + o->snapshot_bytes) / o->chunk_bytes, o->chunk_bytes,
+                                o->snapshot_bytes / o->chunk_bytes, &ctx->ring)) < 0)
     goto fail;
   if (o->cuda) {
     rc = ckptio_gpu_open(&ctx->gpu, ckptio_ring_base(ctx->ring),

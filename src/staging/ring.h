@@ -1,7 +1,10 @@
 /* The staging ring: a fixed set of aligned host buffers ("slots") that the
- * pipelines borrow one at a time. Allocated and touched once per context, so
- * no save or load pays first-touch page faults; bounded, so a pipeline never
- * holds more than the staging limit whatever the model size. */
+ * pipelines borrow one at a time. Allocated once per context; a slot's
+ * pages are first touched by the first job that uses it (on a worker,
+ * beside that save's I/O) and kept, so later saves and loads pay no page
+ * faults and a context that saves one small file touches one slot, not the
+ * whole ring. Bounded, so a pipeline never holds more than the staging
+ * limit whatever the model size. */
 #ifndef CKPTIO_STAGING_RING_H
 #define CKPTIO_STAGING_RING_H
 
@@ -12,8 +15,9 @@
 typedef struct ckptio_ring ckptio_ring;
 
 /* nslots buffers of slot_bytes (a multiple of CKPTIO_IO_ALIGN), aligned to
- * CKPTIO_IO_ALIGN and pre-faulted. @return 0 or -ENOMEM / -EINVAL. */
-int ckptio_ring_create(size_t nslots, size_t slot_bytes, ckptio_ring **out);
+ * CKPTIO_IO_ALIGN; the first `prefault` of them (the ones handed out first)
+ * touched now. @return 0 or -ENOMEM / -EINVAL. */
+int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio_ring **out);
 void ckptio_ring_free(ckptio_ring *r);
 /* Blocks until a slot is free and returns its buffer. */
 void *ckptio_ring_acquire(ckptio_ring *r);

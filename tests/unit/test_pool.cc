@@ -63,7 +63,7 @@ TEST(Pool, FreeDrainsQueuedJobs) {
 
 TEST(Ring, BlocksWhenEmptyAndSlotsAreAligned) {
   ckptio_ring *r;
-  ASSERT_EQ(ckptio_ring_create(3, 64 << 10, &r), 0);
+  ASSERT_EQ(ckptio_ring_create(3, 64 << 10, 1, &r), 0);
   std::set<void *> slots;
   for (int i = 0; i < 3; i++) {
     void *s = ckptio_ring_acquire(r);
@@ -84,5 +84,5 @@ TEST(Ring, BlocksWhenEmptyAndSlotsAreAligned) {
   EXPECT_TRUE(got.load());
   for (auto it = std::next(slots.begin()); it != slots.end(); ++it) ckptio_ring_release(r, *it);
   ckptio_ring_free(r);
-  EXPECT_EQ(ckptio_ring_create(2, 1000, &r), -EINVAL);
+  EXPECT_EQ(ckptio_ring_create(2, 1000, 0, &r), -EINVAL);
 }
