@@ -129,3 +129,35 @@ TEST_P(Memory, GpuLoadHostSideStaysWithinStaging) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Memory, ::testing::Values(CKPTIO_FORMAT_SAFETENSORS, CKPTIO_FORMAT_PYTORCH));
+
+// A context is cheap until used: creating one with a 256 MiB ring touches
+// none of it (on the host device; CUDA pins the ring at creation), a small
+// save touches a slot, not the ring, and the slots a save touched stay
+// touched, so the next save of the same size grows nothing.
+TEST(Staging, TouchedOnFirstUseAndKept) {
+  if (on_gpu()) GTEST_SKIP() << "CUDA pins (and so touches) the whole ring at creation";
+#ifdef __SANITIZE_ADDRESS__
+  GTEST_SKIP() << "under ASan, RSS is its shadow and quarantine's, not the ring's";
+#endif
+  TempDir dir;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.staging_bytes = 256u << 20;
+  o.chunk_bytes = 8u << 20;
+  o.cuda = 0;
+  uint64_t before = status_kib("VmRSS:") << 10;
+  ckptio_ctx *ctx;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  uint64_t created = status_kib("VmRSS:") << 10;
+  EXPECT_LT(created - before, 16u << 20) << "creating the context touched " << ((created - before) >> 20) << " MiB";
+  Tensor small = make_tensor("x", CKPTIO_F32, {4}, 1);
+  ASSERT_EQ(save(ctx, dir.file("small.safetensors"), {small}), 0);
+  uint64_t after_small = status_kib("VmRSS:") << 10;
+  EXPECT_LT(after_small - created, 2 * o.chunk_bytes + (8u << 20)) << "a 16-byte save touched too much";
+  Tensor big = make_tensor("y", CKPTIO_F32, {16, 1 << 20}, 2);  // 64 MiB
+  ASSERT_EQ(save(ctx, dir.file("big.safetensors"), {big}), 0);
+  uint64_t after_big = status_kib("VmRSS:") << 10;
+  ASSERT_EQ(save(ctx, dir.file("big2.safetensors"), {big}), 0);
+  uint64_t after_again = status_kib("VmRSS:") << 10;
+  EXPECT_LT(after_again > after_big ? after_again - after_big : 0, 8u << 20) << "the second save touched new slots";
+  ckptio_ctx_free(ctx);
+}
