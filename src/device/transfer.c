@@ -50,17 +50,23 @@ void ckptio_gpu_events_free(ckptio_gpu *g, void **events) {
     if (events[ord]) g->ops->event_destroy(events[ord]), events[ord] = NULL;
 }
 
-int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
-                        size_t errlen) {
+int ckptio_gpu_h2d_start(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
+                         size_t errlen) {
   ckptio_gpu_dev *v;
   int rc = ckptio_gpu_select(g, gpu, &v, err, errlen);
   if (rc) return rc;
-  void *ev = v->slot_events[slot];
   const char *call = "cudaMemcpyAsync (host to device)";
   int e = g->ops->copy_h2d(dst, src, n, v->h2d);
-  if (!e) call = "cudaEventRecord", e = g->ops->event_record(ev, v->h2d);
-  if (!e) call = "cudaEventSynchronize", e = g->ops->event_sync(ev);
+  if (!e) call = "cudaEventRecord", e = g->ops->event_record(v->slot_events[slot], v->h2d);
   return e ? ckptio_gpu_fail(g, e, err, errlen, call) : 0;
+}
+
+int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
+                        size_t errlen) {
+  int rc = ckptio_gpu_h2d_start(g, gpu, slot, dst, src, n, err, errlen), e;
+  if (rc == 0 && (e = g->ops->event_sync(g->dev[gpu].slot_events[slot])))
+    rc = ckptio_gpu_fail(g, e, err, errlen, "cudaEventSynchronize");
+  return rc;
 }
 
 int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, char *err, size_t errlen) {
@@ -104,7 +110,7 @@ int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, s
     int e = g->ops->event_sync(g->dev[ord].slot_events[slot]);
     if (e) {
       char what[64];
-      snprintf(what, sizeof(what), "GPU %d: cudaEventSynchronize (device to host copy)", ord);
+      snprintf(what, sizeof(what), "GPU %d: cudaEventSynchronize (staging copy)", ord);
       return ckptio_gpu_fail(g, e, err, errlen, what);
     }
   }

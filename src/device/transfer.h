@@ -35,10 +35,15 @@ int ckptio_gpu_after_callers(ckptio_gpu *g, uint64_t mask, void *const *streams,
 /* Destroys the events that are set and clears them. Accepts g NULL. */
 void ckptio_gpu_events_free(ckptio_gpu *g, void **events);
 
-/* Copies n pinned bytes at src (inside staging slot `slot`, or in memory
- * registered with ckptio_gpu_register) to dst on GPU `gpu` on its H2D
- * stream, and waits for that copy alone through the slot's event, so the
- * slot may be reused as soon as this returns. */
+/* Queues a copy of n bytes at src (inside staging slot `slot`, or in
+ * memory registered with ckptio_gpu_register) to dst on GPU `gpu` on its
+ * H2D stream and records the slot's event after it: src may be written
+ * again once ckptio_gpu_wait_slot of that GPU returns. Leaves `gpu`
+ * current. */
+int ckptio_gpu_h2d_start(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
+                         size_t errlen);
+/* The same, then waits for that copy alone through the slot's event, so src
+ * may be reused as soon as this returns. */
 int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
                         size_t errlen);
 
@@ -60,7 +65,8 @@ int ckptio_gpu_d2h_start(ckptio_gpu *g, int gpu, void *dst, const void *src, siz
  * `mask`, after the copies queued there. */
 int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
 /* Any thread: blocks until slot `slot`'s event of each GPU in `mask` has
- * completed. On failure err reads "GPU <n>: cudaEventSynchronize ...". */
+ * completed (the copies of a save's or a load's slot). On failure err reads
+ * "GPU <n>: cudaEventSynchronize ...". */
 int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
 /* After a failure: waits for every copy queued on the D2H streams of the
  * GPUs in `mask`, so the staging they target may be reused. Best effort. */

@@ -14,6 +14,7 @@ static _Atomic long countdown[CKPTIO_FAULT_OPS];
 static _Atomic int fault_err[CKPTIO_FAULT_OPS];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t write_rate;    /* bytes per second, 0: off */
+static _Atomic uint64_t read_rate;     /* likewise, for reads */
 
 void ckptio_fault_arm(ckptio_fault_op op, long nth, int err) {
   atomic_store(&fault_err[op], err);
@@ -30,6 +31,8 @@ static void env_arm(void) {
       {"ENOSPC", ENOSPC}, {"EIO", EIO}, {"EROFS", EROFS}, {"short", CKPTIO_FAULT_SHORT}};
   const char *mbps = getenv("CKPTIO_FAULT_WRITE_MBPS");
   if (mbps && atoll(mbps) > 0) ckptio_fault_slow_writes((uint64_t)atoll(mbps) * 1000000u);
+  mbps = getenv("CKPTIO_FAULT_READ_MBPS");
+  if (mbps && atoll(mbps) > 0) ckptio_fault_slow_reads((uint64_t)atoll(mbps) * 1000000u);
   const char *spec = getenv("CKPTIO_FAULT");
   if (!spec) return;
   char op[16], er[16];
@@ -45,6 +48,7 @@ static uint64_t disk_free_ns;          /* when the modeled disk is idle again */
 static pthread_mutex_t disk_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void ckptio_fault_slow_writes(uint64_t bytes_per_second) { atomic_store(&write_rate, bytes_per_second); }
+void ckptio_fault_slow_reads(uint64_t bytes_per_second) { atomic_store(&read_rate, bytes_per_second); }
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -52,9 +56,11 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void ckptio_fault_write_time(uint64_t len) {
+/* One modeled device for reads and writes: each transfer waits for the
+ * previous one to end, then for its own bytes' time. */
+static void disk_time(_Atomic uint64_t *rate_of, uint64_t len) {
   pthread_once(&env_once, env_arm);
-  uint64_t rate = atomic_load_explicit(&write_rate, memory_order_relaxed);
+  uint64_t rate = atomic_load_explicit(rate_of, memory_order_relaxed);
   if (!rate) return;
   pthread_mutex_lock(&disk_mu);
   uint64_t start = now_ns() > disk_free_ns ? now_ns() : disk_free_ns;
@@ -66,6 +72,9 @@ void ckptio_fault_write_time(uint64_t len) {
     nanosleep(&ts, NULL);
   }
 }
+
+void ckptio_fault_write_time(uint64_t len) { disk_time(&write_rate, len); }
+void ckptio_fault_read_time(uint64_t len) { disk_time(&read_rate, len); }
 
 int ckptio_fault_check(ckptio_fault_op op) {
   pthread_once(&env_once, env_arm);

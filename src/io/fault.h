@@ -31,5 +31,9 @@ int ckptio_fault_check(ckptio_fault_op op);
 void ckptio_fault_slow_writes(uint64_t bytes_per_second);
 /* Called by the io room after each write of len bytes. */
 void ckptio_fault_write_time(uint64_t len);
+/* The same device for reads (CKPTIO_FAULT_READ_MBPS), so a load's read
+ * time is known: what the GPU load pipeline must overlap its copies with. */
+void ckptio_fault_slow_reads(uint64_t bytes_per_second);
+void ckptio_fault_read_time(uint64_t len);
 
 #endif

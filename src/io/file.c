@@ -46,6 +46,7 @@ int ckptio_pread_min(int fd, void *buf, size_t len, uint64_t off, size_t min) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return -errno;
     if (n == 0) return CKPTIO_E_SHORT_IO; /* end of file before min bytes */
+    ckptio_fault_read_time((uint64_t)n);
     got += (size_t)n;
   }
   return 0;

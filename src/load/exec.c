@@ -9,17 +9,26 @@
 #include "core/crc32.h"
 #include "device/transfer.h"
 
+/* A slot's host-to-device copies that may still run after its job ended:
+ * the GPUs they go to and the request they belong to (for the error). */
+typedef struct copying {
+  uint64_t gpus;
+  const ckptio_xreq *q;
+} copying;
+
 typedef struct exec {
   ckptio_ctx *ctx;
   ckptio_plan plan;
   ckptio_batch batch;
   const ckptio_exec_out *out;
+  copying *copies;        /* per ring slot; written by the job holding it */
 } exec;
 
 struct ckptio_run {
   exec *x;
   ckptio_job *job;
   uint64_t device_ns;     /* spent in GPU copies, kept apart from the read */
+  uint64_t copying;       /* GPUs this job's copies from its slot go to */
   char msg[CKPTIO_ERRLEN];
 };
 
@@ -67,10 +76,26 @@ static void byteswap(const ckptio_entry *e, unsigned char *p, uint64_t len) {
     }
 }
 
+/* n bytes at `from` to GPU memory `to`. From the job's slot the copy is
+ * queued and the job goes on (its slot is released still copying and the
+ * next user waits for it), so reads and copies overlap even on one worker;
+ * from anywhere else (a mapping, a workspace the next job reuses) it is
+ * waited for here. */
+static int to_gpu(ckptio_run *r, const ckptio_xreq *q, unsigned char *to, const unsigned char *from, uint64_t n,
+                  char *detail, size_t len) {
+  ckptio_job *j = r->job;
+  ckptio_ring *ring = r->x->ctx->ring;
+  size_t slot = ckptio_ring_slot_index(ring, j->slot);
+  int in_slot = j->slot && from >= j->slot && from + n <= j->slot + ckptio_ring_slot_bytes(ring);
+  if (!in_slot) return ckptio_gpu_h2d_slot(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len);
+  int rc = ckptio_gpu_h2d_start(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len);
+  if (rc == 0) r->copying |= 1ull << q->gpu, r->x->copies[slot].q = q;
+  return rc;
+}
+
 /* Output bytes [off, off + len) of a scattered request, each run's piece
  * to its place: dst + run * dpitch. */
 static int scatter(ckptio_run *r, const ckptio_xreq *q, uint64_t off, const unsigned char *bytes, uint64_t len) {
-  ckptio_job *j = r->job;
   for (uint64_t x = off, n; x < off + len; x += n) {
     uint64_t k = x / q->drun, within = x % q->drun;
     n = q->drun - within < off + len - x ? q->drun - within : off + len - x;
@@ -81,8 +106,7 @@ static int scatter(ckptio_run *r, const ckptio_xreq *q, uint64_t off, const unsi
       continue;
     }
     char detail[CKPTIO_ERRLEN];
-    int rc = ckptio_gpu_h2d_slot(r->x->ctx->gpu, q->gpu, ckptio_ring_slot_index(r->x->ctx->ring, j->slot), to, from,
-                                 (size_t)n, detail, sizeof(detail));
+    int rc = to_gpu(r, q, to, from, n, detail, sizeof(detail));
     if (rc < 0)
       return ckptio_err_fmt(r->msg, sizeof(r->msg), rc, "%s: part of tensor '%s' to GPU %d: %s", q->src->path,
                             q->e->name, q->gpu, detail);
@@ -110,11 +134,9 @@ int ckptio_run_deliver(ckptio_run *r, size_t k, const unsigned char *bytes, int 
       if (q->gpu >= 0) r->device_ns += ckptio_now_ns() - t;
       if (rc < 0) return rc;
     } else if (!host) {
-      ckptio_gpu *g = r->x->ctx->gpu;
       char detail[CKPTIO_ERRLEN];
       uint64_t t = ckptio_now_ns();
-      int rc = ckptio_gpu_h2d_slot(g, q->gpu, ckptio_ring_slot_index(r->x->ctx->ring, j->slot), q->dst + p->off,
-                                   bytes, (size_t)p->len, detail, sizeof(detail));
+      int rc = to_gpu(r, q, q->dst + p->off, bytes, p->len, detail, sizeof(detail));
       r->device_ns += ckptio_now_ns() - t;
       if (rc < 0)
         return ckptio_err_fmt(r->msg, sizeof(r->msg), rc, "%s: %stensor '%s' to GPU %d: %s", q->src->path,
@@ -149,8 +171,55 @@ static void job_main(void *arg) {
                  ckptio_strerror(rc));
     }
   }
-  if (j->slot) ckptio_ring_release(x->ctx->ring, j->slot);
+  if (j->slot) {
+    x->copies[ckptio_ring_slot_index(x->ctx->ring, j->slot)].gpus = r.copying;
+    ckptio_ring_release_copying(x->ctx->ring, j->slot, r.copying);
+  }
   ckptio_batch_done(&x->batch, rc, r.msg);
+}
+
+/* Waits for the copies still reading staging slot `slot` (from this load's
+ * jobs or an earlier one's) before it is written again. */
+static int slot_copied(exec *x, size_t slot, uint64_t gpus, char *err) {
+  char detail[CKPTIO_ERRLEN];
+  uint64_t t = ckptio_now_ns();
+  int rc = gpus ? ckptio_gpu_wait_slot(x->ctx->gpu, gpus, slot, detail, sizeof(detail)) : 0;
+  atomic_fetch_add(&x->out->timers->device_ns, ckptio_now_ns() - t);
+  const ckptio_xreq *q = x->copies[slot].q;
+  if (rc < 0 && q)
+    ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "%s: tensor '%s' to GPU %d: %s", q->src->path, q->e->name, q->gpu,
+                   detail);
+  else if (rc < 0)
+    ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "a staging slot's copy to a GPU: %s", detail);
+  x->copies[slot] = (copying){0, NULL};
+  return rc;
+}
+
+/* A slot for a job, once the copies from its last use have read it. */
+static unsigned char *take_slot(exec *x) {
+  unsigned char *slot = ckptio_ring_acquire(x->ctx->ring);
+  uint64_t gpus = ckptio_ring_take_copying(x->ctx->ring, slot);
+  char err[CKPTIO_ERRLEN];
+  int rc = slot_copied(x, ckptio_ring_slot_index(x->ctx->ring, slot), gpus, err);
+  if (rc < 0) {
+    ckptio_ring_release(x->ctx->ring, slot);
+    ckptio_batch_add(&x->batch, 1);
+    ckptio_batch_done(&x->batch, rc, err);
+    return NULL;
+  }
+  return slot;
+}
+
+/* After the jobs: every copy this load left running has ended. The first
+ * failure's message goes to err. */
+static int copies_done(exec *x, char *err) {
+  int rc = 0;
+  for (size_t s = 0, n = ckptio_ring_slots(x->ctx->ring); s < n; s++) {
+    char msg[CKPTIO_ERRLEN];
+    int src = x->copies[s].gpus ? slot_copied(x, s, x->copies[s].gpus, msg) : 0;
+    if (src < 0 && rc == 0) rc = src, snprintf(err, CKPTIO_ERRLEN, "%s", msg);
+  }
+  return rc;
 }
 
 /* Each source plans its own requests, in the order they first appear. */
@@ -197,6 +266,10 @@ static int check_crcs(exec *x, ckptio_xreq *qs, size_t n) {
 
 int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, size_t n, const ckptio_exec_out *out) {
   exec x = {.ctx = ctx, .plan = {.ctx = ctx, .opts = opts}, .out = out};
+  if (!(x.copies = calloc(ckptio_ring_slots(ctx->ring), sizeof(copying)))) {
+    snprintf(out->err, CKPTIO_ERRLEN, "out of memory starting a load");
+    return -ENOMEM;
+  }
   void *events[CKPTIO_GPU_MAX] = {0};
   uint64_t gpus = 0, bytes = 0;
   int rc = 0;
@@ -231,7 +304,7 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
     j->owner = &x;
     /* On this thread: the ring bounds what is in flight, and a job never
      * waits for a slot while holding a worker. */
-    if (j->need_slot) j->slot = ckptio_ring_acquire(ctx->ring);
+    if (j->need_slot && !(j->slot = take_slot(&x))) break;
     ckptio_batch_add(&x.batch, 1);
     int qrc = ckptio_pool_add(ctx->pool, job_main, j);
     if (qrc < 0) {
@@ -240,8 +313,11 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
     }
   }
   rc = ckptio_batch_wait(&x.batch);
-  out->timers->end_ns = ckptio_now_ns();
   if (rc < 0) snprintf(out->err, CKPTIO_ERRLEN, "%s", x.batch.err);
+  char copy_err[CKPTIO_ERRLEN];
+  int copied = copies_done(&x, copy_err);
+  if (rc == 0 && copied < 0) rc = copied, snprintf(out->err, CKPTIO_ERRLEN, "%s", copy_err);
+  out->timers->end_ns = ckptio_now_ns();
   ckptio_batch_destroy(&x.batch);
   finish_all(qs, n);
   if (rc == 0) rc = check_crcs(&x, qs, n);
@@ -249,5 +325,6 @@ out:
   ckptio_gpu_events_free(ctx->gpu, events);
   free(x.plan.jobs);
   free(x.plan.parts);
+  free(x.copies);
   return rc;
 }

@@ -549,6 +549,16 @@ static int mark_callers(file_writer *w) {
   return rc < 0 ? fail(w, rc, "%s: recording the snapshot event: %s", w->path, msg) : 0;
 }
 
+/* A slot a load released while its copies to a GPU still read it: those
+ * copies end before this save writes into it. */
+static int slot_copied(file_writer *w, void *slot) {
+  uint64_t gpus = ckptio_ring_take_copying(w->ctx->ring, slot);
+  char msg[CKPTIO_ERRLEN];
+  size_t i = ckptio_ring_slot_index(w->ctx->ring, slot);
+  int rc = gpus ? ckptio_gpu_wait_slot(w->ctx->gpu, gpus, i, msg, sizeof(msg)) : 0;
+  return rc < 0 ? fail(w, rc, "%s: waiting for an earlier load's copy from staging: %s", w->path, msg) : 0;
+}
+
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
 static int queue_chunks(file_writer *w) {
   if (w->gpus_used) {
@@ -566,7 +576,8 @@ static int queue_chunks(file_writer *w) {
     *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0};
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
-    int rc = w->gpus_used ? start_gpu_copies(w, j, start, end) : 0;
+    int rc = slot_copied(w, j->slot);
+    if (rc == 0 && w->gpus_used) rc = start_gpu_copies(w, j, start, end);
     if (rc < 0) {
       ckptio_ring_release(w->ctx->ring, j->slot);
       ckptio_batch_fail(&w->batch, rc, w->base.err);

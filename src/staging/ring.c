@@ -14,7 +14,8 @@ struct ckptio_ring {
   unsigned char *base;
   size_t slot_bytes, nslots;
   size_t nfree;
-  void **free_slots;
+  void **free_slots;   /* a stack: the top is handed out next */
+  uint64_t *copying;   /* per slot: GPUs still copying from it */
 };
 
 int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio_ring **out) {
@@ -25,8 +26,10 @@ int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio
   r->slot_bytes = slot_bytes;
   r->nslots = nslots;
   r->free_slots = calloc(nslots, sizeof(void *));
-  if (!r->free_slots || posix_memalign((void **)&r->base, CKPTIO_IO_ALIGN, nslots * slot_bytes)) {
+  r->copying = calloc(nslots, sizeof(uint64_t));
+  if (!r->free_slots || !r->copying || posix_memalign((void **)&r->base, CKPTIO_IO_ALIGN, nslots * slot_bytes)) {
     free(r->free_slots);
+    free(r->copying);
     free(r);
     return -ENOMEM;
   }
@@ -48,6 +51,7 @@ void ckptio_ring_free(ckptio_ring *r) {
   pthread_mutex_destroy(&r->mu);
   free(r->base);
   free(r->free_slots);
+  free(r->copying);
   free(r);
 }
 
@@ -64,6 +68,30 @@ void ckptio_ring_release(ckptio_ring *r, void *slot) {
   r->free_slots[r->nfree++] = slot;
   pthread_cond_signal(&r->cv);
   pthread_mutex_unlock(&r->mu);
+}
+
+void ckptio_ring_release_copying(ckptio_ring *r, void *slot, uint64_t gpus) {
+  if (!gpus) {
+    ckptio_ring_release(r, slot);
+    return;
+  }
+  pthread_mutex_lock(&r->mu);
+  r->copying[ckptio_ring_slot_index(r, slot)] = gpus;
+  /* At the bottom of the stack: the slots whose copies are done go first. */
+  memmove(r->free_slots + 1, r->free_slots, r->nfree * sizeof(void *));
+  r->free_slots[0] = slot;
+  r->nfree++;
+  pthread_cond_signal(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+uint64_t ckptio_ring_take_copying(ckptio_ring *r, void *slot) {
+  pthread_mutex_lock(&r->mu);
+  size_t i = ckptio_ring_slot_index(r, slot);
+  uint64_t gpus = r->copying[i];
+  r->copying[i] = 0;
+  pthread_mutex_unlock(&r->mu);
+  return gpus;
 }
 
 size_t ckptio_ring_slot_bytes(const ckptio_ring *r) { return r->slot_bytes; }

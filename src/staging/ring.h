@@ -9,6 +9,7 @@
 #define CKPTIO_STAGING_RING_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define CKPTIO_IO_ALIGN 4096u
 
@@ -22,6 +23,14 @@ void ckptio_ring_free(ckptio_ring *r);
 /* Blocks until a slot is free and returns its buffer. */
 void *ckptio_ring_acquire(ckptio_ring *r);
 void ckptio_ring_release(ckptio_ring *r, void *slot);
+/* Releases a slot that host-to-device copies may still be reading (a load
+ * does not wait for its copies to go on reading): `gpus` is the mask of
+ * GPUs whose event for this slot the next user must wait for before writing
+ * into it. Such slots are handed out last, so a reader rarely waits. */
+void ckptio_ring_release_copying(ckptio_ring *r, void *slot, uint64_t gpus);
+/* After acquiring: the mask the slot was released with (0 for none),
+ * cleared. */
+uint64_t ckptio_ring_take_copying(ckptio_ring *r, void *slot);
 size_t ckptio_ring_slot_bytes(const ckptio_ring *r);
 size_t ckptio_ring_slots(const ckptio_ring *r);
 /* The one allocation behind every slot (to pin it), and a slot's number. */
