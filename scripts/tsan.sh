@@ -9,6 +9,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 scripts/build.sh build-tsan -DCKPTIO_TSAN=ON -DCMAKE_BUILD_TYPE=Debug || exit 1
-export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+# tests/tsan.supp: the dynamic loader's own TLS bookkeeping, nothing else.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir build-tsan --output-on-failure -j2 --no-tests=error \
       -R '^test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda)(_cuda_fake)?$' "$@"
