@@ -105,7 +105,7 @@ int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, s
 int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen) {
   for (int ord = 0; ord < CKPTIO_GPU_MAX; ord++) {
     if (!(mask >> ord & 1)) continue;
-    /* The event exists: mark_slot made this GPU ready. No device switch:
+    /* The event exists: mark_slot or h2d_start made this GPU ready. No device switch:
      * an event is waited for from any current GPU. */
     int e = g->ops->event_sync(g->dev[ord].slot_events[slot]);
     if (e) {

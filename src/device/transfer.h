@@ -47,6 +47,11 @@ int ckptio_gpu_h2d_start(ckptio_gpu *g, int gpu, size_t slot, void *dst, const v
 int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const void *src, size_t n, char *err,
                         size_t errlen);
 
+/* Any thread: blocks until slot `slot`'s event of each GPU in `mask` has
+ * completed (the copies of a save's or a load's slot). On failure err reads
+ * "GPU <n>: cudaEventSynchronize ...". */
+int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
+
 /* Pins / unpins an existing host range for async DMA. */
 int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, char *err, size_t errlen);
 void ckptio_gpu_unregister(ckptio_gpu *g, const void *p);
@@ -64,10 +69,6 @@ int ckptio_gpu_d2h_start(ckptio_gpu *g, int gpu, void *dst, const void *src, siz
 /* Records staging slot `slot`'s event on the D2H stream of each GPU in
  * `mask`, after the copies queued there. */
 int ckptio_gpu_mark_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
-/* Any thread: blocks until slot `slot`'s event of each GPU in `mask` has
- * completed (the copies of a save's or a load's slot). On failure err reads
- * "GPU <n>: cudaEventSynchronize ...". */
-int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
 /* After a failure: waits for every copy queued on the D2H streams of the
  * GPUs in `mask`, so the staging they target may be reused. Best effort. */
 void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask);
