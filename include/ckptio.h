@@ -175,7 +175,8 @@ typedef enum ckptio_load_method {
  * fields. Zero threads, chunk_bytes or staging_bytes means the default. */
 typedef struct ckptio_options {
   size_t size;              /* sizeof(ckptio_options) */
-  int threads;              /* worker threads (context only); 0: default */
+  int threads;              /* worker threads (context only), each holding one read
+                               or write in flight; 0: default (32) */
   size_t chunk_bytes;       /* pipeline chunk (context only); 0: 8 MiB */
   size_t staging_bytes;     /* staging memory limit (context only); 0: 256 MiB */
   int crc;                  /* 1: compute CRC32 on save, verify on load; 0: off */
@@ -191,9 +192,10 @@ typedef struct ckptio_options {
                                wrapped in the zstd seekable format, which `zstd -d`
                                turns back into the plain file. Safetensors only.
                                Frames are chunk_bytes at most; besides the ring a
-                               save holds up to threads + 2 compressed frames, and
-                               per worker a zstd context (and with shuffle one
-                               chunk of scratch).
+                               save holds up to min(threads, 8) + 2 compressed
+                               frames, and as many zstd contexts (and with shuffle
+                               chunks of scratch) as it compresses at once: at
+                               most min(threads, 8).
                                Loads decompress only the frames they need. */
   int shuffle;              /* save only, with compress_level. 1: group byte k of
                                every element of a tensor before compressing (the
