@@ -42,6 +42,11 @@ static void place_near_gpu(ckptio_ctx *ctx) {
     snprintf(ctx->numa_report, sizeof(ctx->numa_report), "NUMA: no PCI bus id for GPU 0 (%s); nothing placed", msg);
     return;
   }
+  /* Every worker now, so that every one is bound. */
+  if (ckptio_pool_start(ctx->pool, ctx->opts.threads) < 0) {
+    snprintf(ctx->numa_report, sizeof(ctx->numa_report), "NUMA: could not start the workers; nothing placed");
+    return;
+  }
   ckptio_numa_place(busid, ckptio_ring_base(ctx->ring), ckptio_ring_slots(ctx->ring) * ctx->opts.chunk_bytes,
                     ckptio_pool_handles(ctx->pool), ckptio_pool_threads(ctx->pool), ctx->numa_report,
                     sizeof(ctx->numa_report));

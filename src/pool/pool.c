@@ -1,6 +1,7 @@
 /* Worker pool and batch. Jobs sit in a growable circular queue; workers
- * sleep on one condition variable. Freeing drains the queue first so no
- * queued job is dropped with its resources. */
+ * sleep on one condition variable and are started as the queue needs them,
+ * up to the pool's size. Freeing drains the queue first so no queued job
+ * is dropped with its resources. */
 #include "pool/pool.h"
 
 #include <errno.h>
@@ -19,15 +20,21 @@ struct ckptio_pool {
   job *queue;
   size_t cap, head, len;
   int stopping;
-  int nthreads;
+  int nthreads, max_threads, idle;  /* started, allowed, waiting for a job */
   pthread_t *threads;
 };
+
+/* Workers a context starts with: a small save or load runs on these, and a
+ * one-shot script does not pay for starting the full queue depth. */
+#define POOL_FIRST_THREADS 2
 
 static void *worker_main(void *arg) {
   ckptio_pool *p = arg;
   pthread_mutex_lock(&p->mu);
   for (;;) {
+    p->idle++;
     while (p->len == 0 && !p->stopping) pthread_cond_wait(&p->cv, &p->mu);
+    p->idle--;
     if (p->len == 0) break; /* stopping and drained */
     job j = p->queue[p->head];
     p->head = (p->head + 1) % p->cap;
@@ -51,18 +58,33 @@ int ckptio_pool_create(int threads, ckptio_pool **out) {
   p->queue = malloc(p->cap * sizeof(job));
   p->threads = calloc((size_t)threads, sizeof(pthread_t));
   if (!p->queue || !p->threads) goto fail;
-  for (; p->nthreads < threads; p->nthreads++) {
-    int rc = pthread_create(&p->threads[p->nthreads], NULL, worker_main, p);
-    if (rc) {
-      ckptio_pool_free(p);
-      return -rc;
-    }
+  p->max_threads = threads;
+  int rc = ckptio_pool_start(p, threads < POOL_FIRST_THREADS ? threads : POOL_FIRST_THREADS);
+  if (rc < 0) {
+    ckptio_pool_free(p);
+    return rc;
   }
   *out = p;
   return 0;
 fail:
   ckptio_pool_free(p);
   return -ENOMEM;
+}
+
+/* Under p->mu: one more worker. @return 0 or -errno. */
+static int start_one(ckptio_pool *p) {
+  int rc = pthread_create(&p->threads[p->nthreads], NULL, worker_main, p);
+  if (rc) return -rc;
+  p->nthreads++;
+  return 0;
+}
+
+int ckptio_pool_start(ckptio_pool *p, int n) {
+  pthread_mutex_lock(&p->mu);
+  int rc = 0;
+  while (rc == 0 && p->nthreads < n && p->nthreads < p->max_threads) rc = start_one(p);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
 }
 
 static int add(ckptio_pool *p, ckptio_job_fn fn, void *arg, int first) {
@@ -87,6 +109,9 @@ static int add(ckptio_pool *p, ckptio_job_fn fn, void *arg, int first) {
     p->queue[(p->head + p->len) % p->cap] = (job){fn, arg};
   }
   p->len++;
+  /* More jobs waiting than workers to take them: start one (a failure is
+   * harmless, the started workers run the job later). */
+  if (p->len > (size_t)p->idle && p->nthreads < p->max_threads) (void)start_one(p);
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->mu);
   return 0;

@@ -1,4 +1,5 @@
-/* The worker pool: a fixed set of threads running queued jobs, and a batch
+/* The worker pool: up to a fixed number of threads running queued jobs,
+ * started as jobs wait for them and kept, and a batch
  * that counts a group of jobs to completion and keeps its first error.
  * Shape taken from zstd's lib/common/pool.h: create, add, free. */
 #ifndef CKPTIO_POOL_POOL_H
@@ -12,8 +13,11 @@
 typedef struct ckptio_pool ckptio_pool;
 typedef void (*ckptio_job_fn)(void *arg);
 
-/* Starts `threads` workers. @return 0 or -errno. */
+/* A pool of at most `threads` workers; the first few start now, the rest
+ * when more jobs are queued than workers wait for. @return 0 or -errno. */
 int ckptio_pool_create(int threads, ckptio_pool **out);
+/* Starts workers until n run (at most the pool's size). @return 0 or -errno. */
+int ckptio_pool_start(ckptio_pool *p, int n);
 /* Queues fn(arg); never blocks on the workers. @return 0 or -ENOMEM. */
 int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg);
 /* The same at the front of the queue: runs before everything queued (a
@@ -21,8 +25,10 @@ int ckptio_pool_add(ckptio_pool *p, ckptio_job_fn fn, void *arg);
 int ckptio_pool_add_first(ckptio_pool *p, ckptio_job_fn fn, void *arg);
 /* Runs the queued jobs to the end, joins the workers, frees. Accepts NULL. */
 void ckptio_pool_free(ckptio_pool *p);
+/* Workers started so far. */
 int ckptio_pool_threads(const ckptio_pool *p);
-/* The workers' thread handles (for CPU binding); ckptio_pool_threads of them. */
+/* The started workers' thread handles (for CPU binding); ckptio_pool_threads
+ * of them. */
 const pthread_t *ckptio_pool_handles(const ckptio_pool *p);
 
 /* A batch: add() before queueing each job, done() at the end of each job,

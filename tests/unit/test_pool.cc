@@ -1,5 +1,5 @@
-// The worker pool runs every job once and drains on free; a batch keeps its
-// first error; the staging ring blocks when empty and hands out aligned,
+// The worker pool runs every job once, grows to its size as jobs wait and
+// drains on free; a batch keeps its first error; the staging ring blocks when empty and hands out aligned,
 // distinct slots.
 #include <gtest/gtest.h>
 
@@ -59,6 +59,42 @@ TEST(Pool, FreeDrainsQueuedJobs) {
   EXPECT_EQ(c.n.load(), 200);
   ckptio_batch_destroy(&b);
   EXPECT_EQ(ckptio_pool_create(0, &p), -EINVAL);
+}
+
+// Jobs that each hold their worker (as a blocking read does) until all of
+// them run at once.
+struct Rendezvous {
+  std::atomic<int> arrived{0};
+  int want;
+  ckptio_batch *batch;
+};
+void rendezvous_job(void *arg) {
+  auto *r = static_cast<Rendezvous *>(arg);
+  r->arrived++;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (r->arrived.load() < r->want && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ckptio_batch_done(r->batch, r->arrived.load() >= r->want ? 0 : -1, "not every job ran at once");
+}
+
+// A context's pool starts two workers (a one-shot save does not pay for 32)
+// and starts the rest as jobs wait: n blocking jobs all run at once, which
+// is the queue depth the disk sees.
+TEST(Pool, StartsFewWorkersAndGrowsToItsSizeAsJobsWait) {
+  ckptio_pool *p;
+  ASSERT_EQ(ckptio_pool_create(12, &p), 0);
+  EXPECT_EQ(ckptio_pool_threads(p), 2);
+  ckptio_batch b;
+  ckptio_batch_init(&b);
+  Rendezvous r;
+  r.want = 12;
+  r.batch = &b;
+  ckptio_batch_add(&b, 12);
+  for (int i = 0; i < 12; i++) ASSERT_EQ(ckptio_pool_add(p, rendezvous_job, &r), 0);
+  EXPECT_EQ(ckptio_batch_wait(&b), 0) << b.err;
+  EXPECT_EQ(ckptio_pool_threads(p), 12);
+  ckptio_batch_destroy(&b);
+  ckptio_pool_free(p);
 }
 
 TEST(Ring, BlocksWhenEmptyAndSlotsAreAligned) {
