@@ -173,7 +173,7 @@ static void job_main(void *arg) {
   }
   if (j->slot) {
     x->copies[ckptio_ring_slot_index(x->ctx->ring, j->slot)].gpus = r.copying;
-    ckptio_ring_release_copying(x->ctx->ring, j->slot, r.copying);
+    ckptio_ring_release_copying(x->ctx->ring, j->slot, r.copying, x);
   }
   ckptio_batch_done(&x->batch, rc, r.msg);
 }
@@ -216,7 +216,9 @@ static int copies_done(exec *x, char *err) {
   int rc = 0;
   for (size_t s = 0, n = ckptio_ring_slots(x->ctx->ring); s < n; s++) {
     char msg[CKPTIO_ERRLEN];
-    int src = x->copies[s].gpus ? slot_copied(x, s, x->copies[s].gpus, msg) : 0;
+    if (!x->copies[s].gpus) continue;
+    int src = slot_copied(x, s, x->copies[s].gpus, msg);
+    ckptio_ring_clear_copying(x->ctx->ring, s, x);
     if (src < 0 && rc == 0) rc = src, snprintf(err, CKPTIO_ERRLEN, "%s", msg);
   }
   return rc;

@@ -27,10 +27,14 @@ void ckptio_ring_release(ckptio_ring *r, void *slot);
  * does not wait for its copies to go on reading): `gpus` is the mask of
  * GPUs whose event for this slot the next user must wait for before writing
  * into it. Such slots are handed out last, so a reader rarely waits. */
-void ckptio_ring_release_copying(ckptio_ring *r, void *slot, uint64_t gpus);
+void ckptio_ring_release_copying(ckptio_ring *r, void *slot, uint64_t gpus, const void *owner);
 /* After acquiring: the mask the slot was released with (0 for none),
  * cleared. */
 uint64_t ckptio_ring_take_copying(ckptio_ring *r, void *slot);
+/* The owner has waited for its copies from slot number i itself: drops the
+ * mark if it is still the one that owner left, so the next user does not
+ * wait again (nor hear of that owner's failure). */
+void ckptio_ring_clear_copying(ckptio_ring *r, size_t i, const void *owner);
 size_t ckptio_ring_slot_bytes(const ckptio_ring *r);
 size_t ckptio_ring_slots(const ckptio_ring *r);
 /* The one allocation behind every slot (to pin it), and a slot's number. */
