@@ -10,9 +10,9 @@
 
 /* Workers: each holds one read or write of a chunk while it runs, so they
  * are the queue depth the disk sees. 32 requests of 8 MiB in flight is what
- * the raw limits are measured with and what the disk needs: with 8, cold
- * loads ran at 0.60-0.84x the raw read and saves at 0.83-0.97x the raw
- * write; with 32, 0.92-0.95x and 1.06-1.10x (bench/RESULTS.md). */
+ * the raw limits are measured with and what the disk needs (4 GiB, against
+ * the raw limits of the same run: 8 workers saved at 0.64-0.87x and loaded
+ * cold at 0.58-0.87x; 32 at 0.89-0.93x and 0.83-0.99x; bench/RESULTS.md). */
 #define CKPTIO_DEFAULT_THREADS 32
 /* Compressions or decompressions at once, at most: CPU work, each holding a
  * zstd context and a frame's buffers, so more workers than this add memory,
