@@ -178,29 +178,31 @@ static void job_main(void *arg) {
   ckptio_batch_done(&x->batch, rc, r.msg);
 }
 
-/* Waits for the copies still reading staging slot `slot` (from this load's
- * jobs or an earlier one's) before it is written again. */
-static int slot_copied(exec *x, size_t slot, uint64_t gpus, char *err) {
+/* Waits for the copies still reading staging slot `slot` to the GPUs in
+ * `gpus` (this load's or an earlier one's) before it is written again; a
+ * failure names the tensor when the copy was one of this load's. */
+static int wait_copies(exec *x, size_t slot, uint64_t gpus, char *err) {
+  const ckptio_xreq *q = x->copies[slot].q;
+  x->copies[slot] = (copying){0, NULL};
+  if (!gpus) return 0;
   char detail[CKPTIO_ERRLEN];
   uint64_t t = ckptio_now_ns();
-  int rc = gpus ? ckptio_gpu_wait_slot(x->ctx->gpu, gpus, slot, detail, sizeof(detail)) : 0;
+  int rc = ckptio_gpu_wait_slot(x->ctx->gpu, gpus, slot, detail, sizeof(detail));
   atomic_fetch_add(&x->out->timers->device_ns, ckptio_now_ns() - t);
-  const ckptio_xreq *q = x->copies[slot].q;
   if (rc < 0 && q)
     ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "%s: tensor '%s' to GPU %d: %s", q->src->path, q->e->name, q->gpu,
                    detail);
   else if (rc < 0)
     ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "a staging slot's copy to a GPU: %s", detail);
-  x->copies[slot] = (copying){0, NULL};
   return rc;
 }
 
 /* A slot for a job, once the copies from its last use have read it. */
 static unsigned char *take_slot(exec *x) {
   unsigned char *slot = ckptio_ring_acquire(x->ctx->ring);
-  uint64_t gpus = ckptio_ring_take_copying(x->ctx->ring, slot);
   char err[CKPTIO_ERRLEN];
-  int rc = slot_copied(x, ckptio_ring_slot_index(x->ctx->ring, slot), gpus, err);
+  int rc = wait_copies(x, ckptio_ring_slot_index(x->ctx->ring, slot), ckptio_ring_take_copying(x->ctx->ring, slot),
+                       err);
   if (rc < 0) {
     ckptio_ring_release(x->ctx->ring, slot);
     ckptio_batch_add(&x->batch, 1);
@@ -215,9 +217,9 @@ static unsigned char *take_slot(exec *x) {
 static int copies_done(exec *x, char *err) {
   int rc = 0;
   for (size_t s = 0, n = ckptio_ring_slots(x->ctx->ring); s < n; s++) {
-    char msg[CKPTIO_ERRLEN];
     if (!x->copies[s].gpus) continue;
-    int src = slot_copied(x, s, x->copies[s].gpus, msg);
+    char msg[CKPTIO_ERRLEN];
+    int src = wait_copies(x, s, x->copies[s].gpus, msg);
     ckptio_ring_clear_copying(x->ctx->ring, s, x);
     if (src < 0 && rc == 0) rc = src, snprintf(err, CKPTIO_ERRLEN, "%s", msg);
   }

@@ -101,9 +101,9 @@ void ckptio_ring_release_copying(ckptio_ring *r, void *slot, uint64_t gpus, cons
     ckptio_ring_release(r, slot);
     return;
   }
+  size_t i = ckptio_ring_slot_index(r, slot);
   pthread_mutex_lock(&r->mu);
-  r->copying[ckptio_ring_slot_index(r, slot)] = gpus;
-  r->owner[ckptio_ring_slot_index(r, slot)] = owner;
+  r->copying[i] = gpus, r->owner[i] = owner;
   /* At the bottom of the stack: the slots whose copies are done go first. */
   memmove(r->free_slots + 1, r->free_slots, r->nfree * sizeof(void *));
   r->free_slots[0] = slot;
