@@ -42,6 +42,16 @@ int gpu_count() {
   rt<int (*)(int *)>("cudaGetDeviceCount")(&n);
   return n;
 }
+void model_copies(long mbps) {
+  if (!on_gpu()) return;
+  sym<void (*)(long)>("fake_cudart_set_delay_us")(0);
+  sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(mbps);
+}
+void default_copies() {
+  if (!on_gpu()) return;
+  sym<void (*)(long)>("fake_cudart_set_delay_us")(2000);
+  sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(20000);
+}
 void to_gpu(void *dst, const void *src, size_t n) { copy(dst, src, n, 1); }
 void from_gpu(void *dst, const void *src, size_t n) { copy(dst, src, n, 2); }
 

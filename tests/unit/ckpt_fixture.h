@@ -1,6 +1,7 @@
 // A small model for pipeline tests: named tensors with owned bytes, saved
 // through the public API and compared after loading.
 #pragma once
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -40,6 +41,18 @@ bool on_gpu();
 // downloads in the tests; nullptr when not on_gpu().
 void *cudart();
 int gpu_count();
+// A function of that runtime, or of the fake's own controls
+// (fake_cudart_set_*), by name.
+template <typename F>
+F sym(const char *name) {
+  return reinterpret_cast<F>(dlsym(cudart(), name));
+}
+// In the cuda-fake variant, for tests timed against a modeled copy engine:
+// the fake's copies run at `mbps` with no fixed delay until
+// default_copies() puts back the suite's (2000 us, 20000 MB/s). No-ops on
+// the host.
+void model_copies(long mbps);
+void default_copies();
 // Copies between host and a GPU pointer through the runtime's cudaMemcpy.
 void to_gpu(void *dst, const void *src, size_t n);
 void from_gpu(void *dst, const void *src, size_t n);

@@ -3,8 +3,6 @@
 // caller's stream at the commit and nothing queued after the snapshot, host/device pointer
 // mix-ups are refused, every injected CUDA failure fails the save or load
 // cleanly with the CUDA error's name, and nothing pinned or created leaks.
-#include <dlfcn.h>
-
 #include <cstring>
 
 #include "ckpt_fixture.h"
@@ -13,11 +11,6 @@
 using namespace ckptio_test;
 
 namespace {
-
-template <typename F>
-F sym(const char *name) {
-  return reinterpret_cast<F>(dlsym(cudart(), name));
-}
 
 struct fake_cudart_stats stats() {
   struct fake_cudart_stats s = FAKE_CUDART_STATS_INIT;

@@ -5,7 +5,6 @@
 // copy + CRC, and the load must keep to the disk's time. With one I/O
 // thread the overlap comes from the copy running on while the thread reads
 // the next slot; with several, also from the threads themselves.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -29,25 +28,13 @@ constexpr size_t kTensors = 8, kEach = 4 * MiB;
 constexpr double kDiskBps = 100e6;  // the modeled disk: 100 MB/s
 constexpr long kGpuMBps = 100;      // the modeled copy engine: as fast as the disk, the hardest case
 
-template <class F>
-F sym(const char *name) {
-  return reinterpret_cast<F>(dlsym(cudart(), name));
-}
 
 class LoadOverlap : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override {
-    if (on_gpu()) {
-      sym<void (*)(long)>("fake_cudart_set_delay_us")(0);
-      sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(kGpuMBps);
-    }
-  }
+  void SetUp() override { model_copies(kGpuMBps); }
   void TearDown() override {
     ckptio_fault_slow_reads(0);
-    if (on_gpu()) {
-      sym<void (*)(long)>("fake_cudart_set_delay_us")(2000);
-      sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(20000);
-    }
+    default_copies();
   }
 };
 

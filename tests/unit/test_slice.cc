@@ -6,8 +6,6 @@
 // plan's ranges for all ranks tile the tensor and hold each rank's slice;
 // PyTorch views and big-endian files; and, in the cuda-fake variant, slices
 // loaded straight onto fake GPUs.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -551,13 +549,6 @@ TEST(Slice, PyTorchViewsAndBigEndianFiles) {
 }
 
 // ------------------------------------------------------------ fake GPUs
-
-namespace {
-template <typename F>
-F sym(const char *name) {
-  return reinterpret_cast<F>(dlsym(cudart(), name));
-}
-}  // namespace
 
 TEST(SliceGpu, SlicesLandOnTheGpuByEveryMethod) {
   if (!on_gpu()) GTEST_SKIP() << "needs the fake CUDA runtime: run as the cuda-fake ctest variant";

@@ -5,7 +5,6 @@
 // state 4x the memory stalls by the documented rule; a tensor changed right
 // after the snapshot point never reaches the file. In the cuda-fake variant
 // the tensors live on fake GPUs whose copies run at a modeled bandwidth.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -30,10 +29,6 @@ constexpr size_t kChunk = 1 * MiB, kStaging = 4 * MiB;
 constexpr double kDiskBps = 40e6;   // the modeled disk: 40 MB/s
 constexpr long kGpuMBps = 200;      // the modeled copy engine: 200 MB/s per direction
 
-template <class F>
-F sym(const char *name) {
-  return reinterpret_cast<F>(dlsym(cudart(), name));
-}
 
 // A state of n tensors of `each` bytes, on the host or (cuda-fake) on GPU 0.
 struct State {
@@ -79,18 +74,12 @@ struct State {
 class Snapshot : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (on_gpu()) {
-      sym<void (*)(long)>("fake_cudart_set_delay_us")(0);
-      sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(kGpuMBps);
-    }
+    model_copies(kGpuMBps);
     ckptio_fault_slow_writes(static_cast<uint64_t>(kDiskBps));
   }
   void TearDown() override {
     ckptio_fault_slow_writes(0);
-    if (on_gpu()) {
-      sym<void (*)(long)>("fake_cudart_set_delay_us")(2000);
-      sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(20000);
-    }
+    default_copies();
   }
 
   ckptio_ctx *make_ctx(size_t snapshot) {
