@@ -30,6 +30,13 @@ struct ckptio_ctx {
   char numa_report[CKPTIO_ERRLEN];
 };
 
+/* Compressions or decompressions ctx runs at once: its workers, at most
+ * CKPTIO_CODEC_JOBS. */
+static inline int ckptio_codec_jobs(const ckptio_ctx *ctx) {
+  int t = ctx->opts.threads;
+  return t < 1 ? 1 : t < CKPTIO_CODEC_JOBS ? t : CKPTIO_CODEC_JOBS;
+}
+
 /* The options of one save or load: the context's, overridden by the
  * per-call fields that make sense per call (crc, direct_io, fsync, load). */
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out);

@@ -97,8 +97,7 @@ static int parse(zsrc *z) {
   const char *path = z->s.path;
   int rc = ckptio_zs_table_parse(z->f.map, z->f.size, &z->t, msg, sizeof(msg));
   if (rc < 0) return ckptio_source_fail(&z->s, rc, "%s: %s", path, msg);
-  int threads = z->s.ctx->opts.threads;
-  z->nws = threads < 1 ? 1 : threads < CKPTIO_CODEC_JOBS ? threads : CKPTIO_CODEC_JOBS;
+  z->nws = ckptio_codec_jobs(z->s.ctx);
   z->ws = calloc((size_t)z->nws, sizeof(workspace));
   z->stack = calloc((size_t)z->nws, sizeof(int));
   ZSTD_DCtx *d = ZSTD_createDCtx();

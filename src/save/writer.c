@@ -644,11 +644,11 @@ static int zsave_open(file_writer *w) {
     t[k] = (ckptio_zsave_tensor){offset_at(w, k), tensor_at(w, k)->nbytes,
                                  ckptio_shuffle_elem(ckptio_dtype_bits(tensor_at(w, k)->t.dtype))};
   }
-  int jobs = w->ctx->opts.threads < CKPTIO_CODEC_JOBS ? w->ctx->opts.threads : CKPTIO_CODEC_JOBS;
-  size_t slots = ckptio_ring_slots(w->ctx->ring), threads = (size_t)jobs;
+  int jobs = ckptio_codec_jobs(w->ctx);
+  size_t slots = ckptio_ring_slots(w->ctx->ring), frames = (size_t)jobs + 2;
   ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, jobs, w->file.fd,
                            w->layout.extents[0].len, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
-                           slots < threads + 2 ? slots : threads + 2, t, w->count};
+                           slots < frames ? slots : frames, t, w->count};
   int rc = ckptio_zsave_open(&p, &w->zs, w->base.err, sizeof(w->base.err));
   free(t);
   return rc;
