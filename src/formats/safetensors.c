@@ -438,14 +438,21 @@ void ckptio_st_index_free(ckptio_st_index *idx) {
 /* ------------------------------------------------------------ writing */
 
 typedef struct plan_item {
+  int paged;    /* the size is a whole number of pages */
   int bits;
   const char *name;
   size_t index;
 } plan_item;
 
-/* Widest elements first (the reference's alignment order), then by name. */
+/* Tensors of whole pages first, so that from the page-aligned start of the
+ * data each of them starts on a page: O_DIRECT can then read them straight
+ * into page-aligned memory (a run of small tensors in between, as the
+ * reference order puts the norms among the layers, shifts every later one
+ * off the page). Within each group the reference's order: widest elements
+ * first (alignment), then by name. */
 static int cmp_plan_item(const void *a, const void *b) {
   const plan_item *x = a, *y = b;
+  if (x->paged != y->paged) return x->paged ? -1 : 1;
   if (x->bits != y->bits) return x->bits > y->bits ? -1 : 1;
   int c = strcmp(x->name, y->name);
   if (c) return c;
@@ -536,7 +543,8 @@ int ckptio_st_plan_make(const ckptio_st_input *inputs, size_t n,
   if (!items || !begin || !out->order || !out->offset || !out->crc_pos) goto nomem;
   out->count = n;
   for (size_t i = 0; i < n; i++)
-    items[i] = (plan_item){ckptio_dtype_bits(inputs[i].dtype), inputs[i].name, i};
+    items[i] = (plan_item){inputs[i].nbytes && inputs[i].nbytes % 4096 == 0, ckptio_dtype_bits(inputs[i].dtype),
+                           inputs[i].name, i};
   if (n) qsort(items, n, sizeof(*items), cmp_plan_item);
   for (size_t k = 0; k < n; k++) {
     size_t i = items[k].index;

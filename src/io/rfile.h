@@ -12,6 +12,8 @@
 typedef struct ckptio_rfile {
   char *path;                /* owned */
   int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */
+  uint32_t dio_align;        /* O_DIRECT's memory and offset alignment (statx;
+                                the page where it is not reported) */
   const unsigned char *map;  /* the whole file, read-only; NULL when empty */
   uint64_t size;
 } ckptio_rfile;
@@ -30,6 +32,19 @@ int ckptio_rfile_direct(ckptio_rfile *f);
  * room for the two page edges); the last page may run past the end of the
  * file. @return the bytes' position in buf, or a negative code. */
 int64_t ckptio_rfile_read_direct(const ckptio_rfile *f, unsigned char *buf, uint64_t abs, uint64_t len);
+
+/* The largest O_DIRECT alignment ckptio_rfile_read_in_place accepts. */
+#define CKPTIO_RFILE_EDGE 4096u
+/* Whether an O_DIRECT read of file bytes from `abs` may land at `dst`
+ * itself: both agree modulo the file's direct I/O alignment. */
+static inline int ckptio_rfile_in_place_ok(const ckptio_rfile *f, const void *dst, uint64_t abs) {
+  return f->fd_direct >= 0 && f->dio_align <= CKPTIO_RFILE_EDGE && (((uintptr_t)dst ^ abs) & (f->dio_align - 1)) == 0;
+}
+/* O_DIRECT read of [abs, abs + len) into dst (ckptio_rfile_in_place_ok):
+ * the aligned middle straight into dst, the two ragged ends through a
+ * block on the stack, so no byte outside [dst, dst + len) is written and
+ * nothing passes through the page cache or a staging copy. */
+int ckptio_rfile_read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len);
 
 /* Maps the pages of [p, p + len) of a mapping in one call instead of one
  * fault per page. @return 0, or CKPTIO_E_SHORT_IO when the file no longer

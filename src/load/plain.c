@@ -2,8 +2,10 @@
  * tensors' bytes as they are in the file. Jobs are at most one staging slot
  * of output and read with one method per load — pread straight into a host
  * destination, memcpy from the map a step at a time (populated, copied with
- * the CRC, dropped), or O_DIRECT through a slot — a PyTorch view gathered
- * from the map; a GPU destination gets its bytes through the slot. */
+ * the CRC, dropped), or O_DIRECT: in place where the host destination
+ * agrees with the file in O_DIRECT's alignment, else through a slot — a
+ * PyTorch view gathered from the map; a GPU destination gets its bytes
+ * through the slot. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,6 +27,9 @@
 #define DIRECT_MIN_RUN (1u << 20)
 /* Mapped runs of a slice from this size on are populated and dropped. */
 #define MAP_POPULATE_MIN (64u << 10)
+/* Smaller tensors are read through a slot: two ragged ends would be most of
+ * the request. */
+#define IN_PLACE_MIN (64u << 10)
 
 typedef struct plain {
   ckptio_source s;
@@ -98,6 +103,17 @@ static ckptio_load_method pick_method(plain *p, ckptio_xreq **qs, size_t n) {
 
 static int gathers(const ckptio_xreq *q) { return q->e->strided && !q->raw; }
 
+/* Whether O_DIRECT reads of a request land in its host destination itself,
+ * with no slot and no copy: a contiguous stretch of the file into
+ * contiguous host memory that agrees with it in the alignment O_DIRECT
+ * needs (a page-aligned buffer and a tensor on a page, as ckptio's writer
+ * places every tensor of whole pages). Anything else goes through a slot. */
+static int reads_in_place(const plain *p, const ckptio_xreq *q, ckptio_load_method method) {
+  const unsigned char *h = ckptio_xreq_host(q);
+  return method == CKPTIO_LOAD_DIRECT && h && q->g.count == 1 && !gathers(q) && q->g.nbytes >= IN_PLACE_MIN &&
+         ckptio_rfile_in_place_ok(&p->f, h, q->e->offset + q->g.src0);
+}
+
 /* Output bytes one job moves: a slot, less room for the page edges where
  * the slot takes O_DIRECT reads (half of it when the other half assembles
  * a slice's runs for a GPU); a multiple of the page, so of any element. */
@@ -121,7 +137,8 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
   }
   for (size_t i = 0; i < n; i++) {
     ckptio_xreq *q = qs[i];
-    uint64_t cap = job_cap(q, method, slot);
+    int in_place = reads_in_place(p, q, method);
+    uint64_t cap = in_place ? slot : job_cap(q, method, slot);
     for (uint64_t off = 0; off < q->g.nbytes; off += cap) {
       ckptio_job *j = ckptio_plan_job(pl, s, 1);
       if (!j) return -ENOMEM;
@@ -129,7 +146,7 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
       /* A GPU job holds a slot even when mapped: its event tracks the copy. */
       /* A scattered box always: its bytes are assembled there first. */
       j->need_slot = q->gpu >= 0 || q->dpitch || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
-                     (method == CKPTIO_LOAD_DIRECT && !gathers(q));
+                     (method == CKPTIO_LOAD_DIRECT && !gathers(q) && !in_place);
       pl->parts[j->first] = (ckptio_part){q, off, q->g.nbytes - off < cap ? q->g.nbytes - off : cap, 0};
     }
   }
@@ -179,6 +196,10 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
     bytes = p->f.map + abs;
     writable = 0;
     if ((rc = ckptio_rfile_populate(bytes, t->len)) < 0) return rc;
+    if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
+  } else if (j->method == CKPTIO_LOAD_DIRECT && host && !j->slot) { /* planned in place */
+    if ((rc = ckptio_rfile_read_in_place(&p->f, host, abs, t->len)) < 0) return rc;
+    bytes = host;
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
   } else if (j->method == CKPTIO_LOAD_DIRECT) {
     int64_t at = ckptio_rfile_read_direct(&p->f, j->slot, abs, t->len);

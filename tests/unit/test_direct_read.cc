@@ -1,0 +1,162 @@
+// O_DIRECT reads that land in the caller's memory itself: the ragged ends
+// of every alignment, the bytes around the destination left alone, the
+// loader choosing in place or a slot by the destination's alignment, the
+// writer putting whole-page tensors on pages, and a failing disk.
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "ckpt_fixture.h"
+extern "C" {
+#include "io/fault.h"
+#include "io/rfile.h"
+}
+
+using namespace ckptio_test;
+
+namespace {
+
+constexpr size_t kPage = 4096;
+
+// Page-aligned memory with guard bytes on both sides of [at, at + n).
+struct Guarded {
+  Guarded(size_t shift, size_t n) : len(n + 3 * kPage), shift(shift), n(n) {
+    base = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    EXPECT_NE(base, MAP_FAILED);
+    memset(base, 0xA5, len);
+  }
+  ~Guarded() { munmap(base, len); }
+  uint8_t *at() const { return base + kPage + shift; }
+  bool guards_intact() const {
+    for (size_t i = 0; i < len; i++)
+      if ((i < kPage + shift || i >= kPage + shift + n) && base[i] != 0xA5) return false;
+    return true;
+  }
+  uint8_t *base;
+  size_t len, shift, n;
+};
+
+struct RFile {
+  explicit RFile(const std::string &path) {
+    char err[256];
+    EXPECT_EQ(ckptio_rfile_open(&f, path.c_str(), err, sizeof(err)), 0) << err;
+    direct = ckptio_rfile_direct(&f) >= 0;
+  }
+  ~RFile() { ckptio_rfile_close(&f); }
+  ckptio_rfile f;
+  bool direct = false;
+};
+
+}  // namespace
+
+// Every start and length around the alignment, up to a file end that is not
+// on a block: the bytes land where asked and nothing around them changes.
+TEST(DirectRead, InPlaceEveryEdge) {
+  TempDir dir;
+  std::vector<uint8_t> bytes = pattern(9 * kPage + 1001, 7);
+  write_file(dir.file("f"), bytes);
+  RFile r(dir.file("f"));
+  if (!r.direct) GTEST_SKIP() << "O_DIRECT refused on " << dir.path() << ": in-place reads cannot run here";
+  uint64_t al = r.f.dio_align;
+  ASSERT_GE(al, 512u);
+  ASSERT_LE(al, CKPTIO_RFILE_EDGE);
+  ASSERT_EQ(al & (al - 1), 0u);
+  const uint64_t size = bytes.size();
+  for (uint64_t abs : {uint64_t{0}, uint64_t{1}, al - 1, al, al + 7, 3 * al - 5, 4 * kPage + 100, size - 10}) {
+    for (uint64_t len : {uint64_t{1}, al - 1, al, al + 1, 2 * al + 3, 5 * al, 3 * kPage + 17, size}) {
+      if (abs + len > size) len = size - abs;
+      SCOPED_TRACE("abs " + std::to_string(abs) + " len " + std::to_string(len));
+      Guarded g(abs % al, len);
+      ASSERT_TRUE(ckptio_rfile_in_place_ok(&r.f, g.at(), abs));
+      ASSERT_EQ(ckptio_rfile_read_in_place(&r.f, g.at(), abs, len), 0);
+      EXPECT_EQ(memcmp(g.at(), bytes.data() + abs, len), 0);
+      EXPECT_TRUE(g.guards_intact());
+    }
+  }
+  Guarded g(0, 100);
+  EXPECT_FALSE(ckptio_rfile_in_place_ok(&r.f, g.at() + 1, 0));
+  EXPECT_FALSE(ckptio_rfile_in_place_ok(&r.f, g.at(), al / 2));
+  // Past the end of the file: a short read, not bytes of nothing.
+  EXPECT_EQ(ckptio_rfile_read_in_place(&r.f, g.at(), size - 50, 100), CKPTIO_E_SHORT_IO);
+}
+
+// The writer puts tensors of whole pages first, so each starts on a page
+// even where the reference order would put small ones before them.
+TEST(DirectRead, WholePageTensorsStartOnPages) {
+  TempDir dir;
+  ckptio_ctx *ctx = nullptr;
+  ckptio_options o = small_options();
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  std::vector<Tensor> ts = {make_tensor("a.norm", CKPTIO_F32, {2752}, 1),  // 11008 bytes, first by name
+                            make_tensor("b.weight", CKPTIO_BF16, {64, 1024}, 2),
+                            make_tensor("c.bias", CKPTIO_F32, {3}, 3),
+                            make_tensor("d.weight", CKPTIO_F32, {16, 1024}, 4)};
+  ASSERT_EQ(save(ctx, dir.file("m.safetensors"), ts), 0);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  for (const char *name : {"b.weight", "d.weight"}) {
+    ckptio_tensor_info info;
+    ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, name), &info), 0);
+    EXPECT_EQ(info.offset % kPage, 0u) << name;
+  }
+  ckptio_reader_close(r);
+  expect_loads(ctx, dir.file("m.safetensors"), ts);
+  ckptio_ctx_free(ctx);
+}
+
+// A direct load into memory that agrees with the file's alignment reads in
+// place, into memory that does not goes through a slot: the same bytes
+// either way, the bytes around each destination untouched; a tensor off the
+// page (after an odd-sized one) reads in place with ragged ends.
+TEST(DirectRead, LoaderReadsInPlaceOrThroughSlot) {
+  TempDir dir;
+  ckptio_ctx *ctx = nullptr;
+  ckptio_options o = small_options(64 << 10, 256 << 10, 3);
+  o.load_method = CKPTIO_LOAD_DIRECT;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  std::vector<Tensor> ts = {make_tensor("a", CKPTIO_F32, {1001}, 1), make_tensor("b", CKPTIO_F32, {300001}, 2),
+                            make_tensor("c", CKPTIO_BF16, {512, 1024}, 3)};
+  ASSERT_EQ(save(ctx, dir.file("m.safetensors"), ts), 0);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, dir.file("m.safetensors").c_str(), &o, &r), 0);
+  for (const Tensor &t : ts) {
+    size_t i = (size_t)ckptio_reader_find(r, t.name.c_str());
+    ckptio_tensor_info info;
+    ASSERT_EQ(ckptio_reader_info(r, i, &info), 0);
+    for (size_t shift : {size_t(info.offset % kPage), size_t(info.offset % kPage) + 1, size_t{0}}) {
+      SCOPED_TRACE(t.name + " at page + " + std::to_string(shift) + ", file offset " + std::to_string(info.offset));
+      Guarded g(shift, t.bytes.size());
+      ASSERT_EQ(ckptio_reader_load(r, i, g.at(), t.bytes.size()), 0) << ckptio_reader_last_error(r);
+      EXPECT_EQ(memcmp(g.at(), t.bytes.data(), t.bytes.size()), 0);
+      EXPECT_TRUE(g.guards_intact());
+    }
+  }
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
+// A disk failing under an in-place read: the load fails with its error and
+// names the tensor.
+TEST(DirectRead, FailingDiskUnderInPlaceReadNamesTheTensor) {
+  TempDir dir;
+  ckptio_ctx *ctx = nullptr;
+  ckptio_options o = small_options(64 << 10, 256 << 10, 2);
+  o.load_method = CKPTIO_LOAD_DIRECT;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {256, 1024}, 5)};
+  ASSERT_EQ(save(ctx, dir.file("m.safetensors"), ts), 0);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, dir.file("m.safetensors").c_str(), &o, &r), 0);
+  Guarded g(0, ts[0].bytes.size());
+  for (long nth : {1L, 3L}) {
+    ckptio_fault_arm(CKPTIO_FAULT_PREAD, nth, EIO);
+    EXPECT_EQ(ckptio_reader_load(r, 0, g.at(), ts[0].bytes.size()), -EIO);
+    ckptio_fault_clear();
+    EXPECT_NE(std::string(ckptio_reader_last_error(r)).find("'w'"), std::string::npos) << ckptio_reader_last_error(r);
+    EXPECT_TRUE(g.guards_intact());
+  }
+  ASSERT_EQ(ckptio_reader_load(r, 0, g.at(), ts[0].bytes.size()), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(memcmp(g.at(), ts[0].bytes.data(), ts[0].bytes.size()), 0);
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
