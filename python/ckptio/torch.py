@@ -5,8 +5,9 @@ Tensor memory goes to the library by pointer (Tensor.data_ptr()); Python
 copies nothing, except that a tensor which is not a plain contiguous strided
 tensor (non-contiguous, or a lazily conjugated / negated view) is first made
 one, and that copy costs the tensor's size on its device. Loads allocate the
-destinations with torch.empty on the requested device and fill them in one
-parallel ckptio_reader_load_many, with the CRC32s checked.
+destinations on the requested device (on the CPU placed for O_DIRECT, see
+_cpu_empty) and fill them in one parallel ckptio_reader_load_many, with the
+CRC32s checked.
 
 CUDA tensors are saved from the GPU by the library (device =
 CKPTIO_DEVICE_CUDA(index)); the snapshot is ordered after the work queued on
@@ -15,6 +16,7 @@ each device's current stream (torch.cuda.current_stream) when the save starts.
 
 import atexit
 import ctypes
+import mmap
 import os
 import re
 import sys
@@ -509,6 +511,30 @@ def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadat
 
 # --------------------------------------------------------------------- load
 
+# Where a CPU destination starts within its page decides whether the
+# library's O_DIRECT load reads the file straight into it or through its
+# staging ring, one more copy of every byte (bench/RESULTS.md). torch.empty
+# puts large tensors 64 bytes past a page, where no tensor of a file is, so
+# tensors of 64 KiB and more get their own anonymous mapping instead, the
+# tensor starting at the file offset's place within the page: storage of
+# exactly the tensor's bytes at offset 0, freed with the tensor, as the
+# zero-copy load's tensors are (torch.frombuffer; not resizable).
+_PAGE = 4096
+_IN_PLACE_MIN = 64 << 10
+
+
+def _cpu_empty(shape, dtype, file_offset):
+    numel = 1
+    for d in shape:
+        numel *= d
+    size = torch.empty((), dtype=dtype).element_size()
+    shift = file_offset % _PAGE
+    if numel * size < _IN_PLACE_MIN or shift % size:
+        return torch.empty(shape, dtype=dtype)
+    buf = mmap.mmap(-1, shift + numel * size)
+    return torch.frombuffer(buf, dtype=dtype, count=numel, offset=shift).view(shape)
+
+
 class _TorchReader(_Reader):
     def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
@@ -532,7 +558,11 @@ class _TorchReader(_Reader):
             raise CkptioError(ERRORS["DTYPE"],
                               f"{where}: tensor {name!r} is {dtype_name}, which has no torch "
                               "dtype; ckptio.load_file (numpy) returns its raw bytes")
-        t = torch.empty(tuple(info.shape[:info.ndim]), dtype=dtype, device=self.device)
+        shape = tuple(info.shape[:info.ndim])
+        if self.device.type == "cpu":
+            t = _cpu_empty(shape, dtype, info.offset)
+        else:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
         nbytes = t.numel() * t.element_size()
         if nbytes != info.nbytes:
             raise CkptioError(ERRORS["TENSOR_INFO"],

@@ -7,6 +7,7 @@ Needs torch: ctest runs it through run_pytest.sh with CKPTIO_PYTEST_NEEDS=torch,
 which skips loudly (77) when the venv lacks it."""
 
 import gc
+import json
 import os
 import pathlib
 import sys
@@ -515,6 +516,36 @@ def test_load_allocates_only_the_destinations(tmp_path):
     assert growth < (256 + 64 + 16) * MiB, \
         f"loading 256 MiB grew the RSS by {growth / MiB:.0f} MiB"
     print(f"peak RSS growth of a 256 MiB load: {growth / MiB:.1f} MiB")
+
+
+def test_copying_load_places_tensors_where_direct_reads_land(tmp_path):
+    # A file in the reference writer's order (a small tensor first puts the
+    # large ones off the page): each tensor of 64 KiB or more must start at
+    # its file offset's place within the page, so the library's O_DIRECT
+    # load reads into it with no staging copy, and still look like a plain
+    # tensor: storage of exactly its bytes at offset 0, writable.
+    tensors = {"a.norm": torch.arange(2752, dtype=torch.float32),
+               "b.weight": torch.randn(512, 1024).to(torch.bfloat16),
+               "c.odd": torch.randn(300001, dtype=torch.float32),
+               "d.bytes": torch.arange(70001, dtype=torch.int64).to(torch.uint8)}
+    path = tmp_path / "theirs.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    got = ct.load_file(path, mmap=False)
+    assert_same_dicts(got, tensors)
+    placed = 0
+    for name, t in got.items():
+        nbytes = t.numel() * t.element_size()
+        assert t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes, name
+        offset = 8 + n + header[name]["data_offsets"][0]
+        if nbytes >= 64 * 1024 and offset % t.element_size() == 0:
+            assert t.data_ptr() % 4096 == offset % 4096, f"{name}: file offset {offset}"
+            placed += 1
+    assert placed == 3
+    got["b.weight"].add_(1)  # writable memory of its own
+    assert_same(got["c.odd"], tensors["c.odd"])
 
 
 def test_versions_reported():
