@@ -405,7 +405,11 @@ def _load_one(r, mmap):
         if mapping is not None and _mapped.viewable(r, i, info, itemsize):
             flat = np.frombuffer(mapping, np_dtype or np.uint8, count, info.offset)
         else:
-            flat = np.empty(count, np_dtype or np.uint8)
+            place = _mapped.placed(nbytes, info.offset, itemsize)
+            if place is not None:
+                flat = np.frombuffer(place[0], np_dtype or np.uint8, count, place[1])
+            else:
+                flat = np.empty(count, np_dtype or np.uint8)
             if nbytes:
                 reqs[n] = _lib.LoadRequest(i, flat.ctypes.data, nbytes, _lib.DEVICE_HOST)
                 n += 1

@@ -14,6 +14,7 @@ kernels may assume aligned elements).
 """
 
 import ctypes
+import mmap
 import weakref
 
 from . import _lib
@@ -41,6 +42,29 @@ def map_file(reader):
         lib.ckptio_map_free(base.value, size.value)
         raise
     return mapping
+
+
+# Copying loads: where a destination starts within its page decides whether
+# the library's O_DIRECT load reads the file straight into it or through its
+# staging ring, one more copy of every byte (bench/RESULTS.md). numpy and
+# torch put large arrays 16 or 64 bytes past a page, where no tensor of a
+# file is.
+_PAGE = 4096
+_PLACED_MIN = 64 << 10  # the library reads smaller tensors through a slot
+
+
+def placed(nbytes, file_offset, elem_size):
+    """Memory for a copying load's destination of nbytes whose bytes sit at
+    file_offset: (buffer, offset), the destination starting at the file
+    offset's place within the page of an anonymous mapping of its own
+    (freed with the last array or tensor made from it by frombuffer; storage
+    of exactly the tensor, not resizable, as the zero-copy load's). None for
+    small tensors and offsets that are not a multiple of the element size:
+    allocate as usual."""
+    shift = file_offset % _PAGE
+    if nbytes < _PLACED_MIN or shift % elem_size:
+        return None
+    return mmap.mmap(-1, shift + nbytes), shift
 
 
 def viewable(reader, index, info, elem_size):

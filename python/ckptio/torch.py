@@ -6,7 +6,7 @@ copies nothing, except that a tensor which is not a plain contiguous strided
 tensor (non-contiguous, or a lazily conjugated / negated view) is first made
 one, and that copy costs the tensor's size on its device. Loads allocate the
 destinations on the requested device (on the CPU placed for O_DIRECT, see
-_cpu_empty) and fill them in one parallel ckptio_reader_load_many, with the
+_mapped.placed) and fill them in one parallel ckptio_reader_load_many, with the
 CRC32s checked.
 
 CUDA tensors are saved from the GPU by the library (device =
@@ -16,7 +16,6 @@ each device's current stream (torch.cuda.current_stream) when the save starts.
 
 import atexit
 import ctypes
-import mmap
 import os
 import re
 import sys
@@ -511,30 +510,6 @@ def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadat
 
 # --------------------------------------------------------------------- load
 
-# Where a CPU destination starts within its page decides whether the
-# library's O_DIRECT load reads the file straight into it or through its
-# staging ring, one more copy of every byte (bench/RESULTS.md). torch.empty
-# puts large tensors 64 bytes past a page, where no tensor of a file is, so
-# tensors of 64 KiB and more get their own anonymous mapping instead, the
-# tensor starting at the file offset's place within the page: storage of
-# exactly the tensor's bytes at offset 0, freed with the tensor, as the
-# zero-copy load's tensors are (torch.frombuffer; not resizable).
-_PAGE = 4096
-_IN_PLACE_MIN = 64 << 10
-
-
-def _cpu_empty(shape, dtype, file_offset):
-    numel = 1
-    for d in shape:
-        numel *= d
-    size = torch.empty((), dtype=dtype).element_size()
-    shift = file_offset % _PAGE
-    if numel * size < _IN_PLACE_MIN or shift % size:
-        return torch.empty(shape, dtype=dtype)
-    buf = mmap.mmap(-1, shift + numel * size)
-    return torch.frombuffer(buf, dtype=dtype, count=numel, offset=shift).view(shape)
-
-
 class _TorchReader(_Reader):
     def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
@@ -559,16 +534,19 @@ class _TorchReader(_Reader):
                               f"{where}: tensor {name!r} is {dtype_name}, which has no torch "
                               "dtype; ckptio.load_file (numpy) returns its raw bytes")
         shape = tuple(info.shape[:info.ndim])
-        if self.device.type == "cpu":
-            t = _cpu_empty(shape, dtype, info.offset)
-        else:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
-        nbytes = t.numel() * t.element_size()
-        if nbytes != info.nbytes:
+        size, numel = torch.empty((), dtype=dtype).element_size(), 1
+        for d in shape:
+            numel *= d
+        if numel * size != info.nbytes:
             raise CkptioError(ERRORS["TENSOR_INFO"],
                               f"{where}: tensor {name!r}: {dtype_name} "
-                              f"{list(t.shape)} is {nbytes} bytes, the file says {info.nbytes}")
-        return name, t, _lib.LoadRequest(i, t.data_ptr(), nbytes, self.code)
+                              f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
+        place = _mapped.placed(info.nbytes, info.offset, size) if self.device.type == "cpu" else None
+        if place is not None:
+            t = torch.frombuffer(place[0], dtype=dtype, count=numel, offset=place[1]).view(shape)
+        else:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
+        return name, t, _lib.LoadRequest(i, t.data_ptr(), info.nbytes, self.code)
 
     def load(self, indices, mmap=False):
         """New tensors for `indices`; with mmap (CPU only), views of a private

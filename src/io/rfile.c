@@ -75,8 +75,8 @@ int ckptio_rfile_direct(ckptio_rfile *f) {
   return f->fd_direct;
 }
 
-int ckptio_rfile_read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len) {
-  _Alignas(CKPTIO_RFILE_EDGE) unsigned char edge[CKPTIO_RFILE_EDGE];
+/* ckptio_rfile_read_in_place with ragged ends, through `edge` (a block). */
+static int read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len, unsigned char *edge) {
   uint64_t al = f->dio_align, end = abs + len;
   uint64_t a = (abs + al - 1) & ~(al - 1), b = end & ~(al - 1);
   int rc = 0;
@@ -94,6 +94,17 @@ int ckptio_rfile_read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64
   if (rc == 0) rc = ckptio_pread_full(f->fd_direct, dst + (a - abs), (size_t)(b - a), a);
   if (rc == 0 && end > b && (rc = ckptio_pread_min(f->fd_direct, edge, (size_t)al, b, (size_t)(end - b))) == 0)
     memcpy(dst + (b - abs), edge, (size_t)(end - b));
+  return rc;
+}
+
+int ckptio_rfile_read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len) {
+  if (((abs | len) & (f->dio_align - 1)) == 0) return ckptio_pread_full(f->fd_direct, dst, (size_t)len, abs);
+  /* A block for the ragged ends, from the heap: a stack frame is not
+   * always as aligned as declared (sanitizers move frames). */
+  unsigned char *edge;
+  if (posix_memalign((void **)&edge, f->dio_align, f->dio_align) != 0) return -ENOMEM;
+  int rc = read_in_place(f, dst, abs, len, edge);
+  free(edge);
   return rc;
 }
 

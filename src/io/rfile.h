@@ -33,7 +33,7 @@ int ckptio_rfile_direct(ckptio_rfile *f);
  * file. @return the bytes' position in buf, or a negative code. */
 int64_t ckptio_rfile_read_direct(const ckptio_rfile *f, unsigned char *buf, uint64_t abs, uint64_t len);
 
-/* The largest O_DIRECT alignment ckptio_rfile_read_in_place accepts. */
+/* The largest O_DIRECT alignment in-place reads are used with. */
 #define CKPTIO_RFILE_EDGE 4096u
 /* Whether an O_DIRECT read of file bytes from `abs` may land at `dst`
  * itself: both agree modulo the file's direct I/O alignment. */
@@ -42,7 +42,7 @@ static inline int ckptio_rfile_in_place_ok(const ckptio_rfile *f, const void *ds
 }
 /* O_DIRECT read of [abs, abs + len) into dst (ckptio_rfile_in_place_ok):
  * the aligned middle straight into dst, the two ragged ends through a
- * block on the stack, so no byte outside [dst, dst + len) is written and
+ * block of their own, so no byte outside [dst, dst + len) is written and
  * nothing passes through the page cache or a staging copy. */
 int ckptio_rfile_read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len);
 

@@ -546,6 +546,12 @@ def test_copying_load_places_tensors_where_direct_reads_land(tmp_path):
     assert placed == 3
     got["b.weight"].add_(1)  # writable memory of its own
     assert_same(got["c.odd"], tensors["c.odd"])
+    # The numpy binding's copying load places its arrays the same way.
+    arrays = ckptio.load_file(path, mmap=False)
+    for name in ("c.odd", "d.bytes"):
+        a = arrays[name]
+        assert a.flags.writeable and np.array_equal(a, tensors[name].numpy()), name
+        assert a.ctypes.data % 4096 == (8 + n + header[name]["data_offsets"][0]) % 4096, name
 
 
 def test_versions_reported():
