@@ -350,9 +350,13 @@ typedef struct ckptio_stats {
   double commit_seconds;    /* save: fdatasync, rename, directory fsync */
   int threads;              /* workers of the context */
   uint64_t staging_bytes;   /* pinned / staging memory of the context (its peak) */
+  uint64_t direct_bytes;    /* of `bytes`, moved by O_DIRECT straight between the
+                               file and the caller's memory, with no staging
+                               copy (memory that agrees with the file offset
+                               in O_DIRECT's alignment; see README) */
 } ckptio_stats;
 
-#define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /*! Stage timings of the finished (or running) save / of the last load. */
 int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out);

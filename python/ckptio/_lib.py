@@ -124,6 +124,7 @@ class Stats(ctypes.Structure):  # ckptio_stats
         ("commit_seconds", ctypes.c_double),
         ("threads", ctypes.c_int),
         ("staging_bytes", ctypes.c_uint64),
+        ("direct_bytes", ctypes.c_uint64),
     ]
 
     @classmethod

@@ -255,6 +255,11 @@ void bench_report_table(FILE *out, const bench_result *r) {
   fprintf(out, "pinned    staging %s (ckptio_stats.staging_bytes)",
           cli_fmt_bytes(r->staging_peak, b1, sizeof(b1)));
   fputc('\n', out);
+  /* The last run's: how much went straight between file and tensors. */
+  const bench_run *last = &r->runs[r->opts->runs - 1];
+  fprintf(out, "in place  save %.0f%%, cold load %.0f%% of the bytes with no staging copy "
+          "(ckptio_stats.direct_bytes)\n", last->save.bytes ? 100.0 * last->save.direct_bytes / last->save.bytes : 0,
+          last->cold.bytes ? 100.0 * last->cold.direct_bytes / last->cold.bytes : 0);
 }
 
 static void json_stat(FILE *out, const char *key, const bench_result *r, series k) {
@@ -266,9 +271,9 @@ static void json_run_stats(FILE *out, const char *key, const ckptio_stats *st) {
   fprintf(out,
           ",\"%s\":{\"bytes\":%" PRIu64 ",\"seconds\":%.6f,\"snapshot_seconds\":%.6f,"
           "\"device_seconds\":%.6f,\"copy_seconds\":%.6f,\"write_seconds\":%.6f,"
-          "\"commit_seconds\":%.6f,\"threads\":%d,\"staging_bytes\":%" PRIu64 "}",
+          "\"commit_seconds\":%.6f,\"threads\":%d,\"staging_bytes\":%" PRIu64 ",\"direct_bytes\":%" PRIu64 "}",
           key, st->bytes, st->seconds, st->snapshot_seconds, st->device_seconds, st->copy_seconds,
-          st->write_seconds, st->commit_seconds, st->threads, st->staging_bytes);
+          st->write_seconds, st->commit_seconds, st->threads, st->staging_bytes, st->direct_bytes);
 }
 
 void bench_report_json(FILE *out, const bench_result *r) {

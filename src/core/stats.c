@@ -19,6 +19,7 @@ int ckptio_timers_report(const ckptio_timers *t, uint64_t bytes, int threads, ui
   s.commit_seconds = (double)atomic_load(&t->commit_ns) / 1e9;
   s.threads = threads;
   s.staging_bytes = staging;
+  s.direct_bytes = atomic_load(&t->direct_bytes);
   memcpy(out, &s, s.size);
   return 0;
 }

@@ -23,12 +23,15 @@ int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
   if (inject && inject != CKPTIO_FAULT_SHORT) return -inject;
   while (len) {
     size_t want = inject == CKPTIO_FAULT_SHORT ? len / 2 : len;
+    /* A modelled slow device takes the bytes at the end of their time, as a
+     * real one's DMA reads them while the write is in flight: memory changed
+     * during a write shows in the file, so an early snapshot point shows. */
+    ckptio_fault_write_time(want);
     ssize_t n = want ? pwrite(fd, p, want, (off_t)off) : 0;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return -errno;
     if (n == 0) return CKPTIO_E_SHORT_IO; /* the disk took nothing: do not spin */
     if (inject == CKPTIO_FAULT_SHORT) return CKPTIO_E_SHORT_IO;
-    ckptio_fault_write_time((uint64_t)n);
     p += n;
     off += (uint64_t)n;
     len -= (size_t)n;

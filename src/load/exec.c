@@ -57,6 +57,7 @@ ckptio_job *ckptio_plan_job(ckptio_plan *p, ckptio_source *src, size_t nparts) {
 }
 
 ckptio_job *ckptio_run_job(ckptio_run *r) { return r->job; }
+void ckptio_run_direct(ckptio_run *r, uint64_t n) { atomic_fetch_add(&r->x->out->timers->direct_bytes, n); }
 ckptio_part *ckptio_run_part(ckptio_run *r, size_t k) { return &r->x->plan.parts[r->job->first + k]; }
 char *ckptio_run_msg(ckptio_run *r, size_t *len) {
   *len = sizeof(r->msg);

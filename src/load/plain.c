@@ -199,6 +199,7 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
   } else if (j->method == CKPTIO_LOAD_DIRECT && host && !j->slot) { /* planned in place */
     if ((rc = ckptio_rfile_read_in_place(&p->f, host, abs, t->len)) < 0) return rc;
+    ckptio_run_direct(x, t->len);
     bytes = host;
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
   } else if (j->method == CKPTIO_LOAD_DIRECT) {

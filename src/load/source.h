@@ -114,6 +114,8 @@ typedef struct ckptio_run ckptio_run;
  * executor swaps big-endian elements, copies them to a GPU or to the host
  * destination, and counts them done. @return 0 or a failure (message set). */
 int ckptio_run_deliver(ckptio_run *x, size_t k, const unsigned char *bytes, int writable);
+/* Counts n bytes the job read straight into the caller's memory (stats). */
+void ckptio_run_direct(ckptio_run *x, uint64_t n);
 /* The job, its parts, and the message buffer of a failure. */
 ckptio_job *ckptio_run_job(ckptio_run *x);
 ckptio_part *ckptio_run_part(ckptio_run *x, size_t k);

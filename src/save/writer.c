@@ -395,12 +395,72 @@ static void chunk_range(const file_writer *w, uint64_t index, uint64_t *start, u
   *end = chunk_start(w, index + 1);
 }
 
-/* A chunk's last step: its slot back to the ring, its result to the batch. */
+/* A chunk's last step: its slot (if it had one) back to the ring, its
+ * result to the batch. */
 static void chunk_end(chunk_job *j, int rc, const char *msg) {
   file_writer *w = j->w;
   if (w->zs && (rc < 0 || ckptio_batch_failed(&w->batch))) ckptio_zsave_abort(w->zs, rc); /* wake the coordinator */
-  ckptio_ring_release(w->ctx->ring, j->slot);
+  if (j->slot) ckptio_ring_release(w->ctx->ring, j->slot);
   ckptio_batch_done(&w->batch, rc, msg);
+}
+
+/* The bytes of a chunk, at `from`, to the file at its offset. */
+static int write_chunk(file_writer *w, const unsigned char *from, size_t len, uint64_t start, char *msg, size_t mlen) {
+  uint64_t t = ckptio_now_ns();
+  int rc = ckptio_pwrite_full(w->file.fd_direct >= 0 ? w->file.fd_direct : w->file.fd, from, len, start);
+  ckptio_lap(&w->timers.write_ns, &t);
+  if (rc < 0)
+    snprintf(msg, mlen, "%s: write of %zu bytes at offset %llu failed: %s", w->path, len, (unsigned long long)start,
+             ckptio_strerror(rc));
+  return rc;
+}
+
+/* Whether O_DIRECT can write a chunk from the caller's memory itself: host
+ * tensors' pieces that fill it, each on a page there and whole pages long
+ * (tensors of whole pages, which the layout puts on pages of the file).
+ * Only chunks beyond what the ring holds: a state the ring holds is still
+ * copied, so its snapshot point comes before any write (a training loop
+ * resumes sooner); past that the snapshot waits for the last writes anyway,
+ * and a chunk written in place costs no copy and holds no slot. */
+static int in_place(const file_writer *w, uint64_t c, uint64_t start, uint64_t end) {
+  if (w->zs || w->file.fd_direct < 0 || c < ckptio_ring_slots(w->ctx->ring)) return 0;
+  piece_iter it;
+  uint64_t at = start;
+  pieces_begin(&it, w, start, end);
+  while (pieces_next(&it)) {
+    if (it.a != at || tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST ||
+        ((uintptr_t)piece_src(&it) | (it.b - it.a)) % CKPTIO_IO_ALIGN)
+      return 0;
+    at = it.b;
+  }
+  return at == end;
+}
+
+/* Worker side, a chunk written in place: each piece's CRC from the caller's
+ * memory, then its write from there; only then is the chunk out of the
+ * caller's memory. */
+static void chunk_in_place_run(void *arg) {
+  chunk_job *j = arg;
+  file_writer *w = j->w;
+  uint64_t start, end;
+  chunk_range(w, j->index, &start, &end);
+  int rc = 0;
+  char msg[CKPTIO_ERRLEN] = "";
+  piece_iter it;
+  pieces_begin(&it, w, start, end);
+  while (rc == 0 && !ckptio_batch_failed(&w->batch) && pieces_next(&it)) {
+    uint32_t *crc = piece_crc(w, j, &it);
+    uint64_t t = ckptio_now_ns();
+    if (crc) *crc = ckptio_crc32(0, piece_src(&it), (size_t)(it.b - it.a));
+    ckptio_lap(&w->timers.copy_ns, &t);
+    if ((rc = write_chunk(w, piece_src(&it), (size_t)(it.b - it.a), it.a, msg, sizeof(msg))) == 0)
+      atomic_fetch_add(&w->timers.direct_bytes, it.b - it.a);
+  }
+  if (rc == 0 && !ckptio_batch_failed(&w->batch)) {
+    atomic_fetch_add(&w->done_bytes, end - start);
+    chunk_copied(w);
+  }
+  chunk_end(j, rc, msg);
 }
 
 /* Worker side, second half: the filled slot to the file at its offset. */
@@ -413,22 +473,14 @@ static void chunk_write_run(void *arg) {
   char msg[CKPTIO_ERRLEN] = "";
   if (!ckptio_batch_failed(&w->batch)) {
     size_t len = (size_t)(end - start);
-    int fd = w->file.fd;
     if (w->file.fd_direct >= 0) {
       /* O_DIRECT wants whole pages: the tail is padded with zeros and the
        * file truncated to its real size at commit. */
       size_t padded = (len + CKPTIO_IO_ALIGN - 1) & ~(size_t)(CKPTIO_IO_ALIGN - 1);
       memset(j->slot + len, 0, padded - len);
       len = padded;
-      fd = w->file.fd_direct;
     }
-    uint64_t t = ckptio_now_ns();
-    rc = ckptio_pwrite_full(fd, j->slot, len, start);
-    ckptio_lap(&w->timers.write_ns, &t);
-    if (rc < 0)
-      snprintf(msg, sizeof(msg), "%s: write of %zu bytes at offset %llu failed: %s", w->path, len,
-               (unsigned long long)start, ckptio_strerror(rc));
-    else
+    if ((rc = write_chunk(w, j->slot, len, start, msg, sizeof(msg))) == 0)
       atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
   }
   chunk_end(j, rc, msg);
@@ -573,9 +625,15 @@ static int queue_chunks(file_writer *w) {
   for (uint64_t c = first; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
     if (w->zs && ckptio_zsave_reserve(w->zs, c) < 0) break; /* a frame failed: the batch has its error */
     chunk_job *j = &w->jobs[c];
-    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0};
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
+    if (in_place(w, c, start, end)) { /* no slot: at the back, behind the copies */
+      *j = (chunk_job){w, c, NULL, 0, 0};
+      ckptio_batch_add(&w->batch, 1);
+      if (ckptio_pool_add(w->ctx->pool, chunk_in_place_run, j) < 0) chunk_in_place_run(j);
+      continue;
+    }
+    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0};
     int rc = slot_copied(w, j->slot);
     if (rc == 0 && w->gpus_used) rc = start_gpu_copies(w, j, start, end);
     if (rc < 0) {

@@ -1,10 +1,13 @@
-// O_DIRECT reads that land in the caller's memory itself: the ragged ends
-// of every alignment, the bytes around the destination left alone, the
+// O_DIRECT straight into and out of the caller's memory. Reads: the ragged
+// ends of every alignment, the bytes around the destination left alone, the
 // loader choosing in place or a slot by the destination's alignment, the
-// writer putting whole-page tensors on pages, and a failing disk.
+// writer putting whole-page tensors on pages, a failing disk. Writes: chunks
+// beyond the ring written from page-aligned tensors, the snapshot point
+// after them, a failing disk.
 #include <sys/mman.h>
 
 #include <cstring>
+#include <memory>
 
 #include "ckpt_fixture.h"
 extern "C" {
@@ -51,7 +54,7 @@ struct RFile {
 
 // Every start and length around the alignment, up to a file end that is not
 // on a block: the bytes land where asked and nothing around them changes.
-TEST(DirectRead, InPlaceEveryEdge) {
+TEST(DirectIo, InPlaceEveryEdge) {
   TempDir dir;
   std::vector<uint8_t> bytes = pattern(9 * kPage + 1001, 7);
   write_file(dir.file("f"), bytes);
@@ -82,7 +85,7 @@ TEST(DirectRead, InPlaceEveryEdge) {
 
 // The writer puts tensors of whole pages first, so each starts on a page
 // even where the reference order would put small ones before them.
-TEST(DirectRead, WholePageTensorsStartOnPages) {
+TEST(DirectIo, WholePageTensorsStartOnPages) {
   TempDir dir;
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options();
@@ -108,7 +111,7 @@ TEST(DirectRead, WholePageTensorsStartOnPages) {
 // place, into memory that does not goes through a slot: the same bytes
 // either way, the bytes around each destination untouched; a tensor off the
 // page (after an odd-sized one) reads in place with ragged ends.
-TEST(DirectRead, LoaderReadsInPlaceOrThroughSlot) {
+TEST(DirectIo, LoaderReadsInPlaceOrThroughSlot) {
   TempDir dir;
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options(64 << 10, 256 << 10, 3);
@@ -129,6 +132,10 @@ TEST(DirectRead, LoaderReadsInPlaceOrThroughSlot) {
       ASSERT_EQ(ckptio_reader_load(r, i, g.at(), t.bytes.size()), 0) << ckptio_reader_last_error(r);
       EXPECT_EQ(memcmp(g.at(), t.bytes.data(), t.bytes.size()), 0);
       EXPECT_TRUE(g.guards_intact());
+      ckptio_stats st = CKPTIO_STATS_INIT;
+      ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
+      bool agrees = shift % 512 == info.offset % 512 && t.bytes.size() >= (64 << 10);
+      EXPECT_EQ(st.direct_bytes, agrees ? t.bytes.size() : 0u);
     }
   }
   ckptio_reader_close(r);
@@ -137,7 +144,7 @@ TEST(DirectRead, LoaderReadsInPlaceOrThroughSlot) {
 
 // A disk failing under an in-place read: the load fails with its error and
 // names the tensor.
-TEST(DirectRead, FailingDiskUnderInPlaceReadNamesTheTensor) {
+TEST(DirectIo, FailingDiskUnderInPlaceReadNamesTheTensor) {
   TempDir dir;
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options(64 << 10, 256 << 10, 2);
@@ -158,5 +165,96 @@ TEST(DirectRead, FailingDiskUnderInPlaceReadNamesTheTensor) {
   ASSERT_EQ(ckptio_reader_load(r, 0, g.at(), ts[0].bytes.size()), 0) << ckptio_reader_last_error(r);
   EXPECT_EQ(memcmp(g.at(), ts[0].bytes.data(), ts[0].bytes.size()), 0);
   ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
+namespace {
+
+// A model in page-aligned memory (as a framework's allocator or pinned
+// memory gives), larger than the test ring; with `small`, an odd-sized
+// tensor between the whole-page ones in name order.
+struct PagedModel {
+  explicit PagedModel(bool small) {
+    ts = {make_tensor("a.w", CKPTIO_F32, {96, 1024}, 1), make_tensor("c.w", CKPTIO_BF16, {256, 1024}, 3)};
+    if (small) ts.push_back(make_tensor("b.norm", CKPTIO_F32, {1001}, 2));
+    for (auto &t : ts) mem.emplace_back(new Guarded(0, t.bytes.size())), memcpy(mem.back()->at(), t.bytes.data(), t.bytes.size());
+  }
+  int add_all(ckptio_writer *w) {
+    for (size_t i = 0; i < ts.size(); i++) {
+      ckptio_tensor d{ts[i].name.c_str(), ts[i].dtype, (int)ts[i].shape.size(), {}, mem[i]->at(), CKPTIO_DEVICE_HOST};
+      for (size_t k = 0; k < ts[i].shape.size(); k++) d.shape[k] = ts[i].shape[k];
+      int rc = ckptio_writer_add(w, &d);
+      if (rc < 0) return rc;
+    }
+    return 0;
+  }
+  std::vector<Tensor> ts;
+  std::vector<std::unique_ptr<Guarded>> mem;
+};
+
+ckptio_options direct_options() {
+  ckptio_options o = small_options(64 << 10, 256 << 10, 3);  // 4 slots of 64 KiB
+  o.direct_io = 1;
+  return o;
+}
+
+}  // namespace
+
+// Chunks beyond the ring are written from the tensors themselves; the file
+// holds the same bytes with every CRC right, and the snapshot point comes
+// after those writes: memory changed right after it does not reach the file
+// (writes slowed to 20 MB/s and the last chunks all in place, so an early
+// snapshot would let it).
+TEST(DirectIo, InPlaceWritesKeepSnapshotPromise) {
+  TempDir dir;
+  ckptio_options o = direct_options();
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  PagedModel m(false);
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open(ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, &o, &w), 0);
+  ASSERT_EQ(m.add_all(w), 0);
+  ckptio_fault_slow_writes(20 * 1000 * 1000);
+  ASSERT_EQ(ckptio_writer_commit_async(w), 0);
+  ASSERT_EQ(ckptio_writer_wait_snapshot(w), 0) << ckptio_writer_last_error(w);
+  for (auto &g : m.mem) memset(g->at(), 0xFF, g->n);
+  ASSERT_EQ(ckptio_writer_wait_durable(w), 0) << ckptio_writer_last_error(w);
+  ckptio_fault_slow_writes(0);
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  ASSERT_EQ(ckptio_writer_stats(w, &st), 0);
+  EXPECT_GT(st.direct_bytes, 512u << 10) << "chunks 4 and up of the two whole-page tensors";
+  EXPECT_LT(st.direct_bytes, st.bytes) << "the ring's 4 chunks are copied";
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  expect_loads(ctx, dir.file("m.safetensors"), m.ts);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(unchecked, 0u);
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
+// A disk failing under an in-place write (the 8th write is past the ring's
+// 4 chunks): the save fails with the disk's error, the old file stays and
+// no temp file is left.
+TEST(DirectIo, FailingDiskUnderInPlaceWriteKeepsOldFile) {
+  TempDir dir;
+  ckptio_options o = direct_options();
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  std::vector<Tensor> old = {make_tensor("old", CKPTIO_U8, {100}, 9)};
+  ASSERT_EQ(save(ctx, dir.file("m.safetensors"), old), 0);
+  PagedModel m(true);
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open(ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, &o, &w), 0);
+  ASSERT_EQ(m.add_all(w), 0);
+  ckptio_fault_arm(CKPTIO_FAULT_PWRITE, 8, EIO);
+  EXPECT_EQ(ckptio_writer_commit(w), -EIO);
+  ckptio_fault_clear();
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("failed"), std::string::npos) << ckptio_writer_last_error(w);
+  ckptio_writer_close(w);
+  expect_loads(ctx, dir.file("m.safetensors"), old);
+  EXPECT_EQ(dir.list(), std::vector<std::string>{"m.safetensors"});
   ckptio_ctx_free(ctx);
 }
