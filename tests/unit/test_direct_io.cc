@@ -5,6 +5,7 @@
 // beyond the ring written from page-aligned tensors, the snapshot point
 // after them, a failing disk.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <memory>
@@ -50,6 +51,18 @@ struct RFile {
   bool direct = false;
 };
 
+// Whether the filesystem of dir takes O_DIRECT (tmpfs does not): the tests
+// of in-place I/O skip loudly where it cannot run.
+bool direct_ok(const TempDir &dir) {
+  write_file(dir.file("probe"), std::string(4096, 'x'));
+  bool ok = RFile(dir.file("probe")).direct;
+  unlink(dir.file("probe").c_str());
+  return ok;
+}
+
+#define SKIP_WITHOUT_DIRECT(dir) \
+  if (!direct_ok(dir)) GTEST_SKIP() << "O_DIRECT refused on " << (dir).path() << ": in-place I/O cannot run here"
+
 }  // namespace
 
 // Every start and length around the alignment, up to a file end that is not
@@ -58,8 +71,8 @@ TEST(DirectIo, InPlaceEveryEdge) {
   TempDir dir;
   std::vector<uint8_t> bytes = pattern(9 * kPage + 1001, 7);
   write_file(dir.file("f"), bytes);
+  SKIP_WITHOUT_DIRECT(dir);
   RFile r(dir.file("f"));
-  if (!r.direct) GTEST_SKIP() << "O_DIRECT refused on " << dir.path() << ": in-place reads cannot run here";
   uint64_t al = r.f.dio_align;
   ASSERT_GE(al, 512u);
   ASSERT_LE(al, CKPTIO_RFILE_EDGE);
@@ -113,6 +126,7 @@ TEST(DirectIo, WholePageTensorsStartOnPages) {
 // page (after an odd-sized one) reads in place with ragged ends.
 TEST(DirectIo, LoaderReadsInPlaceOrThroughSlot) {
   TempDir dir;
+  SKIP_WITHOUT_DIRECT(dir);
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options(64 << 10, 256 << 10, 3);
   o.load_method = CKPTIO_LOAD_DIRECT;
@@ -134,8 +148,13 @@ TEST(DirectIo, LoaderReadsInPlaceOrThroughSlot) {
       EXPECT_TRUE(g.guards_intact());
       ckptio_stats st = CKPTIO_STATS_INIT;
       ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
-      bool agrees = shift % 512 == info.offset % 512 && t.bytes.size() >= (64 << 10);
-      EXPECT_EQ(st.direct_bytes, agrees ? t.bytes.size() : 0u);
+      // At the file offset's place in the page: in place whatever the disk's
+      // alignment (512 or 4096); one byte off: never. Page-aligned memory for
+      // a tensor off the page depends on the disk: not asserted.
+      bool agrees = shift == info.offset % kPage && t.bytes.size() >= (64 << 10);
+      if (shift != 0 || info.offset % kPage == 0) {
+        EXPECT_EQ(st.direct_bytes, agrees ? t.bytes.size() : 0u);
+      }
     }
   }
   ckptio_reader_close(r);
@@ -146,6 +165,7 @@ TEST(DirectIo, LoaderReadsInPlaceOrThroughSlot) {
 // names the tensor.
 TEST(DirectIo, FailingDiskUnderInPlaceReadNamesTheTensor) {
   TempDir dir;
+  SKIP_WITHOUT_DIRECT(dir);
   ckptio_ctx *ctx = nullptr;
   ckptio_options o = small_options(64 << 10, 256 << 10, 2);
   o.load_method = CKPTIO_LOAD_DIRECT;
@@ -207,6 +227,7 @@ ckptio_options direct_options() {
 // snapshot would let it).
 TEST(DirectIo, InPlaceWritesKeepSnapshotPromise) {
   TempDir dir;
+  SKIP_WITHOUT_DIRECT(dir);
   ckptio_options o = direct_options();
   ckptio_ctx *ctx = nullptr;
   ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
@@ -240,6 +261,7 @@ TEST(DirectIo, InPlaceWritesKeepSnapshotPromise) {
 // no temp file is left.
 TEST(DirectIo, FailingDiskUnderInPlaceWriteKeepsOldFile) {
   TempDir dir;
+  SKIP_WITHOUT_DIRECT(dir);
   ckptio_options o = direct_options();
   ckptio_ctx *ctx = nullptr;
   ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
