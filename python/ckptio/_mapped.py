@@ -64,7 +64,10 @@ def placed(nbytes, file_offset, elem_size):
     shift = file_offset % _PAGE
     if nbytes < _PLACED_MIN or shift % elem_size:
         return None
-    return mmap.mmap(-1, shift + nbytes), shift
+    # Private, as torch.empty's memory is: the module's default for -1 is a
+    # shared mapping, which a forked child (a DataLoader worker) would write
+    # through into the parent's tensor.
+    return mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE), shift
 
 
 def viewable(reader, index, info, elem_size):

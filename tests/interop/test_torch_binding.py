@@ -6,6 +6,7 @@ contiguous tensor is saved from its own memory (no host copy).
 Needs torch: ctest runs it through run_pytest.sh with CKPTIO_PYTEST_NEEDS=torch,
 which skips loudly (77) when the venv lacks it."""
 
+import ctypes
 import gc
 import json
 import os
@@ -545,6 +546,13 @@ def test_copying_load_places_tensors_where_direct_reads_land(tmp_path):
             placed += 1
     assert placed == 3
     got["b.weight"].add_(1)  # writable memory of its own
+    assert_same(got["c.odd"], tensors["c.odd"])
+    # Private memory, as torch.empty's: a forked child's writes stay its own.
+    pid = os.fork()
+    if pid == 0:  # no torch op here: its thread pool does not survive a fork
+        ctypes.memset(got["c.odd"].data_ptr(), 0x7F, 4096)
+        os._exit(0)
+    os.waitpid(pid, 0)
     assert_same(got["c.odd"], tensors["c.odd"])
     # The numpy binding's copying load places its arrays the same way.
     arrays = ckptio.load_file(path, mmap=False)
