@@ -75,25 +75,31 @@ int ckptio_rfile_direct(ckptio_rfile *f) {
   return f->fd_direct;
 }
 
-/* ckptio_rfile_read_in_place with ragged ends, through `edge` (a block). */
+/* File bytes [from, to) to their place in dst (which starts at file byte
+ * abs), one O_DIRECT block at a time through `edge`: the ragged ends of an
+ * in-place read. */
+static int via_edge(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t from, uint64_t to,
+                    unsigned char *edge) {
+  uint64_t al = f->dio_align;
+  int rc = 0;
+  for (uint64_t x = from, n; x < to && rc == 0; x += n) {
+    uint64_t blk = x & ~(al - 1);
+    n = blk + al - x < to - x ? blk + al - x : to - x;
+    if ((rc = ckptio_pread_min(f->fd_direct, edge, (size_t)al, blk, (size_t)(x + n - blk))) == 0)
+      memcpy(dst + (x - abs), edge + (x - blk), (size_t)n);
+  }
+  return rc;
+}
+
+/* ckptio_rfile_read_in_place with ragged ends: the whole blocks between
+ * them straight into dst. */
 static int read_in_place(const ckptio_rfile *f, unsigned char *dst, uint64_t abs, uint64_t len, unsigned char *edge) {
   uint64_t al = f->dio_align, end = abs + len;
   uint64_t a = (abs + al - 1) & ~(al - 1), b = end & ~(al - 1);
-  int rc = 0;
-  if (b <= a) { /* within one or two blocks: all through the edge */
-    for (uint64_t x = abs, n; x < end && rc == 0; x += n) {
-      uint64_t blk = x & ~(al - 1);
-      n = blk + al - x < end - x ? blk + al - x : end - x;
-      if ((rc = ckptio_pread_min(f->fd_direct, edge, (size_t)al, blk, (size_t)(x + n - blk))) == 0)
-        memcpy(dst + (x - abs), edge + (x - blk), (size_t)n);
-    }
-    return rc;
-  }
-  if (a > abs && (rc = ckptio_pread_min(f->fd_direct, edge, (size_t)al, a - al, (size_t)al)) == 0)
-    memcpy(dst, edge + (abs - (a - al)), (size_t)(a - abs));
+  if (b <= a) return via_edge(f, dst, abs, abs, end, edge); /* no whole block inside */
+  int rc = via_edge(f, dst, abs, abs, a, edge);
   if (rc == 0) rc = ckptio_pread_full(f->fd_direct, dst + (a - abs), (size_t)(b - a), a);
-  if (rc == 0 && end > b && (rc = ckptio_pread_min(f->fd_direct, edge, (size_t)al, b, (size_t)(end - b))) == 0)
-    memcpy(dst + (b - abs), edge, (size_t)(end - b));
+  if (rc == 0) rc = via_edge(f, dst, abs, b, end, edge);
   return rc;
 }
 
