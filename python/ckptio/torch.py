@@ -510,6 +510,14 @@ def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadat
 
 # --------------------------------------------------------------------- load
 
+def _numel_size(shape, dtype):
+    """Elements of `shape` and bytes of one `dtype` element."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel, torch.empty((), dtype=dtype).element_size()
+
+
 class _TorchReader(_Reader):
     def __init__(self, path, device, mmap=False):
         self.device, self.code = _load_device(device)
@@ -534,9 +542,7 @@ class _TorchReader(_Reader):
                               f"{where}: tensor {name!r} is {dtype_name}, which has no torch "
                               "dtype; ckptio.load_file (numpy) returns its raw bytes")
         shape = tuple(info.shape[:info.ndim])
-        size, numel = torch.empty((), dtype=dtype).element_size(), 1
-        for d in shape:
-            numel *= d
+        numel, size = _numel_size(shape, dtype)
         if numel * size != info.nbytes:
             raise CkptioError(ERRORS["TENSOR_INFO"],
                               f"{where}: tensor {name!r}: {dtype_name} "
@@ -575,10 +581,7 @@ class _TorchReader(_Reader):
         if dtype is None:
             return None  # empty() names the missing dtype
         shape = tuple(info.shape[:info.ndim])
-        size = torch.empty((), dtype=dtype).element_size()
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel, size = _numel_size(shape, dtype)
         if numel * size != info.nbytes or not _mapped.viewable(self, i, info, size):
             return None
         # torch.frombuffer keeps `mapping` alive for as long as the tensor (or
