@@ -108,13 +108,17 @@ static int count(int *n) { return CALL(cudaGetDeviceCount, (n)); }
 static int set_device(int ordinal) { return CALL(cudaSetDevice, (ordinal)); }
 static int get_device(int *ordinal) { return CALL(cudaGetDevice, (ordinal)); }
 
+/* Portable: the ring and a mapped file serve every GPU of the process, and
+ * memory registered without it counts as pinned only in the context current
+ * at the time (a copy on another GPU would run as a synchronous pageable one). */
 static int host_register(void *p, size_t n, int read_only) {
-  int e = rt.cudaHostRegister(p, n, read_only ? cudaHostRegisterReadOnly : cudaHostRegisterDefault);
+  unsigned flags = cudaHostRegisterPortable;
+  int e = rt.cudaHostRegister(p, n, flags | (read_only ? cudaHostRegisterReadOnly : 0));
   if (e != cudaSuccess && read_only) {
     /* Read-only registration is not supported everywhere; the default
      * registration of a read-only mapping still works for host-to-device. */
     rt.cudaGetLastError();
-    e = rt.cudaHostRegister(p, n, cudaHostRegisterDefault);
+    e = rt.cudaHostRegister(p, n, flags);
   }
   return note("cudaHostRegister", e);
 }

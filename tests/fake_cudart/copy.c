@@ -27,8 +27,8 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t n, enum cudaM
   if (dc != want_d || sc != want_s) return cudaErrorInvalidValue;
   /* Pageable memory must at least be mapped, or the copy engine would crash
    * the process where real CUDA returns an error. */
-  int dlocked = dc == FC_MEM_HOST && fc_host_locked(dst, n);
-  int slocked = sc == FC_MEM_HOST && fc_host_locked(src, n);
+  int dlocked = dc == FC_MEM_HOST && fc_host_locked(dst, n, sdev);
+  int slocked = sc == FC_MEM_HOST && fc_host_locked(src, n, ddev);
   if ((dc == FC_MEM_HOST && !dlocked && !fc_host_mapped(dst, n)) ||
       (sc == FC_MEM_HOST && !slocked && !fc_host_mapped(src, n)))
     return cudaErrorInvalidValue;

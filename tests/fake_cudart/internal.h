@@ -93,8 +93,9 @@ enum { FC_MEM_BAD = -1, FC_MEM_HOST = 0, FC_MEM_DEVICE = 1 };
  * outside every arena (*access = p), FC_MEM_BAD when it touches an arena but
  * not inside a live allocation. */
 int fc_classify(const void *p, size_t n, int *dev, char **access);
-/* Under fc_lock: [p, p + n) lies inside one pinned or registered range. */
-int fc_host_locked(const void *p, size_t n);
+/* Under fc_lock: [p, p + n) lies inside one pinned or registered range that
+ * counts as pinned for a copy on device dev. */
+int fc_host_locked(const void *p, size_t n, int dev);
 /* [p, p + n) is mapped (not checked: that it is writable). */
 int fc_host_mapped(const void *p, size_t n);
 void fc_memory_leaks(int *count);   /* under fc_lock; prints */

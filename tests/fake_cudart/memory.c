@@ -216,9 +216,14 @@ static long range_containing(const void *p) {
   return i >= 0 && a - hr[i].base < hr[i].size ? i : -1;
 }
 
-int fc_host_locked(const void *p, size_t n) {
+/* Page-locked for a copy on device `dev`: as the CUDA documentation has it,
+ * memory pinned or registered without the Portable flag counts as pinned
+ * only by the context current when it was (a copy on another GPU treats it
+ * as pageable: synchronous, not overlapped). */
+int fc_host_locked(const void *p, size_t n, int dev) {
   long i = range_containing(p);
-  return i >= 0 && n <= hr[i].size - ((uintptr_t)p - hr[i].base);
+  return i >= 0 && n <= hr[i].size - ((uintptr_t)p - hr[i].base) &&
+         (hr[i].device == dev || (hr[i].flags & cudaHostRegisterPortable));
 }
 
 static int range_overlaps(uintptr_t a, size_t n) {
