@@ -224,8 +224,10 @@ typedef struct ckptio_options {
  * beside that save's I/O) and kept, so a one-shot save of a small file
  * touches a slot, not the ring, and a training loop that saves every N
  * steps pays page faults in its first save only. Snapshot memory is
- * touched at creation. With CUDA, the whole ring is pinned at creation
- * (cudaHostRegister), which touches it.
+ * touched at creation. With CUDA, the whole ring is pinned
+ * (cudaHostRegister, which touches it) by the first save or load that
+ * copies to or from a GPU, so a context that only moves host memory pins
+ * nothing; with snapshot memory it is pinned at creation.
  * Thread safety: any number of writers and readers of one context may run
  * at once from different threads; they share the pool and the ring. */
 typedef struct ckptio_ctx ckptio_ctx;

@@ -86,7 +86,7 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   if (o->cuda) {
     rc = ckptio_gpu_open(&ctx->gpu, ckptio_ring_base(ctx->ring),
                          ckptio_ring_slots(ctx->ring) * o->chunk_bytes, ckptio_ring_slots(ctx->ring),
-                         ctx->cuda_why, sizeof(ctx->cuda_why));
+                         o->snapshot_bytes > 0, ctx->cuda_why, sizeof(ctx->cuda_why));
     if (rc < 0 && o->cuda == 1) {
       ckptio_set_open_error(ctx->cuda_why);
       goto fail;

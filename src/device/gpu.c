@@ -17,8 +17,16 @@ int ckptio_gpu_fail(const ckptio_gpu *g, int rt_err, char *err, size_t errlen, c
   return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "%s: %s", what, g->ops->error_name(rt_err));
 }
 
-int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, char *err,
-                    size_t errlen) {
+/* Under g->mu (or before g is shared). */
+static int pin_ring(ckptio_gpu *g) {
+  if (g->pinned) return 0;
+  int e = g->ops->host_register(g->ring, g->ring_bytes, 0);
+  if (!e) g->pinned = g->ring;
+  return e;
+}
+
+int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, int pin_now,
+                    char *err, size_t errlen) {
   *out = NULL;
   const char *why = "";
   const ckptio_device_ops *ops = ckptio_cuda_ops(&why);
@@ -27,6 +35,8 @@ int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslo
   if (!g) return ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: out of memory");
   g->ops = ops;
   g->nslots = nslots;
+  g->ring = ring;
+  g->ring_bytes = ring_bytes;
   pthread_mutex_init(&g->mu, NULL);
   int e = ops->count(&g->ndev);
   int rc = 0;
@@ -38,11 +48,10 @@ int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslo
     rc = ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: out of memory");
     goto fail;
   }
-  if ((e = ops->host_register(ring, ring_bytes, 0))) {
+  if (pin_now && (e = pin_ring(g))) {
     rc = ckptio_gpu_fail(g, e, err, errlen, "cannot pin the staging ring: cudaHostRegister");
     goto fail;
   }
-  g->pinned = ring;
   *out = g;
   return 0;
 fail:
@@ -93,7 +102,9 @@ static int use(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, const char **ca
   if (e) return e;
   ckptio_gpu_dev *v = &g->dev[ordinal];
   pthread_mutex_lock(&g->mu);
-  if (!v->ready) e = create_dev(g, v, call);
+  *call = "cudaHostRegister (the staging ring)";
+  e = pin_ring(g);
+  if (!e && !v->ready) e = create_dev(g, v, call);
   pthread_mutex_unlock(&g->mu);
   *out = v;
   return e;

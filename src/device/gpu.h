@@ -1,7 +1,10 @@
 /* A context's GPU state: the loaded device table, a device-to-host and a
  * host-to-device copy stream per GPU and one event per (GPU, staging slot),
  * created on first use and reused by every save and load, and the staging
- * ring pinned (registered) for async DMA. */
+ * ring pinned (registered) for async DMA: at the first use of any GPU, so a
+ * context on a GPU machine that only ever saves and loads host memory pins
+ * (and touches) nothing; at open when the ring holds snapshot memory, which
+ * the options promise pinned and pre-faulted at context creation. */
 #ifndef CKPTIO_DEVICE_GPU_H
 #define CKPTIO_DEVICE_GPU_H
 
@@ -21,21 +24,25 @@ typedef struct ckptio_gpu {
   int ndev;
   ckptio_gpu_dev *dev;   /* [ndev] */
   size_t nslots;
-  void *pinned;          /* the registered ring, or NULL */
+  void *ring;            /* the staging ring ... */
+  size_t ring_bytes;     /* ... and its size */
+  void *pinned;          /* the ring once registered, or NULL */
   pthread_mutex_t mu;
 } ckptio_gpu;
 
-/* Loads the CUDA table and pins [ring, ring + ring_bytes). @return 0, or
- * CKPTIO_E_DEVICE with "CUDA unavailable: <reason>" in err. */
-int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, char *err,
-                    size_t errlen);
+/* Loads the CUDA table; pins [ring, ring + ring_bytes) now if pin_now, else
+ * at the first ckptio_gpu_select. @return 0, or CKPTIO_E_DEVICE with
+ * "CUDA unavailable: <reason>" (or "cannot pin the staging ring: ...") in err. */
+int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, int pin_now,
+                    char *err, size_t errlen);
 /* Synchronises and destroys the streams and events, unpins. Accepts NULL. */
 void ckptio_gpu_close(ckptio_gpu *g);
 
 /* Makes `ordinal` current in the calling thread and returns its streams,
- * creating them on first use. @return 0, or CKPTIO_E_DEVICE with
- * "<runtime call>: <runtime error name>" in err, the call being the one that
- * failed (cudaSetDevice, cudaStreamCreateWithFlags, cudaEventCreateWithFlags). */
+ * creating them (and pinning the ring) on first use. @return 0, or
+ * CKPTIO_E_DEVICE with "<runtime call>: <runtime error name>" in err, the call
+ * being the one that failed (cudaSetDevice, cudaHostRegister,
+ * cudaStreamCreateWithFlags, cudaEventCreateWithFlags). */
 int ckptio_gpu_select(ckptio_gpu *g, int ordinal, ckptio_gpu_dev **out, char *err, size_t errlen);
 /* Formats "what: <runtime error name>" into err, or "what: <call>:
  * <runtime error name>" when the runtime call that failed with rt_err in

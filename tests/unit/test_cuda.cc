@@ -195,13 +195,15 @@ TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
   expect_loads(ctx_, dir_.file("m.safetensors"), next);
 }
 
-// A GPU's copy streams and slot events are created on its first use: a
-// failure there names the call that failed, and the next save retries.
+// A GPU's copy streams and slot events are created, and the ring pinned, on
+// first use: a failure there names the call that failed, and the next save
+// retries.
 TEST_F(Cuda, FirstUseFailuresNameTheCall) {
   auto ts = model();
   struct Case { const char *func, *named; };
   for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"},
-                 Case{"cudaEventCreateWithFlags", "cudaEventCreateWithFlags"}, Case{"cudaGetDevice", "cudaGetDevice"}}) {
+                 Case{"cudaEventCreateWithFlags", "cudaEventCreateWithFlags"}, Case{"cudaGetDevice", "cudaGetDevice"},
+                 Case{"cudaHostRegister", "cudaHostRegister (the staging ring)"}}) {
     SCOPED_TRACE(c.func);
     ckptio_ctx *fresh = nullptr;
     ckptio_options o = small_options(64 << 10, 512 << 10, 4);
@@ -300,14 +302,36 @@ TEST_F(Cuda, FailedStreamEventAndDeviceCallsAreNamed) {
 }
 
 TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {
-  struct fake_cudart_stats before = stats();
-  EXPECT_EQ(before.registered_ranges, 1u) << "the context pins its ring once";
-  EXPECT_EQ(before.registered_bytes, 512u << 10);
+  EXPECT_EQ(stats().registered_ranges, 0u) << "the ring is pinned at its first GPU copy, not at creation";
   auto ts = model();
+  ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
+  struct fake_cudart_stats first = stats();
+  EXPECT_EQ(first.registered_ranges, 1u) << "the context pins its ring once";
+  EXPECT_EQ(first.registered_bytes, 512u << 10);
   for (int k = 0; k < 3; k++) ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
   struct fake_cudart_stats after = stats();
   EXPECT_EQ(after.registered_ranges, 1u);
   EXPECT_EQ(after.peak_locked_bytes, 512u << 10) << "saves must not pin more than the ring";
+}
+
+// A CUDA context that only ever moves host memory (a tokenizer's tensors, a
+// CPU-side optimizer state) pins and touches none of the ring.
+TEST_F(Cuda, HostOnlySavesAndLoadsPinNothing) {
+  std::vector<Tensor> ts = {make_tensor("h", CKPTIO_F32, {200000}, 4)};
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("h.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  ckptio_tensor d = host_desc(ts[0]);
+  ASSERT_EQ(ckptio_writer_add(w, &d), 0) << ckptio_writer_last_error(w);
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ckptio_reader *r;
+  ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("h.safetensors").c_str(), nullptr, &r), 0);
+  std::vector<uint8_t> got(ts[0].bytes.size());
+  ASSERT_EQ(ckptio_reader_load(r, 0, got.data(), got.size()), 0) << ckptio_reader_last_error(r);
+  ckptio_reader_close(r);
+  EXPECT_EQ(got, ts[0].bytes);
+  struct fake_cudart_stats s = stats();
+  EXPECT_EQ(s.registered_ranges, 0u);
+  EXPECT_EQ(s.peak_locked_bytes, 0u);
 }
 
 // A load onto buffers the caller's queued work still writes: with the
