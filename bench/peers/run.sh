@@ -4,7 +4,7 @@
 #
 #   bench/peers/run.sh [--sizes 256MiB,1GiB] [--big] [--runs 3] [--dir DIR]
 #                      [--models llm,linear] [--out DIR] [--no-rss]
-#                      [--touch page|byte] [--no-prime]
+#                      [--touch page|byte] [--no-prime] [--fresh]
 #
 # Builds libckptio into build-peers/ (the library the binding then loads),
 # runs bench/peers/peers.py with the project venv, and leaves results.csv,
