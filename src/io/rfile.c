@@ -140,6 +140,10 @@ void ckptio_rfile_drop(const unsigned char *p, uint64_t len) {
   if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+void ckptio_rfile_scattered(const ckptio_rfile *f, int on) {
+  if (f->map) madvise((void *)f->map, (size_t)f->size, on ? MADV_RANDOM : MADV_NORMAL);
+}
+
 int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += len[i];

@@ -53,6 +53,13 @@ int ckptio_rfile_populate(const unsigned char *p, uint64_t len);
 /* Drops the whole pages inside [p, p + len) from this process's mapping
  * (they stay in the page cache): a load must not hold the file twice. */
 void ckptio_rfile_drop(const unsigned char *p, uint64_t len);
+/* Faults on the shared mapping read only the page they touch (on) or the
+ * kernel's read-around window again (off): a parser that reads a few bytes
+ * here and there of a cold file (a zip's local headers, one per tensor)
+ * would otherwise read a window of the disk's read-ahead size (8 MiB on
+ * some virtual disks) around each, most of the file, one window at a time,
+ * before the load reads it again. */
+void ckptio_rfile_scattered(const ckptio_rfile *f, int on);
 /* Whether the page cache holds most of the spans [off[i], off[i]+len[i]),
  * from a sample of up to 64 pages spread across them (mincore: no I/O). */
 int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n);

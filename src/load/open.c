@@ -8,6 +8,12 @@ int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const c
   ckptio_rfile f;
   int rc = ckptio_rfile_open(&f, path, err, CKPTIO_ERRLEN);
   if (rc < 0) return rc;
-  if (ckptio_zs_detect(f.map, f.size)) return ckptio_zstd_from(ctx, opts, &f, err, out);
-  return ckptio_plain_from(ctx, opts, &f, err, out);
+  /* What a header parse touches (a zip's local header before every tensor,
+   * a seek table at the end) is read page by page, not in windows of the
+   * disk's read-ahead around each: most of a cold file, one window at a time. */
+  ckptio_rfile_scattered(&f, 1);
+  rc = ckptio_zs_detect(f.map, f.size) ? ckptio_zstd_from(ctx, opts, &f, err, out)
+                                       : ckptio_plain_from(ctx, opts, &f, err, out);
+  if (rc == 0) ckptio_rfile_scattered(&f, 0);
+  return rc;
 }
