@@ -572,13 +572,18 @@ class InProcess:
         return timed(lambda: SAVE_BY_NAME[name][3](self.c, self.sd, path, durable))
 
     def load(self, name, path, verify):
-        res = resident_fraction(path)
-        dt, out, u = timed(lambda: _load_touch(LOAD_BY_NAME[name][3], self.c, path))
-        u["resident_before"] = res
-        u["touch_s"] = out[1]
-        if verify:
-            verify_load(self.sd, out[0], f"{name} ({path})")
-        return dt, None, u
+        return timed_load(self.c, name, path, self.sd if verify else None)
+
+
+def timed_load(c, name, path, sd=None):
+    """One timed load + touch of `path` by contender `name`, checked against
+    sd (untimed) when given: (seconds, None, usage)."""
+    res = resident_fraction(path)
+    dt, out, u = timed(lambda: _load_touch(LOAD_BY_NAME[name][3], c, path))
+    u.update(resident_before=res, touch_s=out[1])
+    if sd is not None:
+        verify_load(sd, out[0], f"{name} ({path})")
+    return dt, None, u
 
 
 class Fresh:
@@ -618,11 +623,7 @@ def step_child(step):
         dt, _, u = timed(lambda: SAVE_BY_NAME[step["name"]][3](c, sd, step["path"],
                                                                step["durable"]))
     else:
-        res = resident_fraction(step["path"])
-        dt, out, u = timed(lambda: _load_touch(LOAD_BY_NAME[step["name"]][3], c, step["path"]))
-        u.update(resident_before=res, touch_s=out[1])
-        if sd is not None:
-            verify_load(sd, out[0], f"{step['name']} ({step['path']})")
+        dt, _, u = timed_load(c, step["name"], step["path"], sd)
     u["seconds"] = dt
     print(json.dumps(u))
 
