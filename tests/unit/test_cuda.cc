@@ -323,6 +323,7 @@ TEST_F(Cuda, HostOnlySavesAndLoadsPinNothing) {
   ckptio_tensor d = host_desc(ts[0]);
   ASSERT_EQ(ckptio_writer_add(w, &d), 0) << ckptio_writer_last_error(w);
   ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
   ckptio_reader *r;
   ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("h.safetensors").c_str(), nullptr, &r), 0);
   std::vector<uint8_t> got(ts[0].bytes.size());
