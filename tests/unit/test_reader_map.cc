@@ -207,6 +207,6 @@ TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
   EXPECT_LT(read, total / 10) << "opening read " << read << " of " << total << " pages";
   std::vector<uint8_t> got(ts[5].bytes.size());
   ASSERT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, "t5"), got.data(), got.size()), 0);
-  EXPECT_EQ(got, ts[5].bytes) << "and the map reads ahead again afterwards";
+  EXPECT_EQ(got, ts[5].bytes) << "a load after the open";
   ckptio_reader_close(r);
 }
