@@ -44,6 +44,29 @@ void expect_tensors(ckptio_reader *r, const unsigned char *base, const std::vect
   }
 }
 
+size_t pages(uint64_t size) { return (size_t)((size + 4095) / 4096); }
+
+// Pages of [base, base + size) in memory (0 if mincore fails).
+size_t resident_pages(const void *base, uint64_t size) {
+  std::vector<unsigned char> vec(pages(size));
+  size_t n = 0;
+  if (mincore(const_cast<void *>(base), (size_t)size, vec.data()) == 0)
+    for (unsigned char v : vec) n += v & 1;
+  return n;
+}
+
+// Pages of path in the page cache (mapped, not touched), of *total.
+size_t resident_file_pages(const std::string &path, size_t *total) {
+  int fd = open(path.c_str(), O_RDONLY);
+  off_t size = lseek(fd, 0, SEEK_END);
+  *total = pages((uint64_t)size);
+  void *m = mmap(nullptr, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+  size_t n = m != MAP_FAILED ? resident_pages(m, (uint64_t)size) : 0;
+  if (m != MAP_FAILED) munmap(m, (size_t)size);
+  close(fd);
+  return n;
+}
+
 // save() of the fixture writes safetensors; this writes either format.
 void save_as(ckptio_ctx *ctx, const std::string &path, ckptio_format f, const std::vector<Tensor> &ts) {
   ckptio_writer *w = nullptr;
@@ -81,11 +104,7 @@ TEST(ReaderMap, EqualWritablePrivateAndOutlivesTheReader) {
   EXPECT_EQ(0, memcmp(base, file.data(), file.size()));
   expect_tensors(r, (const unsigned char *)base, ts);
   // The CRC pass mapped the pages in: all resident before any touch here.
-  std::vector<unsigned char> vec((size + 4095) / 4096);
-  ASSERT_EQ(mincore(base, (size_t)size, vec.data()), 0);
-  size_t resident = 0;
-  for (unsigned char v : vec) resident += v & 1;
-  EXPECT_EQ(resident, vec.size());
+  EXPECT_EQ(resident_pages(base, size), pages(size));
   ckptio_tensor_info a;
   ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, "a"), &a), 0);
   ckptio_reader_close(r);
@@ -161,25 +180,6 @@ TEST(ReaderMap, BadArguments) {
   EXPECT_EQ(ckptio_reader_map_private(nullptr, &base, nullptr), CKPTIO_E_INVALID_ARG);
 }
 
-namespace {
-
-// Pages of path in the page cache, out of all of its pages.
-size_t resident_pages(const std::string &path, size_t *total) {
-  int fd = open(path.c_str(), O_RDONLY);
-  off_t size = lseek(fd, 0, SEEK_END);
-  void *m = mmap(nullptr, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-  std::vector<unsigned char> vec(((size_t)size + 4095) / 4096);
-  size_t n = 0;
-  if (m != MAP_FAILED && mincore(m, (size_t)size, vec.data()) == 0)
-    for (unsigned char v : vec) n += v & 1;
-  if (m != MAP_FAILED) munmap(m, (size_t)size);
-  close(fd);
-  *total = vec.size();
-  return n;
-}
-
-}  // namespace
-
 // A .pt has a zip local header before every tensor, which opening it checks.
 // Read through the file's mapping with the kernel's read-around, each of
 // those reads a window of the disk's read-ahead size (8 MiB on the virtual
@@ -198,12 +198,12 @@ TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   close(fd);
   size_t total = 0;
-  if (resident_pages(path, &total) > total / 20)
+  if (resident_file_pages(path, &total) > total / 20)
     GTEST_SKIP() << "this filesystem keeps the file cached after POSIX_FADV_DONTNEED (tmpfs?)";
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
   EXPECT_EQ(ckptio_reader_count(r), ts.size());
-  size_t read = resident_pages(path, &total);
+  size_t read = resident_file_pages(path, &total);
   EXPECT_LT(read, total / 10) << "opening read " << read << " of " << total << " pages";
   std::vector<uint8_t> got(ts[5].bytes.size());
   ASSERT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, "t5"), got.data(), got.size()), 0);
