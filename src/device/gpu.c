@@ -19,9 +19,9 @@ int ckptio_gpu_fail(const ckptio_gpu *g, int rt_err, char *err, size_t errlen, c
 
 /* Under g->mu (or before g is shared). */
 static int pin_ring(ckptio_gpu *g) {
-  if (g->pinned) return 0;
+  if (g->ring_pinned) return 0;
   int e = g->ops->host_register(g->ring, g->ring_bytes, 0);
-  if (!e) g->pinned = g->ring;
+  g->ring_pinned = !e;
   return e;
 }
 
@@ -71,7 +71,7 @@ void ckptio_gpu_close(ckptio_gpu *g) {
       if (v->slot_events[s]) g->ops->event_destroy(v->slot_events[s]);
     free(v->slot_events);
   }
-  if (g->pinned) g->ops->host_unregister(g->pinned);
+  if (g->ring_pinned) g->ops->host_unregister(g->ring);
   free(g->dev);
   pthread_mutex_destroy(&g->mu);
   free(g);

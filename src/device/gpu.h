@@ -26,7 +26,7 @@ typedef struct ckptio_gpu {
   size_t nslots;
   void *ring;            /* the staging ring ... */
   size_t ring_bytes;     /* ... and its size */
-  void *pinned;          /* the ring once registered, or NULL */
+  int ring_pinned;       /* registered (cudaHostRegister) */
   pthread_mutex_t mu;
 } ckptio_gpu;
 
