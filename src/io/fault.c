@@ -15,6 +15,7 @@ static _Atomic int fault_err[CKPTIO_FAULT_OPS];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t write_rate;    /* bytes per second, 0: off */
 static _Atomic uint64_t read_rate;     /* likewise, for reads */
+static _Atomic int reads_shared;       /* reads share the device (below) */
 
 void ckptio_fault_arm(ckptio_fault_op op, long nth, int err) {
   atomic_store(&fault_err[op], err);
@@ -48,7 +49,10 @@ static uint64_t disk_free_ns;          /* when the modeled disk is idle again */
 static pthread_mutex_t disk_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void ckptio_fault_slow_writes(uint64_t bytes_per_second) { atomic_store(&write_rate, bytes_per_second); }
-void ckptio_fault_slow_reads(uint64_t bytes_per_second) { atomic_store(&read_rate, bytes_per_second); }
+void ckptio_fault_slow_reads(uint64_t bytes_per_second) {
+  if (!bytes_per_second) atomic_store(&reads_shared, 0);
+  atomic_store(&read_rate, bytes_per_second);
+}
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -73,8 +77,54 @@ static void disk_time(_Atomic uint64_t *rate_of, uint64_t len) {
   }
 }
 
+/* The shared device: the reads in flight share its rate equally (processor
+ * sharing). `served` counts the bytes each read in flight has received so
+ * far; a read of len bytes that starts at served = s ends when it reaches
+ * s + len, sooner as others end, later as others start. */
+static struct {
+  double served;
+  uint64_t at_ns;
+  int n;
+} ps;
+static pthread_cond_t ps_cv = PTHREAD_COND_INITIALIZER;
+
+static void ps_advance(uint64_t rate) {
+  uint64_t t = now_ns();
+  if (ps.n) ps.served += (double)(t - ps.at_ns) * 1e-9 * (double)rate / ps.n;
+  ps.at_ns = t;
+}
+
+static void shared_time(uint64_t rate, uint64_t len) {
+  pthread_mutex_lock(&disk_mu);
+  ps_advance(rate);
+  double end = ps.served + (double)len;
+  ps.n++;
+  for (ps_advance(rate); ps.served < end; ps_advance(rate)) {
+    /* Until the end at today's sharing; an arrival or departure wakes us to
+     * reckon again. The condition variable's clock is the realtime one. */
+    double wait = (end - ps.served) * ps.n / (double)rate;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(wait * 1e9) + 1000;
+    ts.tv_sec += (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_cond_timedwait(&ps_cv, &disk_mu, &ts);
+  }
+  ps.n--;
+  pthread_cond_broadcast(&ps_cv);
+  pthread_mutex_unlock(&disk_mu);
+}
+
+void ckptio_fault_slow_reads_shared(uint64_t bytes_per_second) {
+  atomic_store(&reads_shared, bytes_per_second != 0);
+  ckptio_fault_slow_reads(bytes_per_second);
+}
+
 void ckptio_fault_write_time(uint64_t len) { disk_time(&write_rate, len); }
-void ckptio_fault_read_time(uint64_t len) { disk_time(&read_rate, len); }
+void ckptio_fault_read_time(uint64_t len) {
+  uint64_t rate = atomic_load_explicit(&read_rate, memory_order_relaxed);
+  if (rate && atomic_load_explicit(&reads_shared, memory_order_relaxed)) shared_time(rate, len);
+  else disk_time(&read_rate, len);
+}
 
 int ckptio_fault_check(ckptio_fault_op op) {
   pthread_once(&env_once, env_arm);

@@ -34,6 +34,11 @@ void ckptio_fault_write_time(uint64_t len);
 /* The same device for reads (CKPTIO_FAULT_READ_MBPS), so a load's read
  * time is known: what the GPU load pipeline must overlap its copies with. */
 void ckptio_fault_slow_reads(uint64_t bytes_per_second);
+/* Reads from a device that serves all the reads in flight at once, sharing
+ * its rate among them: equal reads issued together end together, as the
+ * virtual disk of bench/RESULTS.md does (32 reads of 8 MiB in flight all
+ * ended at the same moment). ckptio_fault_slow_reads(0) turns it off. */
+void ckptio_fault_slow_reads_shared(uint64_t bytes_per_second);
 void ckptio_fault_read_time(uint64_t len);
 
 #endif

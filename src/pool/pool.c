@@ -165,7 +165,8 @@ static void record_locked(ckptio_batch *b, int rc, const char *msg) {
 void ckptio_batch_done(ckptio_batch *b, int rc, const char *msg) {
   pthread_mutex_lock(&b->mu);
   record_locked(b, rc, msg);
-  if (--b->pending == 0) pthread_cond_broadcast(&b->cv);
+  b->ended++;
+  if (--b->pending == 0 || b->ended == b->wake_at || rc < 0) pthread_cond_broadcast(&b->cv);
   pthread_mutex_unlock(&b->mu);
 }
 
@@ -180,6 +181,14 @@ int ckptio_batch_failed(ckptio_batch *b) {
   int e = b->error;
   pthread_mutex_unlock(&b->mu);
   return e;
+}
+
+void ckptio_batch_wait_ended(ckptio_batch *b, uint64_t n) {
+  pthread_mutex_lock(&b->mu);
+  b->wake_at = n;
+  while (b->ended < n && !b->error) pthread_cond_wait(&b->cv, &b->mu);
+  b->wake_at = 0;
+  pthread_mutex_unlock(&b->mu);
 }
 
 int ckptio_batch_wait(ckptio_batch *b) {

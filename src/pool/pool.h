@@ -38,6 +38,8 @@ typedef struct ckptio_batch {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t pending;
+  uint64_t ended;       /* jobs ended so far */
+  uint64_t wake_at;     /* a waiter for `ended` to reach this, or 0 */
   int error;
   char err[CKPTIO_ERRLEN];
 } ckptio_batch;
@@ -52,5 +54,8 @@ void ckptio_batch_fail(ckptio_batch *b, int rc, const char *msg);
 int ckptio_batch_failed(ckptio_batch *b);
 /* Blocks until every job has ended. @return 0 or the first error. */
 int ckptio_batch_wait(ckptio_batch *b);
+/* Blocks until at least n jobs have ended, or one failed (one waiter at a
+ * time: the thread that queues). */
+void ckptio_batch_wait_ended(ckptio_batch *b, uint64_t n);
 
 #endif

@@ -98,4 +98,64 @@ TEST_P(LoadOverlap, AColdLoadTakesTheSlowerStageNotTheSum) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, LoadOverlap, ::testing::Values(1, 4));
 
+// The fill of the pipeline: a disk that serves every read in flight at once
+// ends them together, so a GPU load that issued the ring's worth of reads
+// at the start would copy nothing until all of them ended. Starting with a
+// few reads in flight, the copies begin after a few slots' time and the
+// load takes the copy time plus that. The copy engine is the slower stage
+// here, so every moment it waits at the start is added to the load.
+TEST(LoadFill, AGpuLoadStartsCopyingAfterAFewSlotsNotTheWholeRing) {
+  if (!on_gpu()) GTEST_SKIP() << "GPU variant only: a host load has no stage after its reads";
+  constexpr size_t kSlots = 32, kSlot = 1 * MiB, kCount = 12;
+  constexpr double kShared = 50e6;  // the modeled disk, shared by the reads in flight
+  constexpr long kCopyMBps = 25;    // the copy engine, half as fast
+  model_copies(kCopyMBps);
+  TempDir dir;
+  std::vector<Tensor> ts;
+  for (size_t i = 0; i < kCount; i++)
+    ts.push_back(make_tensor("w." + std::to_string(i), CKPTIO_U8, {(int64_t)kEach}, 7 + i));
+  ckptio_options o = small_options(kSlot, kSlots * kSlot, (int)kSlots);
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0) << ckptio_last_open_error();
+  std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(ctx, path, ts), 0);
+  ckptio_options lo = CKPTIO_OPTIONS_INIT;
+  lo.load_method = CKPTIO_LOAD_PREAD;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, path.c_str(), &lo, &r), 0) << ckptio_last_open_error();
+  ASSERT_EQ(sym<int (*)(int)>("cudaSetDevice")(0), 0);
+  std::vector<void *> dst(kCount);
+  std::vector<ckptio_load_request> reqs(kCount);
+  for (size_t i = 0; i < kCount; i++) {
+    ASSERT_EQ(sym<int (*)(void **, size_t)>("cudaMalloc")(&dst[i], kEach), 0);
+    int64_t idx = ckptio_reader_find(r, ts[i].name.c_str());
+    ASSERT_GE(idx, 0) << ts[i].name;
+    reqs[i] = {(size_t)idx, dst[i], kEach, CKPTIO_DEVICE_CUDA(0)};
+  }
+
+  ckptio_fault_slow_reads_shared(static_cast<uint64_t>(kShared));
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ckptio_fault_slow_reads(0);
+  default_copies();
+
+  double bytes = static_cast<double>(kCount * kEach);
+  double copy_s = bytes / (kCopyMBps * 1e6), ring_fill_s = kSlots * kSlot / kShared;
+  printf("GPU load of %.0f MiB: %.3f s; modeled copy %.3f s; the ring's reads together end after %.3f s\n",
+         bytes / MiB, load_s, copy_s, ring_fill_s);
+  // All 32 reads at once: copy + the whole ring's fill (2.69 s here);
+  // four first: copy + an eighth of it (2.10 s).
+  EXPECT_LT(load_s, copy_s + ring_fill_s / 2) << "the copies waited for the whole ring's reads";
+  EXPECT_GE(load_s, 0.95 * copy_s) << "faster than the modeled copy: the model is not in the path";
+  for (size_t i = 0; i < kCount; i++) {
+    std::vector<uint8_t> back(kEach);
+    from_gpu(back.data(), dst[i], kEach);
+    sym<int (*)(void *)>("cudaFree")(dst[i]);
+    EXPECT_TRUE(back == ts[i].bytes) << ts[i].name;
+  }
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
 }  // namespace

@@ -97,6 +97,34 @@ TEST(Pool, StartsFewWorkersAndGrowsToItsSizeAsJobsWait) {
   ckptio_pool_free(p);
 }
 
+// The queuing thread can wait for some of a batch's jobs to end (a GPU
+// load's slow start): it wakes once that many have, not before and not only
+// when all have; a failure wakes it too.
+TEST(Pool, BatchWaitsUntilSomeJobsEnded) {
+  ckptio_batch b;
+  ckptio_batch_init(&b);
+  ckptio_batch_add(&b, 5);
+  std::atomic<int> ended{0};
+  std::thread ender([&] {
+    for (int i = 0; i < 3; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      ended++;
+      ckptio_batch_done(&b, 0, nullptr);
+    }
+  });
+  ckptio_batch_wait_ended(&b, 2);
+  EXPECT_GE(ended.load(), 2);
+  EXPECT_LT(ended.load(), 3) << "woke only after a later job";
+  ender.join();
+  ckptio_batch_wait_ended(&b, 3);  // already there: returns at once
+  ckptio_batch_done(&b, -7, "job failed");
+  ckptio_batch_wait_ended(&b, 5);  // one still pending, but the batch failed
+  EXPECT_EQ(ckptio_batch_failed(&b), -7);
+  ckptio_batch_done(&b, 0, nullptr);
+  EXPECT_EQ(ckptio_batch_wait(&b), -7);
+  ckptio_batch_destroy(&b);
+}
+
 TEST(Ring, BlocksWhenEmptyAndSlotsAreAligned) {
   ckptio_ring *r;
   ASSERT_EQ(ckptio_ring_create(3, 64 << 10, 1, &r), 0);
