@@ -513,6 +513,8 @@ static int bench_loads(bench_state *s, bench_result *res, bench_run *out) {
   if ((rc = cli_raw_read(g_raw, s->dst, s->raw_bytes, &out->raw_read_s,
                          &res->raw_direct_read)) < 0)
     return raw_fail("raw read", rc);
+  if ((rc = cli_raw_thp(g_raw, s->raw_bytes, &out->thp_write_s, &out->thp_read_s)) < 0)
+    return raw_fail("raw write and read from huge pages", rc);
 
   /* A save with O_DIRECT and an O_DIRECT load leave the file out of the page
    * cache: read it once, untimed, so the next load is the warm one. */

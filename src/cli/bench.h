@@ -40,6 +40,7 @@ typedef struct bench_run {
   double raw_h2d_s;
   double cold_s;
   double raw_read_s;
+  double thp_write_s, thp_read_s;  /* the raw limits from huge pages */
   double warm_s;
   double memcpy_s;
   double shard_save_s;  /* --max-shard-size: the sharded save, right after the single one */

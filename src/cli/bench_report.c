@@ -16,6 +16,7 @@ typedef enum series {
   S_COLD, S_RAW_READ, S_COLD_RATIO, S_RAW_H2D, S_COLD_LIMIT_RATIO,
   S_WARM, S_MEMCPY, S_WARM_RATIO, S_WARM_H2D_RATIO,
   S_SHARD_SAVE, S_SHARD_RATIO, S_COPY_LIMIT, S_SNAPSHOT_RATIO,
+  S_THP_WRITE, S_THP_READ,
   S_COUNT
 } series;
 
@@ -34,6 +35,8 @@ static double value(const bench_result *r, const bench_run *x, series k) {
     case S_WARM_H2D_RATIO: return gbps(data, x->warm_s) / gbps(raw, x->raw_h2d_s);
     case S_COLD: return gbps(data, x->cold_s);
     case S_RAW_READ: return gbps(raw, x->raw_read_s);
+    case S_THP_WRITE: return gbps(raw, x->thp_write_s);
+    case S_THP_READ: return gbps(raw, x->thp_read_s);
     case S_COLD_RATIO: return gbps(data, x->cold_s) / gbps(raw, x->raw_read_s);
     /* A pipelined GPU load can at best run at the slower of its stages. */
     case S_COLD_LIMIT_RATIO: {
@@ -219,6 +222,7 @@ void bench_report_table(FILE *out, const bench_result *r) {
   row(out, r, "save", "GB/s", S_SAVE);
   row(out, r, "raw O_DIRECT write", "GB/s", S_RAW_WRITE);
   row(out, r, "save / raw write", "x", S_SAVE_RATIO);
+  if (!r->load_skipped) row(out, r, "raw write, 2 MiB pages", "GB/s", S_THP_WRITE);
   row(out, r, "save time", "s", S_SAVE_S);
   row(out, r, "time to snapshot", "s", S_SNAPSHOT);
   row(out, r, r->gpu ? "copy limit (pinned D2H)" : "copy limit (memcpy)", "s", S_COPY_LIMIT);
@@ -235,6 +239,7 @@ void bench_report_table(FILE *out, const bench_result *r) {
     row(out, r, "cold load (direct)", "GB/s", S_COLD);
     row(out, r, "raw O_DIRECT read", "GB/s", S_RAW_READ);
     row(out, r, "cold load / raw read", "x", S_COLD_RATIO);
+    row(out, r, "raw read, 2 MiB pages", "GB/s", S_THP_READ);
     if (r->gpu) {
       row(out, r, "pinned H2D (cudaMemcpy)", "GB/s", S_RAW_H2D);
       row(out, r, "cold load / min(read, H2D)", "x", S_COLD_LIMIT_RATIO);
@@ -372,6 +377,8 @@ void bench_report_json(FILE *out, const bench_result *r) {
     json_stat(out, "cold_load_gbps", r, S_COLD);
     json_stat(out, "raw_read_gbps", r, S_RAW_READ);
     json_stat(out, "cold_load_vs_raw_read", r, S_COLD_RATIO);
+    json_stat(out, "raw_write_thp_gbps", r, S_THP_WRITE);
+    json_stat(out, "raw_read_thp_gbps", r, S_THP_READ);
     json_stat(out, "warm_load_gbps", r, S_WARM);
     json_stat(out, "warm_load_vs_memcpy", r, S_WARM_RATIO);
   }

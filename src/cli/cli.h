@@ -132,6 +132,11 @@ void cli_buffer_free(void *p, uint64_t n);
 int cli_raw_write(const char *path, const void *buf, uint64_t n, double *seconds, int *direct);
 /* Sequential O_DIRECT read of n bytes of path into buf, same depth. */
 int cli_raw_read(const char *path, void *buf, uint64_t n, double *seconds, int *direct);
+/* The same write and then read of n bytes at path, but from one buffer of
+ * CLI_RAW_DEPTH blocks in transparent huge pages that the requests cycle
+ * through, as fio's buffers do: what the disk does when the memory side of
+ * each request is a few contiguous pieces. */
+int cli_raw_thp(const char *path, uint64_t n, double *write_s, double *read_s);
 /* Single-thread memcpy of n bytes. @return seconds. */
 double cli_raw_memcpy(void *dst, const void *src, uint64_t n);
 /* fdatasync, then drop the file from the page cache. @return 0 or -errno. */

@@ -103,7 +103,7 @@ expect 0 "bench --load mmap --verify" "$CKPTIO" bench --size 16MiB --runs 2 --lo
 expect 0 "bench --load direct --verify" "$CKPTIO" bench --size 16MiB --runs 1 --load direct --verify --dir "$T"
 expect 0 "bench --shapes linear --json" "$CKPTIO" bench --shapes linear --size 8MiB --runs 1 --no-fsync --json --dir "$T"
 if command -v python3 >/dev/null; then
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["save_vs_raw_write"]["median"]>0' \
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["save_vs_raw_write"]["median"]>0 and d["raw_read_thp_gbps"]["median"]>0' \
     "$T/out" 2>/dev/null && pass "bench --json parses" || fail "bench --json is not the expected JSON"
 fi
 expect 0 "bench --format pt" "$CKPTIO" bench --format pt --size 32MiB --runs 1 --dir "$T"
