@@ -99,7 +99,7 @@ static void shared_time(uint64_t rate, uint64_t len) {
   ps_advance(rate);
   double end = ps.served + (double)len;
   ps.n++;
-  for (ps_advance(rate); ps.served < end; ps_advance(rate)) {
+  while (ps.served < end) {
     /* Until the end at today's sharing; an arrival or departure wakes us to
      * reckon again. The condition variable's clock is the realtime one. */
     double wait = (end - ps.served) * ps.n / (double)rate;
@@ -108,6 +108,7 @@ static void shared_time(uint64_t rate, uint64_t len) {
     uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(wait * 1e9) + 1000;
     ts.tv_sec += (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
     pthread_cond_timedwait(&ps_cv, &disk_mu, &ts);
+    ps_advance(rate);
   }
   ps.n--;
   pthread_cond_broadcast(&ps_cv);

@@ -105,16 +105,21 @@ TEST(Pool, BatchWaitsUntilSomeJobsEnded) {
   ckptio_batch_init(&b);
   ckptio_batch_add(&b, 5);
   std::atomic<int> ended{0};
+  std::atomic<bool> woke{false};
   std::thread ender([&] {
     for (int i = 0; i < 3; i++) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // The third job ends only once the waiter has woken (or 5 s later, if
+      // it never wakes at the second): no timing in the assertions.
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (i == 2 && !woke.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       ended++;
       ckptio_batch_done(&b, 0, nullptr);
     }
   });
   ckptio_batch_wait_ended(&b, 2);
-  EXPECT_GE(ended.load(), 2);
-  EXPECT_LT(ended.load(), 3) << "woke only after a later job";
+  EXPECT_EQ(ended.load(), 2) << "woke before the second job ended, or only after the third";
+  woke = true;
   ender.join();
   ckptio_batch_wait_ended(&b, 3);  // already there: returns at once
   ckptio_batch_done(&b, -7, "job failed");
