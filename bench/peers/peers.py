@@ -9,6 +9,7 @@ interpreter; `python peers.py --help` lists the options.
 import argparse
 import csv
 import ctypes
+import errno
 import gc
 import json
 import math
@@ -404,6 +405,40 @@ def cold_probe(path):
 
 # ------------------------------------------------------------------ raw limits
 
+def blocks_in_parallel(n, do):
+    """RAW_DEPTH threads take [0, n) RAW_BLOCK at a time, in order, and call
+    do(offset, length) on each piece, the GIL released inside the calls.
+    Returns the perf_counter() when all threads stood ready (the clock's
+    start); the first OSError of any piece is raised after all have ended."""
+    nxt, lock, err = [0], threading.Lock(), []
+    start = threading.Barrier(RAW_DEPTH + 1)
+
+    def worker():
+        start.wait()
+        while not err:
+            with lock:
+                off = nxt[0]
+                nxt[0] += RAW_BLOCK
+            if off >= n:
+                return
+            try:
+                do(off, min(RAW_BLOCK, n - off))
+            except OSError as e:
+                err.append(e)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(RAW_DEPTH)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    if err:
+        raise err[0]
+    return t0
+
+
 class Raw:
     """Sequential O_DIRECT write and read of the same byte count on the same
     filesystem, with the method of src/cli/rawlimit.c: 32 threads each
@@ -421,45 +456,20 @@ class Raw:
         self.dst = np.ones(MEMCPY_BUF, np.uint8)  # touched
 
     def _run(self, fd, n, writing, dest=None):
-        nxt = [0]
-        lock = threading.Lock()
-        err = []
-        start = threading.Barrier(RAW_DEPTH + 1)
+        def io(off, ln):
+            slot = off if dest is not None else off % RAW_BUF
+            mv = (self.view if dest is None else dest)[slot:slot + ln]
+            done = 0
+            while done < ln:
+                if writing:
+                    r = os.pwrite(fd, mv[done:], off + done)
+                else:
+                    r = os.preadv(fd, [mv[done:]], off + done)
+                if r <= 0:
+                    raise OSError("short I/O")
+                done += r
 
-        def worker():
-            start.wait()
-            while not err:
-                with lock:
-                    off = nxt[0]
-                    nxt[0] += RAW_BLOCK
-                if off >= n:
-                    return
-                ln = min(RAW_BLOCK, n - off)
-                slot = off if dest is not None else off % RAW_BUF
-                mv = (self.view if dest is None else dest)[slot:slot + ln]
-                done = 0
-                try:
-                    while done < ln:
-                        if writing:
-                            r = os.pwrite(fd, mv[done:], off + done)
-                        else:
-                            r = os.preadv(fd, [mv[done:]], off + done)
-                        if r <= 0:
-                            raise OSError("short I/O")
-                        done += r
-                except OSError as e:
-                    err.append(e)
-                    return
-
-        threads = [threading.Thread(target=worker) for _ in range(RAW_DEPTH)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        if err:
-            raise err[0]
+        t0 = blocks_in_parallel(n, io)
         if writing:
             os.fdatasync(fd)
         return time.perf_counter() - t0
@@ -498,29 +508,18 @@ class Raw:
         os.close(fd)
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap")
-        nxt, lock, bad = [0], threading.Lock(), []
-        start = threading.Barrier(RAW_DEPTH + 1)
 
-        def worker():
-            start.wait()
-            while not bad:
-                with lock:
-                    off = nxt[0]
-                    nxt[0] += RAW_BLOCK
-                if off >= n:
-                    return
-                if _libc.madvise(addr + off, min(RAW_BLOCK, n - off), MADV_POPULATE_READ) != 0:
-                    bad.append(ctypes.get_errno())
+        def populate(off, ln):
+            if _libc.madvise(addr + off, ln, MADV_POPULATE_READ) != 0:
+                raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_READ)")
 
-        threads = [threading.Thread(target=worker) for _ in range(RAW_DEPTH)]
         try:
-            for t in threads:
-                t.start()
-            start.wait()
-            t0 = time.perf_counter()
-            for t in threads:
-                t.join()
-            return None if bad else time.perf_counter() - t0
+            t0 = blocks_in_parallel(n, populate)
+            return time.perf_counter() - t0
+        except OSError as e:
+            if e.errno == errno.EINVAL:  # no MADV_POPULATE_READ before Linux 5.14
+                return None
+            raise
         finally:
             _libc.munmap(addr, n)
 
