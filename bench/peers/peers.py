@@ -456,9 +456,11 @@ class Raw:
         self.dst = np.ones(MEMCPY_BUF, np.uint8)  # touched
 
     def _run(self, fd, n, writing, dest=None):
+        mem, cycle = (self.view, RAW_BUF) if dest is None else (dest, None)
+
         def io(off, ln):
-            slot = off if dest is not None else off % RAW_BUF
-            mv = (self.view if dest is None else dest)[slot:slot + ln]
+            slot = off % cycle if cycle else off
+            mv = mem[slot:slot + ln]
             done = 0
             while done < ln:
                 if writing:
