@@ -484,16 +484,19 @@ def peak_rss_growth(fn):
     return (max(peak[0], rss_kib("VmRSS")) - before) * 1024
 
 
-def test_save_reads_contiguous_tensors_in_place(tmp_path):
+def test_save_makes_no_copy_of_contiguous_tensors(tmp_path):
     big = torch.empty(256 * MiB, dtype=torch.uint8)
     big.random_()  # every page resident before the measurement
     path = tmp_path / "big.safetensors"
-    # Staging is touched on first use and kept, so a first save of this size
-    # faults in the ring slots it streams through; the measured save is the
-    # second, where only a copy of the tensor could still show.
+    # The library reads the tensor's own memory (into its staging ring: torch
+    # puts it 64 bytes past a page, where O_DIRECT cannot write from). Staging
+    # is touched on first use and kept, so the measured save is the second;
+    # it can still hold a few more ring slots at once than the first did
+    # (that depends on timing), 8 MiB of new faults each: the bound leaves
+    # room for those, and a copy of the tensor would show as 256.
     ct.save_file({"big": big}, path)
     growth = peak_rss_growth(lambda: ct.save_file({"big": big}, path))
-    assert growth < 32 * MiB, f"saving a 256 MiB tensor grew the RSS by {growth / MiB:.0f} MiB"
+    assert growth < 64 * MiB, f"saving a 256 MiB tensor grew the RSS by {growth / MiB:.0f} MiB"
     os.unlink(path)
     # The measurement can see a copy: a non-contiguous tensor of the same size
     # is copied (documented), and that shows.
