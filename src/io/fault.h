@@ -2,7 +2,8 @@
  * fail with a chosen errno, or write only half and then stop (a short write,
  * as a full disk does). Armed by the unit tests through ckptio_fault_arm, or
  * for whole programs by the environment: CKPTIO_FAULT="pwrite:3:ENOSPC"
- * (op: pwrite, pread, fsync, rename; error: ENOSPC, EIO, EROFS or short). */
+ * (op: pwrite, pread, fsync, rename, fallocate; error: ENOSPC, EIO, EROFS or
+ * short). */
 #ifndef CKPTIO_IO_FAULT_H
 #define CKPTIO_IO_FAULT_H
 
@@ -13,6 +14,7 @@ typedef enum ckptio_fault_op {
   CKPTIO_FAULT_PREAD,
   CKPTIO_FAULT_FSYNC,
   CKPTIO_FAULT_RENAME,
+  CKPTIO_FAULT_FALLOCATE,
   CKPTIO_FAULT_OPS
 } ckptio_fault_op;
 
@@ -40,5 +42,11 @@ void ckptio_fault_slow_reads(uint64_t bytes_per_second);
  * ended at the same moment). ckptio_fault_slow_reads(0) turns it off. */
 void ckptio_fault_slow_reads_shared(uint64_t bytes_per_second);
 void ckptio_fault_read_time(uint64_t len);
+
+/* Closing a replaced file's last descriptor takes `ns` longer (0: off), as
+ * freeing a large file's blocks does: what a save must not wait for. */
+void ckptio_fault_slow_closes(uint64_t ns);
+/* Called before closing a descriptor held for its blocks. */
+void ckptio_fault_close_time(void);
 
 #endif

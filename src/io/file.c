@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -108,8 +109,14 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
    * allocation and size updates of an extending write: measured here, that
    * halves write throughput (fio preallocates the same way). Filesystems
    * without fallocate get a sparse file. */
-  if (size && fallocate(t->fd, 0, 0, (off_t)size) == 0) {
+  int inject = size ? ckptio_fault_check(CKPTIO_FAULT_FALLOCATE) : 0;
+  if (size && !inject && fallocate(t->fd, 0, 0, (off_t)size) == 0) {
     /* allocated and sized */
+  } else if (inject == ENOSPC || (!inject && size && errno == ENOSPC)) {
+    /* Said now, before any byte is written, not by the k-th write. */
+    rc = ckptio_err_fmt(err, errlen, -ENOSPC, "%s: %s: the file's %llu bytes do not fit in %s", path,
+                        strerror(ENOSPC), (unsigned long long)size, dir);
+    goto fail;
   } else if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot size temp file to %llu bytes: %s", path,
                         (unsigned long long)size, strerror(errno));
@@ -146,8 +153,18 @@ static int sync_dir(const char *path) {
   return rc;
 }
 
-int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
-  int rc = 0, inject;
+int ckptio_hold_blocks(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st;
+  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen) {
+  int rc = 0, inject, old = -1;
   if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
                         (unsigned long long)size, strerror(errno));
@@ -161,12 +178,15 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, char *err,
       goto fail;
     }
   }
+  if (held) old = ckptio_hold_blocks(t->path);
   inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
   if (inject || rename(t->tmp, t->path) < 0) {
     int e = inject ? inject : errno;
     rc = ckptio_err_fmt(err, errlen, -e, "%s: rename from temp file: %s", t->path, strerror(e));
+    if (old >= 0) close(old);
     goto fail;
   }
+  if (held) *held = old;
   free(t->tmp);
   t->tmp = NULL; /* renamed: nothing to remove any more */
   if (sync && (rc = sync_dir(t->path)) < 0) {

@@ -18,6 +18,7 @@
 #include "io/publish.h"
 #include "save/collect.h"
 #include "save/ranks.h"
+#include "save/release.h"
 #include "save/save.h"
 
 enum { R_OPEN, R_RUNNING, R_DONE };
@@ -260,7 +261,7 @@ static int publish_index(ranks_writer *w) {
     rfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
-  if (rc == 0) ckptio_tmpfile_release(&t, how);
+  if (rc == 0) ckptio_tmpfile_release(&t, how, NULL);
   else ckptio_tmpfile_abort(&t);
   free(o.data);
   free(path);
@@ -285,7 +286,11 @@ static int agree_and_publish(ranks_writer *w) {
   rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   /* Published. What remains only frees space. */
-  if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, w->how);
+  if (w->file.tmp || w->file.fd >= 0) {
+    int held;
+    ckptio_tmpfile_release(&w->file, w->how, &held);
+    ckptio_close_later(w->ctx->pool, held);
+  }
   if (w->comm.rank == 0) {
     ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles);
     ckptio_remove_stray_temps(w->dir, w->prefix);

@@ -22,6 +22,7 @@
 #include "io/file.h"
 #include "io/publish.h"
 #include "save/collect.h"
+#include "save/release.h"
 #include "save/save.h"
 
 enum { S_OPEN, S_RUNNING };
@@ -258,8 +259,12 @@ static int publish(set_writer *w) {
   if ((rc = write_index(w, &index)) < 0) goto undo;
   if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->base.err, sizeof(w->base.err))) < 0) goto undo;
   /* Published. What remains only frees the old files' space. */
-  ckptio_tmpfile_release(&index, index_how);
-  for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i]);
+  ckptio_tmpfile_release(&index, index_how, NULL);
+  for (size_t i = 0; i < w->nshards; i++) {
+    int held;
+    ckptio_tmpfile_release(&w->files[i], w->how[i], &held);
+    ckptio_close_later(w->ctx->pool, held);
+  }
   ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)

@@ -22,6 +22,7 @@
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
+#include "save/release.h"
 #include "save/save.h"
 #include "save/zsave.h"
 
@@ -717,8 +718,13 @@ static int save_run(file_writer *w) {
   if (rc < 0) return rc;
   int compress = w->opts.compress_level != 0;
   uint64_t final_size = w->layout.file_size;
-  rc = ckptio_tmpfile_open(&w->file, w->path, compress ? 0 : w->opts.direct_io, compress ? 0 : w->layout.file_size,
-                           w->base.err, sizeof(w->base.err));
+  int direct = compress ? 0 : w->opts.direct_io;
+  uint64_t size = compress ? 0 : w->layout.file_size;
+  rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
+  /* No space yet: the blocks of files that earlier saves replaced may still
+   * be on their way back (release.h). */
+  if (rc == -ENOSPC && ckptio_closes_wait())
+    rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   if (rc < 0) return rc;
   if (compress && (rc = zsave_open(w)) < 0) goto fail;
   if ((rc = plan_chunks(w)) < 0) goto fail;
@@ -734,8 +740,10 @@ static int save_run(file_writer *w) {
     if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err))) < 0)
       goto fail;
   } else {
-    rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err));
+    int held = -1;
+    rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
     if (rc == 0) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
+    ckptio_close_later(w->ctx->pool, held);
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
