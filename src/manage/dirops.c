@@ -66,8 +66,15 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out) {
   return 0;
 }
 
-static int remove_at(int at, const char *name, int depth) {
-  if (unlinkat(at, name, 0) == 0) return 0;
+static int remove_at(int at, const char *name, int depth, mgr_held *held) {
+  int fd = held ? mgr_open_regular(at, name) : -1;
+  if (unlinkat(at, name, 0) == 0) {
+    if (held) mgr_hold(held, fd);
+    return 0;
+  }
+  int err = errno;
+  if (fd >= 0) close(fd);
+  errno = err;
   if (errno != EISDIR && errno != EPERM) return errno == ENOENT ? 0 : -errno;
   if (depth > 4) return -ELOOP; /* the manager makes one level; more is not ours */
   DIR *d;
@@ -76,7 +83,7 @@ static int remove_at(int at, const char *name, int depth) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    int r = remove_at(dirfd(d), e->d_name, depth + 1);
+    int r = remove_at(dirfd(d), e->d_name, depth + 1, held);
     if (r < 0 && rc == 0) rc = r;
   }
   closedir(d);
@@ -84,7 +91,7 @@ static int remove_at(int at, const char *name, int depth) {
   return rc;
 }
 
-int mgr_remove_tree(int dirfd, const char *name) { return remove_at(dirfd, name, 0); }
+int mgr_remove_tree(int dirfd, const char *name, mgr_held *held) { return remove_at(dirfd, name, 0, held); }
 
 int mgr_write_latest(ckptio_manager *m, const char *content) {
   char tmp[128];

@@ -4,8 +4,9 @@
 #ifndef CKPTIO_MANAGE_MANAGE_H
 #define CKPTIO_MANAGE_MANAGE_H
 
-#include <stddef.h>
 #include <dirent.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ckptio.h"
@@ -28,6 +29,12 @@ typedef struct mgr_entry {
   int complete, verified, error;
 } mgr_entry;
 
+/* Descriptors of removed files, held for their blocks (release.c). */
+typedef struct mgr_held {
+  int *fds;
+  size_t n, cap;
+} mgr_held;
+
 struct ckptio_manager {
   ckptio_ctx *ctx;
   char *dir;
@@ -44,6 +51,9 @@ struct ckptio_manager {
   mgr_entry *list;           /* the last list */
   size_t nlist;
   char err[CKPTIO_ERRLEN];
+  pthread_t closer;          /* closing `closing` while closer_running */
+  int closer_running;
+  mgr_held closing;
 };
 
 /* "step-00001000". */
@@ -63,11 +73,22 @@ void mgr_entry_free(mgr_entry *e);
  * descriptors): such a checkpoint is never removed. */
 int mgr_content_error(int code);
 
-/* Removes DIR/name and everything below it (a few levels at most).
- * @return 0 or -errno. */
 /* fdopendir of name under dirfd (O_DIRECTORY | O_CLOEXEC | flags); @return 0 or -errno. */
 int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
-int mgr_remove_tree(int dirfd, const char *name);
+/* Removes DIR/name and everything below it (a few levels at most); with
+ * `held`, each file stays open there so that its blocks are freed when
+ * mgr_close_later's thread closes it (release.c). @return 0 or -errno. */
+int mgr_remove_tree(int dirfd, const char *name, mgr_held *held);
+
+/* release.c: the regular file name under dirfd opened read-only, or -1. */
+int mgr_open_regular(int dirfd, const char *name);
+/* Keeps fd (-1: nothing) in h, or closes it when h is full. */
+void mgr_hold(mgr_held *h, int fd);
+/* Closes h's descriptors on the manager's thread (after the previous batch)
+ * and empties h. */
+void mgr_close_later(ckptio_manager *m, mgr_held *h);
+/* Waits for that thread. */
+void mgr_closes_join(ckptio_manager *m);
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
 void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);
 /* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR).

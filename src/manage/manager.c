@@ -86,7 +86,7 @@ const char *ckptio_manager_last_error(const ckptio_manager *m) { return m ? m->e
 /* The open save is over, published or not: drop its temporary directory
  * (gone already when published) and the lock. */
 static void end_save(ckptio_manager *m) {
-  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp);
+  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp, NULL);
   free(m->w_tmp);
   m->w_tmp = NULL;
   m->w = NULL;
@@ -99,6 +99,7 @@ void ckptio_manager_close(ckptio_manager *m) {
     ckptio_writer_close(m->w);
     end_save(m);
   }
+  mgr_closes_join(m);
   for (size_t i = 0; i < m->nlist; i++) mgr_entry_free(&m->list[i]);
   free(m->list);
   close(m->dirfd);
@@ -116,7 +117,7 @@ static int remove_strays(ckptio_manager *m) {
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
     if (strncmp(e->d_name, MGR_TMP_PREFIX, strlen(MGR_TMP_PREFIX)) != 0) continue;
-    int r = mgr_remove_tree(m->dirfd, e->d_name);
+    int r = mgr_remove_tree(m->dirfd, e->d_name, NULL);
     if (r < 0 && rc == 0) {
       rc = r;
       ckptio_err_fmt(m->err, sizeof(m->err), r, "%s/%s: cannot remove this temporary: %s", m->dir, e->d_name,
@@ -222,6 +223,7 @@ static int retain(ckptio_manager *m, uint64_t step) {
   int64_t n = mgr_scan_steps(m, &steps);
   if (n < 0) return (int)n;
   int rc = 0, kept = 0;
+  mgr_held held = {0};
   for (int64_t i = n - 1; i >= 0; i--) {
     uint64_t s = steps[i];
     if (s == step) {
@@ -251,13 +253,14 @@ static int retain(ckptio_manager *m, uint64_t step) {
     mgr_tmp_name(m, what, del, sizeof(del));
     /* Hidden first: a removal cut short leaves a stray, never a step
      * directory with some files gone. */
-    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del) : -errno;
+    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del, &held) : -errno;
     if (r < 0) {
       mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, strerror(-r));
       if (rc == 0) rc = r;
     }
   }
   free(steps);
+  mgr_close_later(m, &held);
   return rc;
 }
 

@@ -1,6 +1,8 @@
 #include "ckpt_fixture.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -159,6 +161,20 @@ void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Te
   size_t unchecked = 99;
   EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
   ckptio_reader_close(r);
+}
+
+int open_removed_files(const char *part) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  while (dirent *e = d ? readdir(d) : nullptr) {
+    char link[4200];
+    ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
+    if (len <= 0) continue;
+    link[len] = 0;
+    if (strstr(link, part) && strstr(link, " (deleted)")) n++;
+  }
+  if (d) closedir(d);
+  return n;
 }
 
 }  // namespace ckptio_test

@@ -62,4 +62,9 @@ void from_gpu(void *dst, const void *src, size_t n);
 void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
                   ckptio_load_method method = CKPTIO_LOAD_AUTO);
 
+// This process's descriptors of removed files whose path contains `part`:
+// old checkpoints held open so that their blocks are freed after a save,
+// not inside it.
+int open_removed_files(const char *part);
+
 }  // namespace ckptio_test

@@ -2,7 +2,6 @@
 // an error that names the cause, leaves the previous checkpoint at the path
 // byte-for-byte intact and leaves no temp file behind; corruption is caught
 // by load and verify and names the tensor.
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -78,23 +77,6 @@ TEST_F(Faults, NoSpaceForTheFileIsSaidBeforeAnyWrite) {
 
 namespace {
 
-// This process's descriptors of files whose name is gone: the old
-// checkpoint a commit keeps open so that its blocks are freed after the
-// save, not inside its rename.
-int held_removed_files() {
-  int n = 0;
-  DIR *d = opendir("/proc/self/fd");
-  while (dirent *e = d ? readdir(d) : nullptr) {
-    char link[4200];
-    ssize_t len = readlinkat(dirfd(d), e->d_name, link, sizeof(link) - 1);
-    if (len <= 0) continue;
-    link[len] = 0;
-    if (strstr(link, "model.safetensors (deleted)")) n++;
-  }
-  if (d) closedir(d);
-  return n;
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -110,14 +92,14 @@ TEST_F(Faults, ASaveOverAnOldFileDoesNotWaitForTheOldBlocksToBeFreed) {
   double took = seconds_since(t0);
   EXPECT_LT(took, 0.4) << "the save waited for the old file's close";
   expect_loads(ctx_, path(), next_);
-  int held = held_removed_files();
+  int held = open_removed_files("model.safetensors");
   if (seconds_since(t0) < 0.5) {
     EXPECT_EQ(held, 1) << "the old file is not held open";
   }
   auto t1 = std::chrono::steady_clock::now();
   EXPECT_EQ(ckptio_closes_wait(), 1);
   EXPECT_GT(seconds_since(t1), 0.05);
-  EXPECT_EQ(held_removed_files(), 0) << "the old file's descriptor leaked";
+  EXPECT_EQ(open_removed_files("model.safetensors"), 0) << "the old file's descriptor leaked";
   EXPECT_EQ(ckptio_closes_wait(), 0);
 }
 
@@ -126,7 +108,7 @@ TEST_F(Faults, AContextsEndClosesTheOldFilesItHeld) {
   ASSERT_EQ(save(ctx_, path(), next_), 0);
   ckptio_ctx_free(ctx_);
   ctx_ = nullptr;
-  EXPECT_EQ(held_removed_files(), 0);
+  EXPECT_EQ(open_removed_files("model.safetensors"), 0);
   EXPECT_EQ(ckptio_closes_wait(), 0);
 }
 
@@ -140,7 +122,7 @@ TEST_F(Faults, NoSpaceWaitsForTheBlocksOfReplacedFiles) {
   std::string msg;
   ASSERT_EQ(save(ctx_, dir_.file("more.safetensors"), next_, nullptr, &msg), 0) << msg;
   EXPECT_GT(seconds_since(t0), 0.2) << "it did not wait for the close";
-  EXPECT_EQ(held_removed_files(), 0);
+  EXPECT_EQ(open_removed_files("model.safetensors"), 0);
   expect_loads(ctx_, dir_.file("more.safetensors"), next_);
 }
 

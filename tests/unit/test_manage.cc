@@ -162,6 +162,24 @@ TEST_F(Manage, KeepLastK) {
   EXPECT_TRUE(hidden().empty());
 }
 
+// Retention unlinks the steps it lets go before save_end returns, and
+// holds their files open so that a thread frees their blocks after it
+// (0.1-0.2 s per GiB here); closing the manager closes every one.
+TEST_F(Manage, RetentionFreesTheRemovedFilesBlocksOffTheSaveAndClosesThemAll) {
+  ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
+  mo.keep_last = 1;
+  open(mo);
+  for (uint64_t s = 1; s <= 6; s++) {
+    ASSERT_EQ(save_step(s), 0) << ckptio_manager_last_error(m_);
+    EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{s}));
+    EXPECT_TRUE(hidden().empty());
+    EXPECT_LE(open_removed_files("/.ckptio-mgr-del-step-"), 1) << "more than the last removal is still held";
+  }
+  ckptio_manager_close(m_);
+  m_ = nullptr;
+  EXPECT_EQ(open_removed_files("/.ckptio-mgr-del-step-"), 0);
+}
+
 TEST_F(Manage, KeepEveryN) {
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   mo.keep_last = 1;
