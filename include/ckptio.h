@@ -276,6 +276,13 @@ typedef struct ckptio_writer ckptio_writer;
  *  process killed mid-save leaves `path` as it was and a hidden temp file
  *  (".NAME.ckptio-tmp-*") next to it, which the next successful save of
  *  `path` removes (so two saves of one path must not run at once).
+ *  The file's blocks are allocated at commit (-ENOSPC before any write when
+ *  they do not fit; a save that finds no space first waits for the blocks
+ *  of files that earlier saves replaced, below, and tries once more). A
+ *  file the rename replaces is kept open across it and closed by a worker
+ *  after the durable point, so that freeing its blocks (0.15-0.22 s per GiB
+ *  on ext4 here) is not part of the save; its space comes back moments
+ *  later, and ckptio_ctx_free waits for those closes.
  *  @path  copied.  @opts  NULL for the context's defaults; copied.
  *  @return 0 and *out, or a negative code. */
 int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
@@ -952,7 +959,10 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
  * checkpoints (the new one and any newer ones count), and those whose step
  * is a multiple of keep_every; remove the rest, incomplete ones included
  * (each is first renamed to a hidden ".ckptio-mgr-del-*" name, so a killed
- * removal never leaves a half-deleted checkpoint). The new checkpoint is
+ * removal never leaves a half-deleted checkpoint; its files are held open
+ * and closed on a thread of the manager once save_end has returned, so
+ * that freeing their blocks does not lengthen the save: the next save_end
+ * and ckptio_manager_close wait for it). The new checkpoint is
  * never removed, so a complete checkpoint always exists once one was
  * published. A directory whose check fails for a reason other than its
  * content (out of memory, too many open files) is kept.
