@@ -30,10 +30,10 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
 int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen);
 /* Renaming over a file or unlinking it frees its blocks inside that call
  * when nothing else holds it open: on this machine's ext4, 0.15-0.22 s for
- * 1 GiB and 0.94 s for 4 GiB, far longer than the fdatasync before it. The regular file at path, opened
- * read-only so that its name can go now and its blocks when this descriptor
- * closes; -1 when there is none (or it cannot be opened: then the name's
- * removal frees the blocks, as without this). */
+ * 1 GiB and 0.94 s for 4 GiB, far longer than the fdatasync before it.
+ * The regular file at path, opened read-only so that its name can go now
+ * and its blocks when this descriptor closes; -1 when there is none (or it
+ * cannot be opened: then the name's removal frees the blocks, as before). */
 int ckptio_hold_blocks(const char *path);
 /* Closes and removes the temp file. Safe after a failed commit. */
 void ckptio_tmpfile_abort(ckptio_tmpfile *t);
