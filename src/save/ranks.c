@@ -289,7 +289,7 @@ static int agree_and_publish(ranks_writer *w) {
   if (w->file.tmp || w->file.fd >= 0) {
     int held;
     ckptio_tmpfile_release(&w->file, w->how, &held);
-    ckptio_close_later(w->ctx->pool, held);
+    ckptio_close_later(w->ctx->pool, &held, 1);
   }
   if (w->comm.rank == 0) {
     ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles);

@@ -4,28 +4,50 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "io/fault.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static uint64_t pending;
+static uint64_t pending; /* jobs queued, not yet run */
 
-static void close_job(void *arg) {
-  ckptio_fault_close_time();
-  close((int)(intptr_t)arg);
+typedef struct close_job {
+  size_t n;
+  int fds[];
+} close_job;
+
+static void close_run(void *arg) {
+  close_job *j = arg;
+  for (size_t i = 0; i < j->n; i++) {
+    ckptio_fault_close_time();
+    close(j->fds[i]);
+  }
+  free(j);
   pthread_mutex_lock(&mu);
   if (--pending == 0) pthread_cond_broadcast(&cv);
   pthread_mutex_unlock(&mu);
 }
 
-void ckptio_close_later(ckptio_pool *pool, int fd) {
-  if (fd < 0) return;
+void ckptio_close_later(ckptio_pool *pool, const int *fds, size_t n) {
+  size_t held = 0;
+  for (size_t i = 0; i < n; i++) held += fds[i] >= 0;
+  if (!held) return;
+  close_job *j = malloc(sizeof(*j) + held * sizeof(int));
+  if (!j) {
+    for (size_t i = 0; i < n; i++)
+      if (fds[i] >= 0) close(fds[i]);
+    return;
+  }
+  j->n = 0;
+  for (size_t i = 0; i < n; i++)
+    if (fds[i] >= 0) j->fds[j->n++] = fds[i];
   pthread_mutex_lock(&mu);
   pending++;
   pthread_mutex_unlock(&mu);
-  if (ckptio_pool_add(pool, close_job, (void *)(intptr_t)fd) < 0) close_job((void *)(intptr_t)fd);
+  if (ckptio_pool_add(pool, close_run, j) < 0) close_run(j);
 }
 
 int ckptio_closes_wait(void) {

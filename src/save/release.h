@@ -11,11 +11,14 @@
 #ifndef CKPTIO_SAVE_RELEASE_H
 #define CKPTIO_SAVE_RELEASE_H
 
+#include <stddef.h>
+
 #include "pool/pool.h"
 
-/* Closes fd (>= 0; -1 does nothing) on one of pool's workers, or here when
- * no job can be queued. */
-void ckptio_close_later(ckptio_pool *pool, int fd);
+/* Closes the n descriptors (-1 entries are skipped) one after the other in
+ * one job on pool, so that a set of many shards holds one worker, not all
+ * of them; here when no job can be queued. */
+void ckptio_close_later(ckptio_pool *pool, const int *fds, size_t n);
 /* Blocks until every close queued so far, by any context, has run: a save
  * told there is no space waits for the blocks already on their way back.
  * @return 1 if it waited for any, else 0. */

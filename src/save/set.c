@@ -260,11 +260,10 @@ static int publish(set_writer *w) {
   if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->base.err, sizeof(w->base.err))) < 0) goto undo;
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how, NULL);
-  for (size_t i = 0; i < w->nshards; i++) {
-    int held;
-    ckptio_tmpfile_release(&w->files[i], w->how[i], &held);
-    ckptio_close_later(w->ctx->pool, held);
-  }
+  int *held = calloc(w->nshards ? w->nshards : 1, sizeof(int));
+  for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i], held ? &held[i] : NULL);
+  if (held) ckptio_close_later(w->ctx->pool, held, w->nshards);
+  free(held);
   ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
@@ -17,6 +18,7 @@
 extern "C" {
 #include "formats/hf_index.h"
 #include "io/fault.h"
+#include "save/release.h"
 }
 
 using namespace ckptio_test;
@@ -702,4 +704,31 @@ TEST_F(HostileIndex, MutationsNeverCrash) {
   }
   EXPECT_GT(refused, 1000);
   EXPECT_GT(opened, 10) << "some mutations (whitespace, metadata) stay valid";
+}
+
+// A set saved over an old one keeps the old shards its exchange moved aside
+// open and closes them after the durable point, one after the other on one
+// worker: freeing their blocks is not part of the save, and the context's
+// other workers stay free (here each close is made to take 0.5 s).
+TEST_F(ShardFaults, TheOldShardsAreFreedAfterTheSaveNotInIt) {
+  size_t shards = old_.size() - 1;  // and the index
+  ckptio_fault_slow_closes(500 * 1000 * 1000);
+  auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  std::string err;
+  ASSERT_EQ(save_set(ctx_, dir_.path(), model(200), 100000, &err), 0) << err;
+  int held = open_removed_files(".safetensors.ckptio-tmp-");
+  double saved = since();
+  expect_loads(ctx_, dir_.path(), model(200));
+  double loaded = since();
+  // Before the first close ends: neither waited for one.
+  EXPECT_LT(saved, 0.45) << "the save waited for the old shards' closes";
+  EXPECT_LT(loaded, 0.45) << "the load waited behind the closes";
+  if (saved < 0.45) {
+    EXPECT_EQ(held, (int)shards) << "the old shards are not held open";
+  }
+  EXPECT_EQ(ckptio_closes_wait(), 1);
+  EXPECT_GT(since(), 0.5 * (double)shards - 0.1) << "the closes did not run one after the other";
+  ckptio_fault_slow_closes(0);
+  EXPECT_EQ(open_removed_files(".safetensors.ckptio-tmp-"), 0);
 }
