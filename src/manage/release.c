@@ -32,7 +32,10 @@ void mgr_hold(mgr_held *h, int fd) {
   if (h->n == h->cap && h->cap < MGR_HELD_MAX) {
     size_t cap = h->cap ? h->cap * 2 : 16;
     int *fds = realloc(h->fds, cap * sizeof(int));
-    if (fds) h->fds = fds, h->cap = cap;
+    if (fds) {
+      h->fds = fds;
+      h->cap = cap;
+    }
   }
   if (h->n < h->cap) h->fds[h->n++] = fd;
   else close(fd);
