@@ -10,12 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "core/hold.h"
 #include "io/fault.h"
 
 int ckptio_pwrite_full(int fd, const void *buf, size_t len, uint64_t off) {
@@ -153,18 +153,9 @@ static int sync_dir(const char *path) {
   return rc;
 }
 
-int ckptio_hold_blocks(const char *path) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
-    close(fd);
-    fd = -1;
-  }
-  return fd;
-}
-
 int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen) {
-  int rc = 0, inject, old = -1;
+  int rc = 0, inject;
+  *held = -1;
   if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
                         (unsigned long long)size, strerror(errno));
@@ -178,7 +169,7 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held,
       goto fail;
     }
   }
-  if (held) old = ckptio_hold_blocks(t->path);
+  int old = ckptio_hold_blocks(AT_FDCWD, t->path);
   inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
   if (inject || rename(t->tmp, t->path) < 0) {
     int e = inject ? inject : errno;
@@ -186,7 +177,7 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held,
     if (old >= 0) close(old);
     goto fail;
   }
-  if (held) *held = old;
+  *held = old;
   free(t->tmp);
   t->tmp = NULL; /* renamed: nothing to remove any more */
   if (sync && (rc = sync_dir(t->path)) < 0) {

@@ -25,16 +25,9 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
                         char *err, size_t errlen);
 /* Truncates to size, syncs (if sync), renames over path, syncs the
  * directory, closes. On failure the temp file is removed and path keeps
- * what it had. held: NULL, or where the file the rename replaced goes, still
- * open (ckptio_hold_blocks; -1 when there was none): the caller closes it. */
+ * what it had. *held: the file the rename replaced, still open (core/hold.h;
+ * -1 when there was none), for the caller to close off the save's path. */
 int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen);
-/* Renaming over a file or unlinking it frees its blocks inside that call
- * when nothing else holds it open: on this machine's ext4, 0.15-0.22 s for
- * 1 GiB and 0.94 s for 4 GiB, far longer than the fdatasync before it.
- * The regular file at path, opened read-only so that its name can go now
- * and its blocks when this descriptor closes; -1 when there is none (or it
- * cannot be opened: then the name's removal frees the blocks, as before). */
-int ckptio_hold_blocks(const char *path);
 /* Closes and removes the temp file. Safe after a failed commit. */
 void ckptio_tmpfile_abort(ckptio_tmpfile *t);
 

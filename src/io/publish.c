@@ -14,6 +14,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "core/hold.h"
 #include "io/fault.h"
 
 int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
@@ -76,7 +77,7 @@ void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how) {
 }
 
 void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, int *held) {
-  if (held) *held = how == CKPTIO_SWAP_EXCHANGED && t->tmp ? ckptio_hold_blocks(t->tmp) : -1;
+  if (held) *held = how == CKPTIO_SWAP_EXCHANGED && t->tmp ? ckptio_hold_blocks(AT_FDCWD, t->tmp) : -1;
   if (how != CKPTIO_SWAP_EXCHANGED) {
     free(t->tmp); /* renamed away: nothing left under that name */
     t->tmp = NULL;

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/hold.h"
 #include "manage/manage.h"
 
 void mgr_step_name(uint64_t step, char *buf, size_t len) { snprintf(buf, len, "step-%08" PRIu64, step); }
@@ -67,7 +68,7 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out) {
 }
 
 static int remove_at(int at, const char *name, int depth, mgr_held *held) {
-  int fd = held ? mgr_open_regular(at, name) : -1;
+  int fd = held ? ckptio_hold_blocks(at, name) : -1;
   if (unlinkat(at, name, 0) == 0) {
     if (held) mgr_hold(held, fd);
     return 0;

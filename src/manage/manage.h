@@ -80,9 +80,7 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
  * mgr_close_later's thread closes it (release.c). @return 0 or -errno. */
 int mgr_remove_tree(int dirfd, const char *name, mgr_held *held);
 
-/* release.c: the regular file name under dirfd opened read-only, or -1. */
-int mgr_open_regular(int dirfd, const char *name);
-/* Keeps fd (-1: nothing) in h, or closes it when h is full. */
+/* release.c: keeps fd (-1: nothing) in h, or closes it when h is full. */
 void mgr_hold(mgr_held *h, int fd);
 /* Closes h's descriptors on the manager's thread (after the previous batch)
  * and empties h. */

@@ -7,38 +7,21 @@
  * and every error is still reported there; only the closes that free the
  * blocks run on the manager's thread, which the next retention and
  * ckptio_manager_close wait for. */
-#include <fcntl.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/nameset.h"
 #include "manage/manage.h"
 
 /* Descriptors held at once, at most: beyond, a file is freed as before. */
 #define MGR_HELD_MAX 1024
 
-int mgr_open_regular(int dirfd, const char *name) {
-  int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  struct stat st;
-  if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
-    close(fd);
-    fd = -1;
-  }
-  return fd;
-}
-
 void mgr_hold(mgr_held *h, int fd) {
   if (fd < 0) return;
-  if (h->n == h->cap && h->cap < MGR_HELD_MAX) {
-    size_t cap = h->cap ? h->cap * 2 : 16;
-    int *fds = realloc(h->fds, cap * sizeof(int));
-    if (fds) {
-      h->fds = fds;
-      h->cap = cap;
-    }
-  }
-  if (h->n < h->cap) h->fds[h->n++] = fd;
-  else close(fd);
+  if (h->n < MGR_HELD_MAX && ckptio_array_grow((void **)&h->fds, &h->cap, h->n, sizeof(int)) == 0)
+    h->fds[h->n++] = fd;
+  else
+    close(fd);
 }
 
 static void *close_all(void *arg) {

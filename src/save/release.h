@@ -4,7 +4,7 @@
  * replaced, frees the old file's blocks inside that call when nothing else
  * holds the file: on this machine's ext4 0.15-0.22 s for 1 GiB (a third of
  * the save) and 0.94 s for 4 GiB (bench/RESULTS.md). The commit keeps the
- * old file open across the rename (io/file.h ckptio_hold_blocks); the close
+ * old file open across the rename (core/hold.h); the close
  * that frees its blocks runs here, on a worker, once the save has said it
  * is durable. A context's end waits for its closes (the pool drains its
  * queue). */
