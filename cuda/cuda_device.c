@@ -55,11 +55,27 @@ static int try_open(const char *name) {
   return handle != NULL;
 }
 
+/* Whether the NVIDIA driver's library loads: every runtime works through
+ * it. Asked before the runtime because a machine without a GPU may still
+ * have the toolkit's runtime on its loader path (this one does), and
+ * loading that runtime to hear it has no driver costs a fresh process
+ * 0.2-0.5 ms where the failed look for the driver costs 0.1 ms. On a GPU
+ * machine the runtime would load the driver anyway. */
+static int driver_loads(void) {
+  void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!driver) {
+    snprintf(why_buf, sizeof(why_buf), "no NVIDIA driver: %s", dlerror());
+    return 0;
+  }
+  dlclose(driver);
+  return 1;
+}
+
 static void load(void) {
   const char *env = getenv("CKPTIO_CUDART");
   if (env && *env) {
-    if (!try_open(env)) return;
-  } else if (!try_open("libcudart.so.13") && !try_open("libcudart.so.12")) {
+    if (!try_open(env)) return; /* an explicit runtime (a test's fake) brings its own driver */
+  } else if (!driver_loads() || (!try_open("libcudart.so.13") && !try_open("libcudart.so.12"))) {
     return;
   }
   why_buf[0] = '\0';
