@@ -1048,7 +1048,8 @@ void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, vo
  *  save is published (exchanged atomically; on a filesystem without
  *  renameat2(RENAME_EXCHANGE) the old one is moved aside first, and a crash
  *  between those two renames leaves neither under the step name, so there
- *  save a new step rather than the newest one again).
+ *  save a new step rather than the newest one again). The old copy's files
+ *  are freed as retention's are (see above): after save_end, not in it.
  *  @return 0 and *out, or a negative code with *out NULL:
  *          CKPTIO_E_STATE (a save of this manager is open), -EBUSY (another
  *          save holds the directory), the writer's open errors, -errno. */

@@ -16,7 +16,6 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t write_rate;    /* bytes per second, 0: off */
 static _Atomic uint64_t read_rate;     /* likewise, for reads */
 static _Atomic int reads_shared;       /* reads share the device (below) */
-static _Atomic uint64_t close_ns;      /* added to each held file's close */
 
 void ckptio_fault_arm(ckptio_fault_op op, long nth, int err) {
   atomic_store(&fault_err[op], err);
@@ -126,12 +125,6 @@ void ckptio_fault_read_time(uint64_t len) {
   uint64_t rate = atomic_load_explicit(&read_rate, memory_order_relaxed);
   if (rate && atomic_load_explicit(&reads_shared, memory_order_relaxed)) shared_time(rate, len);
   else disk_time(&read_rate, len);
-}
-
-void ckptio_fault_slow_closes(uint64_t ns) { atomic_store(&close_ns, ns); }
-void ckptio_fault_close_time(void) {
-  uint64_t ns = atomic_load_explicit(&close_ns, memory_order_relaxed);
-  if (ns) nanosleep(&(struct timespec){(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)}, NULL);
 }
 
 int ckptio_fault_check(ckptio_fault_op op) {

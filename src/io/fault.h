@@ -43,10 +43,4 @@ void ckptio_fault_slow_reads(uint64_t bytes_per_second);
 void ckptio_fault_slow_reads_shared(uint64_t bytes_per_second);
 void ckptio_fault_read_time(uint64_t len);
 
-/* Closing a replaced file's last descriptor takes `ns` longer (0: off), as
- * freeing a large file's blocks does: what a save must not wait for. */
-void ckptio_fault_slow_closes(uint64_t ns);
-/* Called before closing a descriptor held for its blocks. */
-void ckptio_fault_close_time(void);
-
 #endif

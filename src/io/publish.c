@@ -93,15 +93,16 @@ int ckptio_dir_sync(const char *dir) {
   return rc;
 }
 
-/* Removes every file of dir whose name `doomed` says so. Best effort. */
-static void sweep(const char *dir, int (*doomed)(const char *name, const void *arg), const void *arg) {
+/* Removes every file of dir whose name `doomed` says so, best effort; with
+ * `held`, each is held there first (its blocks freed when it is closed). */
+static void sweep(const char *dir, int (*doomed)(const char *name, const void *arg), const void *arg,
+                  ckptio_held *held) {
   DIR *d = opendir(dir);
   struct dirent *e;
   while (d && (e = readdir(d))) {
     if (!doomed(e->d_name, arg)) continue;
-    char *p = ckptio_path_join(dir, e->d_name);
-    if (p) unlink(p);
-    free(p);
+    if (held) ckptio_held_add(held, ckptio_hold_blocks(dirfd(d), e->d_name));
+    unlinkat(dirfd(d), e->d_name, 0);
   }
   if (d) closedir(d);
 }
@@ -127,9 +128,9 @@ static int stale_shard(const char *n, const void *arg) {
 /* Shards of an earlier save with another count are stale once a set is
  * published: nothing refers to them any more. Removed as transformers'
  * save_pretrained does; only names exactly of the pattern. */
-void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards) {
+void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards, ckptio_held *held) {
   set_names s = {prefix, nshards};
-  sweep(dir, stale_shard, &s);
+  sweep(dir, stale_shard, &s, held);
 }
 
 /* ".{prefix}-KKKKK-of-MMMMM.safetensors.ckptio-tmp-*" or
@@ -147,7 +148,7 @@ static int set_temp(const char *n, const void *arg) {
 
 void ckptio_remove_stray_temps(const char *dir, const char *prefix) {
   set_names s = {prefix, 0};
-  sweep(dir, set_temp, &s);
+  sweep(dir, set_temp, &s, NULL);
 }
 
 static int file_temp(const char *n, const void *arg) {
@@ -161,5 +162,5 @@ void ckptio_remove_stray_temps_of(const char *path) {
   char dir[4096], want[4096];
   snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
   int n = snprintf(want, sizeof(want), ".%s.ckptio-tmp-", base);
-  if (n > 0 && (size_t)n < sizeof(want)) sweep(dir, file_temp, want);
+  if (n > 0 && (size_t)n < sizeof(want)) sweep(dir, file_temp, want, NULL);
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/hold.h"
 #include "io/file.h"
 
 /* How a temp file took its place, for undo. */
@@ -40,8 +41,8 @@ void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, int *held);
 
 /* After a set "{prefix}-KKKKK-of-NNNNN.safetensors" is published: removes
  * the files of that pattern with another count than nshards (an earlier
- * save's). Best effort. */
-void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards);
+ * save's), each held in `held` first (NULL: freed at once). Best effort. */
+void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards, ckptio_held *held);
 /* Removes the hidden temp files of a set's names that a killed save left
  * (only while no other save of that prefix runs in dir). Best effort. */
 void ckptio_remove_stray_temps(const char *dir, const char *prefix);

@@ -67,10 +67,10 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out) {
   return 0;
 }
 
-static int remove_at(int at, const char *name, int depth, mgr_held *held) {
+static int remove_at(int at, const char *name, int depth, ckptio_held *held) {
   int fd = held ? ckptio_hold_blocks(at, name) : -1;
   if (unlinkat(at, name, 0) == 0) {
-    if (held) mgr_hold(held, fd);
+    if (held) ckptio_held_add(held, fd);
     return 0;
   }
   int err = errno;
@@ -92,7 +92,7 @@ static int remove_at(int at, const char *name, int depth, mgr_held *held) {
   return rc;
 }
 
-int mgr_remove_tree(int dirfd, const char *name, mgr_held *held) { return remove_at(dirfd, name, 0, held); }
+int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held) { return remove_at(dirfd, name, 0, held); }
 
 int mgr_write_latest(ckptio_manager *m, const char *content) {
   char tmp[128];

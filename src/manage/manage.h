@@ -11,6 +11,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "core/hold.h"
 
 /* Every hidden entry the manager creates starts with this, and a save
  * removes only entries that do. */
@@ -28,12 +29,6 @@ typedef struct mgr_entry {
   uint32_t files;
   int complete, verified, error;
 } mgr_entry;
-
-/* Descriptors of removed files, held for their blocks (release.c). */
-typedef struct mgr_held {
-  int *fds;
-  size_t n, cap;
-} mgr_held;
 
 struct ckptio_manager {
   ckptio_ctx *ctx;
@@ -53,7 +48,7 @@ struct ckptio_manager {
   char err[CKPTIO_ERRLEN];
   pthread_t closer;          /* closing `closing` while closer_running */
   int closer_running;
-  mgr_held closing;
+  ckptio_held closing;
 };
 
 /* "step-00001000". */
@@ -78,13 +73,11 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
 /* Removes DIR/name and everything below it (a few levels at most); with
  * `held`, each file stays open there so that its blocks are freed when
  * mgr_close_later's thread closes it (release.c). @return 0 or -errno. */
-int mgr_remove_tree(int dirfd, const char *name, mgr_held *held);
+int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held);
 
-/* release.c: keeps fd (-1: nothing) in h, or closes it when h is full. */
-void mgr_hold(mgr_held *h, int fd);
-/* Closes h's descriptors on the manager's thread (after the previous batch)
+/* release.c: closes h's descriptors on the manager's thread (after the previous batch)
  * and empties h. */
-void mgr_close_later(ckptio_manager *m, mgr_held *h);
+void mgr_close_later(ckptio_manager *m, ckptio_held *h);
 /* Waits for that thread. */
 void mgr_closes_join(ckptio_manager *m);
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */

@@ -85,8 +85,11 @@ const char *ckptio_manager_last_error(const ckptio_manager *m) { return m ? m->e
 
 /* The open save is over, published or not: drop its temporary directory
  * (gone already when published) and the lock. */
-static void end_save(ckptio_manager *m) {
-  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp, NULL);
+/* Ends the open save: its temporary directory (an unpublished save, or the
+ * older checkpoint of the step publish exchanged out) is removed, its files
+ * held in `held` when given. */
+static void end_save(ckptio_manager *m, ckptio_held *held) {
+  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp, held);
   free(m->w_tmp);
   m->w_tmp = NULL;
   m->w = NULL;
@@ -97,7 +100,7 @@ void ckptio_manager_close(ckptio_manager *m) {
   if (!m) return;
   if (m->w) {
     ckptio_writer_close(m->w);
-    end_save(m);
+    end_save(m, NULL);
   }
   mgr_closes_join(m);
   for (size_t i = 0; i < m->nlist; i++) mgr_entry_free(&m->list[i]);
@@ -180,7 +183,7 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
   *out = w;
   return 0;
 fail:
-  end_save(m);
+  end_save(m, NULL);
   return rc;
 }
 
@@ -216,14 +219,14 @@ published:
   return mgr_sync_dir(m);
 }
 
-/* Removes what the keep rules let go, now that `step` is durable. */
-static int retain(ckptio_manager *m, uint64_t step) {
+/* Removes what the keep rules let go, now that `step` is durable; the
+ * removed files are held in `held`. */
+static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
   if (m->mo.keep_last == 0) return 0;
   uint64_t *steps;
   int64_t n = mgr_scan_steps(m, &steps);
   if (n < 0) return (int)n;
   int rc = 0, kept = 0;
-  mgr_held held = {0};
   for (int64_t i = n - 1; i >= 0; i--) {
     uint64_t s = steps[i];
     if (s == step) {
@@ -253,14 +256,13 @@ static int retain(ckptio_manager *m, uint64_t step) {
     mgr_tmp_name(m, what, del, sizeof(del));
     /* Hidden first: a removal cut short leaves a stray, never a step
      * directory with some files gone. */
-    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del, &held) : -errno;
+    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del, held) : -errno;
     if (r < 0) {
       mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, strerror(-r));
       if (rc == 0) rc = r;
     }
   }
   free(steps);
-  mgr_close_later(m, &held);
   return rc;
 }
 
@@ -271,6 +273,7 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
   }
   m->err[0] = '\0';
   uint64_t step = m->w_step;
+  ckptio_held held = {0}; /* removed files, closed off this call */
   int rc = ckptio_writer_wait_durable(w);
   if (rc == CKPTIO_E_STATE)
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: the save of step %" PRIu64 " was never committed", m->dir, step);
@@ -294,11 +297,12 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
                    name, MGR_LATEST, strerror(-rc));
     goto out;
   }
-  rc = retain(m, step);
+  rc = retain(m, step, &held);
   if (rc < 0)
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but retention failed: %s", m->dir, name,
                    ckptio_strerror(rc));
 out:
-  end_save(m);
+  end_save(m, &held);
+  mgr_close_later(m, &held);
   return rc;
 }

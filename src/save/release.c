@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "io/fault.h"
+#include "core/hold.h"
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -20,10 +20,7 @@ typedef struct close_job {
 
 static void close_run(void *arg) {
   close_job *j = arg;
-  for (size_t i = 0; i < j->n; i++) {
-    ckptio_fault_close_time();
-    close(j->fds[i]);
-  }
+  for (size_t i = 0; i < j->n; i++) ckptio_held_close(j->fds[i]);
   free(j);
   pthread_mutex_lock(&mu);
   if (--pending == 0) pthread_cond_broadcast(&cv);
@@ -37,7 +34,7 @@ void ckptio_close_later(ckptio_pool *pool, const int *fds, size_t n) {
   close_job *j = malloc(sizeof(*j) + held * sizeof(int));
   if (!j) {
     for (size_t i = 0; i < n; i++)
-      if (fds[i] >= 0) close(fds[i]);
+      if (fds[i] >= 0) ckptio_held_close(fds[i]);
     return;
   }
   j->n = 0;

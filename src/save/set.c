@@ -260,11 +260,15 @@ static int publish(set_writer *w) {
   if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->base.err, sizeof(w->base.err))) < 0) goto undo;
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how, NULL);
-  int *held = calloc(w->nshards ? w->nshards : 1, sizeof(int));
-  for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i], held ? &held[i] : NULL);
-  if (held) ckptio_close_later(w->ctx->pool, held, w->nshards);
-  free(held);
-  ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards);
+  ckptio_held held = {0}; /* the replaced and the stale shards, closed off the save */
+  for (size_t i = 0; i < w->nshards; i++) {
+    int fd = -1;
+    ckptio_tmpfile_release(&w->files[i], w->how[i], &fd);
+    ckptio_held_add(&held, fd);
+  }
+  ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards, &held);
+  ckptio_close_later(w->ctx->pool, held.fds, held.n);
+  free(held.fds);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));

@@ -10,6 +10,7 @@
 
 #include "ckpt_fixture.h"
 extern "C" {
+#include "core/hold.h"
 #include "io/fault.h"
 #include "save/release.h"
 }
@@ -30,7 +31,7 @@ class Faults : public ::testing::Test {
   }
   void TearDown() override {
     ckptio_fault_clear();
-    ckptio_fault_slow_closes(0);
+    ckptio_held_slow_closes(0);
     ckptio_ctx_free(ctx_);
   }
   std::string path() const { return dir_.file("model.safetensors"); }
@@ -86,7 +87,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // Freeing a large replaced file's blocks took 0.15-0.22 s per GiB in the
 // commit's rename on this machine; here its close is made to take 0.6 s.
 TEST_F(Faults, ASaveOverAnOldFileDoesNotWaitForTheOldBlocksToBeFreed) {
-  ckptio_fault_slow_closes(600 * 1000 * 1000);
+  ckptio_held_slow_closes(600 * 1000 * 1000);
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(save(ctx_, path(), next_), 0);
   double took = seconds_since(t0);
@@ -104,7 +105,7 @@ TEST_F(Faults, ASaveOverAnOldFileDoesNotWaitForTheOldBlocksToBeFreed) {
 }
 
 TEST_F(Faults, AContextsEndClosesTheOldFilesItHeld) {
-  ckptio_fault_slow_closes(300 * 1000 * 1000);
+  ckptio_held_slow_closes(300 * 1000 * 1000);
   ASSERT_EQ(save(ctx_, path(), next_), 0);
   ckptio_ctx_free(ctx_);
   ctx_ = nullptr;
@@ -115,7 +116,7 @@ TEST_F(Faults, AContextsEndClosesTheOldFilesItHeld) {
 // A save told there is no space waits for the blocks of files replaced
 // before it, which are on their way back, and tries once more.
 TEST_F(Faults, NoSpaceWaitsForTheBlocksOfReplacedFiles) {
-  ckptio_fault_slow_closes(400 * 1000 * 1000);
+  ckptio_held_slow_closes(400 * 1000 * 1000);
   ASSERT_EQ(save(ctx_, path(), next_), 0);
   ckptio_fault_arm(CKPTIO_FAULT_FALLOCATE, 1, ENOSPC);
   auto t0 = std::chrono::steady_clock::now();

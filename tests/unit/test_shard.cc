@@ -16,6 +16,7 @@
 
 #include "ckpt_fixture.h"
 extern "C" {
+#include "core/hold.h"
 #include "formats/hf_index.h"
 #include "io/fault.h"
 #include "save/release.h"
@@ -712,7 +713,7 @@ TEST_F(HostileIndex, MutationsNeverCrash) {
 // other workers stay free (here each close is made to take 0.5 s).
 TEST_F(ShardFaults, TheOldShardsAreFreedAfterTheSaveNotInIt) {
   size_t shards = old_.size() - 1;  // and the index
-  ckptio_fault_slow_closes(500 * 1000 * 1000);
+  ckptio_held_slow_closes(500 * 1000 * 1000);
   auto t0 = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   std::string err;
@@ -729,6 +730,31 @@ TEST_F(ShardFaults, TheOldShardsAreFreedAfterTheSaveNotInIt) {
   }
   EXPECT_EQ(ckptio_closes_wait(), 1);
   EXPECT_GT(since(), 0.5 * (double)shards - 0.1) << "the closes did not run one after the other";
-  ckptio_fault_slow_closes(0);
+  ckptio_held_slow_closes(0);
   EXPECT_EQ(open_removed_files(".safetensors.ckptio-tmp-"), 0);
+}
+
+// A set saved with another shard count leaves the old count's shards stale:
+// they are removed when the new set is published, and freed after it.
+TEST_F(ShardFaults, StaleShardsAreFreedAfterTheSaveNotInIt) {
+  size_t stale = old_.size() - 1;
+  ckptio_held_slow_closes(500 * 1000 * 1000);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string err;
+  size_t n = 0;
+  ASSERT_EQ(save_set(ctx_, dir_.path(), model(200), 1ull << 30, &err, &n), 0) << err;
+  double saved = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(n, 1u);
+  char pattern[32];
+  snprintf(pattern, sizeof(pattern), "-of-%05zu.safetensors (deleted)", stale);
+  int held = open_removed_files(pattern);
+  EXPECT_LT(saved, 0.45) << "the save waited for the stale shards' closes";
+  if (saved < 0.45) {
+    EXPECT_EQ(held, (int)stale) << "the stale shards are not held open";
+  }
+  EXPECT_EQ(dir_.list(), (std::vector<std::string>{shard_name(1, 1), kIndex}));
+  EXPECT_EQ(ckptio_closes_wait(), 1);
+  ckptio_held_slow_closes(0);
+  EXPECT_EQ(open_removed_files(pattern), 0);
+  expect_loads(ctx_, dir_.path(), model(200));
 }
