@@ -83,11 +83,10 @@ void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, vo
 
 const char *ckptio_manager_last_error(const ckptio_manager *m) { return m ? m->err : ""; }
 
-/* The open save is over, published or not: drop its temporary directory
- * (gone already when published) and the lock. */
-/* Ends the open save: its temporary directory (an unpublished save, or the
- * older checkpoint of the step publish exchanged out) is removed, its files
- * held in `held` when given. */
+/* The open save is over, published or not: removes its temporary directory
+ * (an unpublished save's, or the older copy of the step that publish
+ * exchanged out; gone otherwise), its files held in `held` when given, and
+ * drops the lock. */
 static void end_save(ckptio_manager *m, ckptio_held *held) {
   if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp, held);
   free(m->w_tmp);
