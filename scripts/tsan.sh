@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the concurrent parts of the library: builds
 # build-tsan/ (-DCKPTIO_TSAN=ON) and runs the pool, pipeline, faults, shard,
-# slice, multi-rank and zstd tests, on the host device and over the fake CUDA
+# slice, multi-rank, zstd and manager tests (the manager closes removed
+# files on a thread of its own), on the host device and over the fake CUDA
 # runtime (whose copy thread and events race with the pipeline's workers if
 # anything does). TSan stops a test at its first report (halt_on_error), so
 # a race fails the run. Called by scripts/test.sh; extra arguments go to ctest.
@@ -12,4 +13,4 @@ scripts/build.sh build-tsan -DCKPTIO_TSAN=ON -DCMAKE_BUILD_TYPE=Debug || exit 1
 # tests/tsan.supp: the dynamic loader's own TLS bookkeeping, nothing else.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir build-tsan --output-on-failure -j2 --no-tests=error \
-      -R '^test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda)(_cuda_fake)?$' "$@"
+      -R '^test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda|manage)(_cuda_fake)?$' "$@"
