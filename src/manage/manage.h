@@ -75,8 +75,8 @@ int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
  * mgr_close_later's thread closes it (release.c). @return 0 or -errno. */
 int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held);
 
-/* release.c: closes h's descriptors on the manager's thread (after the previous batch)
- * and empties h. */
+/* release.c: closes h's descriptors on the manager's thread (after the
+ * previous batch) and empties h. */
 void mgr_close_later(ckptio_manager *m, ckptio_held *h);
 /* Waits for that thread. */
 void mgr_closes_join(ckptio_manager *m);
