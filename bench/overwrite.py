@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Saves in a training loop: one process saves the same state --saves times,
 pausing --pause seconds between saves (the training steps), either over the
-same file (ckptio.torch.save_file) or as steps of a CheckpointManager with
-keep_last=1, where each save after the first replaces or removes the
-previous checkpoint. Reports the saves after the first (the ones that
+same file (ckptio.torch.save_file), as steps of a CheckpointManager with
+keep_last=1 (manager), or as one step saved again and again (same-step: a
+final save at the step of the last periodic one), where each save after
+the first replaces or removes the previous checkpoint. Reports the saves after the first (the ones that
 replace one) beside the raw O_DIRECT write of the same bytes
 (build/bench/dist_bench raw-write, 1 rank) measured in each round; one
 process per --lib and round, alternating (A/B).
 
-    bench/overwrite.py --size 1GiB --rounds 2 [--mode file|manager]
+    bench/overwrite.py --size 1GiB --rounds 2 [--mode file|manager|same-step]
                        [--lib build/libckptio.so --lib other/libckptio.so]
 """
 import argparse
@@ -38,7 +39,7 @@ def child(mode, where, size, saves, pause):
         mgr = CheckpointManager(where, keep_last=1)
 
         def save(step):
-            mgr.save({"x": t}, step)
+            mgr.save({"x": t}, step if mode == "manager" else 0)
     times = []
     for step in range(saves):
         t0 = time.perf_counter()
@@ -64,7 +65,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--saves", type=int, default=4)
     ap.add_argument("--pause", type=float, default=2.0)
-    ap.add_argument("--mode", choices=["file", "manager"], default="file")
+    ap.add_argument("--mode", choices=["file", "manager", "same-step"], default="file")
     ap.add_argument("--lib", action="append", default=None, help="libckptio.so to measure (repeatable)")
     ap.add_argument("--dir", default=os.path.join(ROOT, "build", "bench-tmp", "overwrite"))
     a = ap.parse_args()
