@@ -177,11 +177,11 @@ TEST_F(Manage, RetentionFreesTheRemovedFilesBlocksOffTheSaveAndClosesThemAll) {
   ckptio_held_slow_closes(300 * 1000 * 1000);  // each close frees its blocks in 0.3 s
   for (uint64_t s = 1; s <= 4; s++) {
     ASSERT_EQ(save_step(s), 0) << ckptio_manager_last_error(m_);
-    EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{s}));
-    EXPECT_TRUE(hidden().empty());
     // The step just removed is still held (its close is under way), no
     // earlier one: the next retention waited for the closes before it.
     EXPECT_EQ(open_removed_files("/.ckptio-mgr-del-step-"), s > 1 ? 1 : 0);
+    EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{s}));
+    EXPECT_TRUE(hidden().empty());
   }
   ckptio_manager_close(m_);
   m_ = nullptr;
@@ -364,12 +364,12 @@ TEST_F(Manage, SameStepIsReplaced) {
 TEST_F(Manage, AStepSavedAgainFreesTheOldCopyAfterTheSaveNotInIt) {
   open();
   ASSERT_EQ(save_step(5), 0);
-  ckptio_held_slow_closes(500 * 1000 * 1000);
+  ckptio_held_slow_closes(800 * 1000 * 1000);
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(save_step(5), 0) << ckptio_manager_last_error(m_);
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(took, 0.35) << "the save waited for the old copy's close";
   EXPECT_EQ(open_removed_files("/.ckptio-mgr-"), 1) << "the old copy's file is not held";
+  EXPECT_LT(took, 0.6) << "the save waited for the old copy's close";
   EXPECT_TRUE(hidden().empty());
   std::string path;
   EXPECT_EQ(latest(&path), 5u);
@@ -377,7 +377,7 @@ TEST_F(Manage, AStepSavedAgainFreesTheOldCopyAfterTheSaveNotInIt) {
   ckptio_manager_close(m_);
   m_ = nullptr;
   took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GT(took, 0.2) << "close did not wait for the pending close";
+  EXPECT_GT(took, 0.3) << "close did not wait for the pending close";
   EXPECT_EQ(open_removed_files("/.ckptio-mgr-"), 0);
 }
 

@@ -197,7 +197,8 @@ TEST(Ring, TheFirstSlotIsInSmallPagesTheRestInHugePages) {
   EXPECT_EQ(first, base);
   EXPECT_EQ(thp_eligible(base), 0);
   EXPECT_EQ(thp_eligible(base + (2 << 20) - 1), 0);
-  if (thp_mode().find("[never]") == std::string::npos) {
+  std::string mode = thp_mode();  // empty: a kernel without transparent huge pages
+  if (!mode.empty() && mode.find("[never]") == std::string::npos) {
     EXPECT_EQ(thp_eligible(base + (2 << 20)), 1);
     EXPECT_EQ(thp_eligible(base + (32 << 20) - 1), 1);
   } else {
