@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "core/hold.h"
 
