@@ -153,9 +153,8 @@ static int sync_dir(const char *path) {
   return rc;
 }
 
-int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen) {
+int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_held *held, char *err, size_t errlen) {
   int rc = 0, inject;
-  *held = -1;
   if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
                         (unsigned long long)size, strerror(errno));
@@ -177,7 +176,7 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held,
     if (old >= 0) close(old);
     goto fail;
   }
-  *held = old;
+  ckptio_held_add(held, old);
   free(t->tmp);
   t->tmp = NULL; /* renamed: nothing to remove any more */
   if (sync && (rc = sync_dir(t->path)) < 0) {

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/hold.h"
+
 /* A file being written: `fd` is buffered, `fd_direct` is the same file opened
  * with O_DIRECT (or -1 when the filesystem refuses it or it is off). */
 typedef struct ckptio_tmpfile {
@@ -25,9 +27,9 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
                         char *err, size_t errlen);
 /* Truncates to size, syncs (if sync), renames over path, syncs the
  * directory, closes. On failure the temp file is removed and path keeps
- * what it had. *held: the file the rename replaced, still open (core/hold.h;
- * -1 when there was none), for the caller to close off the save's path. */
-int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, int *held, char *err, size_t errlen);
+ * what it had. The file the rename replaced, if any, goes into `held`
+ * still open (core/hold.h), for the caller to close off the save's path. */
+int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_held *held, char *err, size_t errlen);
 /* Closes and removes the temp file. Safe after a failed commit. */
 void ckptio_tmpfile_abort(ckptio_tmpfile *t);
 

@@ -76,8 +76,8 @@ void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how) {
   ckptio_tmpfile_abort(t); /* unlinks tmp when it still has a name */
 }
 
-void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, int *held) {
-  if (held) *held = how == CKPTIO_SWAP_EXCHANGED && t->tmp ? ckptio_hold_blocks(AT_FDCWD, t->tmp) : -1;
+void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, ckptio_held *held) {
+  if (held && how == CKPTIO_SWAP_EXCHANGED && t->tmp) ckptio_held_add(held, ckptio_hold_blocks(AT_FDCWD, t->tmp));
   if (how != CKPTIO_SWAP_EXCHANGED) {
     free(t->tmp); /* renamed away: nothing left under that name */
     t->tmp = NULL;

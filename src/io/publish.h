@@ -35,9 +35,9 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
 void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how);
 
 /* The set is final: removes the old file kept by an exchange and closes.
- * held: NULL, or where that old file goes, still open (core/hold.h; -1
- * when there was none): the caller closes it. */
-void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, int *held);
+ * With `held`, that old file goes there still open (core/hold.h), for the
+ * caller to close; NULL: freed at once. */
+void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, ckptio_held *held);
 
 /* After a set "{prefix}-KKKKK-of-NNNNN.safetensors" is published: removes
  * the files of that pattern with another count than nshards (an earlier

@@ -287,14 +287,9 @@ static int agree_and_publish(ranks_writer *w) {
   if (rc < 0) goto undo;
   /* Published. What remains only frees space. */
   ckptio_held held = {0}; /* the replaced and the stale files, closed off the save */
-  if (w->file.tmp || w->file.fd >= 0) {
-    int fd = -1;
-    ckptio_tmpfile_release(&w->file, w->how, &fd);
-    ckptio_held_add(&held, fd);
-  }
+  if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, w->how, &held);
   if (w->comm.rank == 0) ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles, &held);
-  ckptio_close_later(w->ctx->pool, held.fds, held.n);
-  free(held.fds);
+  ckptio_close_later(w->ctx->pool, &held);
   if (w->comm.rank == 0) {
     ckptio_remove_stray_temps(w->dir, w->prefix);
     if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)

@@ -12,33 +12,23 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static uint64_t pending; /* jobs queued, not yet run */
 
-typedef struct close_job {
-  size_t n;
-  int fds[];
-} close_job;
-
 static void close_run(void *arg) {
-  close_job *j = arg;
-  for (size_t i = 0; i < j->n; i++) ckptio_held_close(j->fds[i]);
-  free(j);
+  ckptio_held_close_all(arg);
+  free(arg);
   pthread_mutex_lock(&mu);
   if (--pending == 0) pthread_cond_broadcast(&cv);
   pthread_mutex_unlock(&mu);
 }
 
-void ckptio_close_later(ckptio_pool *pool, const int *fds, size_t n) {
-  size_t held = 0;
-  for (size_t i = 0; i < n; i++) held += fds[i] >= 0;
-  if (!held) return;
-  close_job *j = malloc(sizeof(*j) + held * sizeof(int));
+void ckptio_close_later(ckptio_pool *pool, ckptio_held *h) {
+  if (!h->n) return;
+  ckptio_held *j = malloc(sizeof(*j));
   if (!j) {
-    for (size_t i = 0; i < n; i++)
-      if (fds[i] >= 0) ckptio_held_close(fds[i]);
+    ckptio_held_close_all(h);
     return;
   }
-  j->n = 0;
-  for (size_t i = 0; i < n; i++)
-    if (fds[i] >= 0) j->fds[j->n++] = fds[i];
+  *j = *h;
+  *h = (ckptio_held){0};
   pthread_mutex_lock(&mu);
   pending++;
   pthread_mutex_unlock(&mu);

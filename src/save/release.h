@@ -11,14 +11,13 @@
 #ifndef CKPTIO_SAVE_RELEASE_H
 #define CKPTIO_SAVE_RELEASE_H
 
-#include <stddef.h>
-
+#include "core/hold.h"
 #include "pool/pool.h"
 
-/* Closes the n descriptors (-1 entries are skipped) one after the other in
- * one job on pool, so that a set of many shards holds one worker, not all
- * of them; here when no job can be queued. */
-void ckptio_close_later(ckptio_pool *pool, const int *fds, size_t n);
+/* Takes h's descriptors (h is left empty) and closes them one after the
+ * other in one job on pool, so that a set of many shards holds one worker,
+ * not all of them; here when no job can be queued. */
+void ckptio_close_later(ckptio_pool *pool, ckptio_held *h);
 /* Blocks until every close queued so far, by any context, has run: a save
  * told there is no space waits for the blocks already on their way back.
  * @return 1 if it waited for any, else 0. */

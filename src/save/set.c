@@ -261,14 +261,9 @@ static int publish(set_writer *w) {
   /* Published. What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how, NULL);
   ckptio_held held = {0}; /* the replaced and the stale shards, closed off the save */
-  for (size_t i = 0; i < w->nshards; i++) {
-    int fd = -1;
-    ckptio_tmpfile_release(&w->files[i], w->how[i], &fd);
-    ckptio_held_add(&held, fd);
-  }
+  for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i], &held);
   ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards, &held);
-  ckptio_close_later(w->ctx->pool, held.fds, held.n);
-  free(held.fds);
+  ckptio_close_later(w->ctx->pool, &held);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));

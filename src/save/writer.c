@@ -740,10 +740,10 @@ static int save_run(file_writer *w) {
     if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err))) < 0)
       goto fail;
   } else {
-    int held = -1;
+    ckptio_held held = {0};
     rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
     if (rc == 0) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
-    ckptio_close_later(w->ctx->pool, &held, 1);
+    ckptio_close_later(w->ctx->pool, &held);
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
