@@ -240,7 +240,8 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
 /*! Joins the workers and frees the ring. Every writer and reader of this
  *  context must have been closed first. Accepts NULL. */
 void ckptio_ctx_free(ckptio_ctx *ctx);
-/*! The options in force (defaults resolved). */
+/*! The options in force (defaults resolved) into *out. With ctx NULL,
+ *  *out is CKPTIO_OPTIONS_INIT (nothing resolved); with out NULL, nothing. */
 void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
 
 /*! ckptio_ctx_cuda() :

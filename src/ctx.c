@@ -113,7 +113,15 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
   free(ctx);
 }
 
-void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) { *out = ctx->opts; }
+void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) {
+  if (!out) return;
+  if (ctx) {
+    *out = ctx->opts;
+    return;
+  }
+  const ckptio_options init = CKPTIO_OPTIONS_INIT; /* no context: nothing resolved */
+  *out = init;
+}
 
 const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx) { return ctx ? ctx->numa_report : ""; }
 

@@ -319,3 +319,28 @@ TEST(Pipeline, OptionsAreValidated) {
   ckptio_writer_close(nullptr);
   ckptio_reader_close(nullptr);
 }
+
+// Issue 28: ckptio_ctx_options(NULL, ...) dereferenced NULL (the test
+// crashed); with no context it gives CKPTIO_OPTIONS_INIT, and a NULL out is
+// a no-op.
+TEST(Pipeline, OptionsOfNoContextAreTheInitValues) {
+  const ckptio_options init = CKPTIO_OPTIONS_INIT;
+  ckptio_options got = small_options();
+  got.crc = 0;
+  ckptio_ctx_options(nullptr, &got);
+  EXPECT_EQ(got.size, init.size);
+  EXPECT_EQ(got.threads, init.threads);
+  EXPECT_EQ(got.chunk_bytes, init.chunk_bytes);
+  EXPECT_EQ(got.staging_bytes, init.staging_bytes);
+  EXPECT_EQ(got.crc, init.crc);
+  EXPECT_EQ(got.direct_io, init.direct_io);
+  EXPECT_EQ(got.fsync, init.fsync);
+  EXPECT_EQ(got.load_method, init.load_method);
+  EXPECT_EQ(got.cuda, init.cuda);
+  EXPECT_EQ(got.snapshot_bytes, init.snapshot_bytes);
+  ckptio_ctx_options(nullptr, nullptr);
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
+  ckptio_ctx_options(ctx, nullptr);
+  ckptio_ctx_free(ctx);
+}
