@@ -27,9 +27,12 @@ import numpy as np
 
 from . import _lib, _mapped
 from ._lib import ERRORS
+from .errors import *  # noqa: F401,F403 - the exception classes are ckptio's too
+from .errors import __all__ as _errors_all, check as _check, from_code
 
-__all__ = ["save_file", "load_file", "load_metadata", "verify", "Tensor",
-           "CkptioError", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES"]
+__all__ = ["save_file", "load_file", "load_metadata", "verify", "Tensor", "configure",
+           "SNAPSHOT_AUTO", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES",
+           *[n for n in _errors_all if n[0].isupper()]]
 
 # safetensors dtype name -> numpy dtype, for every dtype numpy has.
 NUMPY_DTYPES = {
@@ -46,21 +49,6 @@ def __getattr__(name):
     if name == "E_CHECKSUM":
         return _lib.ERRORS["CHECKSUM"]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class CkptioError(RuntimeError):
-    """A failure reported by libckptio. `code` is the library's negative code
-    (a CKPTIO_E_* value from ERRORS, or -errno); the message carries the
-    library's detail (file, tensor, rule)."""
-
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
-
-    def __reduce__(self):
-        # Picklable with both arguments: torch.distributed.checkpoint sends a
-        # rank's exception to the others.
-        return (type(self), (self.code, self.args[0] if self.args else ""))
 
 
 class Tensor:
@@ -98,15 +86,6 @@ def _byte_view(buffer):
     return np.frombuffer(buffer, dtype=np.uint8)
 
 
-def _check(rc, what, detail=None):
-    if rc >= 0:
-        return rc
-    name = _lib.lib().ckptio_strerror(rc).decode(errors="replace")
-    detail = detail.decode(errors="replace") if detail else ""
-    msg = f"{what}: {name}" + (f": {detail}" if detail else "")
-    raise CkptioError(rc, msg)
-
-
 # One context per process, created at first use: a context allocates and
 # touches its staging ring once, which is too costly to repeat per call.
 _ctx_lock = threading.Lock()
@@ -129,8 +108,8 @@ def configure(*, snapshot_bytes=None, staging_bytes=None, chunk_bytes=None, thre
               "chunk_bytes": chunk_bytes, "threads": threads}
     with _ctx_lock:
         if _ctx_handle is not None:
-            raise CkptioError(-1001,  # CKPTIO_E_STATE
-                              "ckptio.configure: the context already exists (call it before the first save or load)")
+            raise from_code(ERRORS["STATE"],
+                            "ckptio.configure: the context already exists (call it before the first save or load)")
         for key, value in values.items():
             if value is None:
                 continue
@@ -261,7 +240,7 @@ def save_file(tensors, path, metadata=None, crc=True, format="safetensors", comp
     w = ctypes.c_void_p()
     _check(lib.ckptio_writer_open(ctx, fspath, formats[format], ctypes.byref(opts),
                                   ctypes.byref(w)), f"cannot save {os.fsdecode(fspath)}",
-           lib.ckptio_last_open_error())
+           lib.ckptio_last_open_error(), os.fsdecode(fspath))
     keep = []  # the data must outlive the commit
     try:
         for key, value in (metadata or {}).items():
@@ -310,7 +289,8 @@ class _Reader:
         self.handle = ctypes.c_void_p()
         _check(self.lib.ckptio_reader_open(ctx, self.path, ctypes.byref(opts),
                                            ctypes.byref(self.handle)),
-               f"cannot open {os.fsdecode(self.path)}", self.lib.ckptio_last_open_error())
+               f"cannot open {os.fsdecode(self.path)}", self.lib.ckptio_last_open_error(),
+               os.fsdecode(self.path))
 
     def shards(self):
         """The shard files of a sharded set (validated together when it was
@@ -332,7 +312,7 @@ class _Reader:
 
     def check(self, rc, what):
         return _check(rc, f"{os.fsdecode(self.path)}: {what}",
-                      self.lib.ckptio_reader_last_error(self.handle))
+                      self.lib.ckptio_reader_last_error(self.handle), os.fsdecode(self.path))
 
     def stats(self):
         """Stage timings of the last load / verify (ckptio_reader_stats) as a
@@ -397,7 +377,7 @@ def _load_one(r, mmap):
         else:
             count, nbytes = info.nbytes, info.nbytes
         if nbytes != info.nbytes:
-            raise CkptioError(ERRORS["TENSOR_INFO"],
+            raise from_code(ERRORS["TENSOR_INFO"],
                               f"{os.fsdecode(r.path)}: tensor {name!r}: {dtype} "
                               f"{list(shape)} is {nbytes} bytes, the file says "
                               f"{info.nbytes}")

@@ -41,7 +41,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _check, _ctx, _lib, _options, CkptioError
+from . import _check, _ctx, _lib, _options
+from .errors import from_code
 from .torch import TORCH_DTYPES, _as_saveable, _code_of
 
 __all__ = ["Writer", "Reader", "BYTES_PREFIX"]
@@ -175,7 +176,7 @@ class Writer(StorageWriter):
                        lib.ckptio_writer_last_error(w))
             rc = lib.ckptio_writer_commit(w)
             if rc < 0 and self._group.error is not None:
-                raise CkptioError(rc, f"cannot save {self.path}: torch.distributed failed: "
+                raise from_code(rc, f"cannot save {self.path}: torch.distributed failed: "
                                       f"{self._group.error}") from self._group.error
             _check(rc, f"cannot save {self.path}", lib.ckptio_writer_last_error(w))
         finally:
@@ -289,7 +290,7 @@ class Reader(StorageReader):
                 continue
             dtype_name = lib.ckptio_dtype_name(info.dtype).decode()
             if dtype_name not in TORCH_DTYPES:
-                raise CkptioError(_lib.ERRORS["DTYPE"], f"{self.path}: tensor {name!r} is {dtype_name}, "
+                raise from_code(_lib.ERRORS["DTYPE"], f"{self.path}: tensor {name!r} is {dtype_name}, "
                                                         "which torch has no dtype for")
             chunks = []
             for k in range(lib.ckptio_reader_part_count(r, i)):

@@ -26,6 +26,7 @@ import torch
 
 from . import _lib, _mapped
 from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
+from .errors import from_code
 
 __all__ = ["save_file", "save_file_async", "save_torch_state_dict",
            "save_torch_state_dict_async", "load_file", "safe_open", "SaveHandle",
@@ -87,7 +88,7 @@ def _load_device(device):
                               if torch.cuda.is_available() else 0)
     why = _cuda_unavailable(device)
     if why:
-        raise CkptioError(ERRORS["DEVICE"], f"cannot load to {device}: {why}")
+        raise from_code(ERRORS["DEVICE"], f"cannot load to {device}: {why}")
     return device, _lib.device_cuda(device.index)
 
 
@@ -372,7 +373,7 @@ def _start(opener, path, crc, open_args, plan, meta, streams):
     w = ctypes.c_void_p()
     _check(getattr(lib, f"ckptio_writer_{opener}")(ctx, fspath, *open_args, ctypes.byref(opts),
                                                     ctypes.byref(w)),
-           f"cannot save {shown}", lib.ckptio_last_open_error())
+           f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
     return _fill_and_commit(w, shown, plan, meta, streams, ops)
 
 
@@ -538,13 +539,13 @@ class _TorchReader(_Reader):
         dtype = TORCH_DTYPES.get(dtype_name)
         where = os.fsdecode(self.path)
         if dtype is None:
-            raise CkptioError(ERRORS["DTYPE"],
+            raise from_code(ERRORS["DTYPE"],
                               f"{where}: tensor {name!r} is {dtype_name}, which has no torch "
                               "dtype; ckptio.load_file (numpy) returns its raw bytes")
         shape = tuple(info.shape[:info.ndim])
         numel, size = _numel_size(shape, dtype)
         if numel * size != info.nbytes:
-            raise CkptioError(ERRORS["TENSOR_INFO"],
+            raise from_code(ERRORS["TENSOR_INFO"],
                               f"{where}: tensor {name!r}: {dtype_name} "
                               f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
         place = _mapped.placed(info.nbytes, info.offset, size) if self.device.type == "cpu" else None
@@ -699,7 +700,7 @@ class safe_open:
         r = self._reader()
         i = r.by_name.get(name)
         if i is None:
-            raise CkptioError(ERRORS["NOT_FOUND"],
+            raise from_code(ERRORS["NOT_FOUND"],
                               f"{os.fsdecode(r.path)}: no tensor named {name!r}")
         return r.load([i])[name]
 
@@ -717,6 +718,6 @@ class safe_open:
         r = self._reader()
         i = r.by_name.get(name)
         if i is None:
-            raise CkptioError(ERRORS["NOT_FOUND"],
+            raise from_code(ERRORS["NOT_FOUND"],
                               f"{os.fsdecode(r.path)}: no tensor named {name!r}")
         return TorchSlice(r, i)

@@ -20,7 +20,8 @@ import os
 import torch
 
 from . import _lib
-from . import CkptioError, ERRORS
+from . import ERRORS
+from .errors import from_code
 
 __all__ = ["TorchSlice"]
 
@@ -112,7 +113,7 @@ class TorchSlice:
             raise ValueError("get_slice: the file is closed")
         dtype = TORCH_DTYPES.get(self._dtype_name)
         if dtype is None:
-            raise CkptioError(ERRORS["DTYPE"], f"{self._where()} is {self._dtype_name}, which has "
+            raise from_code(ERRORS["DTYPE"], f"{self._where()} is {self._dtype_name}, which has "
                               "no torch dtype")
         dim, start, stop, drop = self._parse(key)
         if dim is None:  # the whole tensor, through dim 0 so the CRC is checked
@@ -125,7 +126,7 @@ class TorchSlice:
         nbytes = r.check(r.lib.ckptio_reader_slice_nbytes(r.handle, self._i, dim, start, stop),
                          f"slice of {self.name!r}")
         if nbytes != out.numel() * out.element_size():
-            raise CkptioError(ERRORS["TENSOR_INFO"], f"{self._where()}: slice is {nbytes} bytes, "
+            raise from_code(ERRORS["TENSOR_INFO"], f"{self._where()}: slice is {nbytes} bytes, "
                               f"torch says {out.numel() * out.element_size()}")
         req = _lib.SliceRequest(self._i, dim, start, stop, out.data_ptr() if nbytes else None,
                                 nbytes, r.code, 0, 0)
