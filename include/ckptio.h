@@ -71,14 +71,19 @@ typedef enum ckptio_error {
 
 /*! ckptio_strerror() :
  *  @return a static, human-readable name for any code this library returns,
- *          including -errno values. Never NULL. */
+ *          including -errno values. Never NULL. Thread-safe (unlike
+ *          strerror(3), which the library never calls). */
 const char *ckptio_strerror(int code);
 
 /*! ckptio_error_name() :
  *  @return the enum's name of a library code without its prefix ("CHECKSUM"
- *          for CKPTIO_E_CHECKSUM; static), or NULL for any other value. With
+ *          for CKPTIO_E_CHECKSUM), the errno's symbol of a -errno code
+ *          ("ENOMEM" for -ENOMEM, "EIO" for -EIO), both static; NULL for 0,
+ *          positive values and anything that is neither (an errno value the
+ *          C library does not know, a code below CKPTIO_E_ERROR_MIN). With
  *          ckptio_strerror, what a binding needs to build its own table of
- *          codes without copying this header. */
+ *          codes without copying this header, and to name an OS failure.
+ *          Thread-safe, as ckptio_strerror. */
 const char *ckptio_error_name(int code);
 
 /*! ckptio_last_open_error() :

@@ -566,7 +566,7 @@ int cli_bench_main(int argc, char **argv) {
   int dir_ok = stat(o.dir, &st) == 0;
   if (!dir_ok || !S_ISDIR(st.st_mode)) {
     fprintf(stderr, "ckptio bench: --dir %s: %s\n", o.dir,
-            dir_ok ? "not a directory" : strerror(errno));
+            dir_ok ? "not a directory" : ckptio_strerror(-errno));
     return CLI_EXIT_USAGE;
   }
 

@@ -72,7 +72,7 @@ static int spill_map(spill *sp, const char *dir, uint64_t size, const char **why
   }
   if (rc < 0) {
     snprintf(msg, sizeof(msg), "%s: a %llu-byte temp file for tensors that need a copy: %s", dir,
-             (unsigned long long)size, strerror(-rc));
+             (unsigned long long)size, ckptio_strerror(rc));
     *why = msg;
   }
   return rc;
@@ -195,7 +195,7 @@ int cli_convert_main(int argc, char **argv) {
     goto fail;
   }
   if (max_shard && mkdir(out, 0777) < 0 && errno != EEXIST) {
-    fprintf(stderr, "ckptio convert: %s: %s\n", out, strerror(errno));
+    fprintf(stderr, "ckptio convert: %s: %s\n", out, ckptio_strerror(-errno));
     goto fail;
   }
   ckptio_options wo = o;

@@ -41,21 +41,28 @@ static const struct {
 _Static_assert(sizeof(kErrors) / sizeof(kErrors[0]) == CKPTIO_E_INVALID_ARG - CKPTIO_E_ERROR_MIN + 1,
                "one entry per code of enum ckptio_error");
 
+/* -errno codes are above the library's, and the kernel's errno values all
+ * lie below 4096. */
+static int is_errno_code(int code) { return code < 0 && code > CKPTIO_E_INVALID_ARG; }
+
+const char *ckptio_errno_text(int errnum) {
+  /* strerror is not thread-safe (it may format an unknown value into a
+   * static buffer); the glibc table behind strerrordesc_np is read-only. */
+  const char *s = errnum > 0 && errnum < 4096 ? strerrordesc_np(errnum) : NULL;
+  return s ? s : "unknown error";
+}
+
 const char *ckptio_strerror(int code) {
   if (code >= 0) return "success";
   if (code <= CKPTIO_E_INVALID_ARG && code >= CKPTIO_E_ERROR_MIN)
     return kErrors[CKPTIO_E_INVALID_ARG - code].text;
-  if (code > -4096) {
-    /* strerror is not thread-safe; the glibc table behind strerrordesc_np is. */
-    const char *s = strerrordesc_np(-code);
-    if (s) return s;
-  }
-  return "unknown error";
+  return is_errno_code(code) ? ckptio_errno_text(-code) : "unknown error";
 }
 
 const char *ckptio_error_name(int code) {
   if (code <= CKPTIO_E_INVALID_ARG && code >= CKPTIO_E_ERROR_MIN) return kErrors[CKPTIO_E_INVALID_ARG - code].name;
-  return NULL;
+  /* "ENOMEM": the same read-only glibc table, by symbol. */
+  return is_errno_code(code) ? strerrorname_np(-code) : NULL;
 }
 
 int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...) {

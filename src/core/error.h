@@ -12,6 +12,11 @@
 int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* The text of errno value errnum ("No space left on device"), static, or
+ * "unknown error". Thread-safe, unlike strerror: the one way the library
+ * and the command name an errno. */
+const char *ckptio_errno_text(int errnum);
+
 /* Keeps the detail of a failed open (no handle to hold it) for
  * ckptio_last_open_error in the calling thread. */
 void ckptio_set_open_error(const char *msg);

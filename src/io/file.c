@@ -102,7 +102,7 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
   }
   if (t->fd < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot create temp file in %s: %s", path, dir,
-                        strerror(errno));
+                        ckptio_errno_text(errno));
     goto fail;
   }
   /* Allocating every block up front spares the O_DIRECT writes the block
@@ -115,18 +115,18 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
   } else if (inject == ENOSPC || (!inject && size && errno == ENOSPC)) {
     /* Said now, before any byte is written, not by the k-th write. */
     rc = ckptio_err_fmt(err, errlen, -ENOSPC, "%s: %s: the file's %llu bytes do not fit in %s", path,
-                        strerror(ENOSPC), (unsigned long long)size, dir);
+                        ckptio_errno_text(ENOSPC), (unsigned long long)size, dir);
     goto fail;
   } else if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot size temp file to %llu bytes: %s", path,
-                        (unsigned long long)size, strerror(errno));
+                        (unsigned long long)size, ckptio_errno_text(errno));
     goto fail;
   }
   if (direct) {
     t->fd_direct = open(t->tmp, O_WRONLY | O_DIRECT | O_CLOEXEC);
     if (t->fd_direct < 0 && direct == 1) {
       rc = ckptio_err_fmt(err, errlen, -errno, "%s: O_DIRECT requested but refused: %s", path,
-                          strerror(errno));
+                          ckptio_errno_text(errno));
       goto fail;
     }
   }
@@ -157,14 +157,14 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_hel
   int rc = 0, inject;
   if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
-                        (unsigned long long)size, strerror(errno));
+                        (unsigned long long)size, ckptio_errno_text(errno));
     goto fail;
   }
   if (sync) {
     inject = ckptio_fault_check(CKPTIO_FAULT_FSYNC);
     if (inject || fdatasync(t->fd) < 0) {
       int e = inject ? inject : errno;
-      rc = ckptio_err_fmt(err, errlen, -e, "%s: fdatasync: %s", t->path, strerror(e));
+      rc = ckptio_err_fmt(err, errlen, -e, "%s: fdatasync: %s", t->path, ckptio_errno_text(e));
       goto fail;
     }
   }
@@ -172,7 +172,7 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_hel
   inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
   if (inject || rename(t->tmp, t->path) < 0) {
     int e = inject ? inject : errno;
-    rc = ckptio_err_fmt(err, errlen, -e, "%s: rename from temp file: %s", t->path, strerror(e));
+    rc = ckptio_err_fmt(err, errlen, -e, "%s: rename from temp file: %s", t->path, ckptio_errno_text(e));
     if (old >= 0) close(old);
     goto fail;
   }
@@ -182,7 +182,7 @@ int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_hel
   if (sync && (rc = sync_dir(t->path)) < 0) {
     /* The file is in place and its data synced; only the name's durability
      * is in doubt. Report it: the caller asked for durability. */
-    ckptio_err_fmt(err, errlen, rc, "%s: fsync of the directory: %s", t->path, strerror(-rc));
+    ckptio_err_fmt(err, errlen, rc, "%s: fsync of the directory: %s", t->path, ckptio_errno_text(-rc));
   }
   ckptio_tmpfile_abort(t);
   return rc;

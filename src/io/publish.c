@@ -20,12 +20,12 @@
 int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
   if (ftruncate(t->fd, (off_t)size) < 0)
     return ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
-                          (unsigned long long)size, strerror(errno));
+                          (unsigned long long)size, ckptio_errno_text(errno));
   if (!sync) return 0;
   int inject = ckptio_fault_check(CKPTIO_FAULT_FSYNC);
   if (inject || fdatasync(t->fd) < 0) {
     int e = inject ? inject : errno;
-    return ckptio_err_fmt(err, errlen, -e, "%s: fdatasync: %s", t->path, strerror(e));
+    return ckptio_err_fmt(err, errlen, -e, "%s: fdatasync: %s", t->path, ckptio_errno_text(e));
   }
   return 0;
 }
@@ -34,7 +34,7 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
   *how = CKPTIO_SWAP_NONE;
   int inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
   if (inject)
-    return ckptio_err_fmt(err, errlen, -inject, "%s: rename from temp file: %s", t->path, strerror(inject));
+    return ckptio_err_fmt(err, errlen, -inject, "%s: rename from temp file: %s", t->path, ckptio_errno_text(inject));
   if (renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_EXCHANGE) == 0) {
     *how = CKPTIO_SWAP_EXCHANGED;
     return 0;
@@ -58,7 +58,7 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
       return 0;
     }
   }
-  return ckptio_err_fmt(err, errlen, -errno, "%s: rename from temp file: %s", t->path, strerror(errno));
+  return ckptio_err_fmt(err, errlen, -errno, "%s: rename from temp file: %s", t->path, ckptio_errno_text(errno));
 }
 
 void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how) {

@@ -24,7 +24,7 @@ int ckptio_rfile_open(ckptio_rfile *f, const char *path, char *err, size_t errle
   int rc;
   if (!(f->path = strdup(path))) return -ENOMEM;
   if ((f->fd = open(path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(f->fd, &st) < 0) {
-    rc = ckptio_err_fmt(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    rc = ckptio_err_fmt(err, errlen, -errno, "%s: %s", path, ckptio_errno_text(errno));
     goto fail;
   }
   if (!S_ISREG(st.st_mode)) {
@@ -35,7 +35,7 @@ int ckptio_rfile_open(ckptio_rfile *f, const char *path, char *err, size_t errle
   if (f->size) {
     void *m = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, f->fd, 0);
     if (m == MAP_FAILED) {
-      rc = ckptio_err_fmt(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
+      rc = ckptio_err_fmt(err, errlen, -errno, "%s: mmap: %s", path, ckptio_errno_text(errno));
       goto fail;
     }
     f->map = m;
@@ -165,7 +165,7 @@ int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size
   /* Copy-on-write: the pages stay the page cache's until written, and a
    * write copies one page into this process without reaching the file. */
   void *m = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);
-  if (m == MAP_FAILED) return ckptio_err_fmt(err, errlen, -errno, "%s: private mmap: %s", f->path, strerror(errno));
+  if (m == MAP_FAILED) return ckptio_err_fmt(err, errlen, -errno, "%s: private mmap: %s", f->path, ckptio_errno_text(errno));
   *base = m;
   return 0;
 }

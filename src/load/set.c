@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/error.h"
 #include "formats/hf_index.h"
 #include "io/file.h"
 #include "load/source.h"
@@ -40,7 +41,7 @@ static int ends_with(const char *s, const char *suffix) {
 /* A directory: its one index, else its one safetensors file, as *picked. */
 static int pick_in_dir(const char *dir, char *err, char **picked, int *is_index) {
   DIR *d = opendir(dir);
-  if (!d) return ckptio_err_fmt(err, CKPTIO_ERRLEN, -errno, "%s: %s", dir, strerror(errno));
+  if (!d) return ckptio_err_fmt(err, CKPTIO_ERRLEN, -errno, "%s: %s", dir, ckptio_errno_text(errno));
   char found[CKPTIO_ERRLEN] = "";
   size_t nidx = 0, nst = 0, used = 0;
   char *idx = NULL, *st = NULL;
@@ -80,7 +81,7 @@ static int read_index(ckptio_source *s, uint8_t **buf, size_t *len) {
   if (fd < 0 || fstat(fd, &st) < 0) {
     int e = errno;
     if (fd >= 0) close(fd);
-    return ckptio_source_fail(s, -e, "%s: %s", s->path, strerror(e));
+    return ckptio_source_fail(s, -e, "%s: %s", s->path, ckptio_errno_text(e));
   }
   int rc = 0;
   if (!S_ISREG(st.st_mode)) {

@@ -50,12 +50,12 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
     return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set cannot be compressed");
   if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
     int rc = -errno;
-    return fail_open(rc, "%s: cannot create it: %s", dir, strerror(-rc));
+    return fail_open(rc, "%s: cannot create it: %s", dir, ckptio_errno_text(-rc));
   }
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
     int rc = -errno;
-    return fail_open(rc, "%s: %s", dir, strerror(-rc));
+    return fail_open(rc, "%s: %s", dir, ckptio_errno_text(-rc));
   }
   ckptio_manager *m = calloc(1, sizeof(*m));
   char *d = strdup(dir);
@@ -123,7 +123,7 @@ static int remove_strays(ckptio_manager *m) {
     if (r < 0 && rc == 0) {
       rc = r;
       ckptio_err_fmt(m->err, sizeof(m->err), r, "%s/%s: cannot remove this temporary: %s", m->dir, e->d_name,
-                     strerror(-r));
+                     ckptio_errno_text(-r));
     }
   }
   closedir(d);
@@ -141,7 +141,7 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
   if (flock(m->dirfd, LOCK_EX | LOCK_NB) != 0) {
     int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
     return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: another save holds the directory's lock (%s)",
-                          m->dir, strerror(-rc));
+                          m->dir, ckptio_errno_text(-rc));
   }
   int rc = remove_strays(m);
   if (rc < 0) goto fail;
@@ -149,7 +149,7 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
   snprintf(what, sizeof(what), "tmp-step-%08" PRIu64, step);
   mgr_tmp_name(m, what, tmp, sizeof(tmp));
   if (mkdirat(m->dirfd, tmp, 0777) != 0) {
-    rc = ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s/%s: cannot create: %s", m->dir, tmp, strerror(errno));
+    rc = ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s/%s: cannot create: %s", m->dir, tmp, ckptio_errno_text(errno));
     goto fail;
   }
   m->w_tmp = strdup(tmp);
@@ -195,18 +195,18 @@ static int publish(ckptio_manager *m, const char *name) {
   }
   if (errno != EEXIST && errno != ENOTEMPTY)
     return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot rename %s to %s: %s", m->dir, m->w_tmp, name,
-                          strerror(errno));
+                          ckptio_errno_text(errno));
   /* A checkpoint of this step exists: the old one takes the temporary name,
    * so a crash from here on leaves it a stray for the next save. */
   if (renameat2(m->dirfd, m->w_tmp, m->dirfd, name, RENAME_EXCHANGE) != 0) {
     if (errno != EINVAL && errno != ENOSYS)
       return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot exchange %s with %s: %s", m->dir,
-                            m->w_tmp, name, strerror(errno));
+                            m->w_tmp, name, ckptio_errno_text(errno));
     char old[128];
     mgr_tmp_name(m, "del-old", old, sizeof(old));
     if (renameat(m->dirfd, name, m->dirfd, old) != 0 || renameat(m->dirfd, m->w_tmp, m->dirfd, name) != 0)
       return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot replace %s: %s", m->dir, name,
-                            strerror(errno));
+                            ckptio_errno_text(errno));
     free(m->w_tmp);
     m->w_tmp = strdup(old); /* removed by end_save; a stray if that fails */
     return mgr_sync_dir(m);
@@ -257,7 +257,7 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
      * directory with some files gone. */
     int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del, held) : -errno;
     if (r < 0) {
-      mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, strerror(-r));
+      mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, ckptio_errno_text(-r));
       if (rc == 0) rc = r;
     }
   }
@@ -293,7 +293,7 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
   rc = mgr_write_latest(m, line);
   if (rc < 0) {
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but %s could not be replaced: %s", m->dir,
-                   name, MGR_LATEST, strerror(-rc));
+                   name, MGR_LATEST, ckptio_errno_text(-rc));
     goto out;
   }
   rc = retain(m, step, &held);

@@ -86,7 +86,7 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
   const char *file = NULL;
   if (fd < 0) {
     e->error = -errno;
-    snprintf(detail, sizeof(detail), "%s: %s", e->dir, strerror(errno));
+    snprintf(detail, sizeof(detail), "%s: %s", e->dir, ckptio_errno_text(errno));
   } else {
     DIR *d = fdopendir(fd);
     if (!d) {

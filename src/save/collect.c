@@ -123,7 +123,7 @@ int ckptio_collect_check_dir(const char *dir, const char *prefix, char *msg, siz
   struct stat st;
   if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, ".."))
     return ckptio_err_fmt(msg, len, CKPTIO_E_INVALID_ARG, "prefix '%s': must be a plain, non-empty file name", prefix);
-  if (stat(dir, &st) < 0) return ckptio_err_fmt(msg, len, -errno, "%s: %s", dir, strerror(errno));
-  if (!S_ISDIR(st.st_mode)) return ckptio_err_fmt(msg, len, -ENOTDIR, "%s: %s", dir, strerror(ENOTDIR));
+  if (stat(dir, &st) < 0) return ckptio_err_fmt(msg, len, -errno, "%s: %s", dir, ckptio_errno_text(errno));
+  if (!S_ISDIR(st.st_mode)) return ckptio_err_fmt(msg, len, -ENOTDIR, "%s: %s", dir, ckptio_errno_text(ENOTDIR));
   return 0;
 }

@@ -254,7 +254,7 @@ static int publish_index(ranks_writer *w) {
   char *path = ckptio_path_join(w->dir, name);
   int rc = path ? 0 : -ENOMEM;
   if (rc == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    rfail(w, rc, "%s: fsync of the directory: %s", w->dir, strerror(-rc));
+    rfail(w, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
   if (rc == 0 && (rc = index_json(w, &o)) < 0) rfail(w, rc, "%s: the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_open(&t, path, 0, o.len, w->base.err, sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t.fd, o.data, o.len, 0)) < 0)
@@ -293,7 +293,7 @@ static int agree_and_publish(ranks_writer *w) {
   if (w->comm.rank == 0) {
     ckptio_remove_stray_temps(w->dir, w->prefix);
     if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-      rfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
+      rfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-rc));
   }
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;

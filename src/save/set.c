@@ -253,7 +253,7 @@ static int publish(set_writer *w) {
   for (size_t k = 0; k < w->nshards; k++)
     if ((rc = ckptio_tmpfile_swap_in(&w->files[k], &w->how[k], w->base.err, sizeof(w->base.err))) < 0) goto undo;
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0) {
-    sfail(w, rc, "%s: fsync of the directory: %s", w->dir, strerror(-rc));
+    sfail(w, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
     goto undo;
   }
   if ((rc = write_index(w, &index)) < 0) goto undo;
@@ -266,7 +266,7 @@ static int publish(set_writer *w) {
   ckptio_close_later(w->ctx->pool, &held);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, strerror(-rc));
+    sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-rc));
   return rc;
 undo:
   ckptio_tmpfile_abort(&index);
@@ -351,7 +351,7 @@ static int set_commit_async(ckptio_writer *base) {
   w->state = S_RUNNING;
   if ((rc = pthread_create(&w->thread, NULL, shard_main, w)) != 0) {
     w->state = S_OPEN;
-    rc = sfail(w, -rc, "%s: cannot start the save thread: %s", w->dir, strerror(rc));
+    rc = sfail(w, -rc, "%s: cannot start the save thread: %s", w->dir, ckptio_errno_text(rc));
     goto fail;
   }
   return 0;

@@ -779,7 +779,7 @@ static int file_commit_async(ckptio_writer *base) {
   if (rc) {
     w->state = W_OPEN;
     ckptio_batch_destroy(&w->batch);
-    return fail(w, -rc, "%s: cannot start the save thread: %s", w->path, strerror(rc));
+    return fail(w, -rc, "%s: cannot start the save thread: %s", w->path, ckptio_errno_text(rc));
   }
   return 0;
 }

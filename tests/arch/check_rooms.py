@@ -7,7 +7,12 @@
       using a global function that an object of another room defines, read
       from the built objects of ckptio_obj and ckptio_cli with nm;
   (b) a file outside cuda/ includes a CUDA header;
-  (c) a file of src/ outside src/device/ uses the device table (ops->).
+  (c) a file of src/ outside src/device/ uses the device table (ops->);
+  (d) an object of ckptio_obj or ckptio_cli calls a C library function
+      that is not thread-safe (strerror and kin, UNSAFE_LIBC below): the
+      library's workers, commit threads and the manager's closer run
+      beside the caller's threads (core/error.h's ckptio_errno_text names
+      an errno safely).
 
 Prints the room graph, every cycle with the symbols that make each of its
 edges, and every (b) and (c) finding. Exit 1 on any finding, 0 when clean,
@@ -30,6 +35,9 @@ CUDA_HEADER = re.compile(
     r'^\s*#\s*include\s*[<"]\s*((?:cuda|cufile|cublas|cusparse|cufft|curand|nvml|nvrtc|'
     r'driver_types|vector_types|host_defines|library_types|crt/)[^>"]*)[>"]', re.M)
 FUNC_TYPES = set("TWi")  # global text, weak, indirect functions (nm -P)
+# Functions whose result lives in a static buffer shared by every thread
+# (POSIX lists them as not thread-safe); each has a safe form.
+UNSAFE_LIBC = ("strerror", "strsignal", "strtok", "localtime", "gmtime", "ctime", "asctime")
 
 
 def room_of(rel):
@@ -172,6 +180,16 @@ def device_table_uses(source):
     return hits
 
 
+def unsafe_libc_uses(objects, nm):
+    """(d): objects that use a function of UNSAFE_LIBC."""
+    hits = []
+    for rel, obj in objects:
+        _, undefined = nm_symbols(nm, obj)
+        for name in sorted(undefined & set(UNSAFE_LIBC)):
+            hits.append("%s calls %s()" % (rel, name))
+    return hits
+
+
 def public_api(source):
     """Names of the functions include/ckptio.h declares."""
     try:
@@ -229,7 +247,12 @@ def main():
     for h in table:
         print("  " + h)
 
-    bad = bool(cycles or cuda or table)
+    unsafe = unsafe_libc_uses(objects, args.nm)
+    print("\n(d) C library functions that are not thread-safe (%s): %d" % (", ".join(UNSAFE_LIBC), len(unsafe)))
+    for h in unsafe:
+        print("  " + h)
+
+    bad = bool(cycles or cuda or table or unsafe)
     print("\ncheck_rooms: %s" % ("FAIL" if bad else "ok"))
     return 1 if bad and not args.report else 0
 

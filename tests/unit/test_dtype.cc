@@ -1,6 +1,8 @@
 // The dtype table and byte counts, including overflow and sub-byte rules.
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "ckptio.h"
@@ -46,4 +48,25 @@ TEST(Errors, StrerrorNamesEveryCode) {
     EXPECT_STRNE(ckptio_strerror(c), "unknown error") << c;
   EXPECT_STREQ(ckptio_strerror(-28), "No space left on device");
   EXPECT_STREQ(ckptio_strerror(0), "success");
+}
+
+// Issue 28: a negative errno code had no name (NULL), so logs and the
+// Python exceptions could not say "ENOMEM".
+TEST(Errors, ErrorNameNamesErrnoCodes) {
+  EXPECT_STREQ(ckptio_error_name(CKPTIO_E_CHECKSUM), "CHECKSUM");
+  EXPECT_STREQ(ckptio_error_name(CKPTIO_E_ERROR_MIN), "RANK");
+  const char *n = ckptio_error_name(-ENOMEM);
+  ASSERT_NE(n, nullptr);
+  EXPECT_STREQ(n, "ENOMEM");
+  EXPECT_STREQ(ckptio_error_name(-EIO), "EIO");
+  EXPECT_STREQ(ckptio_error_name(-ENOSPC), "ENOSPC");
+  // Nothing for success, for values that are no code, and below the
+  // library's codes (the bindings read the table down to the first NULL).
+  EXPECT_EQ(ckptio_error_name(0), nullptr);
+  EXPECT_EQ(ckptio_error_name(5), nullptr);
+  EXPECT_EQ(ckptio_error_name(-999), nullptr);
+  EXPECT_EQ(ckptio_error_name(CKPTIO_E_ERROR_MIN - 1), nullptr);
+  EXPECT_EQ(ckptio_error_name(-4095), nullptr);
+  EXPECT_EQ(ckptio_error_name(INT32_MIN), nullptr);
+  EXPECT_STREQ(ckptio_strerror(INT32_MIN), "unknown error");
 }
