@@ -7,7 +7,7 @@
 #   --seconds N   run each target N seconds (default 60)
 #   --runs N      run each target N inputs instead
 #   --smoke       exit 77 (skip) when clang-14 is missing, for the suite
-#   target        a tests/fuzz/fuzz_<target>.c: safetensors torch zstd_table
+#   target        a tests/fuzz/fuzz_<target>.c: safetensors torch zstd_table dcp_meta
 #                 hf_index reader (default: all of them)
 # Prints per target the executions reached, the coverage and any crash file;
 # exits non-zero when a target crashed, leaked or ran out of memory

@@ -56,6 +56,7 @@ const ckptio_torch_dtype *ckptio_torch_dtype_at(int index) {
 enum {
   G_ODICT = 1, G_COUNTER, G_REBUILD, G_REBUILD_V2, G_REBUILD_V3, G_PARAM, G_PARAM_STATE,
   G_SIZE, G_DEVICE, G_ENCODE, G_SET, G_BYTEARRAY, G_COMPLEX, G_DTYPE, G_STORAGE, G_UNTYPED,
+  G_LAYOUT, /* torch.serialization._get_layout: called only under CKPTIO_PICKLE_DCP */
   G_OTHER,  /* in torch's allowlist, but nothing ckptio can represent */
 };
 
@@ -80,7 +81,7 @@ static const struct {
     {"torch.storage.TypedStorage", G_OTHER},
     {"torch.Tensor", G_OTHER},
     {"torch.nn.parameter.Parameter", G_OTHER},
-    {"torch.serialization._get_layout", G_OTHER},
+    {"torch.serialization._get_layout", G_LAYOUT},
     {"torch._tensor._rebuild_from_type_v2", G_OTHER},
     {"torch._utils._rebuild_qtensor", G_OTHER},
     {"torch._utils._rebuild_sparse_tensor", G_OTHER},
@@ -94,6 +95,33 @@ static const struct {
     {"torch.per_channel_symmetric", G_OTHER},
     {"torch.per_channel_affine_float_qparams", G_OTHER},
 };
+
+/* CKPTIO_PICKLE_DCP's classes (ckptio_dcp_class), read as data only. */
+static const struct {
+  const char *name;
+  int kind;
+} kDcpGlobals[] = {
+    {"torch.distributed.checkpoint.metadata.Metadata", CKPTIO_DCP_METADATA},
+    {"torch.distributed.checkpoint.metadata.TensorStorageMetadata", CKPTIO_DCP_TENSOR_MD},
+    {"torch.distributed.checkpoint.metadata.BytesStorageMetadata", CKPTIO_DCP_BYTES_MD},
+    {"torch.distributed.checkpoint.metadata.ChunkStorageMetadata", CKPTIO_DCP_CHUNK_MD},
+    {"torch.distributed.checkpoint.metadata.TensorProperties", CKPTIO_DCP_PROPERTIES},
+    {"torch.distributed.checkpoint.metadata.MetadataIndex", CKPTIO_DCP_INDEX},
+    {"torch.distributed.checkpoint.metadata.StorageMeta", CKPTIO_DCP_STORAGE_META},
+    {"torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING", CKPTIO_DCP_MEM_FORMAT},
+    {"torch.distributed.checkpoint.filesystem._StorageInfo", CKPTIO_DCP_STORAGE_INFO},
+    {"pathlib.PosixPath", CKPTIO_DCP_PATH},
+    {"pathlib._local.PosixPath", CKPTIO_DCP_PATH},
+    {"torch.strided", CKPTIO_DCP_STRIDED},
+};
+
+static int dcp_kind(const char *module, const char *name) {
+  char full[2 * CKPTIO_PICKLE_MAX_GLOBAL + 2];
+  snprintf(full, sizeof(full), "%s.%s", module, name);
+  for (size_t k = 0; k < sizeof(kDcpGlobals) / sizeof(kDcpGlobals[0]); k++)
+    if (!strcmp(full, kDcpGlobals[k].name)) return kDcpGlobals[k].kind;
+  return 0;
+}
 
 /* torch.<X>Tensor, torch.cuda.<X>Tensor and the sparse ones: legacy tensor
  * classes torch allows and ckptio does not build. */
@@ -154,7 +182,7 @@ static const char *op_name(uint8_t op) {
 const char *ckptio_pickle_type_name(const ckptio_pv *v) {
   static const char *const names[] = {"None", "bool", "int", "int", "float", "str", "bytes",
                                       "tuple", "list", "dict", "global", "storage", "tensor",
-                                      "object"};
+                                      "object", "instance"};
   return v->type < sizeof(names) / sizeof(names[0]) ? names[v->type] : "value";
 }
 
@@ -182,7 +210,8 @@ typedef struct parser {
   size_t marks[CKPTIO_PICKLE_MAX_DEPTH];
   int nmarks;
   uint32_t *memo;              /* value id + 1; 0 is unset */
-  size_t memo_cap;
+  size_t memo_cap, memo_count; /* memo_count: entries set (MEMOIZE's next index) */
+  unsigned flags;              /* CKPTIO_PICKLE_* */
   uint32_t consts[3];          /* None, False, True: id + 1, one value each */
   char *err;
   size_t errlen;
@@ -320,8 +349,41 @@ static int fill(parser *s, size_t from, int dict) {
   return 0;
 }
 
+/* A global by module and name (copied, NUL-terminated, at most
+ * CKPTIO_PICKLE_MAX_GLOBAL bytes each); off and shown_len say where the
+ * pickle spells it, for later messages. */
+static int push_global(parser *s, char *module, size_t mlen, const char *name, size_t nlen, uint64_t off,
+                       uint32_t shown_len) {
+  char shown_buf[256];
+  int has_nul = memchr(module, 0, mlen) || memchr(name, 0, nlen);
+  /* Protocol 2 writes Python 3's builtins as __builtin__ (fix_imports);
+   * torch maps it back, and so do the messages. */
+  if (!strcmp(module, "__builtin__") && !has_nul) module = "builtins", mlen = 8;
+  size_t o = strlen(shown(shown_buf, sizeof(shown_buf) / 2, module, mlen));
+  shown_buf[o++] = '.';
+  shown(shown_buf + o, sizeof(shown_buf) - o, name, nlen);
+  if (has_nul) return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed", shown_buf);
+  if (!strcmp(module, "os") || !strcmp(module, "sys") || !strcmp(module, "posix") || !strcmp(module, "nt"))
+    return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed (module '%s' never is)",
+                shown_buf, module);
+  int dtype = -1, kind = s->flags & CKPTIO_PICKLE_DCP ? dcp_kind(module, name) : 0;
+  if (!kind) kind = global_kind(module, name, &dtype);
+  if (!kind)
+    return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed%s", shown_buf,
+                s->flags & CKPTIO_PICKLE_DCP ? " (not one of DCP's metadata classes nor torch's weights_only globals)"
+                                             : "");
+  uint32_t id;
+  int rc = push_new(s, CKPTIO_PV_GLOBAL, &id);
+  if (rc < 0) return rc;
+  V(s, id)->aux = (uint16_t)kind;
+  V(s, id)->dtype = dtype;
+  V(s, id)->u.off = off;
+  V(s, id)->last = shown_len;
+  return 0;
+}
+
 static int op_global(parser *s) {
-  char line[2][CKPTIO_PICKLE_MAX_GLOBAL + 1], shown_buf[256];
+  char line[2][CKPTIO_PICKLE_MAX_GLOBAL + 1];
   size_t start = s->pos, len[2];
   for (int k = 0; k < 2; k++) {
     const uint8_t *b = s->p->buf + s->pos, *nl;
@@ -333,29 +395,28 @@ static int op_global(parser *s) {
     line[k][len[k]] = '\0';
     s->pos += len[k] + 1;
   }
-  size_t full = s->pos - 1 - start;
-  const char *module = line[0], *name = line[1];
-  int has_nul = memchr(line[0], 0, len[0]) || memchr(line[1], 0, len[1]);
-  /* Protocol 2 writes Python 3's builtins as __builtin__ (fix_imports);
-   * torch maps it back, and so do the messages. */
-  if (!strcmp(module, "__builtin__") && !has_nul) module = "builtins", len[0] = 8;
-  size_t o = strlen(shown(shown_buf, sizeof(shown_buf) / 2, module, len[0]));
-  shown_buf[o++] = '.';
-  shown(shown_buf + o, sizeof(shown_buf) - o, name, len[1]);
-  if (has_nul) return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed", shown_buf);
-  if (!strcmp(module, "os") || !strcmp(module, "sys") || !strcmp(module, "posix") || !strcmp(module, "nt"))
-    return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed (module '%s' never is)",
-                shown_buf, module);
-  int dtype = -1, kind = global_kind(module, name, &dtype);
-  if (!kind) return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed", shown_buf);
-  uint32_t id;
-  int rc = push_new(s, CKPTIO_PV_GLOBAL, &id);
-  if (rc < 0) return rc;
-  V(s, id)->aux = (uint16_t)kind;
-  V(s, id)->dtype = dtype;
-  V(s, id)->u.off = start;
-  V(s, id)->last = (uint32_t)full;
-  return 0;
+  return push_global(s, line[0], len[0], line[1], len[1], start, (uint32_t)(s->pos - 1 - start));
+}
+
+/* STACK_GLOBAL: module and name are the two strings on the stack. Later
+ * messages show the name alone. */
+static int op_stack_global(parser *s) {
+  char line[2][CKPTIO_PICKLE_MAX_GLOBAL + 1];
+  size_t len[2];
+  uint32_t id[2];
+  int rc;
+  if ((rc = pop(s, &id[1])) < 0 || (rc = pop(s, &id[0])) < 0) return rc;
+  for (int k = 0; k < 2; k++) {
+    const ckptio_pv *v = V(s, id[k]);
+    if (v->type != CKPTIO_PV_STR) return bad(s, "takes a module or name that is not a string");
+    if (v->n > CKPTIO_PICKLE_MAX_GLOBAL)
+      return perr(s, CKPTIO_E_PICKLE, "pickle STACK_GLOBAL names a %s of %u bytes (limit %d)",
+                  k ? "name" : "module", v->n, CKPTIO_PICKLE_MAX_GLOBAL);
+    len[k] = v->n;
+    memcpy(line[k], s->p->buf + v->u.off, len[k]);
+    line[k][len[k]] = '\0';
+  }
+  return push_global(s, line[0], len[0], line[1], len[1], V(s, id[1])->u.off, (uint32_t)len[1]);
 }
 
 static int unsupported(parser *s, uint32_t g) {
@@ -449,6 +510,32 @@ static int make_tensor(parser *s, int kind, const uint32_t *a, uint32_t n, uint3
   return 0;
 }
 
+/* A DCP class "called": NEWOBJ(cls, ()) is how pickle spells a dataclass
+ * (its fields come by BUILD), REDUCE(cls, args) an enum member or a path.
+ * Neither runs anything: the OBJECT keeps the class and the arguments. */
+static int dcp_object(parser *s, uint32_t fn, uint32_t args, int kind, int newobj) {
+  char nm[256];
+  uint32_t r;
+  int rc;
+  const ckptio_pv *t = V(s, args);
+  shown(nm, sizeof(nm), (const char *)s->p->buf + V(s, fn)->u.off, V(s, fn)->last);
+  int by_args = kind == CKPTIO_DCP_MEM_FORMAT || kind == CKPTIO_DCP_PATH;
+  if (kind == CKPTIO_DCP_STRIDED)
+    return perr(s, CKPTIO_E_PICKLE, "pickle %s calls torch.strided, which is a value, not a class",
+                newobj ? "NEWOBJ" : "REDUCE");
+  if (newobj == by_args)
+    return perr(s, CKPTIO_E_PICKLE, "pickle %s of '%s' is not allowed (DCP's dataclasses come by NEWOBJ and "
+                "BUILD, its enum and paths by REDUCE)", newobj ? "NEWOBJ" : "REDUCE", nm);
+  if (newobj && t->n)
+    return perr(s, CKPTIO_E_PICKLE, "pickle NEWOBJ of '%s' with %u arguments (a dataclass takes none)", nm, t->n);
+  if ((rc = new_value(s, CKPTIO_PV_OBJECT, &r)) < 0) return rc;
+  V(s, r)->aux = (uint16_t)kind;
+  V(s, r)->u.index = UINT32_MAX;
+  V(s, r)->last = by_args ? args : UINT32_MAX;
+  s->stack[s->sp - 1] = r;
+  return 0;
+}
+
 /* REDUCE (newobj 0) and NEWOBJ: the callable below the argument tuple is
  * replaced by the result. Only allowed globals are callable here. */
 static int op_reduce(parser *s, int newobj) {
@@ -465,6 +552,18 @@ static int op_reduce(parser *s, int newobj) {
   /* An empty tuple may come before any item exists (items still NULL), and
    * NULL + 0 is undefined: point at nothing instead. */
   const uint32_t *a = n ? s->p->items + t->u.first : NULL;
+  if (kind >= CKPTIO_DCP_METADATA) return dcp_object(s, fn, args, kind, newobj);
+  if (kind == G_LAYOUT && !newobj && (s->flags & CKPTIO_PICKLE_DCP)) {
+    /* _get_layout('torch.strided'): the layout by name, nothing looked up */
+    size_t len = 0;
+    const char *name = n == 1 ? ckptio_pickle_str(s->p, a[0], &len) : NULL;
+    if (!name || V(s, a[0])->type != CKPTIO_PV_STR) return bad(s, "names a layout by something not a string");
+    int strided = len == 13 && !memcmp(name, "torch.strided", 13);
+    if ((rc = new_value(s, strided ? CKPTIO_PV_GLOBAL : CKPTIO_PV_OTHER, &r)) < 0) return rc;
+    if (strided) V(s, r)->aux = CKPTIO_DCP_STRIDED, V(s, r)->u.off = V(s, a[0])->u.off, V(s, r)->last = 13;
+    s->stack[s->sp - 1] = r;
+    return 0;
+  }
   if (newobj) {
     if (kind == G_ODICT || kind == G_COUNTER) kind = G_ODICT, n = 0;  /* cls.__new__(cls) */
     else if (kind != G_SET) return unsupported(s, fn);
@@ -558,12 +657,61 @@ static int op_memo(parser *s, int put, size_t idx) {
       s->memo = m;
       s->memo_cap = ncap;
     }
+    if (!s->memo[idx]) s->memo_count++;
     s->memo[idx] = id + 1;
     return 0;
   }
   if (idx >= s->memo_cap || !s->memo[idx])
     return perr(s, CKPTIO_E_PICKLE, "malformed pickle: memo %zu is unset", idx);
   return push(s, s->memo[idx] - 1);
+}
+
+static int refuse_op(parser *s, uint8_t op) {
+  return ckptio_err_fmt(s->err, s->errlen, CKPTIO_E_PICKLE, "pickle opcode 0x%02x (%s) at byte %zu is not allowed",
+                        op, op_name(op), s->at);
+}
+
+/* The opcodes of pickle.dump's protocol 4 that torch.save's protocol 2
+ * never writes: framing, memoizing, module and name from the stack, and
+ * the other widths of strings and bytes. */
+static int step_dcp(parser *s, uint8_t op) {
+  const uint8_t *b = s->p->buf;
+  uint32_t id = 0;
+  size_t n;
+  int rc;
+  switch (op) {
+    case 0x95:  /* FRAME: a length hint over the next bytes; they must be there */
+      if ((rc = need(s, 8)) < 0) return rc;
+      n = (size_t)rd_le(b + s->pos, 8);
+      s->pos += 8;
+      if (n > s->p->len - s->pos)
+        return perr(s, CKPTIO_E_PICKLE, "malformed pickle: FRAME of %zu bytes runs past the end (%zu left)", n,
+                    s->p->len - s->pos);
+      return 0;
+    case 0x94:  /* MEMOIZE: the next memo index */
+      return op_memo(s, 1, s->memo_count);
+    case 0x93: return op_stack_global(s);
+    case 0x8c:
+    case 0x8d:
+    case 'C':
+    case 'B':
+    case 0x8e: {
+      n = op == 0x8c || op == 'C' ? 1 : op == 'B' ? 4 : 8;
+      if ((rc = need(s, n)) < 0) return rc;
+      uint64_t len = rd_le(b + s->pos, (int)n);
+      if (len > CKPTIO_PICKLE_MAX_STRING)
+        return perr(s, CKPTIO_E_PICKLE, "pickle string of %llu bytes is over the limit", (unsigned long long)len);
+      if ((rc = need(s, n + (size_t)len)) < 0 ||
+          (rc = push_new(s, op == 0x8c || op == 0x8d ? CKPTIO_PV_STR : CKPTIO_PV_BYTES, &id)) < 0)
+        return rc;
+      V(s, id)->u.off = s->pos + n;
+      V(s, id)->n = (uint32_t)len;
+      s->pos += n + (size_t)len;
+      return 0;
+    }
+    default:
+      return refuse_op(s, op);
+  }
 }
 
 static int step(parser *s, uint8_t op) {
@@ -583,6 +731,12 @@ static int step(parser *s, uint8_t op) {
     case 'Q': return op_persid(s);
     case 'b':  /* BUILD: only an OrderedDict's attributes (a state_dict's _metadata) */
       if ((rc = pop(s, &v)) < 0 || (rc = top(s, &id)) < 0) return rc;
+      if (V(s, id)->type == CKPTIO_PV_OBJECT) {  /* a DCP dataclass's fields, kept as data */
+        if (V(s, id)->u.index != UINT32_MAX || V(s, id)->last != UINT32_MAX)
+          return perr(s, CKPTIO_E_PICKLE, "pickle BUILD on an instance that already has its state");
+        V(s, id)->u.index = v;
+        return 0;
+      }
       if (V(s, id)->type != CKPTIO_PV_DICT || !V(s, id)->aux)
         return V(s, id)->type == CKPTIO_PV_TENSOR
                    ? perr(s, CKPTIO_E_FORMAT,
@@ -684,12 +838,18 @@ static int step(parser *s, uint8_t op) {
       s->pos += n;
       return op_memo(s, op == 'q' || op == 'r', (size_t)rd_le(b + s->pos - n, (int)n));
     default:
+      if (s->flags & CKPTIO_PICKLE_DCP) return step_dcp(s, op);
       return ckptio_err_fmt(s->err, s->errlen, CKPTIO_E_PICKLE,
                             "pickle opcode 0x%02x (%s) at byte %zu is not allowed", op, op_name(op), s->at);
   }
 }
 
 int ckptio_pickle_parse(const uint8_t *buf, size_t len, ckptio_pickle *out, char *err, size_t errlen) {
+  return ckptio_pickle_parse_flags(buf, len, 0, out, err, errlen);
+}
+
+int ckptio_pickle_parse_flags(const uint8_t *buf, size_t len, unsigned flags, ckptio_pickle *out, char *err,
+                              size_t errlen) {
   parser s;
   int rc = 0;
   if (!out || (!buf && len))
@@ -704,6 +864,7 @@ int ckptio_pickle_parse(const uint8_t *buf, size_t len, ckptio_pickle *out, char
   s.p = out;
   s.err = err;
   s.errlen = errlen;
+  s.flags = flags;
   for (;;) {
     if (s.pos >= len) {
       rc = ckptio_err_fmt(err, errlen, CKPTIO_E_PICKLE, "malformed pickle: it ends at byte %zu without STOP",
@@ -742,4 +903,10 @@ const char *ckptio_pickle_str(const ckptio_pickle *p, uint32_t id, size_t *len) 
   if (v->type != CKPTIO_PV_STR && v->type != CKPTIO_PV_BYTES) return NULL;
   if (len) *len = v->n;
   return (const char *)p->buf + v->u.off;
+}
+
+int ckptio_pickle_dtype_of(const ckptio_pickle *p, uint32_t id) {
+  if (!p || id >= p->nvalues) return -1;
+  const ckptio_pv *v = &p->values[id];
+  return v->type == CKPTIO_PV_GLOBAL && v->aux == G_DTYPE ? v->dtype : -1;
 }

@@ -43,7 +43,31 @@ typedef enum ckptio_pv_type {
   CKPTIO_PV_STR, CKPTIO_PV_BYTES, CKPTIO_PV_TUPLE, CKPTIO_PV_LIST, CKPTIO_PV_DICT,
   CKPTIO_PV_GLOBAL, CKPTIO_PV_STORAGE, CKPTIO_PV_TENSOR,
   CKPTIO_PV_OTHER,  /* an allowed value ckptio does not look into (set, device, complex) */
+  CKPTIO_PV_OBJECT, /* CKPTIO_PICKLE_DCP only: an instance of an allowlisted class, kept as
+                       plain data: aux its class, u.index its BUILD state (or UINT32_MAX),
+                       last its REDUCE arguments (or UINT32_MAX) */
 } ckptio_pv_type;
+
+/* The classes CKPTIO_PICKLE_DCP allows: torch.distributed.checkpoint's
+ * metadata dataclasses (never imported or called: NEWOBJ makes an empty
+ * OBJECT, BUILD attaches its state), the enum and path they hold, and the
+ * layout global. A GLOBAL or OBJECT value of one has it in aux. */
+typedef enum ckptio_dcp_class {
+  CKPTIO_DCP_METADATA = 64,      /* metadata.Metadata */
+  CKPTIO_DCP_TENSOR_MD,          /* metadata.TensorStorageMetadata */
+  CKPTIO_DCP_BYTES_MD,           /* metadata.BytesStorageMetadata */
+  CKPTIO_DCP_CHUNK_MD,           /* metadata.ChunkStorageMetadata */
+  CKPTIO_DCP_PROPERTIES,         /* metadata.TensorProperties */
+  CKPTIO_DCP_INDEX,              /* metadata.MetadataIndex */
+  CKPTIO_DCP_STORAGE_META,       /* metadata.StorageMeta */
+  CKPTIO_DCP_MEM_FORMAT,         /* metadata._MEM_FORMAT_ENCODING (REDUCE of one int) */
+  CKPTIO_DCP_STORAGE_INFO,       /* filesystem._StorageInfo */
+  CKPTIO_DCP_PATH,               /* pathlib's PosixPath (REDUCE of strings) */
+  CKPTIO_DCP_STRIDED,            /* the global torch.strided */
+} ckptio_dcp_class;
+
+/* Flags of ckptio_pickle_parse_flags. */
+#define CKPTIO_PICKLE_DCP 1u  /* a DCP .metadata: protocol 4 framing, and the classes above */
 
 typedef struct ckptio_pv {
   uint8_t type;       /* ckptio_pv_type */
@@ -117,10 +141,20 @@ typedef struct ckptio_pickle {
  *          global or value and the pickle byte. *out is empty on failure. */
 int ckptio_pickle_parse(const uint8_t *buf, size_t len, ckptio_pickle *out, char *err,
                         size_t errlen);
+/*! As ckptio_pickle_parse, with CKPTIO_PICKLE_DCP: also the opcodes
+ *  pickle.dump's protocol 4 and 5 use (FRAME, MEMOIZE, STACK_GLOBAL, the
+ *  short and 8-byte strings and bytes) and the ckptio_dcp_class allowlist,
+ *  for torch.distributed.checkpoint's .metadata. Nothing more is called:
+ *  the caller reads the OBJECT values as data. */
+int ckptio_pickle_parse_flags(const uint8_t *buf, size_t len, unsigned flags, ckptio_pickle *out, char *err,
+                              size_t errlen);
 void ckptio_pickle_free(ckptio_pickle *p);
 
 /*! "int", "dict", ... for messages. Static. */
 const char *ckptio_pickle_type_name(const ckptio_pv *v);
+
+/*! The dtype table index of a `torch.<dtype>` global value, or -1. */
+int ckptio_pickle_dtype_of(const ckptio_pickle *p, uint32_t id);
 
 /*! The bytes of a STR/BYTES value (not NUL-terminated), and their length. */
 const char *ckptio_pickle_str(const ckptio_pickle *p, uint32_t id, size_t *len);
