@@ -11,13 +11,16 @@ VENV="$ROOT/.venv"
 
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev libzstd-dev zstd fio python3-venv
-              clang libclang-rt-14-dev openmpi-bin libopenmpi-dev)
+              clang libclang-rt-14-dev openmpi-bin libopenmpi-dev patchelf)
 # pip name, or pip name:import name where they differ. torch is the real
 # PyTorch the .pt interop tests check against (a large download the first
 # time: the registry's wheel brings its CUDA libraries; nothing here uses a
 # GPU); transformers the real save_pretrained / from_pretrained; the wheel
-# test builds pyproject.toml offline with this venv's scikit-build-core.
-PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core)
+# test builds pyproject.toml offline with this venv's scikit-build-core;
+# mypy checks the Python package (--strict), auditwheel (with Debian's
+# patchelf) makes scripts/wheel.sh's wheel a manylinux one.
+PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
+             mypy auditwheel)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
