@@ -873,11 +873,13 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
  *  writer it is collective in place of commit_async — the other ranks'
  *  commit_async fails with CKPTIO_E_RANK naming this rank and `why` — so no
  *  rank waits for it; on other writers nothing is written. The writer may
- *  then only be closed.
+ *  then only be closed: every other call on it (commit, commit_async, the
+ *  waits and polls, add, set_metadata, a second abort) fails with
+ *  CKPTIO_E_STATE and writes nothing, on every kind of writer.
  *  @code  this rank's failure (< 0; CKPTIO_E_INVALID_ARG if not)
  *  @why   copied; NULL for ckptio_strerror(code)
- *  @return `code` (with last_error naming this rank), or CKPTIO_E_STATE
- *          after commit_async. */
+ *  @return `code` (with last_error naming this rank and `why`), or
+ *          CKPTIO_E_STATE after commit_async or a first abort. */
 int ckptio_writer_abort(ckptio_writer *w, int code, const char *why);
 
 /* Reading: ckptio_reader_open on the index (or its directory) opens the

@@ -53,9 +53,7 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
 int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (code >= 0) code = CKPTIO_E_INVALID_ARG;
-  if (w->verbs->abort) return w->verbs->abort(w, code, why);
-  return ckptio_err_fmt(w->err, sizeof(w->err), code, "save abandoned by its caller: %s",
-                        why && *why ? why : ckptio_strerror(code));
+  return w->verbs->abort(w, code, why);
 }
 
 int ckptio_writer_commit_async(ckptio_writer *w) { return w ? w->verbs->commit_async(w) : CKPTIO_E_INVALID_ARG; }

@@ -21,7 +21,7 @@
 #include "save/release.h"
 #include "save/save.h"
 
-enum { R_OPEN, R_RUNNING, R_DONE };
+enum { R_OPEN, R_RUNNING, R_DONE, R_ABORTED };
 
 typedef struct ranks_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
@@ -47,6 +47,12 @@ static int rfail(ranks_writer *w, int code, const char *fmt, ...) {
   vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
   va_end(ap);
   return code;
+}
+
+/* Every verb but close after ckptio_writer_abort. */
+static int aborted(ranks_writer *w) {
+  return rfail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed",
+               w->dir);
 }
 
 static const ckptio_writer_verbs ranks_verbs;
@@ -109,6 +115,7 @@ fail:
 
 static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
   ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
@@ -116,6 +123,7 @@ static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
 static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *value) {
   ranks_writer *w = (ranks_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
@@ -123,6 +131,7 @@ static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *
 static int ranks_add_part(ckptio_writer *base, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets) {
   ranks_writer *w = (ranks_writer *)base;
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, global, offsets, w->base.err);
 }
@@ -163,6 +172,7 @@ static int start_file(ranks_writer *w) {
 
 static int ranks_commit_async(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   char id[33];
@@ -193,6 +203,7 @@ static int ranks_commit_async(ckptio_writer *base) {
  * naming it. */
 static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   ranks_writer *w = (ranks_writer *)base;
+  if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
   char id[33];
   ckptio_save_id_make(id);
@@ -201,7 +212,7 @@ static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   snprintf(msg, sizeof(msg), "%s", why && *why ? why : ckptio_strerror(code));
   int rc = ckptio_rplan_make(&w->comm, &w->c, code, msg, id, &w->plan, w->base.err);
   ckptio_rplan_free(&w->plan);
-  w->state = R_DONE;
+  w->state = R_ABORTED;
   if (rc == -ENOMEM || rc == CKPTIO_E_RANK) rc = code; /* this rank's own failure stands */
   w->result = rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
   return w->result;
@@ -315,7 +326,7 @@ static int ranks_wait_durable(ckptio_writer *base) {
 
 static int ranks_wait_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
   if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   int rc = w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
   /* This rank's own failure, named; the others learn it at wait_durable. */
@@ -324,13 +335,13 @@ static int ranks_wait_snapshot(ckptio_writer *base) {
 
 static int ranks_poll_durable(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
   return w->state == R_DONE ? (w->result < 0 ? w->result : 1) : 0;
 }
 
 static int ranks_poll_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN) return CKPTIO_E_STATE;
+  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
   if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   return w->sub ? w->sub->verbs->poll_snapshot(w->sub) : 1;
 }
@@ -344,7 +355,7 @@ static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
     int rc = w->sub->verbs->stats(w->sub, &s);
     if (rc < 0) return rc;
   }
-  if (w->state != R_OPEN) {
+  if (w->state == R_RUNNING || w->state == R_DONE) {
     s.seconds = (double)((w->end_ns ? w->end_ns : ckptio_now_ns()) - w->start_ns) / 1e9;
     s.commit_seconds += (double)w->publish_ns / 1e9;
   }
@@ -366,7 +377,7 @@ static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total)
 
 static size_t ranks_shard_count(const ckptio_writer *base) {
   const ranks_writer *w = (const ranks_writer *)base;
-  return w->state == R_OPEN ? 0 : w->plan.nfiles;
+  return w->state == R_RUNNING || w->state == R_DONE ? w->plan.nfiles : 0;
 }
 
 static int ranks_close(ckptio_writer *base) {

@@ -27,8 +27,8 @@ typedef struct ckptio_writer_verbs {
   /* A box of a global tensor; NULL for kinds that store tensors whole (the
    * front then takes only whole boxes, as add). */
   int (*add_part)(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets);
-  /* ckptio_writer_abort; NULL where nobody waits on this writer (the front
-   * then only records the failure). */
+  /* ckptio_writer_abort: every kind then refuses every verb but close with
+   * CKPTIO_E_STATE (on a multi-rank writer it is also collective). */
   int (*abort)(ckptio_writer *w, int code, const char *why);
 } ckptio_writer_verbs;
 

@@ -25,7 +25,7 @@
 #include "save/release.h"
 #include "save/save.h"
 
-enum { S_OPEN, S_RUNNING };
+enum { S_OPEN, S_RUNNING, S_ABORTED };
 
 typedef struct set_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
@@ -60,6 +60,12 @@ static int sfail(set_writer *w, int code, const char *fmt, ...) {
   vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
   va_end(ap);
   return code;
+}
+
+/* Every verb but close after ckptio_writer_abort. */
+static int aborted(set_writer *w) {
+  return sfail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed",
+               w->dir);
 }
 
 static const ckptio_writer_verbs set_verbs;
@@ -118,6 +124,7 @@ fail:
 
 static int set_set_stream(ckptio_writer *base, int device, void *stream) {
   set_writer *w = (set_writer *)base;
+  if (w->state == S_ABORTED) return aborted(w);
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
@@ -125,6 +132,7 @@ static int set_set_stream(ckptio_writer *base, int device, void *stream) {
 static int set_set_metadata(ckptio_writer *base, const char *key, const char *value) {
   set_writer *w = (set_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state == S_ABORTED) return aborted(w);
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
@@ -132,6 +140,7 @@ static int set_set_metadata(ckptio_writer *base, const char *key, const char *va
 static int set_add(ckptio_writer *base, const ckptio_tensor *t) {
   set_writer *w = (set_writer *)base;
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state == S_ABORTED) return aborted(w);
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, NULL, NULL, w->base.err);
 }
@@ -325,6 +334,7 @@ static void close_subs(set_writer *w) {
 static int set_commit_async(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state == S_ABORTED) return aborted(w);
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   /* An index maps tensors to files: with none there is no set to index. */
@@ -358,6 +368,17 @@ static int set_commit_async(ckptio_writer *base) {
 fail:
   close_subs(w); /* removes every temp file */
   return rc;
+}
+
+/* Nothing is started before commit_async (no shard writer, no file), so
+ * nothing is written; the state keeps every later verb but close from
+ * starting the save. */
+static int set_abort(ckptio_writer *base, int code, const char *why) {
+  set_writer *w = (set_writer *)base;
+  if (w->state == S_ABORTED) return aborted(w);
+  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
+  w->state = S_ABORTED;
+  return sfail(w, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
 }
 
 static int set_wait_durable(ckptio_writer *base) {
@@ -464,5 +485,5 @@ static const ckptio_writer_verbs set_verbs = {
     set_set_metadata,  set_set_stream,   set_add,      set_commit_async, set_wait_snapshot, set_wait_durable,
     set_poll_snapshot, set_poll_durable, set_progress, set_stats,        set_shard_count,   set_close,
     NULL, /* add_part: tensors whole only */
-    NULL, /* abort: no other process waits on this save */
+    set_abort,
 };

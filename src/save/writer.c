@@ -44,7 +44,7 @@ typedef struct chunk_job {
 
 #define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
 
-enum { W_OPEN, W_RUNNING };
+enum { W_OPEN, W_RUNNING, W_ABORTED };
 
 struct file_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
@@ -92,6 +92,12 @@ static int fail(file_writer *w, int code, const char *fmt, const char *a, const 
   return code;
 }
 
+/* Every verb but close after ckptio_writer_abort. */
+static int aborted(file_writer *w) {
+  return fail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort)%s", w->path,
+              ": the writer may only be closed");
+}
+
 static const ckptio_writer_verbs file_verbs;
 
 int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
@@ -127,6 +133,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
 
 static int add_metadata(file_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
+  if (w->state == W_ABORTED) return aborted(w);
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
   if (!reserved_ok && strncmp(key, "ckptio.", 7) == 0)
     return fail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')%s", key, "");
@@ -201,6 +208,7 @@ static int file_set_stream(ckptio_writer *base, int device, void *stream) {
   int ord;
   char msg[CKPTIO_ERRLEN];
   if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state == W_ABORTED) return aborted(w);
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: stream set after commit%s", w->path, "");
   if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
     return fail(w, CKPTIO_E_DEVICE, "%s: %s", w->path, msg);
@@ -214,6 +222,7 @@ static const char *wtensor_name(const void *items, size_t i) { return ((const wt
 static int file_add(ckptio_writer *base, const ckptio_tensor *t) {
   file_writer *w = (file_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
+  if (w->state == W_ABORTED) return aborted(w);
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
   if (nbytes < 0)
@@ -769,6 +778,7 @@ static void *save_main(void *arg) {
 static int file_commit_async(ckptio_writer *base) {
   file_writer *w = (file_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
+  if (w->state == W_ABORTED) return aborted(w);
   if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
   int rc = w->gpus_used ? mark_callers(w) : 0;
   if (rc < 0) return rc;
@@ -782,6 +792,16 @@ static int file_commit_async(ckptio_writer *base) {
     return fail(w, -rc, "%s: cannot start the save thread: %s", w->path, ckptio_errno_text(rc));
   }
   return 0;
+}
+
+/* Nothing was started, so nothing is written; the state keeps every later
+ * verb but close from starting a save (the open created no file). */
+static int file_abort(ckptio_writer *base, int code, const char *why) {
+  file_writer *w = (file_writer *)base;
+  if (w->state == W_ABORTED) return aborted(w);
+  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: abort after commit%s", w->path, "");
+  w->state = W_ABORTED;
+  return fail(w, code, "save abandoned by its caller: %s%s", why && *why ? why : ckptio_strerror(code), "");
 }
 
 /* The snapshot flag, or with `durable` the durable one. */
@@ -860,5 +880,5 @@ static const ckptio_writer_verbs file_verbs = {
     file_set_metadata,  file_set_stream,   file_add,      file_commit_async, file_wait_snapshot, file_wait_durable,
     file_poll_snapshot, file_poll_durable, file_progress, file_stats,        file_shard_count,   file_close,
     NULL, /* add_part: tensors whole only */
-    NULL, /* abort: no other process waits on this save */
+    file_abort,
 };

@@ -404,6 +404,30 @@ TEST(RanksWhole, TheSingleCommunicatorSavesAlone) {
   ckptio_ctx_free(ctx);
 }
 
+// Issue 28: after ckptio_writer_abort a writer may only be closed. On a
+// multi-rank writer commit already failed (its message said "commit called
+// twice"); now every verb says the save was aborted, and nothing is written.
+TEST(RanksWhole, AnAbortedWriterCommitsNothing) {
+  TempDir dir;
+  Tensor a = make_tensor("a", CKPTIO_F32, {7, 3}, 1);
+  ckptio_comm c;
+  ckptio_comm_single(&c);
+  ckptio_ctx *ctx = make_ctx();
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open_ranks(ctx, &c, dir.path().c_str(), "model", nullptr, &w), 0);
+  ckptio_tensor d = host_desc(a);
+  ASSERT_EQ(ckptio_writer_add(w, &d), 0);
+  EXPECT_EQ(ckptio_writer_abort(w, -EIO, "the caller gave up"), -EIO);
+  EXPECT_EQ(ckptio_writer_commit(w), CKPTIO_E_STATE);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("aborted"), std::string::npos) << ckptio_writer_last_error(w);
+  EXPECT_EQ(ckptio_writer_commit_async(w), CKPTIO_E_STATE);
+  EXPECT_EQ(ckptio_writer_add(w, &d), CKPTIO_E_STATE);
+  EXPECT_EQ(ckptio_writer_abort(w, -EIO, "again"), CKPTIO_E_STATE);
+  ckptio_writer_close(w);
+  EXPECT_TRUE(dir.list().empty());
+  ckptio_ctx_free(ctx);
+}
+
 TEST(RanksWhole, PlainWritersTakeOnlyWholeBoxes) {
   TempDir dir;
   Tensor a = make_tensor("a", CKPTIO_F32, {4, 4}, 1);
