@@ -56,6 +56,10 @@ void cli_shell_word(FILE *out, const char *s);
 const char *cli_open_error(int rc);
 /* Which exit code a library error while reading a file maps to. */
 int cli_exit_for_read_error(int rc);
+/* Files of a checkpoint made of several: a set's shards, or a DCP
+ * checkpoint's .distcp files (no shards: they do not open alone, so the
+ * reader's shard count is 0 for them); 0 for one file. */
+size_t cli_files_of(ckptio_reader *r);
 
 /* Median, minimum and maximum of n values (n >= 1; v is reordered). */
 typedef struct cli_stat {

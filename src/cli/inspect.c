@@ -85,7 +85,7 @@ static void shape_str(const ckptio_tensor_info *t, char *buf, size_t len) {
 static void set_facts(ckptio_reader *r, file_facts *f) {
   memset(f, 0, sizeof(*f));
   f->format = ckptio_reader_format(r);
-  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+  for (size_t k = 0; k < cli_files_of(r); k++) {
     const char *p;
     struct stat st;
     if (ckptio_reader_shard(r, k, &p, NULL, NULL) == 0 && stat(p, &st) == 0) f->file_size += (uint64_t)st.st_size;
@@ -94,7 +94,7 @@ static void set_facts(ckptio_reader *r, file_facts *f) {
 
 static void print_shards_json(ckptio_reader *r) {
   printf(",\"shards\":[");
-  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+  for (size_t k = 0; k < cli_files_of(r); k++) {
     const char *p;
     size_t nt;
     uint64_t b;
@@ -108,8 +108,8 @@ static void print_shards_json(ckptio_reader *r) {
 
 static void print_shards_table(ckptio_reader *r) {
   char hb[32];
-  printf("shards       %zu\n", ckptio_reader_shard_count(r));
-  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+  printf("%s       %zu\n", strcmp(ckptio_reader_format(r), "dcp") ? "shards" : "files ", cli_files_of(r));
+  for (size_t k = 0; k < cli_files_of(r); k++) {
     const char *p;
     size_t nt;
     uint64_t b;
@@ -160,7 +160,7 @@ static void print_parts_table(ckptio_reader *r) {
 
 static void print_json(const char *path, const file_facts *f, ckptio_reader *r) {
   size_t n = ckptio_reader_count(r);
-  int sharded = ckptio_reader_shard_count(r) > 0;
+  int sharded = cli_files_of(r) > 0;
   printf("{\"file\":");
   cli_json_string(stdout, path);
   printf(",\"format\":\"%s\",\"file_size\":%" PRIu64 ",\"header_size\":%" PRIu64
@@ -240,7 +240,7 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
   }
   printf("tensors      %zu (%" PRIu64 " bytes, %s)\n", n, total, cli_fmt_bytes(total, hb, sizeof(hb)));
   printf("metadata     %zu keys\n", ckptio_reader_metadata_count(r));
-  int sharded = ckptio_reader_shard_count(r) > 0;
+  int sharded = cli_files_of(r) > 0;
   if (sharded) print_shards_table(r);
   printf("\n%-*s  %-5s  %-*s  %*s  %*s  %s%s\n", wname, "name", "dtype", wshape, "shape", woff, "offset",
          wbytes, "nbytes", "crc32", sharded ? "     shard" : "");
@@ -316,7 +316,7 @@ int cli_inspect_main(int argc, char **argv) {
     ret = cli_inspect_plan(r, plan, json);
     goto fail;
   }
-  if (ckptio_reader_shard_count(r) > 0) {
+  if (cli_files_of(r) > 0) {
     set_facts(r, &facts);
   } else if ((rc = read_facts(path, &facts)) < 0 &&
              (rc = read_facts(ckptio_reader_shard(r, 0, &path, NULL, NULL) == 0 ? path : "", &facts)) < 0) {

@@ -179,3 +179,10 @@ cli_stat cli_stat_of(double *v, size_t n) {
   s.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   return s;
 }
+
+size_t cli_files_of(ckptio_reader *r) {
+  size_t n = ckptio_reader_shard_count(r);
+  if (n || strcmp(ckptio_reader_format(r), "dcp")) return n;
+  while (ckptio_reader_shard(r, n, NULL, NULL, NULL) == 0) n++;
+  return n;
+}

@@ -100,15 +100,20 @@ int cli_verify_main(int argc, char **argv) {
          path, n, n - unchecked, unchecked, checked_bytes,
          cli_fmt_bytes(checked_bytes, hb, sizeof(hb)), secs,
          secs > 0 ? (double)checked_bytes / secs / 1e9 : 0.0);
-  for (size_t k = 0; k < ckptio_reader_shard_count(r); k++) {
+  int dcp = !strcmp(ckptio_reader_format(r), "dcp");
+  for (size_t k = 0; k < cli_files_of(r); k++) {
     const char *p;
     size_t nt;
     uint64_t b;
     ckptio_reader_shard(r, k, &p, &nt, &b);
-    printf("  shard %zu/%zu %s: %zu tensors, %" PRIu64 " bytes (%s)\n", k + 1, ckptio_reader_shard_count(r), p, nt, b,
-           cli_fmt_bytes(b, hb, sizeof(hb)));
+    printf("  %s %zu/%zu %s: %zu %s, %" PRIu64 " bytes (%s)\n", dcp ? "file" : "shard", k + 1, cli_files_of(r), p,
+           nt, dcp ? "chunks and byte items" : "tensors", b, cli_fmt_bytes(b, hb, sizeof(hb)));
   }
-  if (n && unchecked == n)
+  if (dcp)
+    printf("note: torch.distributed.checkpoint records no checksums in its .metadata; each tensor chunk was checked "
+           "against the CRC-32 of its torch.save archive's zip record, byte items (%zu unchecked) for their "
+           "place only\n", unchecked);
+  if (n && unchecked == n && !dcp)
     printf("note: no CRC32 is recorded in this file; only its structure was checked\n");
   if (with_crc != n - unchecked)
     fprintf(stderr, "ckptio verify: warning: %zu tensors record a CRC32 but %zu were checked\n",

@@ -411,3 +411,23 @@ int ckptio_plain_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile 
   *out = &p->s;
   return 0;
 }
+
+int ckptio_plain_with_index(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *f, ckptio_index *idx, char *err,
+                            ckptio_source **out) {
+  plain *p = calloc(1, sizeof(*p));
+  int rc = -ENOMEM;
+  if (!p) {
+    ckptio_rfile_close(f);
+    ckptio_index_free(idx);
+    return rc;
+  }
+  p->f = *f;
+  p->s.idx = *idx;
+  memset(idx, 0, sizeof(*idx));
+  if ((rc = ckptio_source_init(&p->s, &plain_ops, ctx, opts, f->path, err)) < 0) {
+    ckptio_source_close(&p->s);
+    return rc;
+  }
+  *out = &p->s;
+  return 0;
+}

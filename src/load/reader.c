@@ -29,11 +29,14 @@ static int cmp_by_name(const void *a, const void *b) {
                 ckptio_reader_entry(sort_reader, *(const size_t *)b)->name);
 }
 
-/* A set when the path names one (an index, or a directory holding one),
- * else one file: the path, or a directory's only safetensors file. */
+/* A DCP checkpoint when the path names one (a directory holding .metadata),
+ * a set when it names one (an index, or a directory holding one), else one
+ * file: the path, or a directory's only safetensors file. */
 static int open_source(ckptio_reader *r, const char *path) {
   char *file = NULL;
-  int rc = ckptio_set_open(r->ctx, &r->opts, path, r->err, &r->src, &file);
+  int rc = ckptio_dcp_open(r->ctx, &r->opts, path, r->err, &r->src);
+  if (rc != 0) return rc < 0 ? rc : 0;
+  rc = ckptio_set_open(r->ctx, &r->opts, path, r->err, &r->src, &file);
   if (rc == 0) rc = ckptio_source_open_file(r->ctx, &r->opts, file, r->err, &r->src);
   free(file);
   return rc < 0 ? rc : 0;
@@ -175,6 +178,7 @@ int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t
 
 /* ------------------------------------------------------------ sets */
 
+/* A DCP checkpoint is no set: its files are not shards that open alone. */
 static int is_set(const ckptio_reader *r) { return !strcmp(r->src->ops->kind, "set"); }
 
 size_t ckptio_reader_shard_count(const ckptio_reader *r) { return r && is_set(r) ? r->src->nfiles : 0; }
@@ -329,7 +333,9 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
   /* One mapping holds one file whose bytes are the tensors' own. */
   if (!r->src->ops->map_private)
     return rfail(r, CKPTIO_E_FORMAT, "%s: a %s has no file holding the tensors' bytes as they are; load them",
-                 rpath(r), is_set(r) ? "sharded set" : "compressed file");
+                 rpath(r), is_set(r)                           ? "sharded set"
+                           : r->src->ops->file(r->src, 0) != r->src ? "DCP checkpoint"
+                                                                    : "compressed file");
   ckptio_exec_out out = {r->err, &r->done_bytes, &r->total_bytes, &r->timers, r->user_stream, 0};
   return r->src->ops->map_private(r->src, &out, base, size);
 }

@@ -1,10 +1,10 @@
 /* The load pipeline's one abstraction: a source of tensors. A source
  * describes its tensors (an index), cuts requests into jobs, runs one job
  * (bringing bytes to host memory and handing them to the executor), and
- * answers the few questions only it can (views, file ranges, files). Three
+ * answers the few questions only it can (views, file ranges, files). Four
  * kinds fill the table: a plain file (safetensors or a PyTorch archive), a
- * zstd seekable file, and a set of files that holds the other kinds by this
- * same table. The executor (exec.c) runs every job of every source on the
+ * zstd seekable file, a set of files that holds the other kinds by this
+ * same table, and a DCP checkpoint (dcp.c) holding plain files the same way. The executor (exec.c) runs every job of every source on the
  * pool; nothing here starts threads or talks to a GPU. */
 #ifndef CKPTIO_LOAD_SOURCE_H
 #define CKPTIO_LOAD_SOURCE_H
@@ -180,6 +180,15 @@ int ckptio_plain_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile 
 int ckptio_zstd_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *f, char *err, ckptio_source **out);
 int ckptio_set_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err, ckptio_source **out,
                     char **file);
+/* A plain file source over f (owned from then on) whose index the caller
+ * built, entries with absolute offsets in f (idx taken over, emptied): the
+ * files of a DCP checkpoint, indexed chunk by chunk. */
+int ckptio_plain_with_index(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *f, ckptio_index *idx, char *err,
+                            ckptio_source **out);
+/* torch.distributed.checkpoint's format: `path` a directory holding
+ * .metadata (or the .metadata file itself). @return 1 and *out, 0 when the
+ * path is no DCP checkpoint, or a code with the message in err. */
+int ckptio_dcp_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err, ckptio_source **out);
 /* Fills the common part of a source a kind allocated (path is copied). */
 int ckptio_source_init(ckptio_source *s, const ckptio_source_ops *ops, ckptio_ctx *ctx, const ckptio_options *opts,
                        const char *path, char *err);

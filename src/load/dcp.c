@@ -1,0 +1,355 @@
+/* The DCP source: a torch.distributed.checkpoint directory (.metadata and
+ * its __R_K.distcp files) opened as one checkpoint. The metadata is read
+ * as data (formats/dcp_meta.c); each file becomes a plain source whose
+ * index this file builds from the chunks stored in it, each chunk's
+ * torch.save archive parsed within its own byte range. Tensors split into
+ * chunks answer `parts` (boxes and whole loads assemble them, as for a
+ * multi-rank checkpoint); a tensor in one chunk and a byte item answer
+ * `member`. Like the set, it plans nothing itself. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "formats/dcp_meta.h"
+#include "formats/torch_read.h"
+#include "io/file.h"
+#include "load/source.h"
+
+/* The .metadata of the checkpoints DCP writes is kilobytes to megabytes. */
+#define DCP_META_MAX (1ull << 30)
+
+typedef struct dcp {
+  ckptio_source s;
+  char *dir;
+  ckptio_dcp_meta m;
+  ckptio_source **sub;    /* one plain source per file of m.files */
+  ckptio_spart **parts;   /* [item]: its chunks as parts, or NULL when stored whole */
+  size_t *local;          /* [item]: stored whole: its entry in sub[file[item]] */
+  uint32_t *file;
+} dcp;
+
+#define D(src) ((dcp *)(src))
+
+/* A chunk or byte item while the files' indexes are built. */
+typedef struct stored {
+  size_t item, chunk;     /* chunk SIZE_MAX: the item's bytes */
+  ckptio_entry e;         /* its entry, absolute offsets */
+} stored;
+
+static int cmp_stored(const void *a, const void *b) {
+  const stored *x = a, *y = b;
+  return x->e.offset != y->e.offset ? (x->e.offset < y->e.offset ? -1 : 1) : strcmp(x->e.name, y->e.name);
+}
+
+static int whole(const ckptio_dcp_item *it) {
+  return it->is_bytes ||
+         (it->nchunks == 1 && !memcmp(it->chunks[0].sizes, it->shape, (size_t)it->ndim * sizeof(int64_t)));
+}
+
+/* ------------------------------------------------------------ open */
+
+static int read_metadata(dcp *x, const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+  struct stat st;
+  uint8_t *buf = NULL;
+  if (fd < 0 || fstat(fd, &st) < 0) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return ckptio_source_fail(&x->s, -e, "%s: %s", path, ckptio_errno_text(e));
+  }
+  char msg[CKPTIO_ERRLEN];
+  if (!S_ISREG(st.st_mode)) {
+    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: not a regular file", path);
+  } else if ((uint64_t)st.st_size > DCP_META_MAX) {
+    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: %llu bytes, over the %llu-byte limit of a .metadata", path,
+                            (unsigned long long)st.st_size, DCP_META_MAX);
+  } else if (!(buf = malloc((size_t)st.st_size + 1))) {
+    rc = -ENOMEM;
+  } else if ((rc = ckptio_pread_full(fd, buf, (size_t)st.st_size, 0)) < 0) {
+    ckptio_source_fail(&x->s, rc, "%s: reading it: %s", path, ckptio_strerror(rc));
+  } else if ((rc = ckptio_dcp_meta_parse(buf, (size_t)st.st_size, &x->m, msg, sizeof(msg))) < 0) {
+    ckptio_source_fail(&x->s, rc, "%s: %s", x->dir, msg);
+  }
+  free(buf);
+  close(fd);
+  return rc;
+}
+
+/* The chunk's archive, parsed within [offset, offset + length) of the
+ * file: one bare tensor of the item's dtype and the chunk's sizes. */
+static int chunk_entry(dcp *x, const ckptio_rfile *f, const ckptio_dcp_item *it, size_t c, stored *out) {
+  const ckptio_dcp_chunk *ch = &it->chunks[c];
+  const char *fname = x->m.files[ch->at.file];
+  char a[256], msg[CKPTIO_ERRLEN];
+  ckptio_dcp_dims_text(ch->offsets, it->ndim, a, sizeof(a));
+  if (ch->at.zstd)
+    return ckptio_source_fail(&x->s, CKPTIO_E_FORMAT,
+                              "%s: chunk %s of '%s' in '%s' is compressed with DCP's stream.zstd extension, which "
+                              "ckptio does not read yet", x->dir, a, it->name, fname);
+  ckptio_index idx;
+  int rc = ckptio_torch_parse(f->map + ch->at.offset, ch->at.length, &idx, msg, sizeof(msg));
+  if (rc < 0)
+    return ckptio_source_fail(&x->s, rc, "%s: chunk %s of '%s' (bytes %llu-%llu of '%s'): %s", x->dir, a, it->name,
+                              (unsigned long long)ch->at.offset, (unsigned long long)(ch->at.offset + ch->at.length),
+                              fname, msg);
+  const ckptio_entry *e = idx.count == 1 ? &idx.entries[0] : NULL;
+  if (!e || e->name[0]) {
+    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: chunk %s of '%s' in '%s' is not the torch.save of one tensor "
+                            "(%zu tensors, the first named '%s')", x->dir, a, it->name, fname, idx.count,
+                            idx.count ? idx.entries[0].name : "");
+  } else if (e->dtype != it->dtype || e->ndim != it->ndim ||
+             memcmp(e->shape, ch->sizes, (size_t)it->ndim * sizeof(int64_t))) {
+    char b[256], s[256];
+    ckptio_dcp_dims_text(e->shape, e->ndim, b, sizeof(b));
+    ckptio_dcp_dims_text(ch->sizes, it->ndim, s, sizeof(s));
+    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: chunk %s of '%s' in '%s' holds a %s tensor of shape %s; the "
+                            ".metadata says %s %s", x->dir, a, it->name, fname, ckptio_dtype_name(e->dtype), b,
+                            ckptio_dtype_name(it->dtype), s);
+  } else {
+    out->e = *e;
+    out->e.offset += ch->at.offset;
+    char name[CKPTIO_ERRLEN];
+    snprintf(name, sizeof(name), "%s@%s", it->name, a);
+    if (!(out->e.name = strdup(name))) rc = -ENOMEM;
+  }
+  ckptio_index_free(&idx);
+  return rc;
+}
+
+/* File k: its chunks and byte items into the index of a plain source. */
+static int open_file(dcp *x, uint32_t k) {
+  char *path = ckptio_path_join(x->dir, x->m.files[k]);
+  ckptio_rfile f;
+  stored *st = NULL;
+  size_t n = 0, cap = 0;
+  int rc;
+  if (!path) return -ENOMEM;
+  rc = ckptio_rfile_open(&f, path, x->s.err, CKPTIO_ERRLEN);
+  free(path);
+  if (rc < 0) return rc;
+  ckptio_rfile_scattered(&f, 1);
+  for (size_t i = 0; i < x->m.nitems && rc == 0; i++) {
+    const ckptio_dcp_item *it = &x->m.items[i];
+    for (size_t c = 0; c < (it->is_bytes ? 1 : it->nchunks) && rc == 0; c++) {
+      const ckptio_dcp_storage *at = it->is_bytes ? &it->bytes : &it->chunks[c].at;
+      if (at->file != k) continue;
+      if (at->offset > f.size || at->length > f.size - at->offset) {
+        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: '%s' is stored at bytes %llu-%llu of '%s', which has %llu",
+                                x->dir, it->name, (unsigned long long)at->offset,
+                                (unsigned long long)(at->offset + at->length), x->m.files[k], (unsigned long long)f.size);
+        break;
+      }
+      if (n == cap) {
+        stored *g = realloc(st, (cap = cap ? 2 * cap : 16) * sizeof(*st));
+        if (!g) {
+          rc = -ENOMEM;
+          break;
+        }
+        st = g;
+      }
+      memset(&st[n], 0, sizeof(st[n]));
+      st[n].item = i;
+      st[n].chunk = it->is_bytes ? SIZE_MAX : c;
+      if (it->is_bytes) {
+        if (at->zstd)
+          rc = ckptio_source_fail(&x->s, CKPTIO_E_FORMAT, "%s: byte item '%s' is compressed with DCP's stream.zstd "
+                                  "extension, which ckptio does not read yet", x->dir, it->name);
+        else if (!(st[n].e.name = strdup(it->name)))
+          rc = -ENOMEM;
+        st[n].e.dtype = CKPTIO_U8;
+        st[n].e.ndim = 1;
+        st[n].e.shape[0] = (int64_t)at->length;
+        st[n].e.offset = at->offset;
+        st[n].e.nbytes = at->length;
+      } else {
+        rc = chunk_entry(x, &f, it, c, &st[n]);
+      }
+      n += rc == 0;
+    }
+  }
+  ckptio_rfile_scattered(&f, 0);
+  ckptio_index idx;
+  memset(&idx, 0, sizeof(idx));
+  if (rc == 0 && !(idx.entries = calloc(n + 1, sizeof(ckptio_entry)))) rc = -ENOMEM;
+  if (rc < 0) {
+    for (size_t j = 0; j < n; j++) free(st[j].e.name);
+    free(st);
+    ckptio_rfile_close(&f);
+    return rc;
+  }
+  if (n) qsort(st, n, sizeof(*st), cmp_stored);
+  for (size_t j = 0; j < n; j++) {
+    idx.entries[j] = st[j].e;
+    size_t i = st[j].item;
+    if (whole(&x->m.items[i])) x->local[i] = j;
+    else x->parts[i][st[j].chunk].local = j;
+  }
+  idx.count = n;
+  idx.format = "pytorch";
+  idx.header_bytes = n ? idx.entries[0].offset : f.size;
+  free(st);
+  if ((rc = ckptio_plain_with_index(x->s.ctx, x->s.opts, &f, &idx, x->s.err, &x->sub[k])) < 0) return rc;
+  for (size_t i = 0; i < x->m.nitems; i++)
+    if (x->parts[i])
+      for (size_t c = 0; c < x->m.items[i].nchunks; c++)
+        if (x->m.items[i].chunks[c].at.file == k) x->parts[i][c].src = x->sub[k];
+  return 0;
+}
+
+/* The checkpoint's index: one entry per item, in name order. A tensor
+ * stored whole is its chunk's entry under the item's name. */
+static int build(dcp *x) {
+  size_t n = x->m.nitems;
+  ckptio_index *idx = &x->s.idx;
+  if (!(x->sub = calloc(x->m.nfiles + 1, sizeof(*x->sub))) || !(x->parts = calloc(n + 1, sizeof(*x->parts))) ||
+      !(x->local = calloc(n + 1, sizeof(size_t))) || !(x->file = calloc(n + 1, sizeof(uint32_t))) ||
+      !(idx->entries = calloc(n + 1, sizeof(ckptio_entry))))
+    return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_dcp_item *it = &x->m.items[i];
+    x->file[i] = it->is_bytes ? it->bytes.file : it->chunks[0].at.file;
+    if (whole(it)) continue;
+    if (!(x->parts[i] = calloc(it->nchunks, sizeof(ckptio_spart)))) return -ENOMEM;
+    for (size_t c = 0; c < it->nchunks; c++) memcpy(x->parts[i][c].off, it->chunks[c].offsets, sizeof(x->parts[i][c].off));
+  }
+  x->s.nfiles = x->m.nfiles;
+  for (uint32_t k = 0; k < x->m.nfiles; k++) {
+    int rc = open_file(x, k);
+    if (rc < 0) return rc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_dcp_item *it = &x->m.items[i];
+    ckptio_entry *e = &idx->entries[i];
+    if (whole(it)) {
+      *e = x->sub[x->file[i]]->idx.entries[x->local[i]];
+    } else {
+      e->dtype = it->dtype;
+      e->ndim = it->ndim;
+      memcpy(e->shape, it->shape, sizeof(e->shape));
+      e->nbytes = (uint64_t)ckptio_tensor_nbytes(it->dtype, it->ndim, it->shape); /* checked by the parser */
+    }
+    e->name = it->name;
+  }
+  idx->count = n;
+  idx->format = "dcp";
+  for (uint32_t k = 0; k < x->m.nfiles; k++) idx->header_bytes += x->sub[k]->idx.header_bytes;
+  return 0;
+}
+
+/* ------------------------------------------------------------ verbs */
+
+static ckptio_source *dcp_member(ckptio_source *s, size_t index, size_t *local, size_t *k) {
+  dcp *x = D(s);
+  if (x->parts[index]) {
+    *local = x->parts[index][0].local;
+    if (k) *k = x->m.items[index].chunks[0].at.file;
+    return x->parts[index][0].src;
+  }
+  *local = x->local[index];
+  if (k) *k = x->file[index];
+  return x->sub[x->file[index]];
+}
+
+static size_t dcp_parts(ckptio_source *s, size_t index, const ckptio_spart **out) {
+  dcp *x = D(s);
+  if (!x->parts[index]) return 0;
+  *out = x->parts[index];
+  return x->m.items[index].nchunks;
+}
+
+static int dcp_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
+  dcp *x = D(s);
+  if (x->parts[index])
+    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu chunks, not in one place: load it",
+                              s->path, s->idx.entries[index].name, x->m.items[index].nchunks);
+  size_t local;
+  ckptio_source *m = dcp_member(s, index, &local, NULL);
+  return m->ops->view(m, local, data, nbytes);
+}
+
+typedef struct file_emit {
+  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
+  void *arg;
+  uint32_t file;
+} file_emit;
+
+static void emit_in_file(void *arg, uint32_t file, uint64_t off, uint64_t len) {
+  file_emit *f = arg;
+  (void)file;
+  f->emit(f->arg, f->file, off, len);
+}
+
+static void dcp_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
+                       void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
+  size_t local, k;
+  ckptio_source *m = dcp_member(s, index, &local, &k);
+  file_emit f = {emit, arg, (uint32_t)k};
+  m->ops->ranges(m, local, g, emit_in_file, &f);
+}
+
+static ckptio_source *dcp_file(ckptio_source *s, size_t k) { return k < D(s)->m.nfiles ? D(s)->sub[k] : NULL; }
+
+static void dcp_close(ckptio_source *s) {
+  dcp *x = D(s);
+  for (size_t k = 0; x->sub && k < x->m.nfiles; k++) ckptio_source_close(x->sub[k]);
+  for (size_t i = 0; x->parts && i < x->m.nitems; i++) free(x->parts[i]);
+  free(x->parts);
+  free(x->sub);
+  free(x->local);
+  free(x->file);
+  free(s->idx.entries); /* names are the metadata's */
+  ckptio_dcp_meta_free(&x->m);
+  free(x->dir);
+}
+
+static const ckptio_source_ops dcp_ops = {
+    .kind = "dcp",
+    .view = dcp_view,
+    .ranges = dcp_ranges,
+    .member = dcp_member,
+    .parts = dcp_parts,
+    .file = dcp_file,
+    .close = dcp_close,
+};
+
+int ckptio_dcp_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err, ckptio_source **out) {
+  struct stat st;
+  char *dir, *meta;
+  size_t n = strlen(path), m = strlen(CKPTIO_DCP_METADATA_FILE);
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (!(meta = ckptio_path_join(path, CKPTIO_DCP_METADATA_FILE))) return -ENOMEM;
+    if (access(meta, F_OK) != 0) {
+      free(meta);
+      return 0;
+    }
+    dir = strdup(path);
+  } else if (n >= m && !strcmp(path + n - m, CKPTIO_DCP_METADATA_FILE) && (n == m || path[n - m - 1] == '/')) {
+    meta = strdup(path);
+    dir = n == m ? strdup(".") : strndup(path, n - m - 1 ? n - m - 1 : 1);
+  } else {
+    return 0;
+  }
+  dcp *x = calloc(1, sizeof(*x));
+  int rc = x && dir && meta ? 0 : -ENOMEM;
+  if (rc == 0) rc = ckptio_source_init(&x->s, &dcp_ops, ctx, opts, dir, err);
+  if (rc == 0) {
+    x->dir = dir;
+    dir = NULL;
+    if ((rc = read_metadata(x, meta)) == 0) rc = build(x);
+  }
+  free(meta);
+  free(dir);
+  if (rc < 0) {
+    if (rc == -ENOMEM && !err[0]) ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "%s: out of memory opening the checkpoint", path);
+    if (x && x->s.ops) ckptio_source_close(&x->s);
+    else free(x);
+    return rc;
+  }
+  *out = &x->s;
+  return 1;
+}
