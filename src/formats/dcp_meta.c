@@ -402,8 +402,8 @@ static int merge_files(walk *w) {
       ckptio_dcp_storage *at = c < it->nchunks ? &it->chunks[c].at : &it->bytes;
       if (c == it->nchunks && !it->is_bytes) break;
       if (at->file == UINT32_MAX) {
-        char a[256];
-        ckptio_dcp_dims_text(it->chunks[c].offsets, it->ndim, a, sizeof(a));
+        char a[256] = "";
+        if (!it->is_bytes) ckptio_dcp_dims_text(it->chunks[c].offsets, it->ndim, a, sizeof(a));
         return fail(w, CKPTIO_E_SHARD, "'%.200s'%s%s has no entry in storage_data: its bytes are nowhere",
                     it->name, it->is_bytes ? "" : " chunk ", it->is_bytes ? "" : a);
       }
