@@ -87,9 +87,15 @@ const char *ckptio_strerror(int code);
 const char *ckptio_error_name(int code);
 
 /*! ckptio_last_open_error() :
- *  The detail of the last failed ckptio_reader_open, ckptio_writer_open,
- *  ckptio_writer_open_sharded or ckptio_ctx_create in the calling thread (there is no handle to keep it),
- *  or "". Valid until the next such call in this thread. */
+ *  The detail of the calling thread's last open-type call when it failed
+ *  (there is no handle to keep it), else "". The open-type calls are
+ *  ckptio_ctx_create, ckptio_reader_open, ckptio_writer_open,
+ *  ckptio_writer_open_sharded, ckptio_writer_open_ranks and
+ *  ckptio_manager_open: each clears it on entry and, when it fails (a NULL
+ *  argument included), leaves a sentence naming the path or the call. No
+ *  other call changes it (a set's commit opens its files without it; the
+ *  manager's save_begin and latest put back what was there). Thread-local;
+ *  the string is valid until the next open-type call in this thread. */
 const char *ckptio_last_open_error(void);
 
 /* ---------------------------------------------------------------- dtypes */

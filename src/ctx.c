@@ -52,13 +52,17 @@ static void place_near_gpu(ckptio_ctx *ctx) {
                     sizeof(ctx->numa_report));
 }
 
-int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
+static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
   ckptio_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return -ENOMEM;
   int rc = copy_options(opts, &ctx->opts);
-  if (rc < 0) goto fail;
+  if (rc < 0) {
+    ckptio_set_open_error("ckptio_ctx_create: options: a size below the first fields, or an enum field "
+                          "(direct_io, cuda, numa, load_method, shuffle) or threads out of range");
+    goto fail;
+  }
   ckptio_options *o = &ctx->opts;
   if (!o->threads) o->threads = CKPTIO_DEFAULT_THREADS;
   if (!o->chunk_bytes) o->chunk_bytes = CKPTIO_DEFAULT_CHUNK;
@@ -68,6 +72,8 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   if (o->chunk_bytes % CKPTIO_IO_ALIGN || o->chunk_bytes < 64 * 1024 ||
       o->staging_bytes < 2 * o->chunk_bytes || o->threads > 1024) {
     rc = CKPTIO_E_INVALID_ARG;
+    ckptio_set_open_error("ckptio_ctx_create: options: chunk_bytes must be a multiple of 4096 and at least "
+                          "64 KiB, staging_bytes at least two chunks, threads at most 1024");
     goto fail;
   }
   if ((rc = ckptio_pool_create(o->threads, &ctx->pool)) < 0) goto fail;
@@ -101,6 +107,12 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
 fail:
   ckptio_ctx_free(ctx);
   return rc;
+}
+
+int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
+  ckptio_open_error_clear();
+  int rc = ctx_create(opts, out);
+  return ckptio_open_error_end(rc, "ckptio_ctx_create", ckptio_last_open_error());
 }
 
 void ckptio_ctx_free(ckptio_ctx *ctx) {

@@ -79,4 +79,14 @@ static _Thread_local char open_error[CKPTIO_ERRLEN];
 
 void ckptio_set_open_error(const char *msg) { snprintf(open_error, sizeof(open_error), "%s", msg); }
 
+void ckptio_open_error_clear(void) { open_error[0] = '\0'; }
+
+int ckptio_open_error_end(int rc, const char *call, const char *detail) {
+  if (rc >= 0) return rc;
+  if (detail && *detail) {
+    if (detail != open_error) ckptio_set_open_error(detail); /* (it may be the buffer itself) */
+  } else snprintf(open_error, sizeof(open_error), "%s: %s", call, ckptio_strerror(rc));
+  return rc;
+}
+
 const char *ckptio_last_open_error(void) { return open_error; }

@@ -17,8 +17,16 @@ int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
  * and the command name an errno. */
 const char *ckptio_errno_text(int errnum);
 
-/* Keeps the detail of a failed open (no handle to hold it) for
- * ckptio_last_open_error in the calling thread. */
+/* ckptio_last_open_error, the calling thread's: every public open-type call
+ * (the list is at ckptio_last_open_error in ckptio.h) clears it on entry
+ * and leaves it set when it fails; no other call touches it, so internal
+ * opens (a set's shard writers) report into their caller's buffer instead. */
+void ckptio_open_error_clear(void);
+/* Keeps the detail of a failed open (no handle to hold it). */
 void ckptio_set_open_error(const char *msg);
+/* Ends an open-type call: for rc < 0, keeps `detail`, or when it is NULL or
+ * "" the line "<call>: <ckptio_strerror(rc)>", so no failure leaves it
+ * empty. Returns rc. */
+int ckptio_open_error_end(int rc, const char *call, const char *detail);
 
 #endif

@@ -43,11 +43,13 @@ static int open_source(ckptio_reader *r, const char *path) {
 }
 
 int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts, ckptio_reader **out) {
-  if (!out) return CKPTIO_E_INVALID_ARG;
+  static const char call[] = "ckptio_reader_open";
+  ckptio_open_error_clear();
+  if (!out) return ckptio_open_error_end(CKPTIO_E_INVALID_ARG, call, NULL);
   *out = NULL;
-  if (!ctx || !path) return CKPTIO_E_INVALID_ARG;
+  if (!ctx || !path) return ckptio_open_error_end(CKPTIO_E_INVALID_ARG, call, NULL);
   ckptio_reader *r = calloc(1, sizeof(*r));
-  if (!r) return -ENOMEM;
+  if (!r) return ckptio_open_error_end(-ENOMEM, call, NULL);
   r->ctx = ctx;
   int rc = ckptio_options_for_call(ctx, opts, &r->opts);
   if (rc < 0 || (rc = open_source(r, path)) < 0) goto fail;
@@ -64,7 +66,7 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
   *out = r;
   return 0;
 fail:
-  ckptio_set_open_error(r->err[0] ? r->err : ckptio_strerror(rc));
+  ckptio_open_error_end(rc, call, r->err);
   ckptio_reader_close(r);
   return rc;
 }

@@ -25,6 +25,7 @@ static int fail_open(int code, const char *fmt, const char *a, const char *b) {
 
 int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_options *mopts,
                         const ckptio_options *opts, ckptio_manager **out) {
+  ckptio_open_error_clear(); /* an open-type call: see ckptio_last_open_error */
   if (out) *out = NULL;
   if (!ctx || !dir || !*dir || !out) return fail_open(CKPTIO_E_INVALID_ARG, "ckptio_manager_open: %s%s", "a NULL argument", "");
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
@@ -161,6 +162,9 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
     goto fail;
   }
   ckptio_writer *w = NULL;
+  /* The caller's ckptio_last_open_error is not this call's to change. */
+  char keep[CKPTIO_ERRLEN];
+  snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
   if (m->mo.max_shard_bytes) {
     snprintf(path, pl, "%s/%s", m->dir, tmp);
     rc = ckptio_writer_open_sharded(m->ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
@@ -173,10 +177,9 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
     rc = ckptio_writer_open(m->ctx, path, m->mo.format, &m->opts, &w);
   }
   free(path);
-  if (rc < 0) {
-    ckptio_err_fmt(m->err, sizeof(m->err), rc, "step %" PRIu64 ": %s", step, ckptio_last_open_error());
-    goto fail;
-  }
+  if (rc < 0) ckptio_err_fmt(m->err, sizeof(m->err), rc, "step %" PRIu64 ": %s", step, ckptio_last_open_error());
+  ckptio_set_open_error(keep);
+  if (rc < 0) goto fail;
   m->w = w;
   m->w_step = step;
   *out = w;

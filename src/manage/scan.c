@@ -120,10 +120,14 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
 
   if (file) {
     ckptio_reader *r = NULL;
+    /* The caller's ckptio_last_open_error is not this call's to change. */
+    char keep[CKPTIO_ERRLEN];
+    snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
     int rc = ckptio_reader_open(m->ctx, e->path, &m->opts, &r);
+    if (rc < 0) snprintf(detail, sizeof(detail), "%s", ckptio_last_open_error());
+    ckptio_set_open_error(keep);
     if (rc < 0) {
       e->error = rc;
-      snprintf(detail, sizeof(detail), "%s", ckptio_last_open_error());
     } else {
       e->complete = 1;
       if (verify) {

@@ -8,20 +8,31 @@
 #include "core/error.h"
 #include "save/save.h"
 
+/* The public opens: ckptio_last_open_error is cleared on entry and holds
+ * the kind's detail (or the code's text) when the open fails. */
 int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
                        ckptio_writer **out) {
-  return ckptio_file_writer_open(ctx, path, format, opts, out);
+  char msg[CKPTIO_ERRLEN] = "";
+  ckptio_open_error_clear();
+  return ckptio_open_error_end(ckptio_file_writer_open(ctx, path, format, opts, msg, out), "ckptio_writer_open", msg);
 }
 
 int ckptio_writer_open_sharded(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                                uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
                                ckptio_writer **out) {
-  return ckptio_set_writer_open(ctx, dir, prefix, format, max_shard_bytes, order, opts, out);
+  char msg[CKPTIO_ERRLEN] = "";
+  ckptio_open_error_clear();
+  return ckptio_open_error_end(
+      ckptio_set_writer_open(ctx, dir, prefix, format, max_shard_bytes, order, opts, msg, out),
+      "ckptio_writer_open_sharded", msg);
 }
 
 int ckptio_writer_open_ranks(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
                              const ckptio_options *opts, ckptio_writer **out) {
-  return ckptio_ranks_writer_open(ctx, comm, dir, prefix, opts, out);
+  char msg[CKPTIO_ERRLEN] = "";
+  ckptio_open_error_clear();
+  return ckptio_open_error_end(ckptio_ranks_writer_open(ctx, comm, dir, prefix, opts, msg, out),
+                               "ckptio_writer_open_ranks", msg);
 }
 
 int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {

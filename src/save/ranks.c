@@ -73,7 +73,7 @@ void ckptio_comm_single(ckptio_comm *out) {
 }
 
 int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
-                             const ckptio_options *opts, ckptio_writer **out) {
+                             const ckptio_options *opts, char *err, ckptio_writer **out) {
   char msg[CKPTIO_ERRLEN] = "";
   int rc = CKPTIO_E_INVALID_ARG;
   if (!out) return rc;
@@ -109,7 +109,7 @@ fail:
     free(w->prefix);
     free(w);
   }
-  ckptio_set_open_error(*msg ? msg : ckptio_strerror(rc));
+  if (*msg) snprintf(err, CKPTIO_ERRLEN, "%s", msg);
   return rc;
 }
 
@@ -152,9 +152,10 @@ static int start_file(ranks_writer *w) {
   file_name(w, (size_t)k, name, sizeof(name));
   char *path = ckptio_path_join(w->dir, name);
   if (!path) return -ENOMEM;
-  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub);
+  char msg[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub);
   free(path);
-  if (rc < 0) return rfail(w, rc, "%s", ckptio_last_open_error());
+  if (rc < 0) return rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, *msg ? msg : ckptio_strerror(rc));
   ckptio_writer *s = w->sub;
   snprintf(tag, sizeof(tag), "%d/%zu", k + 1, w->plan.nfiles);
   snprintf(rank, sizeof(rank), "%d", w->comm.rank);

@@ -38,9 +38,14 @@ struct ckptio_writer {
   char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
 };
 
+/* The opens below follow the public opens' contracts, except that a
+ * failure's detail goes to err (CKPTIO_ERRLEN bytes, left as it is when
+ * there is none), never to ckptio_last_open_error: the front sets that,
+ * and a set opening its files in a commit must not touch it. */
+
 /* One file (writer.c): ckptio_writer_open's contract. */
 int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
-                            ckptio_writer **out);
+                            char *err, ckptio_writer **out);
 
 /* What a set needs from its files beyond the verbs; w must be a file
  * writer. */
@@ -57,10 +62,10 @@ int ckptio_file_writer_take_file(ckptio_writer *w, ckptio_tmpfile *out);
 /* A sharded set (set.c): ckptio_writer_open_sharded's contract. */
 int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                            uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
-                           ckptio_writer **out);
+                           char *err, ckptio_writer **out);
 
 /* This rank's side of a multi-rank save (ranks.c): ckptio_writer_open_ranks's contract. */
 int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
-                             const ckptio_options *opts, ckptio_writer **out);
+                             const ckptio_options *opts, char *err, ckptio_writer **out);
 
 #endif

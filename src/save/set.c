@@ -72,7 +72,7 @@ static const ckptio_writer_verbs set_verbs;
 
 int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                            uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
-                           ckptio_writer **out) {
+                           char *err, ckptio_writer **out) {
   char msg[CKPTIO_ERRLEN] = "";
   int rc = CKPTIO_E_INVALID_ARG;
   if (!out) return rc;
@@ -118,7 +118,7 @@ fail:
     free(w->prefix);
     free(w);
   }
-  ckptio_set_open_error(*msg ? msg : ckptio_strerror(rc));
+  if (*msg) snprintf(err, CKPTIO_ERRLEN, "%s", msg);
   return rc;
 }
 
@@ -200,9 +200,10 @@ static int open_shard(set_writer *w, size_t k) {
   shard_name(w, k, name, sizeof(name));
   char *path = ckptio_path_join(w->dir, name);
   if (!path) return -ENOMEM;
-  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, &w->sub[k]);
+  char msg[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub[k]);
   free(path);
-  if (rc < 0) return sfail(w, rc, "%s", ckptio_last_open_error());
+  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, *msg ? msg : ckptio_strerror(rc));
   ckptio_writer *s = w->sub[k];
   snprintf(tag, sizeof(tag), "%zu/%zu", k + 1, w->nshards);
   rc = ckptio_collect_apply(&w->c, s);

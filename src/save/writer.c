@@ -101,11 +101,13 @@ static int aborted(file_writer *w) {
 static const ckptio_writer_verbs file_verbs;
 
 int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
-                            ckptio_writer **out) {
+                            char *err, ckptio_writer **out) {
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
   if (!ctx || !path || !*path) return CKPTIO_E_INVALID_ARG;
-  if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_PYTORCH) return CKPTIO_E_FORMAT;
+  if (format != CKPTIO_FORMAT_SAFETENSORS && format != CKPTIO_FORMAT_PYTORCH)
+    return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_FORMAT, "%s: unknown format %d (safetensors or PyTorch)", path,
+                          (int)format);
   file_writer *w = calloc(1, sizeof(*w));
   if (!w) return -ENOMEM;
   int rc = ckptio_options_for_call(ctx, opts, &w->opts);
@@ -116,7 +118,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
                         w->opts.compress_level);
   if (rc == 0 && w->opts.shuffle && !w->opts.compress_level)
     rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_INVALID_ARG, "%s: shuffle needs compress_level", path);
-  if (rc < 0 && w->base.err[0]) ckptio_set_open_error(w->base.err);
+  if (rc < 0 && w->base.err[0]) snprintf(err, CKPTIO_ERRLEN, "%s", w->base.err);
   if (rc < 0 || !(w->path = strdup(path))) {
     free(w);
     return rc < 0 ? rc : -ENOMEM;

@@ -320,6 +320,110 @@ TEST(Pipeline, OptionsAreValidated) {
   ckptio_reader_close(nullptr);
 }
 
+// Issue 28: ckptio_last_open_error kept an older failure's text after a
+// later open succeeded, or failed early on a NULL argument without a word.
+// Every open-type call clears it on entry and, when it fails, leaves its own
+// detail there.
+TEST(Pipeline, LastOpenErrorBelongsToTheLastOpen) {
+  TempDir dir;
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
+  auto last = [] { return std::string(ckptio_last_open_error()); };
+  // A failure whose text names "stale-file", for the next call to replace.
+  auto stale = [&] {
+    ckptio_reader *r = nullptr;
+    ASSERT_LT(ckptio_reader_open(ctx, dir.file("stale-file").c_str(), nullptr, &r), 0);
+    ASSERT_NE(last().find("stale-file"), std::string::npos) << last();
+  };
+  // A failed call leaves a message of its own (naming the call or the path).
+  auto fails = [&](int rc, const char *what) {
+    EXPECT_LT(rc, 0) << what;
+    EXPECT_EQ(last().find("stale-file"), std::string::npos) << what << ": " << last();
+    EXPECT_NE(last(), "") << what;
+  };
+  auto clean = [&](int rc, const char *what) {
+    EXPECT_EQ(rc, 0) << what << ": " << last();
+    EXPECT_EQ(last(), "") << what;
+  };
+  Tensor a = make_tensor("a", CKPTIO_F32, {4}, 1);
+  ASSERT_EQ(save(ctx, dir.file("a.safetensors"), {a}), 0);
+  ckptio_options bad = small_options(1000, 1 << 20, 2);  // chunk not a page multiple
+  ckptio_comm comm;
+  ckptio_comm_single(&comm);
+  ckptio_writer *w = nullptr;
+  ckptio_reader *r = nullptr;
+  ckptio_manager *m = nullptr;
+  ckptio_ctx *c2 = nullptr;
+
+  stale();
+  fails(ckptio_ctx_create(&bad, &c2), "ckptio_ctx_create, bad options");
+  stale();
+  fails(ckptio_ctx_create(nullptr, nullptr), "ckptio_ctx_create, NULL out");
+  stale();
+  clean(ckptio_ctx_create(nullptr, &c2), "ckptio_ctx_create");
+  ckptio_ctx_free(c2);
+
+  stale();
+  fails(ckptio_reader_open(ctx, nullptr, nullptr, &r), "ckptio_reader_open, NULL path");
+  stale();
+  clean(ckptio_reader_open(ctx, dir.file("a.safetensors").c_str(), nullptr, &r), "ckptio_reader_open");
+  ckptio_reader_close(r);
+
+  stale();
+  fails(ckptio_writer_open(ctx, nullptr, CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), "ckptio_writer_open, NULL path");
+  stale();
+  fails(ckptio_writer_open(ctx, dir.file("b").c_str(), (ckptio_format)99, nullptr, &w), "ckptio_writer_open, format");
+  stale();
+  clean(ckptio_writer_open(ctx, dir.file("b").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), "ckptio_writer_open");
+  ckptio_writer_close(w);
+
+  stale();
+  fails(ckptio_writer_open_sharded(ctx, nullptr, "model", CKPTIO_FORMAT_SAFETENSORS, 1000, CKPTIO_SHARD_ORDER_ADDED,
+                                   nullptr, &w),
+        "ckptio_writer_open_sharded, NULL dir");
+  stale();
+  clean(ckptio_writer_open_sharded(ctx, dir.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 1000,
+                                   CKPTIO_SHARD_ORDER_ADDED, nullptr, &w),
+        "ckptio_writer_open_sharded");
+  ckptio_writer_close(w);
+
+  stale();
+  fails(ckptio_writer_open_ranks(ctx, nullptr, dir.path().c_str(), "model", nullptr, &w),
+        "ckptio_writer_open_ranks, NULL comm");
+  stale();
+  clean(ckptio_writer_open_ranks(ctx, &comm, dir.path().c_str(), "model", nullptr, &w), "ckptio_writer_open_ranks");
+  ckptio_writer_close(w);
+
+  stale();
+  fails(ckptio_manager_open(ctx, nullptr, nullptr, nullptr, &m), "ckptio_manager_open, NULL dir");
+  stale();
+  clean(ckptio_manager_open(ctx, dir.file("steps").c_str(), nullptr, nullptr, &m), "ckptio_manager_open");
+  ckptio_manager_close(m);
+
+  // Other calls leave it alone: it stays the last open's.
+  ASSERT_EQ(ckptio_writer_open(ctx, dir.file("c.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  stale();
+  ckptio_tensor d = host_desc(a);
+  EXPECT_EQ(ckptio_writer_add(w, &d), 0);
+  EXPECT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  EXPECT_NE(last().find("stale-file"), std::string::npos) << last();
+  // The manager's save and latest open files inside, and put it back.
+  ASSERT_EQ(ckptio_manager_open(ctx, dir.file("steps").c_str(), nullptr, nullptr, &m), 0);
+  stale();
+  ASSERT_EQ(ckptio_manager_save_begin(m, 7, &w), 0) << ckptio_manager_last_error(m);
+  EXPECT_EQ(ckptio_writer_add(w, &d), 0);
+  EXPECT_EQ(ckptio_writer_commit_async(w), 0) << ckptio_writer_last_error(w);
+  ASSERT_EQ(ckptio_manager_save_end(m, w), 0) << ckptio_manager_last_error(m);
+  uint64_t step = 0;
+  char path[4096];
+  EXPECT_EQ(ckptio_manager_latest(m, &step, path, sizeof(path)), 1) << ckptio_manager_last_error(m);
+  EXPECT_EQ(step, 7u);
+  EXPECT_NE(last().find("stale-file"), std::string::npos) << last();
+  ckptio_manager_close(m);
+  ckptio_ctx_free(ctx);
+}
+
 // Issue 28: ckptio_ctx_options(NULL, ...) dereferenced NULL (the test
 // crashed); with no context it gives CKPTIO_OPTIONS_INIT, and a NULL out is
 // a no-op.
