@@ -14,13 +14,26 @@ extern "C" {
 
 namespace ckptio_test {
 
-bool on_gpu() {
+namespace {
+std::string test_device() {
   const char *d = getenv("CKPTIO_TEST_DEVICE");
-  return d && std::string(d) == "cuda";
+  return d ? d : "";
 }
+void *open_cudart() {
+  const char *env = getenv("CKPTIO_CUDART");
+  if (env && *env) return dlopen(env, RTLD_NOW);
+  if (!real_gpu()) return nullptr;
+  void *h = dlopen("libcudart.so.13", RTLD_NOW);
+  return h ? h : dlopen("libcudart.so.12", RTLD_NOW);
+}
+}  // namespace
+
+bool fake_gpu() { return test_device() == "cuda"; }
+bool real_gpu() { return test_device() == "cuda-real"; }
+bool on_gpu() { return fake_gpu() || real_gpu(); }
 
 void *cudart() {
-  static void *h = on_gpu() ? dlopen(getenv("CKPTIO_CUDART"), RTLD_NOW) : nullptr;
+  static void *h = on_gpu() ? open_cudart() : nullptr;
   return h;
 }
 
@@ -45,12 +58,12 @@ int gpu_count() {
   return n;
 }
 void model_copies(long mbps) {
-  if (!on_gpu()) return;
+  if (!fake_gpu()) return;
   sym<void (*)(long)>("fake_cudart_set_delay_us")(0);
   sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(mbps);
 }
 void default_copies() {
-  if (!on_gpu()) return;
+  if (!fake_gpu()) return;
   sym<void (*)(long)>("fake_cudart_set_delay_us")(2000);
   sym<void (*)(long)>("fake_cudart_set_bandwidth_mbps")(20000);
 }

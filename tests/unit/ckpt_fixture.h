@@ -33,16 +33,25 @@ ckptio_options small_options(size_t chunk = 64 << 10, size_t staging = 256 << 10
 int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
          const ckptio_options *opts = nullptr, std::string *err = nullptr);
 
-// True in the cuda-fake variant of a test (CKPTIO_TEST_DEVICE=cuda): save()
-// then uploads every tensor to a GPU (round robin over the GPUs) and saves
-// from device memory, and expect_loads() loads onto GPUs and downloads.
+// True in the GPU variants of a test: cuda-fake (CKPTIO_TEST_DEVICE=cuda,
+// the fake runtime) and gpu (CKPTIO_TEST_DEVICE=cuda-real, the real one,
+// run by tests/gpu/gpu_run only where a driver sees a GPU). save() then
+// uploads every tensor to a GPU (round robin over the GPUs) and saves from
+// device memory, and expect_loads() loads onto GPUs and downloads.
 bool on_gpu();
-// The CUDA runtime the library uses (CKPTIO_CUDART), for uploads and
-// downloads in the tests; nullptr when not on_gpu().
+// The cuda-fake variant only: the fake's controls (injected failures,
+// modeled copy rates, call counts and statistics) exist.
+bool fake_gpu();
+// The gpu variant only: the real CUDA runtime.
+bool real_gpu();
+// The CUDA runtime the library uses, for uploads and downloads in the
+// tests: CKPTIO_CUDART (the fake), or on the real stack the one the library
+// loads (CKPTIO_CUDART if set, else libcudart.so.13, then .12); nullptr
+// when not on_gpu().
 void *cudart();
 int gpu_count();
 // A function of that runtime, or of the fake's own controls
-// (fake_cudart_set_*), by name.
+// (fake_cudart_set_*: only when fake_gpu()), by name.
 template <typename F>
 F sym(const char *name) {
   return reinterpret_cast<F>(dlsym(cudart(), name));
@@ -50,9 +59,13 @@ F sym(const char *name) {
 // In the cuda-fake variant, for tests timed against a modeled copy engine:
 // the fake's copies run at `mbps` with no fixed delay until
 // default_copies() puts back the suite's (2000 us, 20000 MB/s). No-ops on
-// the host.
+// the host and on the real runtime.
 void model_copies(long mbps);
 void default_copies();
+// For a test that needs the fake's controls: skips in the gpu variant,
+// saying which control and where the test does run.
+#define CKPTIO_SKIP_ON_REAL_GPU(needs) \
+  if (::ckptio_test::real_gpu()) GTEST_SKIP() << "needs " needs " of the fake CUDA runtime: runs in the cuda-fake variant"
 // Copies between host and a GPU pointer through the runtime's cudaMemcpy.
 void to_gpu(void *dst, const void *src, size_t n);
 void from_gpu(void *dst, const void *src, size_t n);

@@ -3,6 +3,9 @@
 // caller's stream at the commit and nothing queued after the snapshot, host/device pointer
 // mix-ups are refused, every injected CUDA failure fails the save or load
 // cleanly with the CUDA error's name, and nothing pinned or created leaks.
+// On the real runtime (label gpu) the same tests run except those that need
+// the fake's controls (injected failures, its statistics); the stream
+// ordering ones use the last GPU, which is GPU 1 of the fake's two.
 #include <cstring>
 
 #include "ckpt_fixture.h"
@@ -21,16 +24,17 @@ struct fake_cudart_stats stats() {
 class Cuda : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!on_gpu()) GTEST_SKIP() << "needs the fake CUDA runtime: run as the cuda-fake ctest variant";
+    if (!on_gpu()) GTEST_SKIP() << "needs a CUDA runtime: runs in the cuda-fake and gpu ctest variants";
     ckptio_options o = small_options(64 << 10, 512 << 10, 4);
     o.cuda = 1;
     ASSERT_EQ(ckptio_ctx_create(&o, &ctx_), 0) << ckptio_last_open_error();
-    sym<void (*)()>("fake_cudart_reset_stats")();
+    if (fake_gpu()) sym<void (*)()>("fake_cudart_reset_stats")();
   }
   void TearDown() override {
     if (!on_gpu()) return;
-    sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")(nullptr, 0, 0);
+    if (fake_gpu()) sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")(nullptr, 0, 0);
     ckptio_ctx_free(ctx_);
+    if (!fake_gpu()) return;
     struct fake_cudart_stats s = stats();
     EXPECT_EQ(s.registered_ranges, 0u) << "pinned staging leaked";
     EXPECT_EQ(s.pinned_allocs, 0u);
@@ -49,6 +53,10 @@ class Cuda : public ::testing::Test {
   ckptio_ctx *ctx_ = nullptr;
 };
 
+// The GPU the stream-ordering tests use: GPU 1 of the fake's two, the only
+// one on a one-GPU machine.
+int last_gpu() { return gpu_count() - 1; }
+
 }  // namespace
 
 TEST_F(Cuda, HotPathMakesNoPageableCopies) {
@@ -56,6 +64,7 @@ TEST_F(Cuda, HotPathMakesNoPageableCopies) {
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
   for (auto m : {CKPTIO_LOAD_PREAD, CKPTIO_LOAD_DIRECT, CKPTIO_LOAD_MMAP})
     expect_loads(ctx_, dir_.file("m.safetensors"), ts, m);
+  if (real_gpu()) return;  // the copy counts below are the fake's
   struct fake_cudart_stats s = stats();
   // The fixture's own uploads / downloads use cudaMemcpy on pageable vectors;
   // ckptio's copies are all cudaMemcpyAsync from pinned staging.
@@ -66,10 +75,10 @@ TEST_F(Cuda, HotPathMakesNoPageableCopies) {
 TEST_F(Cuda, SnapshotHoldsWorkQueuedBeforeCommitAndNothingAfter) {
   const size_t n = 1 << 20;
   void *buf = nullptr;
-  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &buf), 0);
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), n, &buf), 0);
   std::vector<uint8_t> ones(n, 0x11);
   to_gpu(buf, ones.data(), n);
-  sym<int (*)(int)>("cudaSetDevice")(1);
+  sym<int (*)(int)>("cudaSetDevice")(last_gpu());
   void *stream = nullptr;
   ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
   auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
@@ -77,9 +86,9 @@ TEST_F(Cuda, SnapshotHoldsWorkQueuedBeforeCommitAndNothingAfter) {
   ASSERT_EQ(memset_async(buf, 0x22, n, stream), 0);
   ckptio_writer *w;
   ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("s.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
-  ckptio_tensor t{"w", CKPTIO_U8, 1, {(int64_t)n}, buf, CKPTIO_DEVICE_CUDA(1)};
+  ckptio_tensor t{"w", CKPTIO_U8, 1, {(int64_t)n}, buf, CKPTIO_DEVICE_CUDA(last_gpu())};
   ASSERT_EQ(ckptio_writer_add(w, &t), 0);
-  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(last_gpu()), stream), 0);
   ASSERT_EQ(ckptio_writer_commit_async(w), 0);
   // The next step's kernel may be queued once the snapshot is taken (the
   // tensors are borrowed until then).
@@ -89,7 +98,7 @@ TEST_F(Cuda, SnapshotHoldsWorkQueuedBeforeCommitAndNothingAfter) {
   ckptio_writer_close(w);
   sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
   sym<int (*)(void *)>("cudaStreamDestroy")(stream);
-  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), buf);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), buf);
   auto bytes = read_file(dir_.file("s.safetensors"));
   ASSERT_GE(bytes.size(), n);
   for (size_t i = bytes.size() - n; i < bytes.size(); i += 4093) ASSERT_EQ(bytes[i], 0x22) << "at " << i;
@@ -102,10 +111,10 @@ TEST_F(Cuda, ShardedSnapshotWaitsForTheCallersStream) {
   void *buf[2] = {nullptr, nullptr};
   std::vector<uint8_t> ones(n, 0x11);
   for (auto &b : buf) {
-    ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &b), 0);
+    ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), n, &b), 0);
     to_gpu(b, ones.data(), n);
   }
-  sym<int (*)(int)>("cudaSetDevice")(1);
+  sym<int (*)(int)>("cudaSetDevice")(last_gpu());
   void *stream = nullptr;
   ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
   auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
@@ -114,18 +123,18 @@ TEST_F(Cuda, ShardedSnapshotWaitsForTheCallersStream) {
   ASSERT_EQ(ckptio_writer_open_sharded(ctx_, dir_.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, n, CKPTIO_SHARD_ORDER_ADDED,
                                        nullptr, &w),
             0);
-  ckptio_tensor t0{"w0", CKPTIO_U8, 1, {(int64_t)n}, buf[0], CKPTIO_DEVICE_CUDA(1)};
-  ckptio_tensor t1{"w1", CKPTIO_U8, 1, {(int64_t)n}, buf[1], CKPTIO_DEVICE_CUDA(1)};
+  ckptio_tensor t0{"w0", CKPTIO_U8, 1, {(int64_t)n}, buf[0], CKPTIO_DEVICE_CUDA(last_gpu())};
+  ckptio_tensor t1{"w1", CKPTIO_U8, 1, {(int64_t)n}, buf[1], CKPTIO_DEVICE_CUDA(last_gpu())};
   ASSERT_EQ(ckptio_writer_add(w, &t0), 0);
   ASSERT_EQ(ckptio_writer_add(w, &t1), 0);
-  EXPECT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
-  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  EXPECT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(gpu_count()), stream), CKPTIO_E_DEVICE);
+  ASSERT_EQ(ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(last_gpu()), stream), 0);
   ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
   ASSERT_EQ(ckptio_writer_shard_count(w), 2u);
   ckptio_writer_close(w);
   sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
   sym<int (*)(void *)>("cudaStreamDestroy")(stream);
-  for (auto &b : buf) ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), b);
+  for (auto &b : buf) ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), b);
   for (const char *f : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
     auto bytes = read_file(dir_.file(f));
     ASSERT_GE(bytes.size(), n) << f;
@@ -145,10 +154,12 @@ TEST_F(Cuda, PointerMixUpsAreRefusedNotCrashed) {
       << ckptio_writer_last_error(w);
   ckptio_tensor as_dev{"d", CKPTIO_U8, 1, {4096}, host.data(), CKPTIO_DEVICE_CUDA(0)};
   EXPECT_EQ(ckptio_writer_add(w, &as_dev), CKPTIO_E_DEVICE);
-  ckptio_tensor wrong_gpu{"g", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(1)};
-  EXPECT_EQ(ckptio_writer_add(w, &wrong_gpu), CKPTIO_E_DEVICE);
-  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("on GPU 0"), std::string::npos);
-  ckptio_tensor no_gpu{"n", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(7)};
+  if (gpu_count() >= 2) {
+    ckptio_tensor wrong_gpu{"g", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(1)};
+    EXPECT_EQ(ckptio_writer_add(w, &wrong_gpu), CKPTIO_E_DEVICE);
+    EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("on GPU 0"), std::string::npos);
+  }
+  ckptio_tensor no_gpu{"n", CKPTIO_U8, 1, {4096}, dev, CKPTIO_DEVICE_CUDA(gpu_count())};
   EXPECT_EQ(ckptio_writer_add(w, &no_gpu), CKPTIO_E_DEVICE);
   ckptio_tensor ok{"ok", CKPTIO_U8, 1, {4096}, host.data(), CKPTIO_DEVICE_HOST};
   ASSERT_EQ(ckptio_writer_add(w, &ok), 0);
@@ -168,6 +179,7 @@ TEST_F(Cuda, PointerMixUpsAreRefusedNotCrashed) {
 // CUDA error's name, the previous checkpoint is untouched, no temp file is
 // left, and the context still saves afterwards.
 TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
+  CKPTIO_SKIP_ON_REAL_GPU("injected failures");
   auto old = model();
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), old), 0);
   auto old_bytes = read_file(dir_.file("m.safetensors"));
@@ -199,6 +211,7 @@ TEST_F(Cuda, InjectedFailuresFailTheSaveCleanly) {
 // first use: a failure there names the call that failed, and the next save
 // retries.
 TEST_F(Cuda, FirstUseFailuresNameTheCall) {
+  CKPTIO_SKIP_ON_REAL_GPU("injected failures");
   auto ts = model();
   struct Case { const char *func, *named; };
   for (Case c : {Case{"cudaStreamCreateWithFlags", "cudaStreamCreateWithFlags"},
@@ -221,6 +234,7 @@ TEST_F(Cuda, FirstUseFailuresNameTheCall) {
 }
 
 TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {
+  CKPTIO_SKIP_ON_REAL_GPU("injected failures");
   auto ts = model();
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
   ckptio_reader *r;
@@ -246,6 +260,7 @@ TEST_F(Cuda, InjectedFailuresFailTheLoadWithTheTensorName) {
 // caller's current GPU, failed in turn: the message names the call, not
 // only the error, and the context works once the fault is gone.
 TEST_F(Cuda, FailedStreamEventAndDeviceCallsAreNamed) {
+  CKPTIO_SKIP_ON_REAL_GPU("injected failures");
   auto ts = model();
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
   struct Case { const char *func, *named; bool warm; };
@@ -302,6 +317,7 @@ TEST_F(Cuda, FailedStreamEventAndDeviceCallsAreNamed) {
 }
 
 TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {
+  CKPTIO_SKIP_ON_REAL_GPU("the statistics");
   EXPECT_EQ(stats().registered_ranges, 0u) << "the ring is pinned at its first GPU copy, not at creation";
   auto ts = model();
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
@@ -317,6 +333,7 @@ TEST_F(Cuda, StagingIsPinnedOnceAndBoundedDuringSaves) {
 // A CUDA context that only ever moves host memory (a tokenizer's tensors, a
 // CPU-side optimizer state) pins and touches none of the ring.
 TEST_F(Cuda, HostOnlySavesAndLoadsPinNothing) {
+  CKPTIO_SKIP_ON_REAL_GPU("the statistics");
   std::vector<Tensor> ts = {make_tensor("h", CKPTIO_F32, {200000}, 4)};
   ckptio_writer *w;
   ASSERT_EQ(ckptio_writer_open(ctx_, dir_.file("h.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
@@ -343,23 +360,23 @@ TEST_F(Cuda, LoadWaitsForWorkQueuedOnTheCallersStream) {
   std::vector<Tensor> ts = {make_tensor("w", CKPTIO_U8, {(int64_t)n}, 5)};
   ASSERT_EQ(save(ctx_, dir_.file("m.safetensors"), ts), 0);
   void *dst = nullptr;
-  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(1), n, &dst), 0);
-  sym<int (*)(int)>("cudaSetDevice")(1);
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), n, &dst), 0);
+  sym<int (*)(int)>("cudaSetDevice")(last_gpu());
   void *stream = nullptr;
   ASSERT_EQ(sym<int (*)(void **, unsigned)>("cudaStreamCreateWithFlags")(&stream, 1), 0);
   auto memset_async = sym<int (*)(void *, int, size_t, void *)>("cudaMemsetAsync");
   ckptio_reader *r;
   ASSERT_EQ(ckptio_reader_open(ctx_, dir_.file("m.safetensors").c_str(), nullptr, &r), 0);
-  ASSERT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(1), stream), 0);
+  ASSERT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(last_gpu()), stream), 0);
   ASSERT_EQ(memset_async(dst, 0x5A, n, stream), 0);  // the last step still clearing the buffer
-  ckptio_load_request q{0, dst, n, CKPTIO_DEVICE_CUDA(1)};
+  ckptio_load_request q{0, dst, n, CKPTIO_DEVICE_CUDA(last_gpu())};
   ASSERT_EQ(ckptio_reader_load_many(r, &q, 1), 0) << ckptio_reader_last_error(r);
   std::vector<uint8_t> got(n);
   from_gpu(got.data(), dst, n);
   EXPECT_EQ(got, ts[0].bytes);
-  EXPECT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(9), stream), CKPTIO_E_DEVICE);
+  EXPECT_EQ(ckptio_reader_set_stream(r, CKPTIO_DEVICE_CUDA(gpu_count()), stream), CKPTIO_E_DEVICE);
   ckptio_reader_close(r);
   sym<int (*)(void *)>("cudaStreamSynchronize")(stream);
   sym<int (*)(void *)>("cudaStreamDestroy")(stream);
-  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(1), dst);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), dst);
 }

@@ -1,6 +1,8 @@
 // Without a GPU: CUDA is reported unavailable with a reason, the host path
 // keeps working, GPU tensors and destinations are refused with that reason,
-// and NUMA placement is a harmless no-op that still runs.
+// and NUMA placement is a harmless no-op that still runs. Where the real CUDA
+// stack is present (a driver that sees a GPU, a runtime the library loads),
+// the NoGpu tests skip and say so: the gpu ctest variants run there.
 #include <gtest/gtest.h>
 
 #include <pthread.h>
@@ -11,10 +13,23 @@
 extern "C" {
 #include "device/numa.h"
 }
+#include "real_gpu.h"
 
 using namespace ckptio_test;
 
+// Skips the calling test when this machine has the real CUDA stack (asked
+// apart from the library: see real_gpu.h), with what was found.
+#define SKIP_WHERE_A_GPU_IS()                                                          \
+  do {                                                                                 \
+    char why_[512] = "";                                                               \
+    if (int n_ = ckptio_test_real_gpus(why_, sizeof(why_)))                            \
+      GTEST_SKIP() << "a real NVIDIA driver sees " << n_                               \
+                   << " GPU(s) and a CUDA runtime loads: these tests are for machines " \
+                      "without; the gpu ctest variants run here";                      \
+  } while (0)
+
 TEST(NoGpu, AutoContextWorksAndSaysWhy) {
+  SKIP_WHERE_A_GPU_IS();
   ckptio_ctx *ctx;
   ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
   const char *why = nullptr;
@@ -46,6 +61,7 @@ TEST(NoGpu, AutoContextWorksAndSaysWhy) {
 }
 
 TEST(NoGpu, RequiredCudaFailsWithReason) {
+  SKIP_WHERE_A_GPU_IS();
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   o.cuda = 1;
   ckptio_ctx *ctx = nullptr;

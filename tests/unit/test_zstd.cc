@@ -251,16 +251,17 @@ TEST(Zstd, SlicesOfACompressedFile) {
     ASSERT_EQ(ckptio_reader_load_slices(r, &q, 1), 0) << ckptio_reader_last_error(r);
     EXPECT_GT(q.bytes_read, 0u);
     EXPECT_LE(q.bytes_read, got.size() + 2 * (64u << 10)) << "decompressed frames the slice does not need";
-    if (on_gpu()) {  // the same slice on dim 1 onto GPU 1 (shuffled frames unshuffled in the slot)
+    if (on_gpu()) {  // the same slice on dim 1 onto the last GPU (shuffled frames unshuffled in the slot)
+      const int gpu = CKPTIO_DEVICE_CUDA(gpu_count() - 1);
       auto want = ref_slice(w, 1, 5, 205);
       void *dev = nullptr;
-      ASSERT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(1), want.size(), &dev), 0);
-      ckptio_slice_request g = {ix, 1, 5, 205, dev, want.size(), CKPTIO_DEVICE_CUDA(1), -1, 0};
+      ASSERT_EQ(ckptio_device_alloc(c.ctx, gpu, want.size(), &dev), 0);
+      ckptio_slice_request g = {ix, 1, 5, 205, dev, want.size(), gpu, -1, 0};
       ASSERT_EQ(ckptio_reader_load_slices(r, &g, 1), 0) << ckptio_reader_last_error(r);
       std::vector<uint8_t> back(want.size());
       from_gpu(back.data(), dev, back.size());
       EXPECT_TRUE(back == want);
-      ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(1), dev);
+      ckptio_device_free(c.ctx, gpu, dev);
     }
     // Plans name the frames holding a rank's rows: decompressed, they
     // contain the rank's slice; rank 0 of 4 needs fewer than all frames.
@@ -668,7 +669,7 @@ TEST(ZstdTable, FuzzParser) {
 }
 
 TEST(ZstdGpu, LoadOntoAGpu) {
-  if (!on_gpu()) GTEST_SKIP() << "runs in the cuda-fake variant (CKPTIO_TEST_DEVICE=cuda)";
+  if (!on_gpu()) GTEST_SKIP() << "runs in the cuda-fake and gpu variants (CKPTIO_TEST_DEVICE=cuda, cuda-real)";
   TempDir dir;
   Ctx c;
   auto ts = model();
