@@ -1,12 +1,14 @@
 // A cold load runs at the slower of its two stages, not at their sum: reads
 // from a modeled disk (the fault layer's read-rate model) and, in the
-// cuda-fake variant, host-to-device copies at a modeled bandwidth overlap,
+// cuda-fake variant, host-to-device copies at a modeled bandwidth (on the
+// real runtime, the GPU's own) overlap,
 // one slot reading while another is copied. On the host the second stage is
 // copy + CRC, and the load must keep to the disk's time. With one I/O
 // thread the overlap comes from the copy running on while the thread reads
 // the next slot; with several, also from the threads themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -68,22 +70,36 @@ TEST_P(LoadOverlap, AColdLoadTakesTheSlowerStageNotTheSum) {
     reqs[i] = {i, dst[i], kEach, on_gpu() ? CKPTIO_DEVICE_CUDA(0) : CKPTIO_DEVICE_HOST};
   }
 
+  // The second stage alone (device copy, or on the host copy + CRC): the
+  // same load with no disk model, the file in the page cache; measured
+  // before and after the timed load on this machine as it is now, and the
+  // larger one kept, so that a busy machine widens the limit with it.
+  auto timed_load = [&] {
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double stage2_s = timed_load();
   ckptio_fault_slow_reads(static_cast<uint64_t>(kDiskBps));
-  auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
-  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double load_s = timed_load();
   ckptio_fault_slow_reads(0);
+  stage2_s = std::max(stage2_s, timed_load());
 
   double bytes = static_cast<double>(kTensors * kEach);
-  double read_s = bytes / kDiskBps, copy_s = on_gpu() ? bytes / (kGpuMBps * 1e6) : 0;
-  double slower = read_s > copy_s ? read_s : copy_s;
-  printf("%d I/O threads: cold load of %.0f MiB: %.3f s; modeled read %.3f s, %s %.3f s; slower stage %.3f s, sum %.3f s\n",
-         GetParam(), bytes / MiB, load_s, read_s, on_gpu() ? "host-to-device copy" : "no device copy", copy_s, slower,
-         read_s + copy_s);
-  // Serial stages would take the sum (on the GPU twice the slower one);
-  // overlapped ones the slower stage plus one slot's fill and drain.
-  EXPECT_LT(load_s, 1.5 * slower) << "the stages of the load do not overlap";
-  EXPECT_GE(load_s, 0.95 * slower) << "faster than the modeled limits: the models are not in the path";
+  double read_s = bytes / kDiskBps, model_copy_s = fake_gpu() ? bytes / (kGpuMBps * 1e6) : 0;
+  double slower = std::max(read_s, stage2_s), faster = std::min(read_s, stage2_s);
+  double limit = 1.5 * slower + 0.25 * faster;
+  printf("%d I/O threads: cold load of %.0f MiB: %.3f s; modeled read %.3f s, second stage (%s) measured %.3f s; "
+         "limit %.3f s, serial sum %.3f s\n",
+         GetParam(), bytes / MiB, load_s, read_s, on_gpu() ? "host-to-device copy" : "copy + CRC", stage2_s, limit,
+         read_s + stage2_s);
+  // Serial stages take the sum; overlapped ones the slower stage plus one
+  // slot's fill and drain. The limit is below the sum when the stages are
+  // equal (the cuda-fake case: the modeled copy engine runs at the disk's
+  // rate) and leaves the slower stage half again on a busy machine.
+  EXPECT_LT(load_s, limit) << "the stages of the load do not overlap";
+  // The models are floors: nothing beats them.
+  EXPECT_GE(load_s, 0.95 * std::max(read_s, model_copy_s)) << "faster than the modeled limits: the models are not in the path";
 
   for (size_t i = 0; i < kTensors; i++) {
     if (on_gpu()) {
@@ -106,6 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Threads, LoadOverlap, ::testing::Values(1, 4));
 // here, so every moment it waits at the start is added to the load.
 TEST(LoadFill, AGpuLoadStartsCopyingAfterAFewSlotsNotTheWholeRing) {
   if (!on_gpu()) GTEST_SKIP() << "GPU variant only: a host load has no stage after its reads";
+  CKPTIO_SKIP_ON_REAL_GPU("a copy engine modeled slower than the disk");
   constexpr size_t kSlots = 32, kSlot = 1 * MiB, kCount = 12;
   constexpr double kShared = 50e6;  // the modeled disk, shared by the reads in flight
   constexpr long kCopyMBps = 25;    // the copy engine, half as fast
@@ -133,20 +150,28 @@ TEST(LoadFill, AGpuLoadStartsCopyingAfterAFewSlotsNotTheWholeRing) {
     reqs[i] = {(size_t)idx, dst[i], kEach, CKPTIO_DEVICE_CUDA(0)};
   }
 
+  auto timed_load = [&] {
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   ckptio_fault_slow_reads_shared(static_cast<uint64_t>(kShared));
-  auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
-  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double load_s = timed_load();
   ckptio_fault_slow_reads(0);
+  // The copy stage alone, measured on this machine as it is now: the same
+  // load with no disk model (the file is in the page cache).
+  double copy_measured_s = timed_load();
   default_copies();
 
   double bytes = static_cast<double>(kCount * kEach);
   double copy_s = bytes / (kCopyMBps * 1e6), ring_fill_s = kSlots * kSlot / kShared;
-  printf("GPU load of %.0f MiB: %.3f s; modeled copy %.3f s; the ring's reads together end after %.3f s\n",
-         bytes / MiB, load_s, copy_s, ring_fill_s);
-  // All 32 reads at once: copy + the whole ring's fill (2.69 s here);
-  // four first: copy + an eighth of it (2.10 s).
-  EXPECT_LT(load_s, copy_s + ring_fill_s / 2) << "the copies waited for the whole ring's reads";
+  printf("GPU load of %.0f MiB: %.3f s; copy stage modeled %.3f s, measured alone %.3f s; the ring's reads "
+         "together end after %.3f s\n",
+         bytes / MiB, load_s, copy_s, copy_measured_s, ring_fill_s);
+  // All 32 reads at once: the copy stage + the whole ring's fill (0.67 s
+  // here); four first: + an eighth of it. Against the copy stage measured
+  // in this run, not the model, so a busy machine moves the limit with it.
+  EXPECT_LT(load_s, std::max(copy_s, copy_measured_s) + ring_fill_s / 2) << "the copies waited for the whole ring's reads";
   EXPECT_GE(load_s, 0.95 * copy_s) << "faster than the modeled copy: the model is not in the path";
   for (size_t i = 0; i < kCount; i++) {
     std::vector<uint8_t> back(kEach);
