@@ -1,0 +1,341 @@
+"""torch.distributed.checkpoint's own format (.metadata + __R_K.distcp, as
+DCP's FileSystemWriter writes it) read by ckptio, never running its pickle:
+checkpoints written by 1, 2 and 3 gloo processes on the CPU (DTensors with
+row, column and replicated placements, FSDP2 parameters and Adam state,
+bf16 / fp16 / int / bool / scalar tensors, byte items) compared bit for bit
+with what torch's own loader (dcp_to_torch_save) makes of them; slices and
+boxes at other rank counts; the CLI's inspect, verify and convert; and
+hostile .metadata files refused without running anything."""
+
+import io
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+mp = pytest.importorskip("torch.multiprocessing")
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor  # noqa: E402
+
+import ckptio  # noqa: E402
+import ckptio.torch  # noqa: E402
+from ckptio import _lib  # noqa: E402
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+CLI = os.environ.get("CKPTIO_CLI")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def full(name, shape, dtype):
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    if dtype == torch.bool:
+        return torch.rand(*shape, generator=g) > 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-1000, 1000, shape, generator=g).to(dtype)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+# name -> shape, dtype, placement (sizes chosen so 2 and 3 ranks split unevenly)
+TENSORS = {
+    "row": ((10, 6), torch.float32, Shard(0)),
+    "col": ((7, 9), torch.bfloat16, Shard(1)),
+    "rep": ((5,), torch.float16, Replicate()),
+    "ints": ((11,), torch.int32, Shard(0)),
+    "flags": ((6, 4), torch.bool, Shard(0)),
+    "cube": ((4, 5, 6), torch.float64, Shard(2)),
+}
+
+
+def fsdp_model(world):
+    """A small MLP under FSDP2 (fully_shard on a CPU mesh) with Adam, one step taken."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.ReLU(), torch.nn.Linear(12, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in m:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    m(torch.randn(3, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+    opt.step()
+    return m, opt
+
+
+def worker(rank, world, port, path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        mesh = init_device_mesh("cpu", (world,))
+        sd = {name: distribute_tensor(full(name, shape, dt), mesh, [pl]) for name, (shape, dt, pl) in TENSORS.items()}
+        sd["plain_i64"] = full("plain_i64", (3, 2), torch.int64)  # a plain tensor, the same on every rank
+        sd["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+        sd["extra"] = {"step": 42, "lr": 0.125, "names": ["a", "b"]}
+        m, opt = fsdp_model(world)
+        msd, osd = get_state_dict(m, opt)
+        sd["model"], sd["optim"] = msd, osd
+        dcp.save(sd, checkpoint_id=path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    # Leave without the interpreter's teardown (test_dcp.py says why).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def save(world, path):
+    mp.start_processes(worker, args=(world, free_port(), str(path)), nprocs=world, join=True, start_method="spawn")
+
+
+def torch_reference(path, tmp):
+    """What torch's own loader makes of the checkpoint: its fqn -> value, and
+    the metadata (read with torch's unpickler: this is our own file)."""
+    out = tmp / "ref.pt"
+    dcp_to_torch_save(str(path), str(out))
+    ref = torch.load(out, weights_only=False)
+    with open(path / ".metadata", "rb") as f:
+        meta = pickle.load(f)
+    values = {}
+    for fqn in meta.state_dict_metadata:
+        v = ref
+        for k in meta.planner_data[fqn]:
+            v = v[k]
+        values[fqn] = v
+    return values, meta
+
+
+def bits(t):
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"{w}ranks")
+def ckpt(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"dcp{request.param}")
+    path = tmp / "ckpt"
+    save(request.param, path)
+    values, meta = torch_reference(path, tmp)
+    return request.param, path, values, meta, tmp
+
+
+def test_every_tensor_and_byte_item_equals_torchs_own_load(ckpt):
+    world, path, values, meta, _ = ckpt
+    assert sorted(p.name for p in path.iterdir() if p.suffix == ".distcp") == [f"__{r}_0.distcp" for r in range(world)]
+    for mmap in (False, True):
+        got = ckptio.torch.load_file(path, mmap=mmap)
+        assert sorted(got) == sorted(values)
+        nbytes = 0
+        for fqn, want in values.items():
+            if isinstance(want, torch.Tensor):
+                assert got[fqn].dtype == want.dtype and got[fqn].shape == want.shape, fqn
+                assert torch.equal(bits(got[fqn]), bits(want)), fqn
+            else:  # a byte item: the torch.save of a Python value, returned as its bytes
+                assert got[fqn].dtype == torch.uint8 and got[fqn].dim() == 1, fqn
+                assert torch.load(io.BytesIO(got[fqn].numpy().tobytes()), weights_only=True) == want, fqn
+                nbytes += 1
+        assert nbytes >= 4  # extra.* and the optimizer's param groups
+    # The split tensors are stored in `world` chunks each (Replicate: one).
+    assert len(meta.state_dict_metadata["row"].chunks) == world
+    assert len(meta.state_dict_metadata["rep"].chunks) == 1
+    with ckptio.torch.safe_open(path) as f:
+        assert f.format() == "dcp"
+        assert torch.equal(bits(f.get_tensor("col")), bits(values["col"]))
+
+
+def test_slices_and_boxes_at_other_rank_counts(ckpt):
+    world, path, values, _, _ = ckpt
+    with ckptio.torch.safe_open(path) as f:
+        for name in ("row", "col", "flags", "cube"):
+            want = values[name]
+            s = f.get_slice(name)
+            for ranks in (1, 2, 3, 4):
+                if ranks == world:
+                    continue
+                for dim in range(want.dim()):
+                    for part in torch.arange(want.shape[dim]).tensor_split(ranks):
+                        if not len(part):
+                            continue
+                        a, b = int(part[0]), int(part[-1]) + 1
+                        key = tuple([slice(None)] * dim + [slice(a, b)])
+                        assert torch.equal(bits(s[key]), bits(want[key])), (name, ranks, dim, a, b)
+        # A 2-D box crossing every chunk boundary of a row- and a column-split tensor.
+        r = f._reader()
+        for name, (start, stop) in {"row": ((1, 1), (9, 5)), "col": ((2, 1), (6, 8))}.items():
+            want = values[name][start[0]:stop[0], start[1]:stop[1]].contiguous()
+            out = torch.empty_like(want)
+            q = _lib.BoxRequest()
+            q.index = r.by_name[name]
+            for d in range(2):
+                q.start[d], q.stop[d] = start[d], stop[d]
+            q.dst, q.dst_bytes, q.device = out.data_ptr(), out.numel() * out.element_size(), _lib.DEVICE_HOST
+            assert r.lib.ckptio_reader_load_boxes(r.handle, (_lib.BoxRequest * 1)(q), 1) == 0
+            assert torch.equal(bits(out), bits(want)), name
+
+
+@pytest.mark.skipif(not CLI, reason="CKPTIO_CLI not set (ctest sets it)")
+def test_cli_inspect_verify_and_convert(ckpt):
+    world, path, values, _, tmp = ckpt
+    r = subprocess.run([CLI, "inspect", "--json", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["format"] == "dcp" and j["tensor_count"] == len(values)
+    assert len(j["shards"]) == world
+    row = next(t for t in j["tensors"] if t["name"] == "row")
+    assert len(row.get("parts", [])) == (world if world > 1 else 0)
+    r = subprocess.run([CLI, "verify", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "records no checksums" in r.stdout
+    tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+    from safetensors.torch import load_file as st_load
+
+    for out, args in (("one.safetensors", []), ("one.pt", []), ("hf", ["--max-shard-size", "600"])):
+        dst = tmp / f"{world}-{out}"
+        r = subprocess.run([CLI, "convert", str(path), str(dst)] + args, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        if out.endswith(".pt"):
+            got = torch.load(dst, weights_only=True)
+        elif out.endswith(".safetensors"):
+            got = st_load(dst)
+        else:
+            index = json.loads(next(dst.glob("*.index.json")).read_text())
+            assert len(set(index["weight_map"].values())) > 1
+            got = {}
+            for f in sorted(dst.glob("*.safetensors")):
+                got.update(st_load(f))
+        for fqn, want in tensors.items():
+            assert torch.equal(bits(got[fqn]), bits(want)), (out, fqn)
+        assert subprocess.run([CLI, "verify", str(dst)], capture_output=True).returncode == 0, out
+
+
+# ------------------------------------------------------------ hostile .metadata
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """A 1-rank checkpoint whose .metadata the tests below replace."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    save(1, tmp / "good")
+    return tmp / "good"
+
+
+def with_metadata(one, tmp_path, data):
+    d = tmp_path / "ckpt"
+    d.mkdir(parents=True)
+    for p in one.iterdir():
+        if p.suffix == ".distcp":
+            (d / p.name).write_bytes(p.read_bytes())
+    (d / ".metadata").write_bytes(data)
+    return d
+
+
+def refused(path, *words):
+    with pytest.raises(Exception) as e:
+        ckptio.torch.load_file(path)
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_a_reduce_of_os_system_is_refused_and_never_runs(one, tmp_path):
+    marker = tmp_path / "ran"
+    cmd = f"touch {marker}".encode()
+    proto2 = b"\x80\x02cos\nsystem\nq\x00X" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R."
+    proto4 = (b"\x80\x04\x8c\x05posix\x94\x8c\x06system\x94\x93\x94\x8c" + bytes([len(cmd)]) + cmd + b"\x85R.")
+    for data, name in ((proto2, "os.system"), (proto4, "posix.system")):
+        refused(with_metadata(one, tmp_path / name, data), name, "not allowed")
+        assert not marker.exists()
+    # The same bytes do run the command under pickle.load: the test's pickle is real.
+    pickle.loads(proto4)
+    assert marker.exists()
+
+
+def test_globals_outside_the_allowlist_are_refused(one, tmp_path):
+    for i, (mod, name) in enumerate([("torch.distributed.checkpoint.metadata", "Evil"), ("subprocess", "Popen"),
+                                     ("builtins", "eval"), ("torch.distributed.checkpoint.filesystem", "FileSystem")]):
+        data = (b"\x80\x04\x8c" + bytes([len(mod)]) + mod.encode() + b"\x8c" + bytes([len(name)]) + name.encode() +
+                b"\x93)\x81.")
+        refused(with_metadata(one, tmp_path / str(i), data), f"{mod}.{name}", "not allowed")
+
+
+def test_recursion_and_memo_bombs_are_bounded(one, tmp_path):
+    # MARKs nested past the limit.
+    refused(with_metadata(one, tmp_path / "marks", b"\x80\x04" + b"(" * 100000 + b"."), "MARKs nested deeper")
+    # A million nested lists where DCP keeps planner_data: the schema walk never enters them.
+    good = (one / ".metadata").read_bytes()
+    meta = pickle.loads(good)
+    deep = []
+    for _ in range(100):
+        deep = [deep]
+    meta.planner_data = {"x": deep}
+    data = pickle.dumps(meta, protocol=4)
+    t0 = time.monotonic()
+    bomb = b"\x80\x04" + b"]" * 200000 + b"a" * 199999 + b"."  # nested lists, 200,000 deep
+    refused(with_metadata(one, tmp_path / "lists", bomb), "Metadata")
+    # Memo doubling: each level a list holding the previous one twice (2**60 leaves if walked).
+    laughs = b"\x80\x04]\x94" + b"".join(b"]\x94h" + bytes([k]) + b"ah" + bytes([k]) + b"a" for k in range(60)) + b"."
+    refused(with_metadata(one, tmp_path / "laughs", laughs), "Metadata")
+    assert time.monotonic() - t0 < 10
+    # planner_data holding a deep structure is not looked into: the checkpoint opens.
+    d = with_metadata(one, tmp_path / "planner", data)
+    assert "row" in ckptio.torch.load_file(d)
+
+
+def test_lying_offsets_lengths_and_names_are_refused(one, tmp_path):
+    good = pickle.loads((one / ".metadata").read_bytes())
+    size = (one / "__0_0.distcp").stat().st_size
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    def variant(name, change, *words):
+        meta = pickle.loads(pickle.dumps(good))
+        change(meta)
+        refused(with_metadata(one, tmp_path / name, pickle.dumps(meta, protocol=4)), *words)
+
+    def storage(meta, fqn):
+        return next(v for k, v in meta.storage_data.items() if k.fqn == fqn)
+
+    variant("past-end", lambda m: setattr(storage(m, "row"), "length", size), "row", "which has")
+    variant("far-offset", lambda m: setattr(storage(m, "row"), "offset", 1 << 62), "row", "which has")
+    variant("overflow", lambda m: setattr(storage(m, "row"), "offset", (1 << 64) - 8), "row")
+    variant("shifted", lambda m: setattr(storage(m, "row"), "offset", storage(m, "row").offset + 1), "row")
+    variant("path", lambda m: setattr(storage(m, "row"), "relative_path", "../__0_0.distcp"), "not a plain file name")
+    variant("chunk-outside", lambda m: setattr(m.state_dict_metadata["row"], "chunks", [ChunkStorageMetadata(
+        offsets=torch.Size([1, 0]), sizes=torch.Size([10, 6]))]), "runs past the tensor")
+    variant("size-lies", lambda m: setattr(m.state_dict_metadata["row"], "size", torch.Size([20, 6])),
+            "do not cover it")
+    variant("dtype-lies", lambda m: setattr(m.state_dict_metadata["row"].properties, "dtype", torch.float64),
+            "the .metadata says F64")
+    variant("transform", lambda m: setattr(storage(m, "row"), "transform_descriptors", ["stream.evil/1"]),
+            "stream.evil/1")
+    variant("no-storage", lambda m: m.storage_data.pop(next(k for k in m.storage_data if k.fqn == "row")),
+            "has no entry in storage_data")
+
+
+def test_dcp_zstd_extension(tmp_path):
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    if not ZStandard.is_available():
+        pytest.skip("torch's DCP zstd extension needs the zstandard or pyzstd module, which this venv lacks")
+    path = tmp_path / "z"
+    writer = dcp.FileSystemWriter(str(path), _extensions=[ZStandard()])
+    dcp.save({"w": torch.ones(4)}, storage_writer=writer, no_dist=True)
+    refused(path, "stream.zstd")
