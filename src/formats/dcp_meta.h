@@ -17,6 +17,10 @@
 #define CKPTIO_DCP_METADATA_FILE ".metadata"
 #define CKPTIO_DCP_MAX_CHUNKS 65536      /* chunks of one tensor */
 #define CKPTIO_DCP_MAX_FILE_NAME 255     /* bytes of a relative_path */
+/* A byte item's name in a reader's index: the name ckptio.dcp.Writer gives
+ * byte items in ckptio's own checkpoints, so that ckptio.dcp.Reader reads
+ * both kinds alike. A tensor may not start with it. */
+#define CKPTIO_DCP_BYTES_PREFIX "__dcp_bytes__."
 
 /* A chunk's bytes, or a byte item's: [offset, offset + length) of file
  * `file`, stored as written (a torch.save archive for a tensor chunk, raw

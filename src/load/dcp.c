@@ -5,7 +5,8 @@
  * torch.save archive parsed within its own byte range. Tensors split into
  * chunks answer `parts` (boxes and whole loads assemble them, as for a
  * multi-rank checkpoint); a tensor in one chunk and a byte item answer
- * `member`. Like the set, it plans nothing itself. */
+ * `member`, byte items under CKPTIO_DCP_BYTES_PREFIX + their fqn. Like the
+ * set, it plans nothing itself. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -159,8 +160,8 @@ static int open_file(dcp *x, uint32_t k) {
         if (at->zstd)
           rc = ckptio_source_fail(&x->s, CKPTIO_E_FORMAT, "%s: byte item '%s' is compressed with DCP's stream.zstd "
                                   "extension, which ckptio does not read yet", x->dir, it->name);
-        else if (!(st[n].e.name = strdup(it->name)))
-          rc = -ENOMEM;
+        else if (asprintf(&st[n].e.name, "%s%s", CKPTIO_DCP_BYTES_PREFIX, it->name) < 0)
+          st[n].e.name = NULL, rc = -ENOMEM;
         st[n].e.dtype = CKPTIO_U8;
         st[n].e.ndim = 1;
         st[n].e.shape[0] = (int64_t)at->length;
@@ -210,8 +211,12 @@ static int build(dcp *x) {
       !(x->local = calloc(n + 1, sizeof(size_t))) || !(x->file = calloc(n + 1, sizeof(uint32_t))) ||
       !(idx->entries = calloc(n + 1, sizeof(ckptio_entry))))
     return -ENOMEM;
+  size_t plen = strlen(CKPTIO_DCP_BYTES_PREFIX);
   for (size_t i = 0; i < n; i++) {
     const ckptio_dcp_item *it = &x->m.items[i];
+    if (!it->is_bytes && !strncmp(it->name, CKPTIO_DCP_BYTES_PREFIX, plen))
+      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' has a name that starts with '%s', which names "
+                                "byte items here", x->dir, it->name, CKPTIO_DCP_BYTES_PREFIX);
     x->file[i] = it->is_bytes ? it->bytes.file : it->chunks[0].at.file;
     if (whole(it)) continue;
     if (!(x->parts[i] = calloc(it->nchunks, sizeof(ckptio_spart)))) return -ENOMEM;
@@ -227,6 +232,7 @@ static int build(dcp *x) {
     ckptio_entry *e = &idx->entries[i];
     if (whole(it)) {
       *e = x->sub[x->file[i]]->idx.entries[x->local[i]];
+      if (it->is_bytes) continue; /* named by its member entry, with the prefix */
     } else {
       e->dtype = it->dtype;
       e->ndim = it->ndim;
@@ -302,7 +308,7 @@ static void dcp_close(ckptio_source *s) {
   free(x->sub);
   free(x->local);
   free(x->file);
-  free(s->idx.entries); /* names are the metadata's */
+  free(s->idx.entries); /* names are the metadata's, a byte item's its file's entry's */
   ckptio_dcp_meta_free(&x->m);
   free(x->dir);
 }
