@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Configures (Ninja, RelWithDebInfo, warnings as errors) and builds ckptio.
+# Configures (Ninja, RelWithDebInfo, warnings as errors) and builds ckptio:
+# the development and test build, with fault injection from CKPTIO_FAULT*
+# variables compiled in (-DCKPTIO_FAULT_INJECTION=ON: the tests rely on it;
+# an extra -DCKPTIO_FAULT_INJECTION=OFF wins). Not for installing: build an
+# install with plain cmake (README.md), which leaves it off.
 # Usage: scripts/build.sh [dir] [extra cmake args...]
 #   dir defaults to build/ in the repository; a relative dir is taken from the
 #   current directory. Extra arguments go to the configure step, e.g.
@@ -25,7 +29,7 @@ fi
 
 echo "build.sh: configuring $DIR $*"
 cmake -S "$ROOT" -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCKPTIO_WERROR=ON "$@" || die "cmake configure of $DIR failed"
+      -DCKPTIO_WERROR=ON -DCKPTIO_FAULT_INJECTION=ON "$@" || die "cmake configure of $DIR failed"
 echo "build.sh: building $DIR"
 cmake --build "$DIR" -j "$(nproc)" || die "build of $DIR failed"
 echo "build.sh: built $DIR"

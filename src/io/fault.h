@@ -3,7 +3,10 @@
  * as a full disk does). Armed by the unit tests through ckptio_fault_arm, or
  * for whole programs by the environment: CKPTIO_FAULT="pwrite:3:ENOSPC"
  * (op: pwrite, pread, fsync, rename, fallocate; error: ENOSPC, EIO, EROFS or
- * short). */
+ * short). The environment (this variable and the two *_MBPS ones below) is
+ * read only by a build configured with -DCKPTIO_FAULT_INJECTION=ON, as
+ * scripts/build.sh configures every test build; the default build, installs
+ * and the wheel ignore it. */
 #ifndef CKPTIO_IO_FAULT_H
 #define CKPTIO_IO_FAULT_H
 
@@ -29,7 +32,7 @@ int ckptio_fault_check(ckptio_fault_op op);
 /* A slow disk: from now on writes share one device of bytes_per_second
  * (0: off), each waiting for its turn and its bytes' time, so a save's
  * write time is known and much longer than its copies. Also armed by
- * CKPTIO_FAULT_WRITE_MBPS (MB/s, 10^6 bytes). */
+ * CKPTIO_FAULT_WRITE_MBPS (MB/s, 10^6 bytes; test builds only, as above). */
 void ckptio_fault_slow_writes(uint64_t bytes_per_second);
 /* Called by the io room after each write of len bytes. */
 void ckptio_fault_write_time(uint64_t len);

@@ -2,6 +2,9 @@
 # Installs the build into a temporary prefix, then builds a small program
 # outside the project against the installed tree only, both ways a user
 # would: CMake's find_package(ckptio) (shared and static) and pkg-config.
+# Then builds the library and command with the default options (about 10 s
+# of compiling) and checks that they ignore the tests' CKPTIO_FAULT*
+# variables, which the suite's own builds obey.
 # Usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 BUILD=$1 SRC=$2
@@ -52,3 +55,38 @@ cc -o "$TMP/pc_static" "$SRC/tests/install/consumer.c" $(pkg-config --cflags ckp
    $(pkg-config --libs $(pkg-config --print-requires-private ckptio)) -lpthread -ldl || fail "static build"
 "$TMP/pc_static" "$TMP/d.safetensors" || fail "pc_static"
 echo "test_install: 4 consumers built against $PREFIX only and ran"
+
+# 3. The tests' fault injection stays out of what users build: the library
+# configured with the default options (as README.md builds an install) must
+# ignore CKPTIO_FAULT* variables a process inherits. Every failing form of
+# CKPTIO_FAULT is tried (io/fault.h), with a slow disk on top.
+fault_specs=(pwrite:1:EIO pwrite:1:short fsync:1:EIO rename:1:EROFS fallocate:1:ENOSPC)
+fault_env() { env CKPTIO_FAULT="$1" CKPTIO_FAULT_WRITE_MBPS=1 CKPTIO_FAULT_READ_MBPS=1 "${@:2}"; }
+# The control, where the installed build has it compiled in (scripts/build.sh
+# turns it on for the suite's builds): the variable must bite there.
+if grep -q '^CKPTIO_FAULT_INJECTION:BOOL=ON$' "$BUILD/CMakeCache.txt"; then
+  fault_env pwrite:1:EIO env LD_LIBRARY_PATH="$PREFIX/$libdir" "$TMP/pc_shared" "$TMP/e.safetensors" \
+      2>/dev/null && fail "control: the test build ignored CKPTIO_FAULT=pwrite:1:EIO"
+  echo "test_install: control: the test build's library fails a save under CKPTIO_FAULT=pwrite:1:EIO"
+else
+  echo "test_install: no control: $BUILD was configured without CKPTIO_FAULT_INJECTION"
+fi
+cmake -S "$SRC" -B "$TMP/default" -G Ninja -DCKPTIO_BUILD_TESTS=OFF >"$TMP/default.log" 2>&1 \
+  || { cat "$TMP/default.log"; fail "configuring a default-option build"; }
+grep -q '^CKPTIO_FAULT_INJECTION:BOOL=OFF$' "$TMP/default/CMakeCache.txt" || fail "CKPTIO_FAULT_INJECTION is not off by default"
+cmake --build "$TMP/default" >>"$TMP/default.log" 2>&1 \
+  || { tail -n 30 "$TMP/default.log"; fail "building the default-option library"; }
+for spec in "${fault_specs[@]}"; do
+  fault_env "$spec" env LD_LIBRARY_PATH="$TMP/default" "$TMP/pc_shared" "$TMP/f.safetensors" \
+    || fail "the default build's library failed a save under CKPTIO_FAULT=$spec"
+  deps=$(LD_LIBRARY_PATH="$TMP/default" ldd "$TMP/pc_shared")
+  [[ "$deps" == *"$TMP/default/libckptio.so.0"* ]] || fail "pc_shared did not load the default build's library"
+  # The command (linked with the static library) too: a 16 MiB save at
+  # 1 MB/s would take 16 s, so a quick one shows it is not slowed either.
+  t0=$(date +%s%N)
+  fault_env "$spec" "$TMP/default/ckptio" bench --size 16MiB --runs 1 --dir "$TMP" >"$TMP/bench.log" 2>&1 \
+    || { cat "$TMP/bench.log"; fail "the default build's ckptio bench failed under CKPTIO_FAULT=$spec"; }
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  ((ms < 8000)) || fail "the default build's ckptio bench took $ms ms under CKPTIO_FAULT_WRITE_MBPS=1"
+done
+echo "test_install: the default-option build ignores CKPTIO_FAULT* (${#fault_specs[@]} specs, 1 MB/s disk)"

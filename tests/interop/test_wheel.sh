@@ -131,5 +131,26 @@ done
 rc=$?
 ((rc == 1)) || fail "ckptio verify of a flipped file exited $rc, not 1"
 
+# The wheel is a production build (pyproject.toml leaves CMake's
+# CKPTIO_FAULT_INJECTION off): the tests' fault variables, inherited, must
+# neither fail nor slow a save (a 1 MB/s disk would make this 8 MB one take
+# 8 s). A test build of the library fails the first pwrite here.
+step "CKPTIO_FAULT* set: the wheel's library ignores them"
+for spec in pwrite:1:EIO fsync:1:EIO rename:1:EROFS; do
+  CKPTIO_FAULT="$spec" CKPTIO_FAULT_WRITE_MBPS=1 CKPTIO_FAULT_READ_MBPS=1 "$VPY" - "$TMP/work" <<'EOF' ||
+import pathlib, sys, time
+import numpy as np
+import ckptio
+path = pathlib.Path(sys.argv[1]) / "fault.safetensors"
+t = {"w": np.arange(2 << 20, dtype=np.float32)}
+t0 = time.monotonic()
+ckptio.save_file(t, path)
+assert np.array_equal(ckptio.load_file(path)["w"], t["w"])
+took = time.monotonic() - t0
+assert took < 4, f"a save and load of 8 MB took {took:.1f} s under CKPTIO_FAULT_WRITE_MBPS=1"
+EOF
+    fail "the wheel's library obeyed CKPTIO_FAULT=$spec or the slow disk"
+done
+
 step "done"
 echo "wheel: OK"
