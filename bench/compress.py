@@ -111,7 +111,7 @@ def warm_cache(path):
 
 def load_into(path, dsts):
     """Loads every tensor into the touched buffers of dsts, in one load_many."""
-    with ckptio._Reader(path) as r:
+    with ckptio._core.Reader(path) as r:
         infos = r.infos()
         reqs = (_lib.LoadRequest * len(infos))()
         for i, info in enumerate(infos):

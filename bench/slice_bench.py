@@ -36,7 +36,7 @@ def main():
     data = np.random.default_rng(0).integers(0, 1 << 16, rows * cols, dtype=np.uint16)
     ckptio.save_file({"w": ckptio.Tensor("BF16", (rows, cols), data)}, path)
     lib = _lib.lib()
-    ctx = ckptio._ctx()
+    ctx = ckptio._core.ctx()
     cases = [("whole", 0, 0, rows), ("rank0/4 dim0", 0, 0, rows // 4), ("rank0/4 dim1", 1, 0, cols // 4)]
     bufs = {name: np.ones(rows * cols * 2 if name == "whole" else rows * cols // 2, np.uint8)
             for name, *_ in cases}  # touched once: no page faults in the timings
@@ -53,10 +53,10 @@ def main():
                         pass
             for _ in range(a.runs):
                 for name, dim, start, stop in cases:
-                    opts = ckptio._options(ctx, True)
+                    opts = ckptio._core.options(ctx, True)
                     opts.load_method = method
                     h = ctypes.c_void_p()
-                    ckptio._check(lib.ckptio_reader_open(ctx, path.encode(), ctypes.byref(opts),
+                    ckptio.errors.check(lib.ckptio_reader_open(ctx, path.encode(), ctypes.byref(opts),
                                                          ctypes.byref(h)), "open")
                     if cold:
                         fd = os.open(path, os.O_RDONLY)
@@ -66,7 +66,7 @@ def main():
                     req = _lib.SliceRequest(0, dim, start, stop, buf.ctypes.data, buf.nbytes,
                                             _lib.DEVICE_HOST, 0, 0)
                     t = time.perf_counter()
-                    ckptio._check(lib.ckptio_reader_load_slices(h, ctypes.byref(req), 1), name)
+                    ckptio.errors.check(lib.ckptio_reader_load_slices(h, ctypes.byref(req), 1), name)
                     times[name].append(time.perf_counter() - t)
                     read[name] = (req.bytes_read, req.verified)
                     lib.ckptio_reader_close(h)

@@ -1,12 +1,16 @@
 """ctypes view of include/ckptio.h: the structs, the function signatures, and
 finding libckptio.so. Mirrors the header exactly; a change there must be made
-here too (the interop tests catch a mismatch)."""
+here too (the interop tests catch a mismatch). Internal: the other modules
+of the package use these names; users use ckptio / ckptio.torch."""
+
+from __future__ import annotations
 
 import collections.abc
 import ctypes
 import os
 import pathlib
 import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 MAX_DIMS = 8
 DEVICE_HOST = 0  # CKPTIO_DEVICE_HOST; GPU n is n + 1
@@ -16,49 +20,56 @@ FORMAT_PYTORCH = 1
 SHARD_ORDER_ADDED = 0  # enum ckptio_shard_order
 SHARD_ORDER_HF = 1
 
+# The one table of file formats: the name the Python API takes (format=...)
+# -> enum ckptio_format.
+FORMATS: Dict[str, int] = {"safetensors": FORMAT_SAFETENSORS, "pt": FORMAT_PYTORCH}
 
-def device_cuda(ordinal):
+
+def format_code(name: str) -> int:
+    """enum ckptio_format of a format name; ValueError naming the choices."""
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"format must be one of {sorted(FORMATS)}, got {name!r}") from None
+
+
+def device_cuda(ordinal: int) -> int:
     """CKPTIO_DEVICE_CUDA(ordinal)."""
     return ordinal + 1
 
 
-class _ErrorCodes(collections.abc.Mapping):
+class _ErrorCodes(collections.abc.Mapping):  # type: ignore[type-arg]
     """enum ckptio_error as {name without "CKPTIO_E_": code}, read from the
     library (ckptio_error_name, from CKPTIO_E_INVALID_ARG down) the first
     time it is used, so the binding never holds a copy of the header's list."""
 
-    def __init__(self):
-        self._codes = None
+    def __init__(self) -> None:
+        self._codes: Optional[Dict[str, int]] = None
 
-    def _table(self):
+    def _table(self) -> Dict[str, int]:
         if self._codes is None:
             handle, codes, code = lib(), {}, -1000
+            name: Optional[bytes]
             while (name := handle.ckptio_error_name(code)) is not None:
                 codes[name.decode()] = code
                 code -= 1
             self._codes = codes
         return self._codes
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> int:
         return self._table()[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._table())
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._table())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return repr(self._table())
 
 
 ERRORS = _ErrorCodes()
-
-
-def __getattr__(name):
-    if name == "E_CHECKSUM":  # a plain int, read when first asked for
-        return ERRORS["CHECKSUM"]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
@@ -107,7 +118,7 @@ class Options(ctypes.Structure):  # ckptio_options
     ]
 
     @classmethod
-    def init(cls):
+    def init(cls) -> "Options":
         """CKPTIO_OPTIONS_INIT."""
         return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0, 0)
 
@@ -128,12 +139,12 @@ class Stats(ctypes.Structure):  # ckptio_stats
     ]
 
     @classmethod
-    def init(cls):
+    def init(cls) -> "Stats":
         """CKPTIO_STATS_INIT."""
         return cls(ctypes.sizeof(cls))
 
-    def as_dict(self):
-        return {name: getattr(self, name) for name, _ in self._fields_ if name != "size"}
+    def as_dict(self) -> Dict[str, Any]:
+        return {f[0]: getattr(self, f[0]) for f in self._fields_ if f[0] != "size"}
 
 
 class LoadRequest(ctypes.Structure):  # ckptio_load_request
@@ -196,13 +207,42 @@ class Comm(ctypes.Structure):  # ckptio_comm
     ]
 
 
+class ManagerOptions(ctypes.Structure):  # ckptio_manager_options
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("keep_last", ctypes.c_int),
+        ("keep_every", ctypes.c_uint64),
+        ("format", ctypes.c_int),
+        ("max_shard_bytes", ctypes.c_uint64),
+        ("verify", ctypes.c_int),
+    ]
+
+
+class CheckpointInfo_(ctypes.Structure):  # ckptio_checkpoint_info
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("step", ctypes.c_uint64),
+        ("dir", ctypes.c_char_p),
+        ("path", ctypes.c_char_p),
+        ("bytes", ctypes.c_uint64),
+        ("files", ctypes.c_uint32),
+        ("complete", ctypes.c_int),
+        ("verified", ctypes.c_int),
+        ("error", ctypes.c_int),
+        ("detail", ctypes.c_char_p),
+    ]
+
+
+# ckptio_manager_warn_fn(arg, step, code, message)
+WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p)
+
 _P = ctypes.c_void_p  # every opaque handle
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I = ctypes.c_int
 _S = ctypes.c_char_p
 
-# name: (restype, argtypes)
-_SIGNATURES = {
+# The one table of signatures: name -> (restype, argtypes).
+_SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_version_number": (ctypes.c_uint, []),
     "ckptio_version_string": (_S, []),
     "ckptio_strerror": (_S, [_I]),
@@ -279,13 +319,24 @@ _SIGNATURES = {
     "ckptio_reader_part": (_I, [_P, ctypes.c_size_t, ctypes.c_size_t, ctypes.POINTER(_S), c_int64_p, c_int64_p]),
     "ckptio_reader_box_nbytes": (ctypes.c_int64, [_P, ctypes.c_size_t, c_int64_p, c_int64_p]),
     "ckptio_reader_load_boxes": (_I, [_P, ctypes.POINTER(BoxRequest), ctypes.c_size_t]),
+    # The checkpoint manager (ckptio.manager).
+    "ckptio_manager_open": (_I, [_P, _S, ctypes.POINTER(ManagerOptions), ctypes.POINTER(Options),
+                                 _PP]),
+    "ckptio_manager_close": (None, [_P]),
+    "ckptio_manager_set_warning": (None, [_P, WARN_FN, _P]),
+    "ckptio_manager_save_begin": (_I, [_P, ctypes.c_uint64, _PP]),
+    "ckptio_manager_save_end": (_I, [_P, _P]),
+    "ckptio_manager_latest": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), _S, ctypes.c_size_t]),
+    "ckptio_manager_list": (ctypes.c_int64, [_P, _I]),
+    "ckptio_manager_checkpoint": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(CheckpointInfo_)]),
+    "ckptio_manager_last_error": (_S, [_P]),
 }
 
 _lock = threading.Lock()
-_lib = None
+_lib: Optional[ctypes.CDLL] = None
 
 
-def _candidates():
+def _candidates() -> List[str]:
     env = os.environ.get("CKPTIO_LIB")
     if env:
         return [env]  # an explicit choice is never second-guessed
@@ -296,8 +347,9 @@ def _candidates():
             "libckptio.so.0"]
 
 
-def lib():
-    """The loaded library with every signature set; loaded once."""
+def lib() -> Any:
+    """The loaded library (a ctypes.CDLL) with every signature set; loaded
+    once. Typed Any: its functions are looked up by name."""
     global _lib
     with _lock:
         if _lib is not None:

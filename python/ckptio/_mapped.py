@@ -13,14 +13,20 @@ whose offset is not a multiple of their element size (torch and numpy
 kernels may assume aligned elements).
 """
 
+from __future__ import annotations
+
 import ctypes
 import mmap
 import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from . import _lib
 
+if TYPE_CHECKING:
+    from ._core import Reader
 
-def map_file(reader):
+
+def map_file(reader: "Reader") -> Optional["ctypes.Array[ctypes.c_uint8]"]:
     """The reader's file, privately mapped and CRC-checked (with the reader's
     crc option): a ctypes uint8 array over the mapping, or None for an empty
     file or a checkpoint no single mapping holds (a sharded set or a
@@ -53,7 +59,7 @@ _PAGE = 4096
 _PLACED_MIN = 64 << 10  # the library reads smaller tensors through a slot
 
 
-def placed(nbytes, file_offset, elem_size):
+def placed(nbytes: int, file_offset: int, elem_size: int) -> Optional[Tuple[mmap.mmap, int]]:
     """Memory for a copying load's destination of nbytes whose bytes sit at
     file_offset: (buffer, offset), the destination starting at the file
     offset's place within the page of an anonymous mapping of its own
@@ -70,18 +76,18 @@ def placed(nbytes, file_offset, elem_size):
     return mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE), shift
 
 
-def viewable(reader, index, info, elem_size):
+def viewable(reader: "Reader", index: int, info: _lib.TensorInfo, elem_size: int) -> bool:
     """Whether tensor `index` can be returned as a view of the mapping."""
     if info.strided or info.nbytes == 0 or info.offset % max(elem_size, 1):
         return False
     p, n = ctypes.c_void_p(), ctypes.c_uint64()
     # The library's own rule (strided or big-endian: no view); its refusal
     # only sets the reader's message, which the next failure overwrites.
-    return reader.lib.ckptio_reader_view(reader.handle, index, ctypes.byref(p),
-                                         ctypes.byref(n)) == 0
+    return bool(reader.lib.ckptio_reader_view(reader.handle, index, ctypes.byref(p),
+                                              ctypes.byref(n)) == 0)
 
 
-def stats(lib, fn, handle):
+def stats(lib: Any, fn: Callable[..., int], handle: Any) -> Optional[Dict[str, Any]]:
     """A ckptio_stats of `handle` (fn: ckptio_writer_stats / _reader_stats)
     as a dict: bytes, seconds, per-stage busy seconds, threads, staging_bytes."""
     out = _lib.Stats.init()

@@ -27,28 +27,35 @@ tensors go through the library's device path, ordered after the current
 stream of their device.
 """
 
+from __future__ import annotations
+
 import ctypes
-import os
 import io
+import os
 import threading
+from typing import Any, Dict, Iterator, List, Optional, Tuple, TypeVar, Union
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
                                                    MetadataIndex, StorageMeta, TensorProperties,
                                                    TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner, SavePlan,
+                                                  SavePlanner, WriteItemType)
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _check, _ctx, _lib, _options
-from .errors import from_code
-from .torch import TORCH_DTYPES, _as_saveable, _code_of
+from . import _lib
+from ._core import ctx, options
+from ._torch_io import TORCH_DTYPES, as_saveable, code_of
+from .errors import check, from_code
 
 __all__ = ["Writer", "Reader", "BYTES_PREFIX"]
 
 BYTES_PREFIX = "__dcp_bytes__."
 PREFIX = "model"
+_T = TypeVar("_T")
+CheckpointId = Union[str, "os.PathLike[str]"]
 
 
 # ------------------------------------------------------------ the communicator
@@ -58,15 +65,22 @@ class _Group:
     byte strings on a gloo group, called by the library only from the thread
     that calls it (DCP's). One process without torch.distributed: rank 0 of 1."""
 
-    def __init__(self, group=None):
-        self.error = None
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        self.error: Optional[BaseException] = None
+        self.group: Optional[dist.ProcessGroup]
         if dist.is_available() and dist.is_initialized():
             self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
             backend = dist.get_backend(group)
             # Byte strings live on the CPU: a group that is not gloo gets a
             # gloo twin (collective: every rank builds its Writer alike).
-            self.group = group if backend == "gloo" else dist.new_group(
-                ranks=dist.get_process_group_ranks(group) if group is not None else None, backend="gloo")
+            if backend == "gloo":
+                self.group = group
+            else:
+                twin = dist.new_group(ranks=dist.get_process_group_ranks(group)
+                                      if group is not None else None, backend="gloo")
+                if not isinstance(twin, dist.ProcessGroup):
+                    raise RuntimeError(f"ckptio.dcp: this process is not in the group {group}")
+                self.group = twin
         else:
             self.rank, self.size, self.group = 0, 1, None
         self._allgather = _lib.ALLGATHER_FN(self._allgather_cb)
@@ -74,11 +88,11 @@ class _Group:
         self.comm = _lib.Comm(ctypes.sizeof(_lib.Comm), self.rank, self.size, None,
                               self._allgather, self._broadcast)
 
-    def _fail(self, e):
+    def _fail(self, e: BaseException) -> int:
         self.error = e
         return _lib.ERRORS["RANK"]
 
-    def _allgather_cb(self, user, send, recv, nbytes):
+    def _allgather_cb(self, user: Optional[int], send: int, recv: int, nbytes: int) -> int:
         try:
             mine = torch.frombuffer(bytearray(ctypes.string_at(send, nbytes)), dtype=torch.uint8) if nbytes \
                 else torch.empty(0, dtype=torch.uint8)
@@ -94,7 +108,7 @@ class _Group:
         except Exception as e:  # noqa: BLE001 - reported by the save
             return self._fail(e)
 
-    def _broadcast_cb(self, user, buf, nbytes, root):
+    def _broadcast_cb(self, user: Optional[int], buf: int, nbytes: int, root: int) -> int:
         try:
             if self.size > 1 and nbytes:
                 t = torch.frombuffer(bytearray(ctypes.string_at(buf, nbytes)), dtype=torch.uint8)
@@ -106,8 +120,8 @@ class _Group:
             return self._fail(e)
 
 
-def _done(value):
-    f = Future()
+def _done(value: _T) -> Future[_T]:
+    f: Future[_T] = Future()
     f.set_result(value)
     return f
 
@@ -122,47 +136,50 @@ class Writer(StorageWriter):
 
     process_group: the group DCP saves over (default: the default group)."""
 
-    def __init__(self, path, *, process_group=None, crc=True, prefix=PREFIX):
+    def __init__(self, path: CheckpointId, *, process_group: Optional[dist.ProcessGroup] = None,
+                 crc: bool = True, prefix: str = PREFIX) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.process_group = process_group
         self.crc = crc
         self.prefix = prefix
-        self._group = None
+        self._group: Optional[_Group] = None
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: Optional[CheckpointId] = None) -> None:
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
 
-    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
         if self._group is None:
             self._group = _Group(self.process_group)
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         return plans
 
-    def storage_meta(self):
+    def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=self.path)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: CheckpointId) -> bool:
+        """Whether DCP may pass checkpoint_id as the path: a str or a path."""
         return isinstance(checkpoint_id, (str, os.PathLike))
 
-    def write_data(self, plan, planner):
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[List[WriteResult]]:
         if self._group is None:
             self._group = _Group(self.process_group)
         os.makedirs(self.path, exist_ok=True)
-        lib, ctx = _lib.lib(), _ctx()
-        opts = _options(ctx, self.crc)
+        lib, context = _lib.lib(), ctx()
+        opts = options(context, self.crc)
         w = ctypes.c_void_p()
-        _check(lib.ckptio_writer_open_ranks(ctx, ctypes.byref(self._group.comm), os.fsencode(self.path),
+        check(lib.ckptio_writer_open_ranks(context, ctypes.byref(self._group.comm), os.fsencode(self.path),
                                             self.prefix.encode(), ctypes.byref(opts), ctypes.byref(w)),
                f"cannot save {self.path}", lib.ckptio_last_open_error())
-        keep, results = [], []
+        keep: List[torch.Tensor] = []
+        results: List[WriteResult] = []
         try:
             try:
                 streams = self._add_items(lib, w, plan, planner, keep, results)
@@ -172,53 +189,57 @@ class Writer(StorageWriter):
                 lib.ckptio_writer_abort(w, _lib.ERRORS["RANK"], f"{type(e).__name__}: {e}".encode()[:400])
                 raise
             for device, stream in streams.items():
-                _check(lib.ckptio_writer_set_stream(w, device, stream), f"{self.path}: CUDA stream",
+                check(lib.ckptio_writer_set_stream(w, device, stream), f"{self.path}: CUDA stream",
                        lib.ckptio_writer_last_error(w))
             rc = lib.ckptio_writer_commit(w)
             if rc < 0 and self._group.error is not None:
                 raise from_code(rc, f"cannot save {self.path}: torch.distributed failed: "
                                       f"{self._group.error}") from self._group.error
-            _check(rc, f"cannot save {self.path}", lib.ckptio_writer_last_error(w))
+            check(rc, f"cannot save {self.path}", lib.ckptio_writer_last_error(w))
         finally:
             lib.ckptio_writer_close(w)
             del keep
         return _done(results)
 
-    def _add_items(self, lib, w, plan, planner, keep, results):
-        streams = {}
+    def _add_items(self, lib: Any, w: ctypes.c_void_p, plan: SavePlan, planner: SavePlanner,
+                   keep: List[torch.Tensor], results: List[WriteResult]) -> Dict[int, int]:
+        streams: Dict[int, int] = {}
         for item in plan.items:
             fqn = item.index.fqn
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                 t = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-                name, offsets, global_shape = BYTES_PREFIX + fqn, None, None
+                name = BYTES_PREFIX + fqn
+                offsets: Optional[List[int]] = None
+                global_shape: Optional[List[int]] = None
             else:
+                assert isinstance(data, torch.Tensor) and item.tensor_data is not None
                 t = data.detach()
                 name = fqn
                 chunk = item.tensor_data.chunk
                 offsets = list(chunk.offsets)
                 global_shape = list(item.tensor_data.size)
-            t, dtype, device = _as_saveable(name, t)
+            t, dtype, device = as_saveable(name, t)
             keep.append(t)
             if device != _lib.DEVICE_HOST and device not in streams:
                 streams[device] = torch.cuda.current_stream(t.device).cuda_stream
             shape = tuple(t.shape)
-            desc = _lib.Tensor_(name.encode(), _code_of(dtype), len(shape),
+            desc = _lib.Tensor_(name.encode(), code_of(dtype), len(shape),
                                 (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
             whole = offsets is None or (all(o == 0 for o in offsets) and list(shape) == global_shape)
-            if whole:
+            if whole or offsets is None or global_shape is None:
                 rc = lib.ckptio_writer_add(w, ctypes.byref(desc))
             else:
                 g = (ctypes.c_int64 * _lib.MAX_DIMS)(*global_shape)
                 o = (ctypes.c_int64 * _lib.MAX_DIMS)(*offsets)
                 rc = lib.ckptio_writer_add_part(w, ctypes.byref(desc), g, o)
-            _check(rc, f"{self.path}: {name!r}", lib.ckptio_writer_last_error(w))
+            check(rc, f"{self.path}: {name!r}", lib.ckptio_writer_last_error(w))
             results.append(WriteResult(index=item.index, size_in_bytes=t.numel() * t.element_size(),
                                        storage_data=None))
         return streams
 
-    def finish(self, metadata, results):
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         # The index is written by the commit (rank 0, last); DCP's own
         # metadata is rebuilt from it by the Reader.
         return None
@@ -232,55 +253,58 @@ class Reader(StorageReader):
     of the chunks it asks for), a sharded set or a single file. Every part a
     read covers whole has its CRC32 checked."""
 
-    def __init__(self, path, *, crc=True):
+    def __init__(self, path: CheckpointId, *, crc: bool = True) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.crc = crc
-        self._r = None
+        self._r: Optional[ctypes.c_void_p] = None
         self._lock = threading.Lock()
+        self.storage_data: Dict[MetadataIndex, int] = {}
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: Optional[CheckpointId] = None) -> None:
         self._close()
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: CheckpointId) -> bool:
+        """Whether DCP may pass checkpoint_id as the path: a str or a path."""
         return isinstance(checkpoint_id, (str, os.PathLike))
 
-    def _reader(self):
+    def _reader(self) -> ctypes.c_void_p:
         with self._lock:
             if self._r is None:
-                lib, ctx = _lib.lib(), _ctx()
-                opts = _options(ctx, self.crc)
+                lib, context = _lib.lib(), ctx()
+                opts = options(context, self.crc)
                 r = ctypes.c_void_p()
-                _check(lib.ckptio_reader_open(ctx, os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(r)),
+                check(lib.ckptio_reader_open(context, os.fsencode(self.path), ctypes.byref(opts), ctypes.byref(r)),
                        f"cannot open {self.path}", lib.ckptio_last_open_error())
                 self._r = r
             return self._r
 
-    def _close(self):
+    def _close(self) -> None:
         with self._lock:
             if self._r is not None:
                 _lib.lib().ckptio_reader_close(self._r)
                 self._r = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self._close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    def _infos(self):
+    def _infos(self) -> Iterator[Tuple[int, _lib.TensorInfo]]:
         lib, r = _lib.lib(), self._reader()
         for i in range(lib.ckptio_reader_count(r)):
             info = _lib.TensorInfo()
-            _check(lib.ckptio_reader_info(r, i, ctypes.byref(info)), f"{self.path}: tensor {i}")
+            check(lib.ckptio_reader_info(r, i, ctypes.byref(info)), f"{self.path}: tensor {i}")
             yield i, info
 
-    def read_metadata(self):
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         lib, r = _lib.lib(), self._reader()
-        sd_meta, storage = {}, {}
+        sd_meta: Dict[str, Union[TensorStorageMetadata, BytesStorageMetadata]] = {}
+        storage: Dict[MetadataIndex, int] = {}
         for i, info in self._infos():
             name = info.name.decode()
             if name.startswith(BYTES_PREFIX):
@@ -296,7 +320,7 @@ class Reader(StorageReader):
             for k in range(lib.ckptio_reader_part_count(r, i)):
                 off = (ctypes.c_int64 * _lib.MAX_DIMS)()
                 size = (ctypes.c_int64 * _lib.MAX_DIMS)()
-                _check(lib.ckptio_reader_part(r, i, k, None, off, size), f"{self.path}: {name!r} part {k}")
+                check(lib.ckptio_reader_part(r, i, k, None, off, size), f"{self.path}: {name!r} part {k}")
                 offsets = torch.Size(off[:info.ndim])
                 chunks.append(ChunkStorageMetadata(offsets=offsets, sizes=torch.Size(size[:info.ndim])))
                 storage[MetadataIndex(name, offsets)] = i
@@ -305,16 +329,17 @@ class Reader(StorageReader):
         return Metadata(state_dict_metadata=sd_meta, storage_data=storage, storage_meta=StorageMeta(
             checkpoint_id=self.path))
 
-    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         return plans
 
-    def read_data(self, plan, planner):
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         lib, r = _lib.lib(), self._reader()
         reqs, targets = [], []
         for item in plan.items:
@@ -323,9 +348,9 @@ class Reader(StorageReader):
                                            else BYTES_PREFIX + item.storage_index.fqn).encode())
             if item.type == LoadItemType.BYTE_IO:
                 info = _lib.TensorInfo()
-                _check(lib.ckptio_reader_info(r, index, ctypes.byref(info)), f"{self.path}: {item.storage_index}")
+                check(lib.ckptio_reader_info(r, index, ctypes.byref(info)), f"{self.path}: {item.storage_index}")
                 buf = torch.empty(info.nbytes, dtype=torch.uint8)
-                _check(lib.ckptio_reader_load_many(r, ctypes.byref(_lib.LoadRequest(
+                check(lib.ckptio_reader_load_many(r, ctypes.byref(_lib.LoadRequest(
                     index, buf.data_ptr(), info.nbytes, _lib.DEVICE_HOST)), 1),
                     f"cannot load {self.path}", lib.ckptio_reader_last_error(r))
                 planner.load_bytes(item, io.BytesIO(buf.numpy().tobytes()))
@@ -345,7 +370,7 @@ class Reader(StorageReader):
             targets.append((item, target, dst, direct))
         if reqs:
             arr = (_lib.BoxRequest * len(reqs))(*reqs)
-            _check(lib.ckptio_reader_load_boxes(r, arr, len(reqs)), f"cannot load {self.path}",
+            check(lib.ckptio_reader_load_boxes(r, arr, len(reqs)), f"cannot load {self.path}",
                    lib.ckptio_reader_last_error(r))
         for item, target, dst, direct in targets:
             if not direct:

@@ -18,17 +18,23 @@ manager calls live here, set on the library handle the first time a manager
 is made.
 """
 
-import collections
+from __future__ import annotations
+
+import atexit
 import ctypes
 import os
 import threading
 import warnings
 import weakref
-import atexit
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple, Union
+
+import torch
 
 from . import _lib
-from . import CkptioError, _check, _ctx, _options
-from . import torch as _ct
+from ._core import PathLike, ctx, options
+from ._torch_io import Device, SaveHandle, WriterOps, fill_and_commit, plan
+from .errors import check
+from .torch import load_file, parse_size
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "CheckpointWarning"]
 
@@ -39,107 +45,47 @@ class CheckpointWarning(UserWarning):
     retention could not remove."""
 
 
-class _ManagerOptions(ctypes.Structure):  # ckptio_manager_options
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("keep_last", ctypes.c_int),
-        ("keep_every", ctypes.c_uint64),
-        ("format", ctypes.c_int),
-        ("max_shard_bytes", ctypes.c_uint64),
-        ("verify", ctypes.c_int),
-    ]
+class CheckpointInfo(NamedTuple):
+    """One checkpoint of the directory (CheckpointManager.list): step; path
+    (what ckptio.torch.load_file takes: the file, or a set's index); dir (its
+    step directory); bytes and files on disk; complete (it opens: every
+    header checked, every shard present); verified (list(verify=True): every
+    CRC32 checked); error (why not complete / verified, else "")."""
+    step: int
+    path: str
+    dir: str
+    bytes: int
+    files: int
+    complete: bool
+    verified: bool
+    error: str
 
-
-class _CheckpointInfo(ctypes.Structure):  # ckptio_checkpoint_info
-    _fields_ = [
-        ("size", ctypes.c_size_t),
-        ("step", ctypes.c_uint64),
-        ("dir", ctypes.c_char_p),
-        ("path", ctypes.c_char_p),
-        ("bytes", ctypes.c_uint64),
-        ("files", ctypes.c_uint32),
-        ("complete", ctypes.c_int),
-        ("verified", ctypes.c_int),
-        ("error", ctypes.c_int),
-        ("detail", ctypes.c_char_p),
-    ]
-
-
-_WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p)
-
-_P, _PP, _I = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int
-_SIGNATURES = {
-    "ckptio_manager_open": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ManagerOptions),
-                                 ctypes.POINTER(_lib.Options), _PP]),
-    "ckptio_manager_close": (None, [_P]),
-    "ckptio_manager_set_warning": (None, [_P, _WARN_FN, _P]),
-    "ckptio_manager_save_begin": (_I, [_P, ctypes.c_uint64, _PP]),
-    "ckptio_manager_save_end": (_I, [_P, _P]),
-    "ckptio_manager_latest": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p,
-                                   ctypes.c_size_t]),
-    "ckptio_manager_list": (ctypes.c_int64, [_P, _I]),
-    "ckptio_manager_checkpoint": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(_CheckpointInfo)]),
-    "ckptio_manager_last_error": (ctypes.c_char_p, [_P]),
-}
-_sig_lock = threading.Lock()
-_sig_done = False
-
-
-def _mlib():
-    """The library with the manager's prototypes set (once)."""
-    global _sig_done
-    lib = _lib.lib()
-    with _sig_lock:
-        if not _sig_done:
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                try:
-                    fn = getattr(lib, name)
-                except AttributeError:
-                    raise OSError(f"{lib._name} does not export {name}: "
-                                  "the library is older than this binding") from None
-                fn.restype, fn.argtypes = restype, argtypes
-            _sig_done = True
-    return lib
-
-
-CheckpointInfo = collections.namedtuple(
-    "CheckpointInfo", "step path dir bytes files complete verified error")
-CheckpointInfo.__doc__ = """One checkpoint of the directory (CheckpointManager.list):
-step; path (what ckptio.torch.load_file takes: the file, or a set's index);
-dir (its step directory); bytes and files on disk; complete (it opens: every
-header checked, every shard present); verified (list(verify=True): every
-CRC32 checked); error (why not complete / verified, else "")."""
-
-_FORMATS = {"safetensors": _lib.FORMAT_SAFETENSORS, "pt": _lib.FORMAT_PYTORCH}
 
 # Managers still open at exit are closed (their last save waited for) before
 # the context goes: registered after ckptio's own exit hook, so it runs first.
-_live = weakref.WeakSet()
+_live: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
 _exit_lock = threading.Lock()
 _exit_done = False
 
 
-def _close_live():
+def _close_live() -> None:
     for m in list(_live):
         m.close()
 
 
-class _ManagedOps:
+class _ManagedOps(WriterOps):
     """ckptio.torch's writer calls, except that closing the writer ends the
     managed save (ckptio_manager_save_end: wait durable, publish, latest,
     retention), so SaveHandle.wait_durable returns once it is published."""
 
-    def __init__(self, mgr):
-        base = _ct._Ops.get()
-        for name in _ct._Ops.NAMES:
-            if name != "close":  # an instance attribute would hide the method below
-                setattr(self, name, getattr(base, name))
+    def __init__(self, mgr: "CheckpointManager") -> None:
+        super().__init__()
         self._mgr = mgr
 
-    def close(self, w):
+    def close(self, w: ctypes.c_void_p) -> int:
         return self._mgr._end(w)
 
-    def close_detail(self):
+    def close_detail(self, w: ctypes.c_void_p) -> Optional[bytes]:
         """The detail of a failed close (SaveHandle puts it in its error)."""
         return self._mgr._end_detail
 
@@ -165,37 +111,38 @@ class CheckpointManager:
     One thread at a time; the SaveHandle's methods from any thread. One
     saving process per directory (a second one gets -EBUSY on save)."""
 
-    def __init__(self, directory, keep_last=3, keep_every=None, max_shard_size=None,
-                 format="safetensors", verify=False, crc=True):
+    def __init__(self, directory: PathLike, keep_last: Optional[int] = 3,
+                 keep_every: Optional[int] = None,
+                 max_shard_size: Union[int, str, None] = None, format: str = "safetensors",
+                 verify: bool = False, crc: bool = True) -> None:
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be an int >= 1 or None, got {keep_last!r}")
         if keep_every is not None and (not isinstance(keep_every, int) or keep_every < 1):
             raise ValueError(f"keep_every must be an int >= 1 or None, got {keep_every!r}")
-        if format not in _FORMATS:
-            raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
-        self.directory = os.fspath(directory)
+        code = _lib.format_code(format)
+        self.directory = os.fsdecode(os.fspath(directory))
         self._lock = threading.RLock()
-        self._m = None
-        self._pending = None
-        self._warnings = []
-        self._end_detail = None
-        lib = _mlib()
-        ctx = _ctx()
-        mo = _ManagerOptions(ctypes.sizeof(_ManagerOptions), keep_last or 0, keep_every or 0,
-                             _FORMATS[format],
-                             0 if max_shard_size is None else _ct.parse_size(max_shard_size),
-                             1 if verify else 0)
-        opts = _options(ctx, crc)
+        self._m: Optional[ctypes.c_void_p] = None
+        self._pending: Optional[SaveHandle] = None
+        self._warnings: List[str] = []
+        self._end_detail: Optional[bytes] = None
+        lib = _lib.lib()
+        context = ctx()
+        mo = _lib.ManagerOptions(ctypes.sizeof(_lib.ManagerOptions), keep_last or 0,
+                                 keep_every or 0, code,
+                                 0 if max_shard_size is None else parse_size(max_shard_size),
+                                 1 if verify else 0)
+        opts = options(context, crc)
         m = ctypes.c_void_p()
-        _check(lib.ckptio_manager_open(ctx, os.fsencode(self.directory), ctypes.byref(mo),
-                                       ctypes.byref(opts), ctypes.byref(m)),
-               f"cannot open the checkpoint directory {self.directory}",
-               lib.ckptio_last_open_error())
+        check(lib.ckptio_manager_open(context, os.fsencode(self.directory), ctypes.byref(mo),
+                                      ctypes.byref(opts), ctypes.byref(m)),
+              f"cannot open the checkpoint directory {self.directory}",
+              lib.ckptio_last_open_error(), self.directory)
         self._m = m
-        self._lib = lib
+        self._lib: Any = lib
         # Warnings are collected in C's callback and raised by Python after
         # the call returns (an exception cannot cross the ctypes callback).
-        self._warn_cb = _WARN_FN(lambda arg, step, code, msg: self._warnings.append(
+        self._warn_cb = _lib.WARN_FN(lambda arg, step, code, msg: self._warnings.append(
             msg.decode(errors="replace")))
         lib.ckptio_manager_set_warning(m, self._warn_cb, None)
         global _exit_done
@@ -207,29 +154,30 @@ class CheckpointManager:
 
     # ------------------------------------------------------------ internals
 
-    def _handle(self):
+    def _handle(self) -> ctypes.c_void_p:
         if self._m is None:
             raise ValueError("CheckpointManager: closed")
         return self._m
 
-    def _flush_warnings(self):
+    def _flush_warnings(self) -> None:
         pending, self._warnings = self._warnings, []
         for msg in pending:
             warnings.warn(msg, CheckpointWarning, stacklevel=3)
 
-    def _fail(self, rc, what):
-        _check(rc, what, self._lib.ckptio_manager_last_error(self._m))
+    def _fail(self, rc: int, what: str) -> None:
+        check(rc, what, self._lib.ckptio_manager_last_error(self._m))
 
-    def _end(self, w):
+    def _end(self, w: ctypes.c_void_p) -> int:
         """ops.close of a managed SaveHandle: ends the save (any thread)."""
         with self._lock:
-            rc = self._lib.ckptio_manager_save_end(self._m, w)
+            rc = int(self._lib.ckptio_manager_save_end(self._m, w))
             self._end_detail = self._lib.ckptio_manager_last_error(self._m) if rc < 0 else None
             return rc
 
     # ---------------------------------------------------------------- saves
 
-    def save_async(self, state_dict, step, metadata=None):
+    def save_async(self, state_dict: Mapping[str, torch.Tensor], step: int,
+                   metadata: Optional[Dict[str, str]] = None) -> SaveHandle:
         """Starts the checkpoint of `step` (an int >= 0) and returns a
         ckptio.torch.SaveHandle: wait_snapshot() once the tensors may change
         (call it before the next optimizer.step), wait_durable() once the
@@ -239,22 +187,23 @@ class CheckpointManager:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         self.wait()
-        plan, meta, streams = _ct._plan(state_dict, metadata)
+        p = plan(state_dict, metadata)
         with self._lock:
             m = self._handle()
             w = ctypes.c_void_p()
             self._fail(self._lib.ckptio_manager_save_begin(m, step, ctypes.byref(w)),
                        f"cannot start the checkpoint of step {step} in {self.directory}")
             shown = os.path.join(self.directory, f"step-{step:08d}")
-            handle = _ct._fill_and_commit(w, shown, plan, meta, streams, _ManagedOps(self))
+            handle = fill_and_commit(w, shown, p, _ManagedOps(self))
             self._pending = handle
         return handle
 
-    def save(self, state_dict, step, metadata=None):
+    def save(self, state_dict: Mapping[str, torch.Tensor], step: int,
+             metadata: Optional[Dict[str, str]] = None) -> None:
         """save_async, then wait_durable: returns once published."""
         self.save_async(state_dict, step, metadata).wait_durable()
 
-    def wait(self):
+    def wait(self) -> None:
         """Waits for the running save (if any) to be published; raises its
         CkptioError if it failed."""
         handle, self._pending = self._pending, None
@@ -266,7 +215,7 @@ class CheckpointManager:
 
     # --------------------------------------------------------------- resume
 
-    def latest_path(self):
+    def latest_path(self) -> Tuple[Optional[int], Optional[str]]:
         """(step, path) of the newest complete checkpoint (with verify, also
         CRC-verified), or (None, None). Skipped ones are named in a
         CheckpointWarning."""
@@ -283,11 +232,13 @@ class CheckpointManager:
             return None, None
         return step.value, os.fsdecode(buf.value)
 
-    def latest(self):
+    def latest(self) -> Optional[int]:
         """The step of the newest complete checkpoint, or None."""
         return self.latest_path()[0]
 
-    def load_latest(self, into=None, device="cpu", strict=True, mmap=False):
+    def load_latest(self, into: Union[torch.nn.Module, Dict[str, torch.Tensor], None] = None,
+                    device: Device = "cpu", strict: bool = True,
+                    mmap: bool = False) -> Tuple[Optional[int], Optional[Dict[str, torch.Tensor]]]:
         """Loads the newest complete checkpoint: (step, state_dict), or
         (None, None) when there is none. With `into`, a torch.nn.Module
         (load_state_dict(strict=strict)) or a dict of tensors (each copied in
@@ -295,11 +246,11 @@ class CheckpointManager:
         well. device / mmap as ckptio.torch.load_file (mmap off by default:
         a training loop usually writes the loaded tensors)."""
         step, path = self.latest_path()
-        if step is None:
+        if step is None or path is None:
             return None, None
-        sd = _ct.load_file(path, device=device, mmap=mmap)
+        sd = load_file(path, device=device, mmap=mmap)
         if into is not None:
-            if hasattr(into, "load_state_dict"):
+            if isinstance(into, torch.nn.Module):
                 into.load_state_dict(sd, strict=strict)
             elif isinstance(into, dict):
                 if strict and set(into) != set(sd):
@@ -314,16 +265,16 @@ class CheckpointManager:
                                 f"got {type(into).__name__}")
         return step, sd
 
-    def list(self, verify=False):
+    def list(self, verify: bool = False) -> List[CheckpointInfo]:
         """Every checkpoint of the directory, oldest first, as CheckpointInfo;
         verify=True reads each whole and checks its CRC32s."""
         with self._lock:
             m = self._handle()
-            n = self._lib.ckptio_manager_list(m, 1 if verify else 0)
+            n = int(self._lib.ckptio_manager_list(m, 1 if verify else 0))
             self._fail(n, f"cannot list {self.directory}")
             out = []
             for i in range(n):
-                info = _CheckpointInfo(ctypes.sizeof(_CheckpointInfo))
+                info = _lib.CheckpointInfo_(ctypes.sizeof(_lib.CheckpointInfo_))
                 self._fail(self._lib.ckptio_manager_checkpoint(m, i, ctypes.byref(info)),
                            f"checkpoint {i}")
                 out.append(CheckpointInfo(info.step, os.fsdecode(info.path), os.fsdecode(info.dir),
@@ -335,7 +286,7 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- close
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the running save (publishing it), then releases the
         directory. Idempotent; a failed last save is raised here."""
         try:
@@ -347,17 +298,17 @@ class CheckpointManager:
                     self._m = None
                     _live.discard(self)
 
-    def __enter__(self):
+    def __enter__(self) -> "CheckpointManager":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
             pass
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ckptio.manager.CheckpointManager {self.directory!r}>"

@@ -1,435 +1,148 @@
-"""ckptio for PyTorch: save_file / load_file / safe_open as in safetensors.torch,
-on libckptio through ctypes (no compiled extension).
+"""ckptio for PyTorch, call-compatible with safetensors.torch: save, save_file,
+load, load_file, safe_open, save_model, load_model, storage_ptr and
+storage_size take the same arguments (same names, same defaults) and return
+the same types; ckptio's own options are keyword-only. Beyond safetensors:
+.pt files (format="pt", and torch.save's files on load), CRC32s checked on
+load, asynchronous saves (save_file_async -> SaveHandle), Hugging Face
+sharded sets (save_torch_state_dict), CUDA tensors saved from and loaded to
+the GPU by the library.
 
-Tensor memory goes to the library by pointer (Tensor.data_ptr()); Python
-copies nothing, except that a tensor which is not a plain contiguous strided
-tensor (non-contiguous, or a lazily conjugated / negated view) is first made
-one, and that copy costs the tensor's size on its device. Loads allocate the
-destinations on the requested device (on the CPU placed for O_DIRECT, see
-_mapped.placed) and fill them in one parallel ckptio_reader_load_many, with the
-CRC32s checked.
+    import torch, ckptio.torch as ct
+    ct.save_file({"w": torch.ones(2, 3)}, "m.safetensors", metadata={"step": "7"})
+    tensors = ct.load_file("m.safetensors")            # zero-copy on the CPU
+    with ct.safe_open("m.safetensors", framework="pt") as f:
+        w = f.get_tensor("w")
 
-CUDA tensors are saved from the GPU by the library (device =
-CKPTIO_DEVICE_CUDA(index)); the snapshot is ordered after the work queued on
-each device's current stream (torch.cuda.current_stream) when the save starts.
+Tensor memory goes to the library by pointer; CUDA snapshots are ordered
+after each device's current stream when the save starts (see _torch_io).
 """
 
-import atexit
-import ctypes
-import os
+from __future__ import annotations
+
 import re
-import sys
-import threading
-import weakref
+import tempfile
+from types import TracebackType
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 
 import torch
 
 from . import _lib, _mapped
-from . import CkptioError, ERRORS, _check, _ctx, _options, _dtype_code, _Reader
-from .errors import from_code
+from ._core import MemoryFile, PathLike, scratch_dir
+from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
+from .errors import CkptioError, from_code
+from .torch_slice import TorchSlice
 
-__all__ = ["save_file", "save_file_async", "save_torch_state_dict",
-           "save_torch_state_dict_async", "load_file", "safe_open", "SaveHandle",
+__all__ = ["save", "save_file", "load", "load_file", "safe_open", "save_model", "load_model",
+           "storage_ptr", "storage_size", "save_file_async", "save_torch_state_dict",
+           "save_torch_state_dict_async", "parse_size", "SaveHandle", "TorchSlice",
            "CkptioError", "TORCH_DTYPES"]
 
-# safetensors dtype name -> torch dtype, for every dtype both have. F4 / F6 have
-# no torch dtype (float4_e2m1fn_x2 packs two values per element, so its shape
-# is not the tensor's), and torch's complex32 / complex128 have no safetensors one.
-_TORCH_NAMES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
-    "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
-    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-    "C64": "complex64", "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-}
-# Older torch lacks some (uint16/32/64 came in 2.3, float8_e8m0fnu in 2.7).
-TORCH_DTYPES = {st: getattr(torch, name) for st, name in _TORCH_NAMES.items()
-                if hasattr(torch, name)}
-_NAME_OF = {dt: name for name, dt in TORCH_DTYPES.items()}
 
-_FORMATS = {"safetensors": _lib.FORMAT_SAFETENSORS, "pt": _lib.FORMAT_PYTORCH}
+# ---------------------------------------------------------------- storages
+
+def storage_ptr(tensor: torch.Tensor) -> int:
+    """The address of the tensor's storage (0 when it has none, as a meta
+    tensor), as safetensors.torch.storage_ptr: tensors sharing memory have
+    the same one."""
+    try:
+        return int(tensor.untyped_storage().data_ptr())
+    except (NotImplementedError, RuntimeError):
+        return 0
 
 
-def _code_of(name, cache={}):  # noqa: B006 - a per-process cache of enum values
-    # The enum values come from the library (ckptio_dtype_parse), not a copy.
-    if name not in cache:
-        cache[name] = _dtype_code(name)
-    return cache[name]
-
-
-# ------------------------------------------------------------------ devices
-
-def _cuda_unavailable(device):
-    """Why tensors of `device` (a cuda torch.device) cannot be moved by ckptio
-    here, or None. Both sides must see the GPU: ckptio copies, torch allocates."""
-    why = ctypes.c_char_p()
-    if not _lib.lib().ckptio_ctx_cuda(_ctx(), ctypes.byref(why)):
-        return (why.value or b"CUDA unavailable").decode(errors="replace")
-    if not torch.cuda.is_available():
-        return "CUDA unavailable: torch.cuda.is_available() is False"
-    n = torch.cuda.device_count()
-    if device.index >= n:
-        return f"CUDA device {device.index} does not exist (torch sees {n})"
-    return None
-
-
-def _load_device(device):
-    """The torch.device and the ckptio device code of a load destination."""
-    if isinstance(device, int):
-        device = torch.device("cuda", device)
-    device = torch.device(device)
-    if device.type == "cpu":
-        return device, _lib.DEVICE_HOST
-    if device.type != "cuda":
-        raise ValueError(f"device must be cpu or cuda[:N], got {device}")
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device()
-                              if torch.cuda.is_available() else 0)
-    why = _cuda_unavailable(device)
-    if why:
-        raise from_code(ERRORS["DEVICE"], f"cannot load to {device}: {why}")
-    return device, _lib.device_cuda(device.index)
-
-
-def _before_device_writes(device):
-    """ckptio writes a GPU destination on its own streams. Memory torch.empty
-    just handed out may have been freed by a tensor that kernels queued on the
-    current stream still read (the caching allocator reuses it at once on the
-    same stream), so that stream must drain before ckptio writes over it."""
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+def storage_size(tensor: torch.Tensor) -> int:
+    """The bytes of the tensor's whole storage, as
+    safetensors.torch.storage_size."""
+    try:
+        return int(tensor.untyped_storage().nbytes())
+    except (NotImplementedError, RuntimeError):
+        return tensor.nelement() * tensor.element_size()
 
 
 # --------------------------------------------------------------------- save
 
-def _as_saveable(name, t):
-    """(tensor whose memory is saved, dtype name, device code)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"tensor {name!r}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        raise TypeError(f"tensor {name!r}: {t.layout} tensors are not supported; "
-                        "convert to a dense tensor first")
-    if t.is_quantized or t.is_nested:
-        raise TypeError(f"tensor {name!r}: quantized and nested tensors are not supported")
-    dtype = _NAME_OF.get(t.dtype)
-    if dtype is None:
-        raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors dtype "
-                        f"(supported: {', '.join(str(d) for d in _NAME_OF)})")
-    if t.device.type == "cpu":
-        device = _lib.DEVICE_HOST
-    elif t.device.type == "cuda":
-        device = _lib.device_cuda(t.device.index)
-    else:
-        raise TypeError(f"tensor {name!r}: device {t.device} is not supported (cpu or cuda)")
-    if t.dim() > _lib.MAX_DIMS:
-        raise ValueError(f"tensor {name!r}: {t.dim()} dims, at most {_lib.MAX_DIMS}")
-    # The library reads raw memory: lazy conjugate / negative bits and strides
-    # must be materialised (a copy, on the tensor's device).
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t, dtype, device
-
-
-class _Ops:
-    """The ckptio_writer_* calls a SaveHandle makes: the same for one file
-    and for a set of shards (one writer API)."""
-
-    NAMES = ("set_metadata", "set_stream", "add", "commit_async", "wait_snapshot",
-             "wait_durable", "poll_snapshot", "poll_durable", "progress", "stats", "close",
-             "last_error")
-    _the = None
-
-    def __init__(self):
-        lib = _lib.lib()
-        for name in self.NAMES:
-            setattr(self, name, getattr(lib, f"ckptio_writer_{name}"))
-
-    @classmethod
-    def get(cls):
-        if cls._the is None:
-            cls._the = cls()
-        return cls._the
-
-
-class SaveHandle:
-    """A save running in the background (save_file_async, or a set of shards
-    from save_torch_state_dict_async). It holds the tensors until the save is
-    durable.
-
-    wait_snapshot(): returns once every byte has been copied out of the
-        tensors (into staging or onto disk); from then on they may be modified.
-    wait_durable(): returns once the file is complete, synced and renamed into
-        place, then frees the writer and drops the tensors.
-    done(): True once the save has finished, successfully or not (then
-        wait_durable() returns or raises at once).
-    Both waits raise CkptioError if the save failed, every time they are called.
-    Any thread may call these methods, also concurrently. A handle dropped
-    before the save ended waits for it when collected (or at exit)."""
-
-    def __init__(self, writer, keep, filename, ops=None):
-        self.filename = filename
-        self._ops = ops or _Ops.get()  # the ckptio_writer_* calls
-        self._w = writer
-        self._keep = keep
-        self._cv = threading.Condition()
-        self._active = 0                   # C calls on the writer in flight
-        self._closing = False              # close() began: no new C calls
-        self._closed = threading.Event()   # close() ended: writer freed
-        self._error = None                 # the save's CkptioError, once known
-        self._final_progress = (0, 0)
-        self._final_stats = None
-        _live.add(self)
-
-    def _call(self, fn, block=True):
-        """fn(writer) -> rc on the open writer, recording a failure. None once
-        the writer is being closed (after waiting for that, if block)."""
-        with self._cv:
-            closing = self._closing
-            if not closing:
-                self._active += 1
-        if closing:
-            if block:
-                self._closed.wait()
-            return None
-        try:
-            rc = fn(self._w)
-            if rc is not None and rc < 0:
-                self._record(rc, self._ops.last_error(self._w))
-            return rc
-        finally:
-            with self._cv:
-                self._active -= 1
-                self._cv.notify_all()
-
-    def _record(self, rc, detail=None):
-        try:
-            _check(rc, f"cannot save {self.filename}", detail)
-        except CkptioError as e:
-            with self._cv:
-                if self._error is None:
-                    self._error = e
-
-    def _raise(self):
-        if self._error is not None:
-            raise self._error
-
-    def wait_snapshot(self):
-        """Blocks until the tensors may be modified. Raises CkptioError."""
-        self._call(self._ops.wait_snapshot)
-        self._raise()
-
-    def wait_durable(self):
-        """Blocks until the file is durable, then releases the writer and the
-        tensors. Raises CkptioError."""
-        self._call(self._ops.wait_durable)
-        self.close()
-        self._raise()
-
-    def done(self):
-        """True when the save has finished (durable, or failed). Never blocks."""
-        rc = self._call(self._ops.poll_durable, block=False)
-        return self._closed.is_set() if rc is None else rc != 0
-
-    def snapshot_done(self):
-        """True when wait_snapshot() would return at once. Never blocks."""
-        rc = self._call(self._ops.poll_snapshot, block=False)
-        return self._closed.is_set() if rc is None else rc != 0
-
-    def progress(self):
-        """(bytes of tensor data written so far, bytes in all)."""
-        done, total = ctypes.c_uint64(), ctypes.c_uint64()
-        rc = self._call(lambda w: self._ops.progress(
-            w, ctypes.byref(done), ctypes.byref(total)) or 0)
-        return self._final_progress if rc is None else (done.value, total.value)
-
-    def stats(self):
-        """Where the save's time went (ckptio_writer_stats; for a set of
-        shards, summed over the shards) as a dict: bytes,
-        seconds (wall, commit to durable), snapshot_seconds, and the busy
-        seconds of each stage summed over the workers (device, copy, write,
-        commit), threads, staging_bytes. While the save runs, the figures so
-        far; after close, those of the whole save."""
-        box = []
-
-        def get(w):
-            box.append(_mapped.stats(_lib.lib(), self._ops.stats, w))
-            return 0
-        rc = self._call(get)
-        return self._final_stats if rc is None else box[0]
-
-    def close(self):
-        """Waits for the save, frees the writer, drops the tensors. Idempotent;
-        raises nothing (wait_durable reports the outcome)."""
-        with self._cv:
-            first = not self._closing
-            self._closing = True
-            while first and self._active:  # calls in flight end by durable at the latest
-                self._cv.wait()
-        if not first:
-            self._closed.wait()
-            return
-        ops = self._ops
-        done, total = ctypes.c_uint64(), ctypes.c_uint64()
-        ops.progress(self._w, ctypes.byref(done), ctypes.byref(total))
-        self._final_progress = (done.value, total.value)
-        ops.wait_durable(self._w)  # the stats of the whole save
-        self._final_stats = _mapped.stats(_lib.lib(), ops.stats, self._w)
-        rc = ops.close(self._w)  # the save's outcome
-        if rc < 0:
-            self._record(rc, ops.close_detail() if hasattr(ops, "close_detail") else None)
-        self._w = None
-        self._keep = None
-        _live.discard(self)
-        self._closed.set()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, *exc):
-        if exc_type is None:
-            self.wait_durable()
-        else:
-            self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
-            pass
-
-    def __repr__(self):
-        state = "closed" if self._closed.is_set() else "open"
-        return f"<ckptio.torch.SaveHandle {self.filename!r} {state}>"
-
-
-# Handles whose writer is open: the context must not be freed under them at
-# exit. Registered after the context's own atexit hook, so it runs before it.
-_live = weakref.WeakSet()
-_atexit_lock = threading.Lock()
-_atexit_done = False
-
-
-def _close_live():
-    for h in list(_live):
-        h.close()
-
-
-def _register_atexit():
-    global _atexit_done
-    with _atexit_lock:
-        if not _atexit_done:
-            atexit.register(_close_live)
-            _atexit_done = True
-
-
-def _plan(tensors, metadata):
-    """Checks everything (and copies non-contiguous tensors) before a writer
-    exists, so a bad input costs no file work: [(name, tensor, dtype name,
-    device code)], [(key, value)], {device code: the CUDA stream to order
-    after}."""
-    if sys.byteorder != "little":
-        raise NotImplementedError("ckptio.torch needs a little-endian host")
-    if not isinstance(tensors, dict):
-        raise TypeError("tensors must be a dict of str -> torch.Tensor, "
-                        f"got {type(tensors).__name__}")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
-    plan = []
-    for name, t in tensors.items():
-        if not isinstance(name, str):
-            raise TypeError(f"tensor names must be str, got {name!r}")
-        plan.append((name, *_as_saveable(name, t)))
-    meta = []
-    for key, value in (metadata or {}).items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
-        meta.append((key, value))
-    # The stream each device's tensors were produced on, read now: it is the
-    # caller's current stream at the time of the save call.
-    streams = {}
-    for name, t, dtype, device in plan:
-        if device != _lib.DEVICE_HOST and device not in streams:
-            streams[device] = torch.cuda.current_stream(t.device).cuda_stream
-    return plan, meta, streams
-
-
-def _start(opener, path, crc, open_args, plan, meta, streams):
-    """Opens a writer with `opener` ("open" or "open_sharded":
-    ckptio_writer_<opener>(ctx, path, *open_args, opts, &w)), fills it and
-    starts its commit: a SaveHandle. On failure the writer is closed
-    (uncommitted: nothing written)."""
-    lib = _lib.lib()
-    ctx = _ctx()
-    _register_atexit()
-    ops = _Ops.get()
-    fspath = os.fsencode(os.fspath(path))
-    shown = os.fsdecode(fspath)
-    opts = _options(ctx, crc)
-    w = ctypes.c_void_p()
-    _check(getattr(lib, f"ckptio_writer_{opener}")(ctx, fspath, *open_args, ctypes.byref(opts),
-                                                    ctypes.byref(w)),
-           f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
-    return _fill_and_commit(w, shown, plan, meta, streams, ops)
-
-
-def _fill_and_commit(w, shown, plan, meta, streams, ops):
-    """Fills the open writer `w` from _plan's output and starts its commit: a
-    SaveHandle making its calls through `ops` (an _Ops, or one whose close
-    also ends a managed save; see ckptio/manager.py). On failure the writer
-    is closed with ops.close (uncommitted: nothing written)."""
-    _register_atexit()
-    try:
-        for key, value in meta:
-            _check(ops.set_metadata(w, key.encode(), value.encode()),
-                   f"{shown}: metadata {key!r}", ops.last_error(w))
-        for device, stream in streams.items():
-            _check(ops.set_stream(w, device, stream),
-                   f"{shown}: CUDA stream of device {device - 1}", ops.last_error(w))
-        for name, t, dtype, device in plan:
-            shape = tuple(t.shape)
-            desc = _lib.Tensor_(name.encode(), _code_of(dtype), len(shape),
-                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
-            _check(ops.add(w, ctypes.byref(desc)), f"{shown}: tensor {name!r}",
-                   ops.last_error(w))
-        _check(ops.commit_async(w), f"cannot save {shown}", ops.last_error(w))
-    except BaseException:
-        ops.close(w)
-        raise
-    # The tensors (and the contiguous copies made by _plan) stay referenced by
-    # the handle until the save is durable.
-    return SaveHandle(w, [t for _, t, _, _ in plan], shown, ops)
-
-
-def save_file_async(tensors, filename, metadata=None, format="safetensors", crc=True):
+def save_file_async(tensors: Mapping[str, torch.Tensor], filename: PathLike,
+                    metadata: Optional[Dict[str, str]] = None, *, format: str = "safetensors",
+                    crc: bool = True) -> SaveHandle:
     """Starts saving `tensors` (a dict of str -> torch.Tensor) at `filename`
     and returns a SaveHandle at once; see save_file for the arguments. Do not
     modify the tensors until handle.wait_snapshot() returns; the file exists
     (atomically) once handle.wait_durable() returns."""
-    if format not in _FORMATS:
-        raise ValueError(f"format must be one of {sorted(_FORMATS)}, got {format!r}")
-    plan, meta, streams = _plan(tensors, metadata)
-    return _start("open", filename, crc, (_FORMATS[format],), plan, meta, streams)
+    code = _lib.format_code(format)
+    return start("open", filename, crc, (code,), plan(tensors, metadata))
 
 
-def save_file(tensors, filename, metadata=None, format="safetensors", crc=True):
+def save_file(tensors: Mapping[str, torch.Tensor], filename: PathLike,
+              metadata: Optional[Dict[str, str]] = None, *, format: str = "safetensors",
+              crc: bool = True) -> None:
     """Saves a dict of str -> torch.Tensor at `filename`, atomically (nothing
-    appears there unless the whole save succeeds).
+    appears there unless the whole save succeeds), as
+    safetensors.torch.save_file does.
 
-    format: "safetensors", or "pt" for a torch.save zip archive that
-        torch.load(weights_only=True) opens (a dict of the tensors).
     metadata: dict of str -> str (safetensors __metadata__; in "pt" files a
         separate record that torch.load ignores).
+    Keyword-only, ckptio's own:
+    format: "safetensors", or "pt" for a torch.save zip archive that
+        torch.load(weights_only=True) opens (a dict of the tensors).
     crc: record a CRC32 of every tensor (checked by load_file).
     Tensors on CPU or CUDA devices, any dtype in TORCH_DTYPES, up to 8 dims.
     Contiguous tensors are read in place; others are first copied by
     .contiguous() (and conjugate / negative views resolved)."""
-    handle = save_file_async(tensors, filename, metadata=metadata, format=format, crc=crc)
-    handle.wait_durable()
+    save_file_async(tensors, filename, metadata, format=format, crc=crc).wait_durable()
+
+
+def save(tensors: Mapping[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
+         format: str = "safetensors", crc: bool = True) -> bytes:
+    """The bytes of the file save_file would write, as safetensors.torch.save
+    (the file is written in memory, /dev/shm, and read back)."""
+    with tempfile.TemporaryDirectory(prefix="ckptio-save-", dir=scratch_dir()) as tmp:
+        path = f"{tmp}/m"
+        save_file(tensors, path, metadata, format=format, crc=crc)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _shared_groups(state: Mapping[str, torch.Tensor]) -> List[List[str]]:
+    """Names of tensors that share one storage, in groups of two or more."""
+    by_storage: Dict[Tuple[str, int], List[str]] = {}
+    for name, t in state.items():
+        ptr = storage_ptr(t)
+        if ptr:
+            by_storage.setdefault((str(t.device), ptr), []).append(name)
+    return [sorted(group) for group in by_storage.values() if len(group) > 1]
+
+
+def _covers_storage(t: torch.Tensor) -> bool:
+    return (t.data_ptr() == storage_ptr(t)
+            and t.nelement() * t.element_size() == storage_size(t))
+
+
+def save_model(model: torch.nn.Module, filename: PathLike,
+               metadata: Optional[Dict[str, str]] = None, force_contiguous: bool = True, *,
+               format: str = "safetensors", crc: bool = True) -> None:
+    """Saves model.state_dict() at `filename`, as safetensors.torch.save_model:
+    of tensors that share one storage (tied weights) only one is saved, the
+    first by name of those covering the whole storage, and each dropped name
+    is recorded in the metadata as dropped name -> kept name (unless the
+    caller's metadata has that key); load_model restores them. When none of
+    a group covers its storage, all are saved (ckptio stores each tensor's
+    own bytes; safetensors refuses such a model). force_contiguous: save
+    .contiguous() copies (ckptio copies non-contiguous tensors anyway).
+    format and crc as save_file's."""
+    state = dict(model.state_dict())
+    meta = dict(metadata or {})
+    for group in _shared_groups(state):
+        whole = [name for name in group if _covers_storage(state[name])]
+        if not whole:
+            continue
+        keep = whole[0]
+        for name in group:
+            if name != keep:
+                meta.setdefault(name, keep)
+                del state[name]
+    if force_contiguous:
+        state = {k: v.contiguous() for k, v in state.items()}
+    save_file(state, filename, meta or metadata, format=format, crc=crc)
 
 
 # ------------------------------------------------------------ sharded save
@@ -440,12 +153,12 @@ _SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]I?B)\s*", re.IGNORECASE)
 
 
-def parse_size(size):
+def parse_size(size: Union[int, str]) -> int:
     """Bytes from an int or a string such as "5GB" / "500MB" / "2GiB": KB, MB,
     GB, TB are powers of 1000 and a value may have a fraction ("1.5GB" =
     1500000000), as huggingface_hub's parse_size_to_int; KiB, MiB, GiB, TiB
     powers of 1024. Units are case-insensitive. ValueError for anything else
-    or a size under 1 byte."""
+    or a size under 1 byte; TypeError for a float or None."""
     if isinstance(size, bool) or not isinstance(size, (int, str)):
         raise TypeError(f"max_shard_size must be an int (bytes) or a str such as '5GB', "
                         f"got {type(size).__name__}")
@@ -465,8 +178,10 @@ def parse_size(size):
     return value
 
 
-def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", metadata=None,
-                                prefix="model", crc=True):
+def save_torch_state_dict_async(tensors: Mapping[str, torch.Tensor], save_directory: PathLike,
+                                max_shard_size: Union[int, str] = "5GB",
+                                metadata: Optional[Dict[str, str]] = None,
+                                prefix: str = "model", crc: bool = True) -> SaveHandle:
     """Starts a sharded save of `tensors` into the existing directory
     `save_directory` and returns a SaveHandle at once (the same methods as
     save_file_async's; handle.filename is the directory). See
@@ -474,20 +189,21 @@ def save_torch_state_dict_async(tensors, save_directory, max_shard_size="5GB", m
     limit = parse_size(max_shard_size)
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
-    plan, meta, streams = _plan(tensors, metadata)
+    p = plan(tensors, metadata)
     # As huggingface_hub: every shard says format=pt (transformers requires
     # it); the caller's metadata may set another.
-    if all(key != "format" for key, _ in meta):
-        meta.insert(0, ("format", "pt"))
+    if all(key != "format" for key, _ in p.meta):
+        p.meta.insert(0, ("format", "pt"))
     # The shards huggingface_hub's split_torch_state_dict_into_shards cuts:
     # the library's CKPTIO_SHARD_ORDER_HF over the dict's order.
-    return _start("open_sharded", save_directory, crc,
-                  (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit, _lib.SHARD_ORDER_HF),
-                  plan, meta, streams)
+    return start("open_sharded", save_directory, crc,
+                 (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit, _lib.SHARD_ORDER_HF), p)
 
 
-def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadata=None,
-                          prefix="model", crc=True):
+def save_torch_state_dict(tensors: Mapping[str, torch.Tensor], save_directory: PathLike,
+                          max_shard_size: Union[int, str] = "5GB",
+                          metadata: Optional[Dict[str, str]] = None, prefix: str = "model",
+                          crc: bool = True) -> None:
     """Saves a dict of str -> torch.Tensor into `save_directory` (which must
     exist) as a Hugging Face sharded set, like huggingface_hub's
     save_torch_state_dict: {prefix}-00001-of-0000N.safetensors ... each
@@ -511,125 +227,82 @@ def save_torch_state_dict(tensors, save_directory, max_shard_size="5GB", metadat
 
 # --------------------------------------------------------------------- load
 
-def _numel_size(shape, dtype):
-    """Elements of `shape` and bytes of one `dtype` element."""
-    numel = 1
-    for d in shape:
-        numel *= d
-    return numel, torch.empty((), dtype=dtype).element_size()
+def _mmap_of(backend: str, mmap: Optional[bool]) -> bool:
+    if backend not in ("mmap", "pread"):
+        raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
+    return backend == "mmap" if mmap is None else bool(mmap)
 
 
-class _TorchReader(_Reader):
-    def __init__(self, path, device, mmap=False):
-        self.device, self.code = _load_device(device)
-        super().__init__(path, crc=True, mapped=mmap and self.device.type == "cpu")
-        self.entries = None
+def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "mmap",
+              mmap: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+    """Loads every tensor of a safetensors or torch.save (.pt) file (or a
+    sharded set: its index or directory) onto `device` ("cpu", "cuda",
+    "cuda:N", an int N, or a torch.device), as safetensors.torch.load_file:
+    a dict of str -> torch.Tensor in file order. Recorded CRC32s are checked
+    before anything is returned; a mismatch raises ChecksumError.
 
-    def index(self):
-        if self.entries is None:
-            self.entries = self.infos()
-            self.by_name = {info.name.decode(): i for i, info in enumerate(self.entries)}
-        return self.entries
-
-    def empty(self, i):
-        """A torch.empty destination for tensor i, and its load request."""
-        info = self.entries[i]
-        name = info.name.decode()
-        dtype_name = self.lib.ckptio_dtype_name(info.dtype).decode()
-        dtype = TORCH_DTYPES.get(dtype_name)
-        where = os.fsdecode(self.path)
-        if dtype is None:
-            raise from_code(ERRORS["DTYPE"],
-                              f"{where}: tensor {name!r} is {dtype_name}, which has no torch "
-                              "dtype; ckptio.load_file (numpy) returns its raw bytes")
-        shape = tuple(info.shape[:info.ndim])
-        numel, size = _numel_size(shape, dtype)
-        if numel * size != info.nbytes:
-            raise from_code(ERRORS["TENSOR_INFO"],
-                              f"{where}: tensor {name!r}: {dtype_name} "
-                              f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
-        place = _mapped.placed(info.nbytes, info.offset, size) if self.device.type == "cpu" else None
-        if place is not None:
-            t = torch.frombuffer(place[0], dtype=dtype, count=numel, offset=place[1]).view(shape)
-        else:
-            t = torch.empty(shape, dtype=dtype, device=self.device)
-        return name, t, _lib.LoadRequest(i, t.data_ptr(), info.nbytes, self.code)
-
-    def load(self, indices, mmap=False):
-        """New tensors for `indices`; with mmap (CPU only), views of a private
-        mapping of the file where possible (see load_file), the rest copied."""
-        mapping = None
-        if mmap and indices and self.device.type == "cpu":
-            mapping = _mapped.map_file(self)
-        out, reqs, n = {}, (_lib.LoadRequest * max(len(indices), 1))(), 0
-        for i in indices:
-            view = self.view(i, mapping) if mapping is not None else None
-            if view is not None:
-                out[self.entries[i].name.decode()] = view
-                continue
-            name, t, reqs[n] = self.empty(i)
-            out[name] = t
-            n += 1
-        if n:
-            _before_device_writes(self.device)
-            self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, n), "load")
-        return out
-
-    def view(self, i, mapping):
-        """Tensor i as a view of the mapping, or None when it must be copied."""
-        info = self.entries[i]
-        dtype = TORCH_DTYPES.get(self.lib.ckptio_dtype_name(info.dtype).decode())
-        if dtype is None:
-            return None  # empty() names the missing dtype
-        shape = tuple(info.shape[:info.ndim])
-        numel, size = _numel_size(shape, dtype)
-        if numel * size != info.nbytes or not _mapped.viewable(self, i, info, size):
-            return None
-        # torch.frombuffer keeps `mapping` alive for as long as the tensor (or
-        # any view of it) lives. A writable buffer: no read-only warning.
-        return torch.frombuffer(mapping, dtype=dtype, count=numel, offset=info.offset).view(shape)
-
-    def metadata(self):
-        out = {}
-        for i in range(self.lib.ckptio_reader_metadata_count(self.handle)):
-            key, value = ctypes.c_char_p(), ctypes.c_char_p()
-            self.check(self.lib.ckptio_reader_metadata_at(
-                self.handle, i, ctypes.byref(key), ctypes.byref(value)), f"metadata {i}")
-            out[key.value.decode()] = value.value.decode()
-        return out
-
-
-def load_file(filename, device="cpu", mmap=True):
-    """Loads every tensor of a safetensors or torch.save (.pt) file onto
-    `device` ("cpu", "cuda", "cuda:N", an int N, or a torch.device): a dict
-    of str -> torch.Tensor in file order. Recorded CRC32s are checked before
-    anything is returned; a mismatch raises CkptioError (code
-    ERRORS["CHECKSUM"]).
-
-    On the CPU with mmap=True (the default, as safetensors.torch.load_file):
-    the tensors are views of one private copy-on-write mapping of the file
-    (MAP_PRIVATE), no bytes copied. They may be written (writes never reach
-    the file); a file saved over the path later by an atomic rename (every
-    ckptio save) does not change them; the mapping is unmapped when the last
-    tensor goes, the reader is closed at once. The price, shared with
-    safetensors' and torch.load(mmap=True)'s results: another program that
-    truncates or rewrites the file in place (torch.save or
-    safetensors.torch.save_file to the same path) while the tensors live
-    makes reading them raise SIGBUS or see the new bytes. Pass mmap=False for
-    tensors in fresh memory, independent of the file (parallel preads, about
-    half the speed from a warm cache). Strided views and big-endian entries of
-    .pt files, and misaligned tensors, are always copied. A sharded set (an
-    index or its directory) maps each shard on its own; a compressed file is
-    always copied. mmap has no effect for a CUDA device."""
-    with _TorchReader(filename, device, mmap) as r:
-        shards = r.shards() if mmap and r.device.type == "cpu" else []
+    On the CPU with backend="mmap" (the default, as safetensors): the tensors
+    are views of one private copy-on-write mapping of the file (MAP_PRIVATE),
+    no bytes copied. They may be written (writes never reach the file); a
+    file saved over the path later by an atomic rename (every ckptio save)
+    does not change them; the mapping is unmapped when the last tensor goes,
+    the reader is closed at once. The price, shared with safetensors' and
+    torch.load(mmap=True)'s results: another program that truncates or
+    rewrites the file in place (torch.save or safetensors.torch.save_file to
+    the same path) while the tensors live makes reading them raise SIGBUS or
+    see the new bytes. backend="pread" gives tensors in fresh memory,
+    independent of the file (parallel reads, about half the speed from a
+    warm cache). mmap (keyword-only, ckptio's older spelling: True is
+    "mmap", False "pread") overrides backend when given. Strided views and
+    big-endian entries of .pt files, and misaligned tensors, are always
+    copied. A sharded set maps each shard on its own; a compressed file is
+    always copied. The backend has no effect for a CUDA device."""
+    mapped = _mmap_of(backend, mmap)
+    with TorchReader(filename, device, mapped) as r:
+        shards = r.shards() if mapped and r.device.type == "cpu" else []
         if not shards:
-            return r.load(range(len(r.index())), mmap=mmap)
+            return r.load(range(len(r.index())), mmap=mapped)
     # A sharded set, checked as a set on open: each shard mapped on its own.
-    out = {}
+    out: Dict[str, torch.Tensor] = {}
     for shard in shards:
-        out.update(load_file(shard, device, mmap))
+        out.update(load_file(shard, device, mmap=mapped))
     return out
+
+
+def load(data: bytes) -> Dict[str, torch.Tensor]:
+    """Loads the tensors of a safetensors (or .pt) file held in `data`, as
+    safetensors.torch.load: a dict of str -> CPU torch.Tensor, independent of
+    `data` (CRC32s checked)."""
+    with MemoryFile(data) as mem:
+        return load_file(mem.path)
+
+
+def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
+               device: Device = "cpu", *, backend: str = "mmap") -> Tuple[List[str], List[str]]:
+    """Loads a file written by save_model (or any file of the model's
+    tensors) into `model`, as safetensors.torch.load_model: a name dropped by
+    save_model because it shares storage with a saved one counts as loaded.
+    Returns (missing, unexpected): the model's names the file did not set,
+    the file's names the model lacks; with strict, either raises
+    RuntimeError naming them (as torch's load_state_dict)."""
+    state = load_file(filename, device, backend=backend)
+    shared = _shared_groups(model.state_dict())
+    result = model.load_state_dict(state, strict=False)
+    missing: Set[str] = set(result.missing_keys)
+    unexpected: List[str] = list(result.unexpected_keys)
+    for group in shared:
+        if any(name in state for name in group):
+            missing.difference_update(group)
+    if strict and (missing or unexpected):
+        error = f"Error(s) in loading state_dict for {type(model).__name__}:"
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join(
+                f'"{k}"' for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+                f'"{k}"' for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return sorted(missing), unexpected
 
 
 class safe_open:
@@ -639,85 +312,96 @@ class safe_open:
             for name in f.keys():
                 t = f.get_tensor(name)   # loaded (and CRC-checked) on demand
 
-    framework must be "pt" (or "torch"). get_slice(name) reads parts of a
-    tensor (one dimension's start:stop; see ckptio/torch_slice.py)."""
+    framework must be "pt" (or "torch"); it defaults to "pt" (safetensors
+    requires it). device as load_file's; backend is get_tensors'.
+    get_slice(name) reads parts of a tensor (one dimension's start:stop; see
+    ckptio/torch_slice.py)."""
 
-    def __init__(self, filename, framework="pt", device="cpu"):
+    def __init__(self, filename: PathLike, framework: str = "pt", device: Device = "cpu", *,
+                 backend: str = "mmap") -> None:
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
-                             f"got {framework!r} (ckptio.load_file serves numpy)")
-        self._r = None
-        r = _TorchReader(filename, device)
+                             f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
+        self._mmap = _mmap_of(backend, None)
+        self._r: Optional[TorchReader] = None
+        r = TorchReader(filename, device)
         try:
             r.index()
         except BaseException:
-            r.__exit__(None, None, None)
+            r.close()
             raise
         self._r = r
 
-    def __enter__(self):
+    def __enter__(self) -> "safe_open":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         self.close()
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the file (also on leaving the with block)."""
         if self._r is not None:
-            self._r.__exit__(None, None, None)
+            self._r.close()
             self._r = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
             pass
 
-    def _reader(self):
+    def _reader(self) -> TorchReader:
         if self._r is None:
             raise ValueError("safe_open: the file is closed")
         return self._r
 
-    def keys(self):
+    def _index(self, name: str) -> int:
+        r = self._reader()
+        i = r.by_name.get(name)
+        if i is None:
+            raise from_code(_lib.ERRORS["NOT_FOUND"], f"{r.shown}: no tensor named {name!r}")
+        return i
+
+    def keys(self) -> List[str]:
         """Tensor names, sorted (as safetensors returns them)."""
         return sorted(self._reader().by_name)
 
-    def offset_keys(self):
+    def offset_keys(self) -> List[str]:
         """Tensor names in file order."""
         return [info.name.decode() for info in self._reader().entries]
 
-    def metadata(self):
+    def metadata(self) -> Optional[Dict[str, str]]:
         """The file's metadata (str -> str), or None when it has none. ckptio's
         CRC entries are not included."""
         return self._reader().metadata() or None
 
-    def format(self):
+    def format(self) -> str:
         """"safetensors", "pytorch", or "safetensors-sharded" (an index or
         a directory of shards)."""
-        return self._reader().lib.ckptio_reader_format(self._reader().handle).decode()
+        return self._reader().format()
 
-    def get_tensor(self, name):
-        """Loads one tensor (CRC-checked) into a new tensor on the device."""
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """Loads one tensor (CRC-checked) into a new tensor on the device;
+        TensorNotFoundError (a KeyError) when the file has none of that name."""
+        i = self._index(name)
+        return self._reader().load([i])[name]
+
+    def get_tensors(self) -> Dict[str, torch.Tensor]:
+        """Every tensor, in file order, CRC-checked: as load_file with this
+        file's device and backend (on the CPU with "mmap", views of one
+        mapping of a single file)."""
         r = self._reader()
-        i = r.by_name.get(name)
-        if i is None:
-            raise from_code(ERRORS["NOT_FOUND"],
-                              f"{os.fsdecode(r.path)}: no tensor named {name!r}")
-        return r.load([i])[name]
+        return r.load(range(len(r.entries)), mmap=self._mmap and not r.shards())
 
-    def stats(self):
+    def stats(self) -> Optional[Dict[str, Any]]:
         """Stage timings of the last get_tensor (ckptio_reader_stats) as a
         dict: bytes, seconds (wall), copy_seconds / device_seconds (busy,
         summed over the workers), threads, staging_bytes."""
         r = self._reader()
         return _mapped.stats(r.lib, r.lib.ckptio_reader_stats, r.handle)
 
-    def get_slice(self, name):
+    def get_slice(self, name: str) -> TorchSlice:
         """A TorchSlice of the tensor (ckptio/torch_slice.py): get_shape(),
         get_dtype(), and [...] reading only one dimension's start:stop."""
-        from .torch_slice import TorchSlice
-        r = self._reader()
-        i = r.by_name.get(name)
-        if i is None:
-            raise from_code(ERRORS["NOT_FOUND"],
-                              f"{os.fsdecode(r.path)}: no tensor named {name!r}")
-        return TorchSlice(r, i)
+        return TorchSlice(self._reader(), self._index(name))

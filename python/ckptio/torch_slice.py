@@ -14,13 +14,16 @@ dropped, as in torch), start:stop slices (clamped like Python's), ':' and
 tensor's CRC32; `verified` says whether the last one was (only a slice
 that is the whole tensor is)."""
 
+from __future__ import annotations
+
 import ctypes
-import os
+import operator
+from typing import Any, List, Optional, SupportsIndex, Tuple
 
 import torch
 
 from . import _lib
-from . import ERRORS
+from ._torch_io import TORCH_DTYPES, TorchReader, before_device_writes
 from .errors import from_code
 
 __all__ = ["TorchSlice"]
@@ -30,42 +33,43 @@ class TorchSlice:
     """One tensor of an open file, loaded a slice at a time. Valid while the
     safe_open it came from is open."""
 
-    def __init__(self, reader, index):
+    def __init__(self, reader: TorchReader, index: int) -> None:
         self._r = reader
         self._i = index
         info = reader.entries[index]
         self.name = info.name.decode()
-        self._shape = tuple(info.shape[:info.ndim])
-        self._dtype_name = reader.lib.ckptio_dtype_name(info.dtype).decode()
-        self.verified = None    # of the last load: True / False; None before any
-        self.bytes_read = None  # of the last load: bytes taken from the file
+        self._shape: Tuple[int, ...] = tuple(info.shape[:info.ndim])
+        self._dtype_name = reader.dtype_name(info)
+        self.verified: Optional[bool] = None   # of the last load; None before any
+        self.bytes_read: Optional[int] = None  # of the last load: bytes taken from the file
 
-    def get_shape(self):
+    def get_shape(self) -> List[int]:
         """The tensor's shape, as a list (safetensors' get_slice API)."""
         return list(self._shape)
 
-    def get_dtype(self):
+    def get_dtype(self) -> str:
         """The safetensors dtype name ("F32", "BF16", ...)."""
         return self._dtype_name
 
     @property
-    def shape(self):
+    def shape(self) -> torch.Size:
+        """The tensor's shape."""
         return torch.Size(self._shape)
 
     @property
-    def dtype(self):
-        from .torch import TORCH_DTYPES
+    def dtype(self) -> Optional[torch.dtype]:
+        """The torch dtype, or None when torch has none (F4, F6)."""
         return TORCH_DTYPES.get(self._dtype_name)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if not self._shape:
             raise TypeError("len() of a 0-d tensor")
         return self._shape[0]
 
-    def _where(self):
-        return f"{os.fsdecode(self._r.path)}: tensor {self.name!r}"
+    def _where(self) -> str:
+        return f"{self._r.shown}: tensor {self.name!r}"
 
-    def _parse(self, key):
+    def _parse(self, key: Any) -> Tuple[Optional[int], int, int, bool]:
         """(dim, start, stop, drop) of a key; dim None for the whole tensor."""
         keys = key if isinstance(key, tuple) else (key,)
         nd = len(self._shape)
@@ -79,7 +83,7 @@ class TorchSlice:
             keys = keys[:at] + (slice(None),) * fill + keys[at + 1:]
         if len(keys) > nd:
             raise IndexError(f"too many indices for tensor of dimension {nd}")
-        cut = None
+        cut: Optional[Tuple[int, int, int, bool]] = None
         for d, k in enumerate(keys):
             size = self._shape[d]
             if isinstance(k, slice):
@@ -91,8 +95,8 @@ class TorchSlice:
                 if (start, stop) == (0, size):
                     continue
                 part = (d, start, stop, False)
-            elif isinstance(k, int) or (hasattr(k, "__index__") and not isinstance(k, bool)):
-                i = k.__index__()
+            elif not isinstance(k, bool) and isinstance(k, (int, SupportsIndex)):
+                i = operator.index(k)
                 if not -size <= i < size:
                     raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
                 i %= size
@@ -106,14 +110,15 @@ class TorchSlice:
             cut = part
         return cut if cut is not None else (None, 0, 0, False)
 
-    def __getitem__(self, key):
-        from .torch import TORCH_DTYPES, _before_device_writes
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        """The slice `key` of the tensor, read from the file (see the
+        module's docstring for the keys)."""
         r = self._r
         if r.handle is None:
             raise ValueError("get_slice: the file is closed")
         dtype = TORCH_DTYPES.get(self._dtype_name)
         if dtype is None:
-            raise from_code(ERRORS["DTYPE"], f"{self._where()} is {self._dtype_name}, which has "
+            raise from_code(_lib.ERRORS["DTYPE"], f"{self._where()} is {self._dtype_name}, which has "
                               "no torch dtype")
         dim, start, stop, drop = self._parse(key)
         if dim is None:  # the whole tensor, through dim 0 so the CRC is checked
@@ -126,18 +131,18 @@ class TorchSlice:
         nbytes = r.check(r.lib.ckptio_reader_slice_nbytes(r.handle, self._i, dim, start, stop),
                          f"slice of {self.name!r}")
         if nbytes != out.numel() * out.element_size():
-            raise from_code(ERRORS["TENSOR_INFO"], f"{self._where()}: slice is {nbytes} bytes, "
+            raise from_code(_lib.ERRORS["TENSOR_INFO"], f"{self._where()}: slice is {nbytes} bytes, "
                               f"torch says {out.numel() * out.element_size()}")
         req = _lib.SliceRequest(self._i, dim, start, stop, out.data_ptr() if nbytes else None,
                                 nbytes, r.code, 0, 0)
-        _before_device_writes(r.device)
+        before_device_writes(r.device)
         r.check(r.lib.ckptio_reader_load_slices(r.handle, ctypes.byref(req), 1),
                 f"slice {start}:{stop} of dim {dim} of {self.name!r}")
         self.verified = bool(req.verified)
         self.bytes_read = req.bytes_read
         return out.squeeze(dim) if drop else out
 
-    def plan(self, dim, rank, nranks):
+    def plan(self, dim: int, rank: int, nranks: int) -> Tuple[int, int, List[Tuple[int, int, int]]]:
         """What rank `rank` of `nranks` reads when the tensor is split on
         `dim` by torch.chunk's rule: (start, stop, [(file, offset, length)])."""
         r = self._r
@@ -150,5 +155,5 @@ class TorchSlice:
                                               ranges, n), f"plan of {self.name!r}")
         return start.value, stop.value, [(x.file, x.offset, x.length) for x in ranges[:n]]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ckptio.torch.TorchSlice {self.name!r} {self._dtype_name} {list(self._shape)}>"

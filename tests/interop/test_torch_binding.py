@@ -123,7 +123,7 @@ def test_dtype_table_matches_torch_and_the_library():
     assert {k: dtype_id(v) for k, v in ct.TORCH_DTYPES.items()} == EXPECTED
     lib = ckptio._lib.lib()
     for name, dt in ct.TORCH_DTYPES.items():
-        code = ckptio._dtype_code(name)
+        code = ckptio._core.dtype_code(name)
         assert lib.ckptio_dtype_name(code).decode() == name
         assert lib.ckptio_dtype_bits(code) == 8 * torch.empty((), dtype=dt).element_size(), name
 
@@ -404,7 +404,7 @@ def test_async_failure_is_raised_by_every_wait(tmp_path):
 # ------------------------------------------------------------ CUDA
 
 def cuda_usable():
-    return torch.cuda.is_available() and ct._cuda_unavailable(torch.device("cuda", 0)) is None
+    return torch.cuda.is_available() and ckptio._torch_io.cuda_unavailable(torch.device("cuda", 0)) is None
 
 
 def test_cuda_device(tmp_path):

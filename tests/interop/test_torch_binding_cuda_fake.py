@@ -126,7 +126,7 @@ class FakeGPUs:
     """Two fake GPUs seen through torch: allocations, streams, the calls made."""
 
     def __init__(self, monkeypatch):
-        self.ctx = ckptio._ctx()
+        self.ctx = ckptio._core.ctx()
         self.allocs = []  # (ckptio device code, ptr)
         self.streams = {i: FakeStream(torch.device("cuda", i)) for i in (0, 1)}
         self.stream_calls = []

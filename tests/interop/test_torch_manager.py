@@ -163,8 +163,8 @@ def test_binding_matches_header_layout():
     if not exe:
         pytest.skip("CKPTIO_ABI_LAYOUT not set: run through ctest")
     layout = json.loads(subprocess.run([exe], check=True, capture_output=True, text=True).stdout)
-    for cname, cls in {"ckptio_manager_options": cm._ManagerOptions,
-                       "ckptio_checkpoint_info": cm._CheckpointInfo}.items():
+    for cname, cls in {"ckptio_manager_options": ckptio._lib.ManagerOptions,
+                       "ckptio_checkpoint_info": ckptio._lib.CheckpointInfo_}.items():
         assert ctypes.sizeof(cls) == layout["sizeof"][cname], cname
         c_fields = {k.split(".", 1)[1]: v for k, v in layout["fields"].items()
                     if k.startswith(cname + ".")}

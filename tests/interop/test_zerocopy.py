@@ -84,7 +84,7 @@ def mapped(t, path):
 
 def info(path, name):
     """ckptio's index entry of one tensor (offset, nbytes, ...)."""
-    with ckptio._Reader(path) as r:
+    with ckptio._core.Reader(path) as r:
         for i in r.infos():
             if i.name.decode() == name:
                 return i
@@ -159,7 +159,7 @@ def test_a_sharded_set_loads_as_views_of_each_shard(tmp_path):
         assert sorted(arrays) == sorted(sd)
     # A shard corrupted after the set was written is still caught.
     victim = shards[-1]
-    with ckptio._Reader(victim) as r:
+    with ckptio._core.Reader(victim) as r:
         first = next(i for i in r.infos() if i.nbytes)
     flip_byte(victim, first.offset)
     with pytest.raises(ckptio.CkptioError) as e:
@@ -307,7 +307,7 @@ def test_results_outlive_the_reader_and_the_mapping_goes_with_the_last(tmp_path)
     got = ct.load_file(path)
     arrays = ckptio.load_file(path)
     gc.collect()
-    readers = [o for o in gc.get_objects() if type(o) in (ckptio._Reader, ct._TorchReader)]
+    readers = [o for o in gc.get_objects() if type(o) in (ckptio._core.Reader, ckptio._torch_io.TorchReader)]
     assert readers == [], "no reader survives load_file"
     assert len(mappings(path)) == 2  # one per load
     assert_equal(got, sd)

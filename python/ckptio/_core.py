@@ -1,0 +1,265 @@
+"""The machinery both front ends share (ckptio.numpy and ckptio.torch): the
+process's library context, its options, and an open reader. Internal: the
+package's modules use these names; users use configure() through ckptio."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import threading
+from typing import Any, Dict, List, Optional, TypeVar, Union
+
+from . import _lib, _mapped
+from .errors import check, from_code
+
+__all__ = ["SNAPSHOT_AUTO", "configure", "ctx", "map_ctx", "options", "dtype_code", "Reader",
+           "PathLike", "MemoryFile", "scratch_dir"]
+
+_R = TypeVar("_R", bound="Reader")
+PathLike = Union[str, "os.PathLike[str]", bytes, "os.PathLike[bytes]"]
+
+# One context per process, created at first use: a context allocates and
+# touches its staging ring once, which is too costly to repeat per call.
+_ctx_lock = threading.Lock()
+_ctx_handle: Optional[ctypes.c_void_p] = None
+_map_ctx_handle: Optional[ctypes.c_void_p] = None
+_ctx_settings: Dict[str, int] = {}
+SNAPSHOT_AUTO = "auto"
+
+
+def configure(*, snapshot_bytes: Union[int, str, None] = None,
+              staging_bytes: Optional[int] = None, chunk_bytes: Optional[int] = None,
+              threads: Optional[int] = None) -> None:
+    """Sets the options of the process's context (its worker pool and pinned
+    memory) before its first save or load; afterwards it raises
+    CkptioRuntimeError (code ERRORS["STATE"]).
+
+    snapshot_bytes: pinned memory that holds whole snapshots, beyond the
+        staging ring: a save whose file fits in both reaches its snapshot
+        point (SaveHandle.wait_snapshot) as soon as its bytes are copied, and
+        is written behind it. ckptio.SNAPSHOT_AUTO takes a quarter of
+        physical memory; 0 (the default) keeps memory bounded by the 256 MiB
+        ring. The memory is allocated and touched once, at the first save or
+        load, and reused by every save.
+    staging_bytes, chunk_bytes: the staging ring and its pieces (0: the
+        library's defaults).
+    threads: worker threads (0: one per core)."""
+    values: Dict[str, Union[int, str, None]] = {
+        "snapshot_bytes": snapshot_bytes, "staging_bytes": staging_bytes,
+        "chunk_bytes": chunk_bytes, "threads": threads}
+    with _ctx_lock:
+        if _ctx_handle is not None:
+            raise from_code(_lib.ERRORS["STATE"],
+                            "ckptio.configure: the context already exists (call it before the "
+                            "first save or load)")
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key == "snapshot_bytes" and value == SNAPSHOT_AUTO:
+                value = ctypes.c_size_t(-1).value
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"ckptio.configure: {key} must be a non-negative int, "
+                                 f"not {value!r}")
+            _ctx_settings[key] = value
+
+
+def ctx() -> ctypes.c_void_p:
+    """The process's context (ckptio_ctx), created at the first call."""
+    global _ctx_handle
+    with _ctx_lock:
+        if _ctx_handle is None:
+            lib = _lib.lib()
+            handle = ctypes.c_void_p()
+            opts = _lib.Options.init()
+            for key, value in _ctx_settings.items():
+                setattr(opts, key, value)
+            check(lib.ckptio_ctx_create(ctypes.byref(opts), ctypes.byref(handle)),
+                  "ckptio_ctx_create", lib.ckptio_last_open_error())
+            _ctx_handle = handle
+            atexit.register(_ctx_free)
+        return _ctx_handle
+
+
+def _ctx_free() -> None:
+    global _ctx_handle, _map_ctx_handle
+    with _ctx_lock:
+        for handle in (_ctx_handle, _map_ctx_handle):
+            if handle is not None:
+                _lib.lib().ckptio_ctx_free(handle)
+        _ctx_handle = _map_ctx_handle = None
+
+
+def map_ctx() -> ctypes.c_void_p:
+    """The context for zero-copy loads: the process's context once it exists
+    (its staging ring is paid for), else a light one whose ring is two
+    chunks and which never starts CUDA. A mapped load checks its CRCs in the
+    mapping and needs no staging, and a process that only loads (inference)
+    should not hold the 256 MiB ring of a context made for saves."""
+    global _map_ctx_handle
+    with _ctx_lock:
+        if _ctx_handle is not None:
+            return _ctx_handle
+        if _map_ctx_handle is None:
+            lib = _lib.lib()
+            opts = _lib.Options.init()
+            # 2 MiB pieces check as fast as 8 MiB ones (measured) and keep
+            # the ring at 4 MiB.
+            opts.chunk_bytes = 2 << 20
+            opts.staging_bytes = 2 * opts.chunk_bytes
+            opts.cuda = 0
+            opts.numa = 0
+            handle = ctypes.c_void_p()
+            check(lib.ckptio_ctx_create(ctypes.byref(opts), ctypes.byref(handle)),
+                  "ckptio_ctx_create", lib.ckptio_last_open_error())
+            _map_ctx_handle = handle
+            atexit.register(_ctx_free)
+        return _map_ctx_handle
+
+
+def options(context: ctypes.c_void_p, crc: bool) -> _lib.Options:
+    """The context's options with the crc switch set, for one open."""
+    opts = _lib.Options.init()
+    _lib.lib().ckptio_ctx_options(context, ctypes.byref(opts))
+    opts.crc = 1 if crc else 0
+    return opts
+
+
+_dtype_codes: Dict[str, int] = {}
+
+
+def dtype_code(name: str) -> int:
+    """enum ckptio_dtype of a safetensors dtype name (from the library's
+    ckptio_dtype_parse, cached); CkptioValueError for an unknown name."""
+    code = _dtype_codes.get(name)
+    if code is None:
+        out = ctypes.c_int()
+        check(_lib.lib().ckptio_dtype_parse(name.encode(), ctypes.byref(out)), f"dtype {name!r}")
+        code = _dtype_codes[name] = out.value
+    return code
+
+
+class Reader:
+    """An open ckptio_reader (a context manager closing it)."""
+
+    def __init__(self, path: PathLike, crc: bool = True, mapped: bool = False) -> None:
+        """mapped: the caller wants a zero-copy load, which runs on the light
+        context of map_ctx(). A compressed file cannot be mapped and is
+        copied instead, so it is reopened on the full context: copies need
+        its staging ring. (A sharded set is mapped shard by shard: shards().)"""
+        self.lib: Any = _lib.lib()
+        self.path: bytes = os.fsencode(os.fspath(path))
+        self.handle: Optional[ctypes.c_void_p] = None
+        self._open(map_ctx() if mapped else ctx(), crc)
+        if mapped and self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1:
+            self.lib.ckptio_reader_close(self.handle)
+            self._open(ctx(), crc)
+
+    @property
+    def shown(self) -> str:
+        """The path as text, for messages."""
+        return os.fsdecode(self.path)
+
+    def _open(self, context: ctypes.c_void_p, crc: bool) -> None:
+        opts = options(context, crc)
+        handle = ctypes.c_void_p()
+        check(self.lib.ckptio_reader_open(context, self.path, ctypes.byref(opts),
+                                          ctypes.byref(handle)),
+              f"cannot open {self.shown}", self.lib.ckptio_last_open_error(), self.shown)
+        self.handle = handle
+
+    def shards(self) -> List[bytes]:
+        """The shard files of a sharded set (validated together when it was
+        opened: names, tensors, save ids), in order; [] for a single file."""
+        out = []
+        for k in range(self.lib.ckptio_reader_shard_count(self.handle)):
+            p = ctypes.c_char_p()
+            self.check(self.lib.ckptio_reader_shard(self.handle, k, ctypes.byref(p), None, None),
+                       f"shard {k}")
+            out.append(p.value or b"")
+        return out
+
+    def __enter__(self: _R) -> _R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.lib.ckptio_reader_close(self.handle)
+            self.handle = None
+
+    def check(self, rc: int, what: str) -> int:
+        """rc, or raises the failure with the reader's detail."""
+        return check(rc, f"{self.shown}: {what}",
+                     self.lib.ckptio_reader_last_error(self.handle), self.shown)
+
+    def stats(self) -> Optional[Dict[str, Any]]:
+        """Stage timings of the last load / verify (ckptio_reader_stats) as a
+        dict: bytes, seconds (wall), copy_seconds (busy, summed over the
+        workers), threads, staging_bytes, ..."""
+        return _mapped.stats(self.lib, self.lib.ckptio_reader_stats, self.handle)
+
+    def infos(self) -> List[_lib.TensorInfo]:
+        """Every tensor's ckptio_tensor_info, in file order."""
+        out = []
+        for i in range(self.lib.ckptio_reader_count(self.handle)):
+            info = _lib.TensorInfo()
+            self.check(self.lib.ckptio_reader_info(self.handle, i, ctypes.byref(info)),
+                       f"tensor {i}")
+            out.append(info)
+        return out
+
+    def find(self, name: str) -> int:
+        """The index of tensor `name`; TensorNotFoundError (a KeyError)."""
+        return self.check(int(self.lib.ckptio_reader_find(self.handle, name.encode())),
+                          f"tensor {name!r}")
+
+    def dtype_name(self, info: _lib.TensorInfo) -> str:
+        """The safetensors dtype name of a tensor."""
+        return str(self.lib.ckptio_dtype_name(info.dtype).decode())
+
+    def metadata(self) -> Dict[str, str]:
+        """The file's __metadata__, without ckptio's CRC keys."""
+        out = {}
+        for i in range(self.lib.ckptio_reader_metadata_count(self.handle)):
+            key, value = ctypes.c_char_p(), ctypes.c_char_p()
+            self.check(self.lib.ckptio_reader_metadata_at(self.handle, i, ctypes.byref(key),
+                                                          ctypes.byref(value)), f"metadata {i}")
+            out[(key.value or b"").decode()] = (value.value or b"").decode()
+        return out
+
+    def format(self) -> str:
+        """"safetensors", "pytorch", or "safetensors-sharded"."""
+        return str(self.lib.ckptio_reader_format(self.handle).decode())
+
+
+def scratch_dir() -> Optional[str]:
+    """Where save() writes before reading its bytes back: memory (/dev/shm)
+    when the machine has it, else the default temporary directory."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
+
+
+class MemoryFile:
+    """`data` in an anonymous memory file (memfd) the library opens by path
+    (/proc/self/fd/N), for loads from bytes; a context manager closing it."""
+
+    def __init__(self, data: bytes) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        self.fd = os.memfd_create("ckptio-load", os.MFD_CLOEXEC)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                view = view[os.write(self.fd, view):]
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.path = f"/proc/self/fd/{self.fd}"
+
+    def __enter__(self) -> "MemoryFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)

@@ -1,0 +1,427 @@
+"""ckptio for numpy, call-compatible with safetensors.numpy: save, save_file,
+load, load_file and safe_open take the same arguments (same names, same
+defaults) and return the same types; ckptio's own options are keyword-only.
+
+    save_file({"w": np.ones((2, 3), np.float32)}, "m.safetensors", metadata={"step": "7"})
+    tensors = load_file("m.safetensors")      # {"w": array(...)}, CRCs checked, zero-copy
+    data = save({"w": np.ones(3)})            # bytes of a safetensors file
+    verify("m.safetensors")                   # raises ChecksumError on a bad CRC
+
+numpy arrays are passed to the library by pointer (a copy is made only for a
+non-contiguous or big-endian array). dtypes numpy cannot represent (BF16, the
+F8 / F6 / F4 types) travel as Tensor(dtype_name, shape, buffer) holding the raw
+little-endian bytes; the loads return those as Tensor too.
+
+Every function is also ckptio.<name> (import ckptio is this module's API).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from types import TracebackType
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from . import _lib, _mapped
+from ._core import MemoryFile, PathLike, Reader, ctx, dtype_code, options, scratch_dir
+from .errors import check, from_code
+
+__all__ = ["save", "save_file", "load", "load_file", "load_metadata", "verify", "safe_open",
+           "Tensor", "NUMPY_DTYPES"]
+
+# safetensors dtype name -> numpy dtype, for every dtype numpy has.
+NUMPY_DTYPES: Dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype(np.uint8), "I8": np.dtype(np.int8),
+    "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"),
+    "I32": np.dtype("<i4"), "U32": np.dtype("<u4"), "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"), "I64": np.dtype("<i8"), "U64": np.dtype("<u8"),
+    "C64": np.dtype("<c8"),
+}
+
+Buffer = Union[bytes, bytearray, memoryview, "npt.NDArray[Any]"]
+Array = Union["npt.NDArray[Any]", "Tensor"]
+
+
+class Tensor:
+    """A tensor of any safetensors dtype as raw bytes: `dtype` is the
+    safetensors name ("BF16", "F8_E4M3", ...), `shape` counts elements, and
+    `buffer` (bytes, bytearray, memoryview or a contiguous numpy array) holds
+    exactly the tensor's bytes, little-endian, row-major."""
+
+    __slots__ = ("dtype", "shape", "buffer")
+
+    def __init__(self, dtype: str, shape: Tuple[int, ...], buffer: Buffer) -> None:
+        self.dtype = str(dtype)
+        self.shape: Tuple[int, ...] = tuple(int(d) for d in shape)
+        self.buffer = buffer
+
+    def tobytes(self) -> bytes:
+        """The tensor's bytes (a copy)."""
+        return _byte_view(self.buffer).tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tensor):
+            return NotImplemented
+        return (self.dtype, self.shape, self.tobytes()) == \
+               (other.dtype, other.shape, other.tobytes())
+
+    __hash__ = None  # type: ignore[assignment]  # mutable buffer: not hashable
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.dtype!r}, {self.shape}, <{_byte_view(self.buffer).nbytes} bytes>)"
+
+
+def _byte_view(buffer: Buffer) -> npt.NDArray[np.uint8]:
+    """The buffer's bytes as a flat uint8 array, without copying."""
+    if isinstance(buffer, np.ndarray):
+        if not buffer.flags.c_contiguous:
+            raise ValueError("Tensor buffer must be C-contiguous")
+        return buffer.reshape(-1).view(np.uint8)
+    return np.frombuffer(buffer, dtype=np.uint8)
+
+
+def _describe(name: str, value: Any) -> Tuple[str, Tuple[int, ...], npt.NDArray[np.uint8]]:
+    """(dtype name, shape, flat uint8 view of the bytes) of one tensor to save."""
+    if isinstance(value, Tensor):
+        data = _byte_view(value.buffer)
+        shape = value.shape
+        dtype: Optional[str] = value.dtype
+    else:
+        arr = np.asarray(value)
+        dtype = None
+        for st_name, np_dtype in NUMPY_DTYPES.items():
+            if arr.dtype == np_dtype:
+                dtype = st_name
+                break
+            if arr.dtype.newbyteorder("<") == np_dtype:  # big-endian: swap once
+                arr = arr.astype(np_dtype)
+                dtype = st_name
+                break
+        if dtype is None:
+            raise TypeError(f"tensor {name!r}: numpy dtype {arr.dtype} has no safetensors "
+                            "dtype; pass a ckptio.Tensor for raw bytes")
+        if not arr.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d 1-d)
+            arr = arr.copy(order="C")
+        shape = tuple(arr.shape)
+        data = arr.reshape(-1).view(np.uint8)
+    if len(shape) > _lib.MAX_DIMS:
+        raise ValueError(f"tensor {name!r}: {len(shape)} dims, at most {_lib.MAX_DIMS}")
+    return str(dtype), tuple(shape), data
+
+
+def save_file(tensor_dict: Mapping[str, Array], filename: PathLike,
+              metadata: Optional[Dict[str, str]] = None, *, crc: bool = True,
+              format: str = "safetensors", compress: int = 0, shuffle: bool = False) -> None:
+    """Saves a dict of name -> numpy array (or Tensor) at `filename`,
+    atomically (nothing appears there unless the whole save succeeds), as
+    safetensors.numpy.save_file does.
+
+    metadata: dict of str -> str (the safetensors __metadata__).
+    Keyword-only, ckptio's own:
+    crc: record every tensor's CRC32 (safetensors: in the metadata as
+        ckptio.crc32.<name>; pt: in the zip records), checked on load.
+    format: "safetensors", or "pt" for a torch.save zip archive that
+        torch.load(weights_only=True) opens.
+    compress: N > 0 (safetensors only) wraps the file in the zstd seekable
+        format at zstd level N, which `zstd -d` and load_file undo.
+    shuffle: adds the byte-shuffle filter to compress, which only ckptio undoes."""
+    code = _lib.format_code(format)
+    lib = _lib.lib()
+    context = ctx()
+    opts = options(context, crc)
+    opts.compress_level = int(compress)
+    opts.shuffle = 1 if shuffle else 0
+    fspath = os.fsencode(os.fspath(filename))
+    shown = os.fsdecode(fspath)
+    w = ctypes.c_void_p()
+    check(lib.ckptio_writer_open(context, fspath, code, ctypes.byref(opts), ctypes.byref(w)),
+          f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
+    keep = []  # the data must outlive the commit
+    try:
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+            check(lib.ckptio_writer_set_metadata(w, key.encode(), value.encode()),
+                  f"metadata {key!r}", lib.ckptio_writer_last_error(w))
+        for name, tensor in tensor_dict.items():
+            if not isinstance(name, str):
+                raise TypeError(f"tensor names must be str, got {name!r}")
+            dtype, shape, data = _describe(name, tensor)
+            dcode = dtype_code(dtype)
+            c_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*shape)
+            nbytes = check(lib.ckptio_tensor_nbytes(dcode, len(shape), c_shape),
+                           f"tensor {name!r} ({dtype} {list(shape)})")
+            if data.nbytes != nbytes:
+                raise ValueError(f"tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
+                                 f"the buffer has {data.nbytes}")
+            keep.append(data)
+            desc = _lib.Tensor_(name.encode(), dcode, len(shape), c_shape,
+                                data.ctypes.data, _lib.DEVICE_HOST)
+            check(lib.ckptio_writer_add(w, ctypes.byref(desc)), f"tensor {name!r}",
+                  lib.ckptio_writer_last_error(w))
+        check(lib.ckptio_writer_commit(w), f"cannot save {shown}",
+              lib.ckptio_writer_last_error(w), shown)
+    finally:
+        lib.ckptio_writer_close(w)  # after a failure it only repeats it
+    del keep
+
+
+def save(tensor_dict: Mapping[str, Array], metadata: Optional[Dict[str, str]] = None, *,
+         crc: bool = True, format: str = "safetensors", compress: int = 0,
+         shuffle: bool = False) -> bytes:
+    """The bytes of the file save_file would write (as
+    safetensors.numpy.save): the same keyword-only options."""
+    with tempfile.TemporaryDirectory(prefix="ckptio-save-", dir=scratch_dir()) as tmp:
+        path = os.path.join(tmp, "m")
+        save_file(tensor_dict, path, metadata, crc=crc, format=format, compress=compress,
+                  shuffle=shuffle)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def load(data: bytes, *, crc: bool = True) -> Dict[str, Array]:
+    """Loads the tensors of a safetensors (or .pt) file held in `data`, as
+    safetensors.numpy.load: a dict of name -> numpy array (Tensor for the
+    dtypes numpy lacks), independent of `data`. crc (keyword-only): check
+    the recorded CRC32s (ChecksumError on a mismatch)."""
+    with MemoryFile(data) as mem:
+        return load_file(mem.path, crc=crc)
+
+
+def _mmap_of(backend: str, mmap: Optional[bool]) -> bool:
+    if backend not in ("mmap", "pread"):
+        raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
+    return backend == "mmap" if mmap is None else bool(mmap)
+
+
+def load_file(filename: PathLike, *, backend: str = "mmap", crc: bool = True,
+              mmap: Optional[bool] = None) -> Dict[str, Array]:
+    """Loads every tensor of a safetensors or .pt file (or a sharded set: its
+    index or directory), as safetensors.numpy.load_file: a dict of name ->
+    numpy array, or Tensor for the dtypes numpy lacks. With crc, each
+    recorded CRC32 is checked before anything is returned and a mismatch
+    raises ChecksumError.
+
+    backend="mmap" (the default, as safetensors): the arrays are views of
+    one private copy-on-write mapping of the file, no bytes copied. They
+    are writable, and writes never reach the file; a file saved over the
+    path later (ckptio and safetensors-style atomic renames) does not change
+    them; the mapping is freed when the last array goes. A program that
+    truncates the file in place while arrays live makes reading them raise
+    SIGBUS (as with safetensors' and torch.load(mmap=True)'s results; ckptio
+    never writes in place). Strided or big-endian .pt entries and misaligned
+    tensors are copied; a sharded set maps each shard on its own; a
+    compressed file is always copied.
+    backend="pread": every tensor is copied into fresh memory (parallel
+    reads); the arrays are independent of the file. mmap (keyword-only,
+    ckptio's older spelling) overrides backend when given."""
+    mapped = _mmap_of(backend, mmap)
+    with Reader(filename, crc, mapped=mapped) as r:
+        shards = r.shards() if mapped else []
+        if not shards:
+            return _load_one(r, mapped)
+    # A sharded set, checked as a set on open: each shard mapped on its own.
+    out: Dict[str, Array] = {}
+    for shard in shards:
+        out.update(load_file(shard, crc=crc, mmap=mapped))
+    return out
+
+
+def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
+              mapping: Optional["ctypes.Array[ctypes.c_uint8]"],
+              reqs: List[_lib.LoadRequest]) -> Array:
+    """Tensor i as an array (or Tensor): a view of `mapping` when it can be,
+    else fresh memory with its load request appended to reqs."""
+    name = info.name.decode()
+    dtype = r.dtype_name(info)
+    shape = tuple(info.shape[:info.ndim])
+    np_dtype = NUMPY_DTYPES.get(dtype)
+    if np_dtype is not None:
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        nbytes = count * np_dtype.itemsize
+    else:
+        count, nbytes = info.nbytes, info.nbytes
+    if nbytes != info.nbytes:
+        raise from_code(_lib.ERRORS["TENSOR_INFO"],
+                        f"{r.shown}: tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
+                        f"the file says {info.nbytes}")
+    itemsize = np_dtype.itemsize if np_dtype is not None else 1
+    element = np_dtype if np_dtype is not None else np.dtype(np.uint8)
+    flat: npt.NDArray[Any]
+    if mapping is not None and _mapped.viewable(r, i, info, itemsize):
+        # (numpy's stubs do not list ctypes arrays, which export the buffer protocol)
+        flat = np.frombuffer(cast(Any, mapping), element, count, info.offset)
+    else:
+        place = _mapped.placed(nbytes, info.offset, itemsize)
+        if place is not None:
+            flat = np.frombuffer(place[0], element, count, place[1])
+        else:
+            flat = np.empty(count, element)
+        if nbytes:
+            reqs.append(_lib.LoadRequest(i, flat.ctypes.data, nbytes, _lib.DEVICE_HOST))
+    return flat.reshape(shape) if np_dtype is not None else Tensor(dtype, shape, flat)
+
+
+def _load_many(r: Reader, reqs: List[_lib.LoadRequest]) -> None:
+    if reqs:
+        arr = (_lib.LoadRequest * len(reqs))(*reqs)
+        r.check(r.lib.ckptio_reader_load_many(r.handle, arr, len(reqs)), "load")
+
+
+def _load_one(r: Reader, mmap: bool) -> Dict[str, Array]:
+    """load_file of one file, open in r."""
+    infos = r.infos()
+    mapping = _mapped.map_file(r) if mmap and infos else None
+    out: Dict[str, Array] = {}
+    reqs: List[_lib.LoadRequest] = []
+    for i, info in enumerate(infos):
+        out[info.name.decode()] = _array_of(r, i, info, mapping, reqs)
+    _load_many(r, reqs)
+    return out
+
+
+def load_metadata(filename: PathLike) -> Dict[str, str]:
+    """The file's __metadata__ as a dict, without ckptio's CRC keys."""
+    with Reader(filename) as r:
+        return r.metadata()
+
+
+def verify(filename: PathLike) -> int:
+    """Checks every recorded CRC32 of the file. Raises ChecksumError on a
+    mismatch; returns the number of tensors that have no recorded CRC."""
+    with Reader(filename) as r:
+        unchecked = ctypes.c_size_t()
+        r.check(r.lib.ckptio_reader_verify(r.handle, ctypes.byref(unchecked)), "verify")
+        return unchecked.value
+
+
+class NumpySlice:
+    """safe_open(...).get_slice(name) for numpy: get_shape(), get_dtype(),
+    and [key] with any numpy index. The tensor is read whole at the first
+    index and sliced in memory (ckptio.torch's slices read only their bytes)."""
+
+    def __init__(self, owner: "safe_open", name: str) -> None:
+        self._owner = owner
+        self._name = name
+        info = owner._info(name)
+        self._shape = [int(d) for d in info.shape[:info.ndim]]
+        self._dtype = owner._reader().dtype_name(info)
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape, as a list."""
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype name ("F32", "BF16", ...)."""
+        return self._dtype
+
+    def __getitem__(self, key: Any) -> Any:
+        whole = self._owner.get_tensor(self._name)
+        if isinstance(whole, Tensor):
+            raise TypeError(f"tensor {self._name!r} is {whole.dtype}, which numpy lacks: "
+                            "get_tensor returns its bytes")
+        return whole[key]
+
+
+class safe_open:
+    """A checkpoint opened for lazy access, as safetensors.safe_open with
+    framework="numpy":
+
+        with ckptio.numpy.safe_open("m.safetensors", framework="numpy") as f:
+            for name in f.keys():
+                a = f.get_tensor(name)   # loaded (and CRC-checked) on demand
+
+    framework must be "numpy" or "np" (ckptio.torch.safe_open serves
+    torch); device must be "cpu". backend as load_file's."""
+
+    def __init__(self, filename: PathLike, framework: str = "numpy", device: str = "cpu", *,
+                 backend: str = "mmap") -> None:
+        if framework not in ("numpy", "np"):
+            raise ValueError(f"ckptio.numpy.safe_open only supports framework='numpy', "
+                             f"got {framework!r} (ckptio.torch.safe_open serves torch)")
+        if device != "cpu":
+            raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
+        self._mmap = _mmap_of(backend, None)
+        self._r: Optional[Reader] = None
+        r = Reader(filename)
+        try:
+            self._infos = r.infos()
+        except BaseException:
+            r.close()
+            raise
+        self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
+        self._r = r
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the file (also on leaving the with block)."""
+        if self._r is not None:
+            self._r.close()
+            self._r = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
+            pass
+
+    def _reader(self) -> Reader:
+        if self._r is None:
+            raise ValueError("safe_open: the file is closed")
+        return self._r
+
+    def _info(self, name: str) -> _lib.TensorInfo:
+        r = self._reader()
+        i = self._by_name.get(name)
+        if i is None:
+            raise from_code(_lib.ERRORS["NOT_FOUND"], f"{r.shown}: no tensor named {name!r}")
+        return self._infos[i]
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted (as safetensors returns them)."""
+        self._reader()
+        return sorted(self._by_name)
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names in file order."""
+        self._reader()
+        return [info.name.decode() for info in self._infos]
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The file's metadata (str -> str), or None when it has none.
+        ckptio's CRC entries are not included."""
+        return self._reader().metadata() or None
+
+    def get_tensor(self, name: str) -> Array:
+        """Loads one tensor (CRC-checked) into a new array;
+        TensorNotFoundError (a KeyError) when the file has none of that name."""
+        info = self._info(name)
+        r = self._reader()
+        reqs: List[_lib.LoadRequest] = []
+        out = _array_of(r, self._by_name[name], info, None, reqs)
+        _load_many(r, reqs)
+        return out
+
+    def get_tensors(self) -> Dict[str, Array]:
+        """Every tensor, in file order (as load_file, with this file's
+        backend)."""
+        r = self._reader()
+        return _load_one(r, self._mmap)
+
+    def get_slice(self, name: str) -> NumpySlice:
+        """A NumpySlice of the tensor: get_shape(), get_dtype(), [key]."""
+        self._info(name)
+        return NumpySlice(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
