@@ -1,0 +1,165 @@
+// A torch.distributed.checkpoint directory (tests/unit/data/dcp_2ranks,
+// written by torch's dcp.save from 2 processes) through the reader: global
+// tensors assembled from their chunks, boxes across chunk boundaries, parts,
+// byte items, verify, and the files damaged (cut short, a flipped byte, one
+// missing). The interop test (tests/interop/test_dcp_native.py) runs the
+// real torch; this one runs the same source under the sanitizers.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ckpt_fixture.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+const std::string kData = std::string(CKPTIO_SOURCE_DIR) + "/tests/unit/data/dcp_2ranks";
+
+struct Ctx {
+  Ctx() {
+    ckptio_options o = small_options();
+    EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  }
+  ~Ctx() { ckptio_ctx_free(ctx); }
+  ckptio_ctx *ctx = nullptr;
+};
+
+// The fixture copied into a fresh directory, for the tests that damage it.
+std::string copy_of(const TempDir &d) {
+  for (const char *f : {".metadata", "__0_0.distcp", "__1_0.distcp"}) write_file(d.file(f), read_file(kData + "/" + f));
+  return d.path();
+}
+
+size_t index_of(ckptio_reader *r, const char *name) {
+  int64_t i = ckptio_reader_find(r, name);
+  EXPECT_GE(i, 0) << name;
+  return i < 0 ? 0 : (size_t)i;
+}
+
+TEST(Dcp, GlobalTensorsAssembleFromTheirChunks) {
+  Ctx c;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  EXPECT_STREQ(ckptio_reader_format(r), "dcp");
+  EXPECT_EQ(ckptio_reader_count(r), 4u);
+  EXPECT_EQ(ckptio_reader_shard_count(r), 0u);  // the files are no shards that open alone
+
+  float row[24];
+  int32_t col[18];
+  uint16_t rep[5];
+  ASSERT_EQ(ckptio_reader_load(r, index_of(r, "row"), row, sizeof(row)), 0) << ckptio_reader_last_error(r);
+  ASSERT_EQ(ckptio_reader_load(r, index_of(r, "col"), col, sizeof(col)), 0) << ckptio_reader_last_error(r);
+  ASSERT_EQ(ckptio_reader_load(r, index_of(r, "rep"), rep, sizeof(rep)), 0) << ckptio_reader_last_error(r);
+  for (int i = 0; i < 24; i++) EXPECT_EQ(row[i], (float)i) << i;
+  for (int i = 0; i < 18; i++) EXPECT_EQ(col[i], i) << i;
+  const uint16_t halves[5] = {0x0000, 0x3c00, 0x4000, 0x4200, 0x4400};  // 0..4 in float16
+  EXPECT_EQ(0, memcmp(rep, halves, sizeof(rep)));
+
+  // row is split by rows over the two files, col by columns; rep is whole.
+  EXPECT_EQ(ckptio_reader_part_count(r, index_of(r, "row")), 2u);
+  EXPECT_EQ(ckptio_reader_part_count(r, index_of(r, "col")), 2u);
+  EXPECT_EQ(ckptio_reader_part_count(r, index_of(r, "rep")), 1u);
+  const char *path = nullptr;
+  int64_t off[CKPTIO_MAX_DIMS], size[CKPTIO_MAX_DIMS];
+  ASSERT_EQ(ckptio_reader_part(r, index_of(r, "col"), 1, &path, off, size), 0);
+  EXPECT_EQ(std::string(path), kData + "/__1_0.distcp");
+  EXPECT_EQ(off[0], 0);
+  EXPECT_EQ(off[1], 3);
+  EXPECT_EQ(size[0], 3);
+  EXPECT_EQ(size[1], 3);
+  ckptio_reader_close(r);
+}
+
+TEST(Dcp, BoxesAcrossChunkBoundaries) {
+  Ctx c;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  float rows[4 * 2];  // row[1:5, 1:3]: two rows of each chunk
+  int32_t cols[2 * 4];  // col[1:3, 1:5]: columns of both chunks
+  ckptio_box_request q[2] = {};
+  q[0].index = index_of(r, "row");
+  q[0].start[0] = 1, q[0].stop[0] = 5, q[0].start[1] = 1, q[0].stop[1] = 3;
+  q[0].dst = rows, q[0].dst_bytes = sizeof(rows);
+  q[1].index = index_of(r, "col");
+  q[1].start[0] = 1, q[1].stop[0] = 3, q[1].start[1] = 1, q[1].stop[1] = 5;
+  q[1].dst = cols, q[1].dst_bytes = sizeof(cols);
+  ASSERT_EQ(ckptio_reader_load_boxes(r, q, 2), 0) << ckptio_reader_last_error(r);
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 2; j++) EXPECT_EQ(rows[i * 2 + j], (float)((i + 1) * 4 + j + 1)) << i << "," << j;
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) EXPECT_EQ(cols[i * 4 + j], (i + 1) * 6 + j + 1) << i << "," << j;
+  ckptio_reader_close(r);
+}
+
+TEST(Dcp, ByteItemsAndVerify) {
+  Ctx c;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  ckptio_tensor_info info;
+  ASSERT_EQ(ckptio_reader_info(r, index_of(r, "__dcp_bytes__.extra.step"), &info), 0);
+  EXPECT_EQ(info.dtype, CKPTIO_U8);
+  EXPECT_EQ(info.has_crc, 0);
+  std::vector<unsigned char> b(info.nbytes);
+  ASSERT_EQ(ckptio_reader_load(r, index_of(r, "__dcp_bytes__.extra.step"), b.data(), b.size()), 0);
+  ASSERT_GE(b.size(), 4u);
+  EXPECT_EQ(0, memcmp(b.data(), "PK\x03\x04", 4));  // the torch.save of the value {"step": 3}'s 3
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(unchecked, 1u);  // the byte item: every tensor chunk has its zip CRC-32
+  ckptio_reader_close(r);
+}
+
+TEST(Dcp, DamagedFilesAreRefused) {
+  Ctx c;
+  ckptio_reader *r = nullptr;
+  {  // a file cut short: a chunk's range runs past its end
+    TempDir d;
+    std::string dir = copy_of(d);
+    ASSERT_EQ(truncate(d.file("__1_0.distcp").c_str(), 3000), 0);
+    EXPECT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), CKPTIO_E_SHARD);
+    EXPECT_NE(std::string(ckptio_last_open_error()).find("which has 3000"), std::string::npos)
+        << ckptio_last_open_error();
+  }
+  {  // a flipped byte in row's first chunk: its zip CRC-32 catches it
+    TempDir d;
+    std::string dir = copy_of(d);
+    std::vector<uint8_t> f = read_file(d.file("__0_0.distcp"));
+    // row's first chunk is the file's first archive; its 48 data bytes are
+    // the 3 x 4 floats 0..11: find 8.0f (0x41000000) and flip it.
+    const uint8_t eight[4] = {0x00, 0x00, 0x00, 0x41};
+    auto at = std::search(f.begin(), f.end(), eight, eight + 4);
+    ASSERT_NE(at, f.end());
+    *at ^= 1;
+    write_file(d.file("__0_0.distcp"), f);
+    ASSERT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), 0);
+    size_t unchecked;
+    EXPECT_EQ(ckptio_reader_verify(r, &unchecked), CKPTIO_E_CHECKSUM) << ckptio_reader_last_error(r);
+    float row[24];
+    EXPECT_EQ(ckptio_reader_load(r, index_of(r, "row"), row, sizeof(row)), CKPTIO_E_CHECKSUM);
+    ckptio_reader_close(r);
+    r = nullptr;
+  }
+  {  // a file missing
+    TempDir d;
+    std::string dir = copy_of(d);
+    ASSERT_EQ(unlink(d.file("__0_0.distcp").c_str()), 0);
+    EXPECT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), -ENOENT);
+    EXPECT_NE(std::string(ckptio_last_open_error()).find("__0_0.distcp"), std::string::npos);
+  }
+  {  // a .metadata cut short
+    TempDir d;
+    std::string dir = copy_of(d);
+    ASSERT_EQ(truncate(d.file(".metadata").c_str(), 700), 0);
+    EXPECT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), CKPTIO_E_PICKLE);
+    EXPECT_NE(std::string(ckptio_last_open_error()).find(".metadata"), std::string::npos);
+  }
+  EXPECT_EQ(r, nullptr);
+}
+
+}  // namespace
