@@ -257,8 +257,10 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
     snprintf(what, sizeof(what), "del-step-%08" PRIu64, s);
     mgr_tmp_name(m, what, del, sizeof(del));
     /* Hidden first: a removal cut short leaves a stray, never a step
-     * directory with some files gone. */
-    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_remove_tree(m->dirfd, del, held) : -errno;
+     * directory with some files gone. The rename is made durable before the
+     * files go: a filesystem may persist their unlinks first. */
+    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_sync_dir(m) : -errno;
+    if (r == 0) r = mgr_remove_tree(m->dirfd, del, held);
     if (r < 0) {
       mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, ckptio_errno_text(-r));
       if (rc == 0) rc = r;

@@ -256,8 +256,12 @@ out:
   return rc;
 }
 
-/* Rank 0: the index written to its temp file, synced, renamed into place. */
-static int publish_index(ranks_writer *w) {
+/* Rank 0: the index written to its temp file, synced, renamed into place,
+ * and the rename made durable before any rank removes an old file (a
+ * filesystem may persist those unlinks first, and an old index would then
+ * name files nobody holds). A failure of that last sync comes back in
+ * *late: the checkpoint is published then, and nothing is undone. */
+static int publish_index(ranks_writer *w, int *late) {
   ckptio_json_out o = {0};
   ckptio_tmpfile t = {.fd = -1, .fd_direct = -1};
   ckptio_swap how = CKPTIO_SWAP_NONE;
@@ -273,6 +277,8 @@ static int publish_index(ranks_writer *w) {
     rfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
+  if (rc == 0 && w->opts.fsync && (*late = ckptio_dir_sync(w->dir)) < 0)
+    rfail(w, *late, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-*late));
   if (rc == 0) ckptio_tmpfile_release(&t, how, NULL);
   else ckptio_tmpfile_abort(&t);
   free(o.data);
@@ -294,7 +300,8 @@ static int agree_and_publish(ranks_writer *w) {
   if (w->file.tmp) rc = ckptio_tmpfile_swap_in(&w->file, &w->how, err, CKPTIO_ERRLEN);
   rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
-  if (w->comm.rank == 0) rc = publish_index(w);
+  int late = 0;
+  if (w->comm.rank == 0) rc = publish_index(w, &late);
   rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   /* Published. What remains only frees space. */
@@ -304,8 +311,9 @@ static int agree_and_publish(ranks_writer *w) {
   ckptio_close_later(w->ctx->pool, &held);
   if (w->comm.rank == 0) {
     ckptio_remove_stray_temps(w->dir, w->prefix);
-    if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-      rfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-rc));
+    if (late == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
+      rfail(w, rc, "%s: fsync of the directory after removing the old files: %s", w->dir, ckptio_errno_text(-rc));
+    if (late < 0) rc = late;
   }
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;

@@ -268,7 +268,19 @@ static int publish(set_writer *w) {
   }
   if ((rc = write_index(w, &index)) < 0) goto undo;
   if ((rc = ckptio_tmpfile_swap_in(&index, &index_how, w->base.err, sizeof(w->base.err))) < 0) goto undo;
-  /* Published. What remains only frees the old files' space. */
+  /* Published. The index's rename must be durable before the old shards
+   * lose their names: a filesystem may persist those unlinks first, and an
+   * old index would then name shards nobody holds any more. */
+  if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0) {
+    /* Published, not known durable: the old files keep their temp names (a
+     * later save of the set removes them); released as if renamed, so only
+     * the descriptors close. */
+    ckptio_tmpfile_release(&index, CKPTIO_SWAP_NONE, NULL);
+    for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], CKPTIO_SWAP_NONE, NULL);
+    return sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir,
+                 ckptio_errno_text(-rc));
+  }
+  /* What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how, NULL);
   ckptio_held held = {0}; /* the replaced and the stale shards, closed off the save */
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i], &held);
@@ -276,7 +288,7 @@ static int publish(set_writer *w) {
   ckptio_close_later(w->ctx->pool, &held);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-rc));
+    sfail(w, rc, "%s: fsync of the directory after removing the old shards: %s", w->dir, ckptio_errno_text(-rc));
   return rc;
 undo:
   ckptio_tmpfile_abort(&index);

@@ -26,6 +26,12 @@
  *                   writes are lost, a random set of its 4 KiB pages from
  *                   the unsynced content and a random one of the two sizes:
  *                   any subset of unsynced writes may have reached the disk.
+ *   cut reorder S   also applies, in each directory, a random subset of the
+ *                   entry changes made since its last fsync (each change
+ *                   whole, in their order, skipped where it no longer
+ *                   applies): a filesystem may persist any of them early,
+ *                   e.g. an unlink without the rename before it.
+ *                   "cut torn reorder S" does both.
  * The test then kills the saving process (whose durability call may be
  * blocked), unmounts and mounts again on the same backing directory; a new
  * mount takes everything there as durable.
@@ -62,6 +68,14 @@ typedef struct entry {
   int node;
 } entry;
 
+/* An entry change not yet made durable by an fsync of its directory. */
+enum nsop_kind { OP_ADD, OP_DEL, OP_RENAME, OP_EXCHANGE };
+typedef struct nsop {
+  enum nsop_kind kind;
+  char *a, *b; /* names (b: a rename's or an exchange's second) */
+  int node;    /* OP_ADD: what the name points to */
+} nsop;
+
 typedef struct node {
   enum kind kind;
   enum durable state;  /* files */
@@ -69,6 +83,8 @@ typedef struct node {
   int writers;         /* open for writing through the mount */
   entry *entries;      /* directories: the durable snapshot of the entries */
   size_t nentries;
+  nsop *pending;       /* directories: changes since that snapshot */
+  size_t npending;
 } node;
 
 static struct {
@@ -190,6 +206,79 @@ static void free_entries(node *x) {
   x->nentries = 0;
 }
 
+static void clear_pending(node *x) {
+  for (size_t i = 0; i < x->npending; i++) {
+    free(x->pending[i].a);
+    free(x->pending[i].b);
+  }
+  free(x->pending);
+  x->pending = NULL;
+  x->npending = 0;
+}
+
+/* Records an entry change of the directory holding path (a FUSE path). */
+static void record(enum nsop_kind kind, const char *path, const char *path_b, int child) {
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof(dir), "%s", path);
+  char *slash = strrchr(dir, '/');
+  *slash = 0;
+  int d = node_at(dir[0] ? dir + 1 : ".");
+  if (d < 0) return;
+  node *x = &fs.nodes[d];
+  x->pending = realloc(x->pending, (x->npending + 1) * sizeof(nsop));
+  if (!x->pending) abort();
+  x->pending[x->npending++] =
+      (nsop){kind, strdup(strrchr(path, '/') + 1), path_b ? strdup(strrchr(path_b, '/') + 1) : NULL, child};
+}
+
+static entry *entry_named(node *x, const char *name) {
+  for (size_t i = 0; i < x->nentries; i++)
+    if (!strcmp(x->entries[i].name, name)) return &x->entries[i];
+  return NULL;
+}
+
+static void set_entry(node *x, const char *name, int child) {
+  entry *e = entry_named(x, name);
+  if (e) {
+    e->node = child;
+    return;
+  }
+  x->entries = realloc(x->entries, (x->nentries + 1) * sizeof(entry));
+  if (!x->entries) abort();
+  x->entries[x->nentries++] = (entry){strdup(name), child};
+}
+
+static void drop_entry(node *x, const char *name) {
+  entry *e = entry_named(x, name);
+  if (!e) return;
+  free(e->name);
+  *e = x->entries[--x->nentries];
+}
+
+static uint64_t rng(void);
+
+/* Some of the directory's unsynced changes reach the disk after all. */
+static void apply_some_pending(node *x) {
+  for (size_t i = 0; i < x->npending; i++) {
+    if (rng() & 1) continue;
+    nsop *o = &x->pending[i];
+    entry *a = entry_named(x, o->a), *b = o->b ? entry_named(x, o->b) : NULL;
+    if (o->kind == OP_ADD) {
+      set_entry(x, o->a, o->node);
+    } else if (o->kind == OP_DEL) {
+      drop_entry(x, o->a);
+    } else if (o->kind == OP_RENAME && a) {
+      int moved = a->node;
+      drop_entry(x, o->a);
+      set_entry(x, o->b, moved);
+    } else if (o->kind == OP_EXCHANGE && a && b) {
+      int t = a->node;
+      a->node = b->node;
+      b->node = t;
+    }
+  }
+}
+
 /* The directory's live entries become its durable ones. */
 static int snapshot_dir(int n, const char *relpath) {
   int fd = openat(fs.backing, relpath, O_RDONLY | O_DIRECTORY);
@@ -201,6 +290,7 @@ static int snapshot_dir(int n, const char *relpath) {
   }
   node *x = &fs.nodes[n];
   free_entries(x);
+  clear_pending(x);
   size_t cap = 0;
   struct dirent *e;
   int rc = 0;
@@ -368,7 +458,10 @@ static int remove_tree(int dirfd, const char *name) {
 }
 
 /* Replaces the backing directory's content by the durable state. */
-static int cut(int torn) {
+static int cut(int torn, int reorder) {
+  if (reorder)
+    for (size_t i = 0; i < fs.nnodes; i++)
+      if (fs.nodes[i].kind == K_DIR) apply_some_pending(&fs.nodes[i]);
   live_file *live = NULL;
   size_t nlive = 0, cap = 0;
   list_live(".", &live, &nlive, &cap);
@@ -406,8 +499,9 @@ static int control_write(const char *buf, size_t size) {
   } else if (!strncmp(cmd, "freeze", 6)) {
     fs.frozen = 1;
   } else if (!strncmp(cmd, "cut", 3) && !fs.cut) {
-    if (sscanf(cmd, "cut torn %llu", &v) == 1) rng_state = v * 2654435761u + 1;
-    rc = cut(v != 0);
+    const char *seed = strpbrk(cmd, "0123456789");
+    if (seed) rng_state = strtoull(seed, NULL, 10) * 2654435761u + 1;
+    rc = cut(strstr(cmd, "torn") != NULL, strstr(cmd, "reorder") != NULL);
     if (rc < 0) fprintf(stderr, "plfs: the cut failed: %s\n", strerror(-rc));
     fs.cut = 1;
     pthread_cond_broadcast(&fs.cut_cv);
@@ -469,7 +563,7 @@ static int op_mkdir(const char *path, mode_t mode) {
   LOCKED_OR_EIO();
   int rc = mkdirat(fs.backing, rel(path), mode) == 0 ? 0 : -errno;
   struct stat st;
-  if (rc == 0 && fstatat(fs.backing, rel(path), &st, 0) == 0) new_node(K_DIR, st.st_ino, D_NONE);
+  if (rc == 0 && fstatat(fs.backing, rel(path), &st, 0) == 0) record(OP_ADD, path, NULL, new_node(K_DIR, st.st_ino, D_NONE));
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }
@@ -479,6 +573,7 @@ static int op_rmdir(const char *path) {
   int n = node_at(rel(path));
   int rc = unlinkat(fs.backing, rel(path), AT_REMOVEDIR) == 0 ? 0 : -errno;
   if (rc == 0 && n >= 0) fs.nodes[n].ino = 0;
+  if (rc == 0) record(OP_DEL, path, NULL, -1);
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }
@@ -487,6 +582,7 @@ static int op_unlink(const char *path) {
   LOCKED_OR_EIO();
   int rc = before_unname(rel(path));
   if (rc == 0 && unlinkat(fs.backing, rel(path), 0) != 0) rc = -errno;
+  if (rc == 0) record(OP_DEL, path, NULL, -1);
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }
@@ -499,7 +595,18 @@ static int op_rename(const char *from, const char *to, unsigned int flags) {
   if (!(flags & RENAME_EXCHANGE) && fstatat(fs.backing, rel(to), &b, AT_SYMLINK_NOFOLLOW) == 0 &&
       fstatat(fs.backing, rel(from), &a, AT_SYMLINK_NOFOLLOW) == 0 && a.st_ino != b.st_ino && !(flags & RENAME_NOREPLACE))
     rc = before_unname(rel(to));
+  int moved = rc == 0 ? node_at(rel(from)) : -1;
   if (rc == 0 && renameat2(fs.backing, rel(from), fs.backing, rel(to), flags) != 0) rc = -errno;
+  if (rc == 0) {
+    size_t dir_a = strrchr(from, '/') - from, dir_b = strrchr(to, '/') - to;
+    if (dir_a == dir_b && !strncmp(from, to, dir_a)) {
+      record(flags & RENAME_EXCHANGE ? OP_EXCHANGE : OP_RENAME, from, to, moved);
+    } else { /* across directories: each side on its own */
+      record(OP_ADD, to, NULL, moved);
+      if (flags & RENAME_EXCHANGE) record(OP_ADD, from, NULL, node_at(rel(from)));
+      else record(OP_DEL, from, NULL, -1);
+    }
+  }
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }
@@ -507,6 +614,7 @@ static int op_rename(const char *from, const char *to, unsigned int flags) {
 static int op_link(const char *from, const char *to) {
   LOCKED_OR_EIO();
   int rc = linkat(fs.backing, rel(from), fs.backing, rel(to), 0) == 0 ? 0 : -errno;
+  if (rc == 0) record(OP_ADD, to, NULL, node_at(rel(to)));
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }
@@ -540,7 +648,10 @@ static int open_backing(const char *path, int flags, mode_t mode, struct fuse_fi
 
 static int op_create(const char *path, mode_t mode, struct fuse_file_info *fi) {
   LOCKED_OR_EIO();
+  struct stat st;
+  int existed = fstatat(fs.backing, rel(path), &st, AT_SYMLINK_NOFOLLOW) == 0;
   int rc = open_backing(path, fi->flags | O_CREAT, mode, fi);
+  if (rc == 0 && !existed) record(OP_ADD, path, NULL, fd_node[fi->fh]);
   pthread_mutex_unlock(&fs.mu);
   return rc;
 }

@@ -19,6 +19,7 @@ mounted again. Then:
 
 usage: powerloss_test.py --plfs PLFS --kill-driver D --crash-driver D --ckptio CLI WORKDIR
                          [--kinds K,K] [--cuts N] [--max-seconds S] [--seed N]
+                         [--points-only] [--reorder]
                          [--preload-skip-dirsync SO --expect-loss]
 
 --preload-skip-dirsync runs the savers with a library that turns every
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import time
 
-KINDS = ["single", "pt", "zstd", "sharded", "resharded", "ranks3", "manager", "convert"]
+KINDS = ["single", "pt", "zstd", "sharded", "resharded", "ranks3", "manager", "manager_sharded", "convert"]
 FILES = {"single": "model.safetensors", "pt": "model.pt", "zstd": "model.safetensors.zst", "convert": "model.pt"}
 
 
@@ -108,13 +109,17 @@ class Kind:
         self.next = 1      # the sequence number (or step) the next save gets
         os.makedirs(os.path.join(mount.backing, name), exist_ok=True)
         self.src = os.path.join(a.workdir, "convert-src.safetensors")
+        # The manager's save-loop options: retention, and 1 MiB shards.
+        self.manager = None
+        if name.startswith("manager"):
+            self.manager = ["--keep", "2", "--every", "3"] + (["--sharded"] if name == "manager_sharded" else [])
 
     def path(self):
         return os.path.join(self.mount.mnt, self.rel)
 
     def loop_command(self):
-        if self.name == "manager":
-            return [self.a.crash_driver, "save", self.path(), "--keep", "2", "--every", "3"]
+        if self.manager:
+            return [self.a.crash_driver, "save", self.path(), *self.manager]
         if self.name == "convert":
             # One convert after another of a fresh source each time; the
             # sources are written off the mount, so only the conversions'
@@ -127,7 +132,7 @@ class Kind:
 
     def check(self):
         """What survived: (sequence or step, strays)."""
-        if self.name == "manager":
+        if self.manager:
             r = run([self.a.crash_driver, "check", self.path()], env=self.env)
             fields = dict(kv.split("=") for kv in r.stdout.split() if "=" in kv)
             if r.returncode != 0 or "latest" not in fields:
@@ -142,9 +147,8 @@ class Kind:
 
     def save_once(self):
         """One whole save on the surviving state (no cut): it must succeed."""
-        if self.name == "manager":
-            r = run([self.a.crash_driver, "save", self.path(), "--keep", "2", "--every", "3", "--steps", "1"],
-                    env=self.env)
+        if self.manager:
+            r = run([self.a.crash_driver, "save", self.path(), *self.manager, "--steps", "1"], env=self.env)
         elif self.name == "convert":
             r = run([self.a.kill_driver, "save", "single", self.src, "1", str(self.next)], env=self.env)
             if r.returncode == 0:
@@ -163,12 +167,13 @@ def events_of(out):
 def one_cut(a, kind, mount, rng, cut_no, points, counts):
     """Mount, save until the cut, kill, cut, remount; check what survived.
     Even cuts come at durability call points[cut_no // 2] (points: every
-    call of two saves, in a random rotation), odd ones after a random delay."""
+    call of two saves, in a random rotation), odd ones after a random delay
+    (with --points-only every cut comes at points[cut_no])."""
     mount.start()
     how = ""
     try:
-        if cut_no % 2 == 0:
-            n = points[(cut_no // 2) % len(points)]
+        if a.points_only or cut_no % 2 == 0:
+            n = points[(cut_no if a.points_only else cut_no // 2) % len(points)]
             mount.control(f"freeze-at {n}")
             how = f"at durability call {n}"
         p = subprocess.Popen(kind.loop_command(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -189,8 +194,8 @@ def one_cut(a, kind, mount, rng, cut_no, points, counts):
             mount.control("freeze")
             how = f"after {delay * 1000:.0f} ms"
         p.kill()
-        torn = rng.random() < 0.5
-        mount.control(f"cut torn {rng.randrange(1, 1 << 30)}" if torn else "cut")
+        torn, reorder = rng.random() < 0.5, a.reorder or rng.random() < 0.5
+        mount.control(f"cut{' torn' if torn else ''}{' reorder' if reorder else ''} {rng.randrange(1, 1 << 30)}")
         out, err = p.communicate(timeout=30)
     finally:
         mount.stop()
@@ -199,13 +204,17 @@ def one_cut(a, kind, mount, rng, cut_no, points, counts):
     began = [n for e, n in events if e == "begin"]
     floor = reported[-1] if reported else kind.durable
     in_flight = began[-1] if began and began[-1] > floor else None
-    counts["torn" if torn else "clean"] += 1
+    counts["torn"] += torn
+    counts["reordered"] += reorder
 
     mount.start()
     try:
-        got, strays = kind.check()
-        where = f"cut {cut_no} ({how}{', torn' if torn else ''})"
-        if kind.name == "manager":
+        where = f"cut {cut_no} ({how}{', torn' if torn else ''}{', reordered' if reorder else ''})"
+        try:
+            got, strays = kind.check()
+        except Lost as e:
+            raise Lost(f"{where}: {e}") from None
+        if kind.manager:
             # latest may be ahead of the last reported step (published, not yet
             # reported), never behind it.
             if got < floor:
@@ -222,7 +231,7 @@ def one_cut(a, kind, mount, rng, cut_no, points, counts):
         # The manager resumes after its latest step; the other loops take a
         # number no save has used, so nothing left of a lost save passes for
         # the next one.
-        kind.next = got + 1 if kind.name == "manager" else max(kind.next, got, floor, in_flight or 0) + 1
+        kind.next = got + 1 if kind.manager else max(kind.next, got, floor, in_flight or 0) + 1
         counts["strays after cut"] += strays > 0
         kind.save_once()
         got2, strays2 = kind.check()
@@ -274,6 +283,8 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=600)
     ap.add_argument("--max-delay", type=float, default=0.3)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--points-only", action="store_true", help="every cut at a durability call")
+    ap.add_argument("--reorder", action="store_true", help="every cut applies some unsynced entry changes")
     ap.add_argument("--preload-skip-dirsync")
     ap.add_argument("--expect-loss", action="store_true")
     a = ap.parse_args()
@@ -314,7 +325,7 @@ def main():
         total += cut
         print(f"powerloss: {name}: {cut} cuts in {time.monotonic() - start:.1f} s, {syncs} durability calls "
               f"per save; kept the old save {counts['old']}, the new one {counts['new']}; "
-              f"{counts['torn']} torn; temp files left by the cut {counts['strays after cut']} "
+              f"{counts['torn']} torn, {counts['reordered']} reordered; temp files left by the cut {counts['strays after cut']} "
               f"(removed by the next save)", flush=True)
         if cut < a.cuts:
             print(f"powerloss: FAIL only {cut} of {a.cuts} cuts of {name} within {a.max_seconds} s")
