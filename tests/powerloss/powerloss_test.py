@@ -170,7 +170,7 @@ def one_cut(a, kind, mount, rng, cut_no, points, counts):
     call of two saves, in a random rotation), odd ones after a random delay
     (with --points-only every cut comes at points[cut_no])."""
     mount.start()
-    how = ""
+    how, p = "", None
     try:
         if a.points_only or cut_no % 2 == 0:
             n = points[(cut_no if a.points_only else cut_no // 2) % len(points)]
@@ -198,6 +198,13 @@ def one_cut(a, kind, mount, rng, cut_no, points, counts):
         mount.control(f"cut{' torn' if torn else ''}{' reorder' if reorder else ''} {rng.randrange(1, 1 << 30)}")
         out, err = p.communicate(timeout=30)
     finally:
+        if p and p.poll() is None:  # a failure above: end the saver (a cut frees its blocked call)
+            p.kill()
+            try:
+                mount.control("cut")
+            except OSError:
+                pass
+            p.wait(timeout=30)
         mount.stop()
     events = events_of(out)
     reported = [n for e, n in events if e == "durable"]
