@@ -231,6 +231,21 @@ static int cmp_chunk(const void *a, const void *b, void *ndim) {
   return 0;
 }
 
+/* bsearch with a context argument (glibc has qsort_r but no bsearch_r). */
+static void *bsearch_r(const void *key, void *base, size_t n, size_t size, int (*cmp)(const void *, const void *, void *),
+                       void *ctx) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    void *p = (char *)base + mid * size;
+    int c = cmp(key, p, ctx);
+    if (c == 0) return p;
+    if (c < 0) hi = mid;
+    else lo = mid + 1;
+  }
+  return NULL;
+}
+
 static int overlap(const ckptio_dcp_chunk *a, const ckptio_dcp_chunk *b, int nd) {
   for (int d = 0; d < nd; d++) {
     int64_t lo = a->offsets[d] > b->offsets[d] ? a->offsets[d] : b->offsets[d];
@@ -240,12 +255,11 @@ static int overlap(const ckptio_dcp_chunk *a, const ckptio_dcp_chunk *b, int nd)
   return 1;
 }
 
-/* Sorted by offsets, no two overlapping, their volumes the tensor's: they
- * cover it exactly. */
+/* Sorted by offsets (sort_chunks), no two overlapping, their volumes the
+ * tensor's: they cover it exactly. */
 static int check_chunks(walk *w, ckptio_dcp_item *it) {
   int nd = it->ndim;
   char a[256], b[256];
-  qsort_r(it->chunks, it->nchunks, sizeof(*it->chunks), cmp_chunk, &nd);
   uint64_t total = 1, sum = 0;
   for (int d = 0; d < nd; d++) total *= (uint64_t)it->shape[d]; /* fits: nbytes was checked */
   for (size_t i = 0; i < it->nchunks; i++) {
@@ -357,15 +371,12 @@ static int read_storage_entry(walk *w, uint32_t key, uint32_t val) {
     if ((rc = get_dims(w, o, "storage offset", it->name, off, &nd)) < 0) return rc;
     ckptio_dcp_dims_text(off, nd, a, sizeof(a));
     if (nd != it->ndim) return fail(w, CKPTIO_E_SHARD, "storage of '%.200s' at %s: not a chunk of it", it->name, a);
-    /* index is a hint of the chunk's place in the list; look there first */
-    uint64_t hint = UINT64_MAX;
-    uint32_t h = field(w, f, "index");
-    if (!is_none(w, h) && VAL(w, h)->type == CKPTIO_PV_INT && VAL(w, h)->u.i >= 0) hint = (uint64_t)VAL(w, h)->u.i;
-    for (size_t k = 0; k <= it->nchunks && !at; k++) {
-      size_t c = k == 0 ? (size_t)hint : k - 1;
-      if (c < it->nchunks && !memcmp(it->chunks[c].offsets, off, (size_t)nd * sizeof(int64_t)))
-        at = &it->chunks[c].at;
-    }
+    /* The chunks are sorted by offsets (DCP's `index` hint, a place in the
+     * unsorted list, is not needed): a lookup costs log(chunks). */
+    ckptio_dcp_chunk key;
+    memcpy(key.offsets, off, sizeof(key.offsets));
+    ckptio_dcp_chunk *hit = bsearch_r(&key, it->chunks, it->nchunks, sizeof(*it->chunks), cmp_chunk, &nd);
+    if (hit) at = &hit->at;
     if (!at) return fail(w, CKPTIO_E_SHARD, "storage of '%.200s' at %s: no chunk of it starts there", it->name, a);
   }
   if (at->file != UINT32_MAX)
@@ -447,6 +458,9 @@ static int read_all(walk *w) {
   for (uint32_t nd = d->u.first; nd != UINT32_MAX; nd = w->pk.nodes[nd].next)
     if ((rc = read_item(w, w->pk.nodes[nd].key, w->pk.nodes[nd].value, &m->items[m->nitems++])) < 0) return rc;
   if (m->nitems) qsort(m->items, m->nitems, sizeof(*m->items), cmp_item);
+  for (size_t i = 0; i < m->nitems; i++)
+    if (!m->items[i].is_bytes) qsort_r(m->items[i].chunks, m->items[i].nchunks, sizeof(ckptio_dcp_chunk), cmp_chunk,
+                                       &m->items[i].ndim);
   for (size_t i = 1; i < m->nitems; i++)
     if (!strcmp(m->items[i - 1].name, m->items[i].name))
       return fail(w, CKPTIO_E_DUPLICATE, "two items named '%.200s'", m->items[i].name);
