@@ -158,6 +158,23 @@ def test_garbage_is_format_error(tmp_path):
         ckptio.load_file(truncated)
 
 
+def test_missing_tensor_is_key_error(tmp_path):
+    path = _save(tmp_path / "m.safetensors")
+    with ckptio.safe_open(path, framework="numpy") as f:
+        with pytest.raises(KeyError) as info:
+            f.get_tensor("nope")
+        _common(info.value, ckptio.TensorNotFoundError, "NOT_FOUND")
+        assert info.value.code == ckptio.ERRORS["NOT_FOUND"]
+        assert "'nope'" in str(info.value) and str(path) in str(info.value)
+        with pytest.raises(KeyError):
+            f.get_slice("nope")
+        assert f.get_tensor("w").shape == (1000,)   # the file stays usable
+        try:                                         # a dict-style handler catches it
+            f.get_tensor("nope")
+        except LookupError:
+            pass
+
+
 def test_bad_argument_is_value_error(tmp_path):
     with pytest.raises(ValueError) as info:
         ckptio.save_file({"w": ckptio.Tensor("F33", (2,), b"\0" * 8)}, tmp_path / "m.safetensors")
