@@ -402,20 +402,19 @@ def plan(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, st
     return Plan(items, meta, streams)
 
 
-def start(opener: str, path: PathLike, crc: bool, open_args: Iterable[Any],
+def start(opener: Callable[..., int], path: PathLike, crc: bool, open_args: Iterable[Any],
           p: Plan) -> SaveHandle:
-    """Opens a writer with `opener` ("open" or "open_sharded":
-    ckptio_writer_<opener>(ctx, path, *open_args, opts, &w)), fills it and
-    starts its commit: a SaveHandle. On failure the writer is closed
-    (uncommitted: nothing written)."""
+    """Opens a writer with `opener` (ckptio_writer_open or
+    ckptio_writer_open_sharded, called as opener(ctx, path, *open_args, opts,
+    &w)), fills it and starts its commit: a SaveHandle. On failure the
+    writer is closed (uncommitted: nothing written)."""
     lib = _lib.lib()
     context = ctx()
     fspath = os.fsencode(os.fspath(path))
     shown = os.fsdecode(fspath)
     opts = options(context, crc)
     w = ctypes.c_void_p()
-    check(getattr(lib, f"ckptio_writer_{opener}")(context, fspath, *open_args, ctypes.byref(opts),
-                                                   ctypes.byref(w)),
+    check(opener(context, fspath, *open_args, ctypes.byref(opts), ctypes.byref(w)),
           f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
     return fill_and_commit(w, shown, p, writer_ops())
 

@@ -69,7 +69,7 @@ def save_file_async(tensors: Mapping[str, torch.Tensor], filename: PathLike,
     modify the tensors until handle.wait_snapshot() returns; the file exists
     (atomically) once handle.wait_durable() returns."""
     code = _lib.format_code(format)
-    return start("open", filename, crc, (code,), plan(tensors, metadata))
+    return start(_lib.lib().ckptio_writer_open, filename, crc, (code,), plan(tensors, metadata))
 
 
 def save_file(tensors: Mapping[str, torch.Tensor], filename: PathLike,
@@ -196,7 +196,7 @@ def save_torch_state_dict_async(tensors: Mapping[str, torch.Tensor], save_direct
         p.meta.insert(0, ("format", "pt"))
     # The shards huggingface_hub's split_torch_state_dict_into_shards cuts:
     # the library's CKPTIO_SHARD_ORDER_HF over the dict's order.
-    return start("open_sharded", save_directory, crc,
+    return start(_lib.lib().ckptio_writer_open_sharded, save_directory, crc,
                  (prefix.encode(), _lib.FORMAT_SAFETENSORS, limit, _lib.SHARD_ORDER_HF), p)
 
 
