@@ -91,7 +91,6 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cut_cv;
   int backing, shadow; /* directory fds */
-  char *shadow_path;
   node *nodes;
   size_t nnodes, cap;
   uint64_t syncs, freeze_at;
@@ -293,7 +292,6 @@ static int snapshot_dir(int n, const char *relpath) {
   clear_pending(x);
   size_t cap = 0;
   struct dirent *e;
-  int rc = 0;
   while ((e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
     char child[PATH_MAX];
@@ -309,7 +307,7 @@ static int snapshot_dir(int n, const char *relpath) {
     x->entries[x->nentries++] = (entry){strdup(e->d_name), c};
   }
   closedir(d);
-  return rc;
+  return 0;
 }
 
 /* Every node under relpath as the mount finds it: durable as it is. */
