@@ -112,7 +112,7 @@ class Kind:
         # The manager's save-loop options: retention, and 1 MiB shards.
         self.manager = None
         if name.startswith("manager"):
-            self.manager = ["--keep", "2", "--every", "3"] + (["--sharded"] if name == "manager_sharded" else [])
+            self.manager = ["--keep", "2", "--every", "25"] + (["--sharded"] if name == "manager_sharded" else [])
 
     def path(self):
         return os.path.join(self.mount.mnt, self.rel)
