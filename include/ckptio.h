@@ -161,6 +161,29 @@ int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape)
 
 /* ---------------------------------------------------------------- options */
 
+/* Versioned structs. ckptio_options, ckptio_stats, ckptio_comm,
+ * ckptio_manager_options and ckptio_checkpoint_info begin with `size_t size`,
+ * which the caller sets to sizeof the struct as its ckptio.h declares it
+ * (the _INIT macros do; ckptio_comm_single fills a whole ckptio_comm).
+ * New fields are only ever appended, and every call that takes one of
+ * these follows one rule:
+ *  - An older, shorter struct is accepted. Passed in, the fields past its
+ *    size take their defaults (the _INIT macro's values; zero for
+ *    ckptio_comm, whose missing collectives are then refused as NULL ones).
+ *    Filled out, only the fields within its size are written.
+ *  - A larger size than this library knows (a program built against a
+ *    newer ckptio.h) is accepted when every byte past this library's struct
+ *    is zero, as the newer _INIT macro leaves fields it does not use:
+ *    nothing the caller set is ignored. Otherwise, or when size is smaller
+ *    than the size field itself or more than 1 KiB past this library's
+ *    struct (a size never set), the call fails with CKPTIO_E_INVALID_ARG:
+ *    the open-type calls (context, writers, readers, manager) say why,
+ *    naming the struct, in ckptio_last_open_error; the calls that fill a
+ *    struct (the stats, ckptio_manager_checkpoint) return the code alone.
+ *    The caller's size field and those tail bytes are never written.
+ * A size ends at a field boundary: sizeof of an older version of the
+ * struct does. */
+
 typedef enum ckptio_format {
   CKPTIO_FORMAT_SAFETENSORS = 0,  /* .safetensors, with CRC32s in __metadata__ */
   CKPTIO_FORMAT_PYTORCH = 1,      /* torch.save zip (.pt); torch.load(weights_only=True,
@@ -181,8 +204,8 @@ typedef enum ckptio_load_method {
 
 #define CKPTIO_AUTO (-1)
 
-/* Options of a context, and per save or load. Versioned: start from
- * CKPTIO_OPTIONS_INIT (which sets `size` and the defaults), then change
+/* Options of a context, and per save or load. Versioned (see above): start
+ * from CKPTIO_OPTIONS_INIT (which sets `size` and the defaults), then change
  * fields. Zero threads, chunk_bytes or staging_bytes means the default. */
 typedef struct ckptio_options {
   size_t size;              /* sizeof(ckptio_options) */
@@ -251,9 +274,13 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
 /*! Joins the workers and frees the ring. Every writer and reader of this
  *  context must have been closed first. Accepts NULL. */
 void ckptio_ctx_free(ckptio_ctx *ctx);
-/*! The options in force (defaults resolved) into *out. With ctx NULL,
- *  *out is CKPTIO_OPTIONS_INIT (nothing resolved); with out NULL, nothing. */
-void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
+/*! The options in force (defaults resolved) into *out, whose size the
+ *  caller sets (start from CKPTIO_OPTIONS_INIT; the rule of versioned
+ *  structs). With ctx NULL, *out gets CKPTIO_OPTIONS_INIT's values (nothing
+ *  resolved).
+ *  @return 0, or CKPTIO_E_INVALID_ARG (out NULL or its size refused: out
+ *  untouched). */
+int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
 
 /*! ckptio_ctx_cuda() :
  *  @return 1 when this context drives GPUs (CUDA runtime loaded, at least one
@@ -1126,8 +1153,8 @@ typedef struct ckptio_checkpoint_info {
 int64_t ckptio_manager_list(ckptio_manager *m, int verify);
 
 /*! Entry i (0 .. count - 1, oldest first) of the last ckptio_manager_list.
- *  @return 0, or CKPTIO_E_INVALID_ARG (i out of range, out NULL or its size
- *  too small). */
+ *  @return 0, or CKPTIO_E_INVALID_ARG (i out of range, out NULL, or out's
+ *  size refused: see "Versioned structs"). */
 int ckptio_manager_checkpoint(const ckptio_manager *m, size_t i, ckptio_checkpoint_info *out);
 
 /*! The detail of the last failure of this manager, or "". Borrowed until

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/options.h"
+#include "core/sized.h"
 #include "device/numa.h"
 #include "device/transfer.h"
 #include "internal.h"
@@ -18,20 +20,13 @@ const char *ckptio_version_string(void) {
   return STR(CKPTIO_VERSION_MAJOR) "." STR(CKPTIO_VERSION_MINOR) "." STR(CKPTIO_VERSION_PATCH);
 }
 
-/* Copies the caller's struct up to its own size, so an older caller with a
- * shorter struct still works. */
-static int copy_options(const ckptio_options *in, ckptio_options *out) {
+/* The caller's options by the rule of versioned structs (core/sized.h):
+ * fields past an older caller's size keep CKPTIO_OPTIONS_INIT's values. */
+static int copy_options(const ckptio_options *in, ckptio_options *out, char *err) {
   ckptio_options defaults = CKPTIO_OPTIONS_INIT;
   *out = defaults;
-  if (!in) return 0;
-  if (in->size < offsetof(ckptio_options, threads) + sizeof(int)) return CKPTIO_E_INVALID_ARG;
-  memcpy(out, in, in->size < sizeof(*out) ? in->size : sizeof(*out));
-  out->size = sizeof(*out);
-  if (out->direct_io < CKPTIO_AUTO || out->direct_io > 1 || out->cuda < CKPTIO_AUTO || out->cuda > 1 ||
-      out->numa < CKPTIO_AUTO || out->numa > 1 || out->load_method < CKPTIO_LOAD_AUTO ||
-      out->load_method > CKPTIO_LOAD_DIRECT || out->threads < 0 || out->shuffle < 0 || out->shuffle > 1)
-    return CKPTIO_E_INVALID_ARG;
-  return 0;
+  int rc = ckptio_sized_in(in, out, sizeof(*out), "ckptio_options", err, CKPTIO_ERRLEN);
+  return rc < 0 ? rc : ckptio_options_check(out, err, CKPTIO_ERRLEN);
 }
 
 /* Staging and workers near the first GPU: the one a single-GPU process
@@ -57,10 +52,10 @@ static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   *out = NULL;
   ckptio_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return -ENOMEM;
-  int rc = copy_options(opts, &ctx->opts);
+  char why[CKPTIO_ERRLEN];
+  int rc = copy_options(opts, &ctx->opts, why);
   if (rc < 0) {
-    ckptio_set_open_error("ckptio_ctx_create: options: a size below the first fields, or an enum field "
-                          "(direct_io, cuda, numa, load_method, shuffle) or threads out of range");
+    ckptio_set_open_error(why);
     goto fail;
   }
   ckptio_options *o = &ctx->opts;
@@ -125,14 +120,9 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
   free(ctx);
 }
 
-void ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) {
-  if (!out) return;
-  if (ctx) {
-    *out = ctx->opts;
-    return;
-  }
+int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) {
   const ckptio_options init = CKPTIO_OPTIONS_INIT; /* no context: nothing resolved */
-  *out = init;
+  return ckptio_sized_out(out, ctx ? &ctx->opts : &init, sizeof(init), "ckptio_options", NULL, 0);
 }
 
 const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx) { return ctx ? ctx->numa_report : ""; }
@@ -170,11 +160,11 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr) {
   return ckptio_gpu_free(ctx->gpu, ord, ptr, NULL, 0);
 }
 
-int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out) {
+int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out, char *err) {
   *out = ctx->opts;
   if (!call) return 0;
   ckptio_options c;
-  int rc = copy_options(call, &c);
+  int rc = copy_options(call, &c, err);
   if (rc < 0) return rc;
   out->crc = c.crc;
   out->direct_io = c.direct_io;

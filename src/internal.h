@@ -38,8 +38,10 @@ static inline int ckptio_codec_jobs(const ckptio_ctx *ctx) {
 }
 
 /* The options of one save or load: the context's, overridden by the
- * per-call fields that make sense per call (crc, direct_io, fsync, load). */
-int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out);
+ * per-call fields that make sense per call (crc, direct_io, fsync, load).
+ * A refused struct (core/sized.h, core/options.h) is said in err
+ * (CKPTIO_ERRLEN bytes). */
+int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out, char *err);
 
 /* 0 and the GPU ordinal of a CKPTIO_DEVICE_CUDA(n) value, or
  * CKPTIO_E_DEVICE with the reason (CUDA unavailable, no such GPU) in err. */

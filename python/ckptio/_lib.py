@@ -254,7 +254,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_tensor_nbytes": (ctypes.c_int64, [_I, _I, c_int64_p]),
     "ckptio_ctx_create": (_I, [ctypes.POINTER(Options), _PP]),
     "ckptio_ctx_free": (None, [_P]),
-    "ckptio_ctx_options": (None, [_P, ctypes.POINTER(Options)]),
+    "ckptio_ctx_options": (ctypes.c_int, [_P, ctypes.POINTER(Options)]),
     "ckptio_writer_open": (_I, [_P, _S, _I, ctypes.POINTER(Options), _PP]),
     "ckptio_writer_set_metadata": (_I, [_P, _S, _S]),
     "ckptio_writer_add": (_I, [_P, ctypes.POINTER(Tensor_)]),

@@ -434,7 +434,7 @@ static int bench_load(bench_state *s, ckptio_load_method method, const char *wha
   cli_progress bar = {0};
   char label[48];
   snprintf(label, sizeof(label), "run %d %s load", s->run + 1, what);
-  ckptio_options lo;
+  ckptio_options lo = CKPTIO_OPTIONS_INIT;
   ckptio_ctx_options(s->ctx, &lo);
   lo.load_method = method;
   int rc = s->o->verify ? clear_dst(s) : 0;
@@ -619,6 +619,7 @@ int cli_bench_main(int argc, char **argv) {
             cli_open_error(rc));
     goto fail;
   }
+  res.ctx_opts = (ckptio_options)CKPTIO_OPTIONS_INIT;
   ckptio_ctx_options(s.ctx, &res.ctx_opts);
   res.numa = ckptio_ctx_numa_report(s.ctx);
   if (o.gpu >= 0) {

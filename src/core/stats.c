@@ -1,14 +1,11 @@
 /* ckptio_stats from the pipelines' timers. */
 #include "core/stats.h"
 
-#include <string.h>
+#include "core/sized.h"
 
 int ckptio_timers_report(const ckptio_timers *t, uint64_t bytes, int threads, uint64_t staging,
                          ckptio_stats *out) {
-  if (!out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
-  ckptio_stats s;
-  memset(&s, 0, sizeof(s));
-  s.size = out->size < sizeof(s) ? out->size : sizeof(s);
+  ckptio_stats s = CKPTIO_STATS_INIT;
   s.bytes = bytes;
   uint64_t end = t->end_ns ? t->end_ns : ckptio_now_ns();
   s.seconds = t->start_ns ? (double)(end - t->start_ns) / 1e9 : 0;
@@ -20,6 +17,5 @@ int ckptio_timers_report(const ckptio_timers *t, uint64_t bytes, int threads, ui
   s.threads = threads;
   s.staging_bytes = staging;
   s.direct_bytes = atomic_load(&t->direct_bytes);
-  memcpy(out, &s, s.size);
-  return 0;
+  return ckptio_sized_out(out, &s, sizeof(s), "ckptio_stats", NULL, 0);
 }

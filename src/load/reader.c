@@ -51,7 +51,7 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
   ckptio_reader *r = calloc(1, sizeof(*r));
   if (!r) return ckptio_open_error_end(-ENOMEM, call, NULL);
   r->ctx = ctx;
-  int rc = ckptio_options_for_call(ctx, opts, &r->opts);
+  int rc = ckptio_options_for_call(ctx, opts, &r->opts, r->err);
   if (rc < 0 || (rc = open_source(r, path)) < 0) goto fail;
   size_t n = r->src->idx.count;
   if (!(r->by_name = malloc((n + 1) * sizeof(size_t)))) {

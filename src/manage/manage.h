@@ -12,6 +12,8 @@
 #include "ckptio.h"
 #include "core/error.h"
 #include "core/hold.h"
+#include "core/options.h"
+#include "core/sized.h"
 
 /* Every hidden entry the manager creates starts with this, and a save
  * removes only entries that do. */

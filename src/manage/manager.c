@@ -28,17 +28,17 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
   ckptio_open_error_clear(); /* an open-type call: see ckptio_last_open_error */
   if (out) *out = NULL;
   if (!ctx || !dir || !*dir || !out) return fail_open(CKPTIO_E_INVALID_ARG, "ckptio_manager_open: %s%s", "a NULL argument", "");
+  /* Both structs by the rule of versioned structs (core/sized.h): fields
+   * past an older caller's size keep the _INIT defaults. */
+  char why[CKPTIO_ERRLEN];
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
-  if (mopts) {
-    if (mopts->size < sizeof(mo))
-      return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "manager options: size is not sizeof(ckptio_manager_options)");
-    mo = *mopts;
-    mo.size = sizeof(mo);
-  }
-  ckptio_options o;
+  if (ckptio_sized_in(mopts, &mo, sizeof(mo), "ckptio_manager_options", why, sizeof(why)) < 0)
+    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
   if (opts) {
-    if (opts->size != sizeof(o)) return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "options: size is not sizeof(ckptio_options)");
-    o = *opts;
+    if (ckptio_sized_in(opts, &o, sizeof(o), "ckptio_options", why, sizeof(why)) < 0 ||
+        ckptio_options_check(&o, why, sizeof(why)) < 0)
+      return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
   } else {
     ckptio_ctx_options(ctx, &o);
   }

@@ -241,16 +241,17 @@ int64_t ckptio_manager_list(ckptio_manager *m, int verify) {
 }
 
 int ckptio_manager_checkpoint(const ckptio_manager *m, size_t i, ckptio_checkpoint_info *out) {
-  if (!m || !out || out->size < sizeof(*out) || i >= m->nlist) return CKPTIO_E_INVALID_ARG;
+  if (!m || !out || i >= m->nlist) return CKPTIO_E_INVALID_ARG;
   const mgr_entry *e = &m->list[i];
-  out->step = e->step;
-  out->dir = e->dir;
-  out->path = e->path;
-  out->bytes = e->bytes;
-  out->files = e->files;
-  out->complete = e->complete;
-  out->verified = e->verified;
-  out->error = e->error;
-  out->detail = e->detail;
-  return 0;
+  ckptio_checkpoint_info c = CKPTIO_CHECKPOINT_INFO_INIT;
+  c.step = e->step;
+  c.dir = e->dir;
+  c.path = e->path;
+  c.bytes = e->bytes;
+  c.files = e->files;
+  c.complete = e->complete;
+  c.verified = e->verified;
+  c.error = e->error;
+  c.detail = e->detail;
+  return ckptio_sized_out(out, &c, sizeof(c), "ckptio_checkpoint_info", NULL, 0);
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/sized.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
 #include "internal.h"
@@ -80,15 +81,21 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   *out = NULL;
   ranks_writer *w = NULL;
   if (!ctx || !comm || !dir || !*dir || !prefix) return rc;
-  if (comm->size < sizeof(ckptio_comm) || comm->nranks < 1 || comm->rank < 0 || comm->rank >= comm->nranks ||
-      !comm->allgather || !comm->broadcast) {
-    snprintf(msg, sizeof(msg), "%s: the communicator needs size, 0 <= rank < nranks, allgather and broadcast", dir);
+  /* An older, shorter communicator lacks the fields past its size: they
+   * are zero, so a missing collective is refused below like a NULL one. */
+  ckptio_comm c;
+  memset(&c, 0, sizeof(c));
+  if ((rc = ckptio_sized_in(comm, &c, sizeof(c), "ckptio_comm", msg, sizeof(msg))) < 0) goto fail;
+  rc = CKPTIO_E_INVALID_ARG;
+  if (c.nranks < 1 || c.rank < 0 || c.rank >= c.nranks || !c.allgather || !c.broadcast) {
+    snprintf(msg, sizeof(msg), "%s: the communicator needs 0 <= rank < nranks, allgather and broadcast (its size %zu)",
+             dir, comm->size);
     goto fail;
   }
   if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
-  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
+  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;
   if (w->opts.compress_level) {
     rc = CKPTIO_E_FORMAT;
     snprintf(msg, sizeof(msg), "%s: multi-rank files are plain safetensors; compress single files", dir);
@@ -98,8 +105,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->base.verbs = &ranks_verbs;
   w->ctx = ctx;
-  w->comm = *comm;
-  w->comm.size = sizeof(ckptio_comm);
+  w->comm = c;
   w->file.fd = w->file.fd_direct = -1;
   *out = &w->base;
   return 0;
@@ -357,7 +363,6 @@ static int ranks_poll_snapshot(ckptio_writer *base) {
 
 static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
   const ranks_writer *w = (const ranks_writer *)base;
-  if (!out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
   ckptio_stats s = CKPTIO_STATS_INIT;
   s.threads = w->ctx->opts.threads;
   if (w->sub) {
@@ -368,10 +373,7 @@ static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
     s.seconds = (double)((w->end_ns ? w->end_ns : ckptio_now_ns()) - w->start_ns) / 1e9;
     s.commit_seconds += (double)w->publish_ns / 1e9;
   }
-  size_t n = out->size < sizeof(s) ? out->size : sizeof(s);
-  s.size = n;
-  memcpy(out, &s, n);
-  return 0;
+  return ckptio_sized_out(out, &s, sizeof(s), "ckptio_stats", NULL, 0);
 }
 
 static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/sized.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
 #include "internal.h"
@@ -95,7 +96,7 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
   if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
-  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts)) < 0) goto fail;
+  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;
   if (w->opts.compress_level) {
     /* Shards are read directly by Hugging Face tools, which know no zstd. */
     rc = CKPTIO_E_FORMAT;
@@ -436,7 +437,6 @@ static int set_poll_snapshot(ckptio_writer *base) {
 
 static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
   const set_writer *w = (const set_writer *)base;
-  if (!out || out->size < sizeof(size_t)) return CKPTIO_E_INVALID_ARG;
   ckptio_stats sum = CKPTIO_STATS_INIT, one;
   sum.threads = w->ctx->opts.threads;
   for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
@@ -457,10 +457,7 @@ static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
     sum.seconds = (double)((end ? end : ckptio_now_ns()) - w->start_ns) / 1e9;
     sum.commit_seconds += (double)atomic_load(&w->publish_ns) / 1e9;
   }
-  size_t n = out->size < sizeof(sum) ? out->size : sizeof(sum);
-  sum.size = n;
-  memcpy(out, &sum, n);
-  return 0;
+  return ckptio_sized_out(out, &sum, sizeof(sum), "ckptio_stats", NULL, 0);
 }
 
 static void set_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {

@@ -110,7 +110,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
                           (int)format);
   file_writer *w = calloc(1, sizeof(*w));
   if (!w) return -ENOMEM;
-  int rc = ckptio_options_for_call(ctx, opts, &w->opts);
+  int rc = ckptio_options_for_call(ctx, opts, &w->opts, w->base.err);
   if (rc == 0 && w->opts.compress_level) rc = ckptio_zsave_check_level(w->opts.compress_level, w->base.err, sizeof(w->base.err));
   if (rc == 0 && w->opts.compress_level && format != CKPTIO_FORMAT_SAFETENSORS)
     rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,

@@ -309,8 +309,8 @@ TEST(Pipeline, OptionsAreValidated) {
   o = small_options(1 << 20, 1 << 20, 2);  // one slot: no overlap possible
   EXPECT_EQ(ckptio_ctx_create(&o, &ctx), CKPTIO_E_INVALID_ARG);
   ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
-  ckptio_options got;
-  ckptio_ctx_options(ctx, &got);
+  ckptio_options got = CKPTIO_OPTIONS_INIT;
+  ASSERT_EQ(ckptio_ctx_options(ctx, &got), 0);
   EXPECT_EQ(got.chunk_bytes, 8u << 20);
   EXPECT_EQ(got.staging_bytes, 256u << 20);
   EXPECT_EQ(got.crc, 1);
