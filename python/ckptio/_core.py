@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import operator
 import os
 import threading
-from typing import Any, Dict, List, Optional, TypeVar, Union
+from typing import Any, Dict, List, Optional, SupportsIndex, Tuple, TypeVar, Union
 
 from . import _lib, _mapped
 from .errors import check, from_code
 
 __all__ = ["SNAPSHOT_AUTO", "configure", "ctx", "map_ctx", "options", "dtype_code", "Reader",
-           "PathLike", "MemoryFile", "scratch_dir"]
+           "PathLike", "MemoryFile", "scratch_dir", "parse_slice_key"]
 
 _R = TypeVar("_R", bound="Reader")
 PathLike = Union[str, "os.PathLike[str]", bytes, "os.PathLike[bytes]"]
@@ -263,3 +264,51 @@ class MemoryFile:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+
+
+def parse_slice_key(shape: Tuple[int, ...], key: Any,
+                    where: str) -> Tuple[Optional[int], int, int, bool]:
+    """The one-dimension read a get_slice key asks for: (dim, start, stop,
+    drop), dim None when the key takes the whole tensor, drop when an integer
+    index removes that dimension. Keys: integers, start:stop slices with step
+    1 (clamped like Python's), ':' and '...'. A step or a second sliced
+    dimension raises ValueError, another kind of key TypeError (`where`
+    names the tensor), an index out of range IndexError."""
+    keys = key if isinstance(key, tuple) else (key,)
+    nd = len(shape)
+    if sum(k is Ellipsis for k in keys) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if Ellipsis in keys:
+        at = keys.index(Ellipsis)
+        fill = nd - (len(keys) - 1)
+        if fill < 0:
+            raise IndexError(f"too many indices for tensor of dimension {nd}")
+        keys = keys[:at] + (slice(None),) * fill + keys[at + 1:]
+    if len(keys) > nd:
+        raise IndexError(f"too many indices for tensor of dimension {nd}")
+    cut: Optional[Tuple[int, int, int, bool]] = None
+    for d, k in enumerate(keys):
+        size = shape[d]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(size)
+            if step != 1:
+                raise ValueError(f"{where}: slices with a step ({k}) are not "
+                                 "supported: ckptio reads start:stop ranges")
+            stop = max(stop, start)
+            if (start, stop) == (0, size):
+                continue
+            part = (d, start, stop, False)
+        elif not isinstance(k, bool) and isinstance(k, (int, SupportsIndex)):
+            i = operator.index(k)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
+            i %= size
+            part = (d, i, i + 1, True)
+        else:
+            raise TypeError(f"{where}: only integers, start:stop slices, ':' and "
+                            f"'...' index a slice, not {type(k).__name__}")
+        if cut is not None:
+            raise ValueError(f"{where}: ckptio slices one dimension per read "
+                             f"(dims {cut[0]} and {d} asked); read one, then slice the result")
+        cut = part
+    return cut if cut is not None else (None, 0, 0, False)

@@ -27,7 +27,8 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib, _mapped
-from ._core import MemoryFile, PathLike, Reader, ctx, dtype_code, options, scratch_dir
+from ._core import (MemoryFile, PathLike, Reader, ctx, dtype_code, options,
+                    parse_slice_key, scratch_dir)
 from .errors import check, from_code
 
 __all__ = ["save", "save_file", "load", "load_file", "load_metadata", "verify", "safe_open",
@@ -301,15 +302,21 @@ def verify(filename: PathLike) -> int:
 
 class NumpySlice:
     """safe_open(...).get_slice(name) for numpy: get_shape(), get_dtype(),
-    and [key] with any numpy index. The tensor is read whole at the first
-    index and sliced in memory (ckptio.torch's slices read only their bytes)."""
+    and [key]. A key that slices one dimension with step 1 (integers,
+    start:stop, ':' and '...', as ckptio.torch's slices) reads only that
+    slice's bytes from the file (ckptio_reader_load_slices); any other numpy
+    key reads the whole tensor, then indexes it in memory. `verified` says
+    whether the last read was checked against the tensor's CRC32 (only a
+    whole tensor can be)."""
 
     def __init__(self, owner: "safe_open", name: str) -> None:
         self._owner = owner
         self._name = name
         info = owner._info(name)
-        self._shape = [int(d) for d in info.shape[:info.ndim]]
+        self._index = owner._by_name[name]
+        self._shape = tuple(int(d) for d in info.shape[:info.ndim])
         self._dtype = owner._reader().dtype_name(info)
+        self.verified: Optional[bool] = None
 
     def get_shape(self) -> List[int]:
         """The tensor's shape, as a list."""
@@ -319,12 +326,49 @@ class NumpySlice:
         """The safetensors dtype name ("F32", "BF16", ...)."""
         return self._dtype
 
+    def _read(self, dim: int, start: int, stop: int) -> npt.NDArray[Any]:
+        """start:stop of dimension dim (the whole tensor: 0, 0, shape[0]),
+        read from the file; sets verified (the library checks the CRC32 of a
+        read that covers the whole tensor)."""
+        r = self._owner._reader()
+        where = f"{r.shown}: tensor {self._name!r}"
+        np_dtype = NUMPY_DTYPES.get(self._dtype)
+        if np_dtype is None:
+            raise TypeError(f"{where} is {self._dtype}, which numpy lacks: get_tensor returns "
+                            "its bytes")
+        shape = list(self._shape)
+        shape[dim] = stop - start
+        out = np.empty(shape, np_dtype)
+        nbytes = r.check(int(r.lib.ckptio_reader_slice_nbytes(r.handle, self._index, dim, start,
+                                                               stop)), f"slice of {self._name!r}")
+        if nbytes != out.nbytes:
+            raise from_code(_lib.ERRORS["TENSOR_INFO"],
+                            f"{where}: slice is {nbytes} bytes, numpy says {out.nbytes}")
+        req = _lib.SliceRequest(self._index, dim, start, stop, out.ctypes.data if nbytes else None,
+                                nbytes, _lib.DEVICE_HOST, 0, 0)
+        r.check(r.lib.ckptio_reader_load_slices(r.handle, ctypes.byref(req), 1),
+                f"slice {start}:{stop} of dim {dim} of {self._name!r}")
+        self.verified = bool(req.verified)
+        return out
+
     def __getitem__(self, key: Any) -> Any:
-        whole = self._owner.get_tensor(self._name)
-        if isinstance(whole, Tensor):
-            raise TypeError(f"tensor {self._name!r} is {whole.dtype}, which numpy lacks: "
-                            "get_tensor returns its bytes")
-        return whole[key]
+        """The slice `key` of the tensor (see the class's docstring)."""
+        r = self._owner._reader()
+        where = f"{r.shown}: tensor {self._name!r}"
+        if not self._shape:  # 0-d: numpy indexes the scalar array
+            whole = self._owner.get_tensor(self._name)
+            if isinstance(whole, Tensor):
+                raise TypeError(f"{where} is {self._dtype}, which numpy lacks")
+            self.verified = None
+            return whole[key]
+        try:
+            dim, start, stop, drop = parse_slice_key(self._shape, key, where)
+        except (ValueError, TypeError):  # any other numpy key, on the whole tensor
+            return self._read(0, 0, self._shape[0])[key]
+        if dim is None:
+            return self._read(0, 0, self._shape[0])[key]
+        out = self._read(dim, start, stop)
+        return out.squeeze(dim) if drop else out
 
 
 class safe_open:

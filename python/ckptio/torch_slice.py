@@ -17,12 +17,12 @@ that is the whole tensor is)."""
 from __future__ import annotations
 
 import ctypes
-import operator
-from typing import Any, List, Optional, SupportsIndex, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from . import _lib
+from ._core import parse_slice_key
 from ._torch_io import TORCH_DTYPES, TorchReader, before_device_writes
 from .errors import from_code
 
@@ -71,44 +71,7 @@ class TorchSlice:
 
     def _parse(self, key: Any) -> Tuple[Optional[int], int, int, bool]:
         """(dim, start, stop, drop) of a key; dim None for the whole tensor."""
-        keys = key if isinstance(key, tuple) else (key,)
-        nd = len(self._shape)
-        if sum(k is Ellipsis for k in keys) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        if Ellipsis in keys:
-            at = keys.index(Ellipsis)
-            fill = nd - (len(keys) - 1)
-            if fill < 0:
-                raise IndexError(f"too many indices for tensor of dimension {nd}")
-            keys = keys[:at] + (slice(None),) * fill + keys[at + 1:]
-        if len(keys) > nd:
-            raise IndexError(f"too many indices for tensor of dimension {nd}")
-        cut: Optional[Tuple[int, int, int, bool]] = None
-        for d, k in enumerate(keys):
-            size = self._shape[d]
-            if isinstance(k, slice):
-                start, stop, step = k.indices(size)
-                if step != 1:
-                    raise ValueError(f"{self._where()}: slices with a step ({k}) are not "
-                                     "supported: ckptio reads start:stop ranges")
-                stop = max(stop, start)
-                if (start, stop) == (0, size):
-                    continue
-                part = (d, start, stop, False)
-            elif not isinstance(k, bool) and isinstance(k, (int, SupportsIndex)):
-                i = operator.index(k)
-                if not -size <= i < size:
-                    raise IndexError(f"index {i} is out of bounds for dimension {d} with size {size}")
-                i %= size
-                part = (d, i, i + 1, True)
-            else:
-                raise TypeError(f"{self._where()}: only integers, start:stop slices, ':' and "
-                                f"'...' index a slice, not {type(k).__name__}")
-            if cut is not None:
-                raise ValueError(f"{self._where()}: ckptio slices one dimension per read "
-                                 f"(dims {cut[0]} and {d} asked); read one, then slice the result")
-            cut = part
-        return cut if cut is not None else (None, 0, 0, False)
+        return parse_slice_key(self._shape, key, self._where())
 
     def __getitem__(self, key: Any) -> torch.Tensor:
         """The slice `key` of the tensor, read from the file (see the
