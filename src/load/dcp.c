@@ -5,15 +5,19 @@
  * torch.save archive parsed within its own byte range. Tensors split into
  * chunks answer `parts` (boxes and whole loads assemble them, as for a
  * multi-rank checkpoint); a tensor in one chunk and a byte item answer
- * `member`, byte items under CKPTIO_DCP_BYTES_PREFIX + their fqn. Like the
- * set, it plans nothing itself. */
+ * `member`, byte items under CKPTIO_DCP_BYTES_PREFIX + their fqn. A file
+ * written through DCP's zstd stream extension is decompressed at open into
+ * a memory file the plain source reads instead. Like the set, it plans
+ * nothing itself. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "core/error.h"
 #include "formats/dcp_meta.h"
@@ -83,21 +87,17 @@ static int read_metadata(dcp *x, const char *path) {
 
 /* The chunk's archive, parsed within [offset, offset + length) of the
  * file: one bare tensor of the item's dtype and the chunk's sizes. */
-static int chunk_entry(dcp *x, const ckptio_rfile *f, const ckptio_dcp_item *it, size_t c, stored *out) {
+static int chunk_entry(dcp *x, const ckptio_rfile *f, int inflated, const ckptio_dcp_item *it, size_t c, stored *out) {
   const ckptio_dcp_chunk *ch = &it->chunks[c];
   const char *fname = x->m.files[ch->at.file];
   char a[256], msg[CKPTIO_ERRLEN];
   ckptio_dcp_dims_text(ch->offsets, it->ndim, a, sizeof(a));
-  if (ch->at.zstd)
-    return ckptio_source_fail(&x->s, CKPTIO_E_FORMAT,
-                              "%s: chunk %s of '%s' in '%s' is compressed with DCP's stream.zstd extension, which "
-                              "ckptio does not read yet", x->dir, a, it->name, fname);
   ckptio_index idx;
   int rc = ckptio_torch_parse(f->map + ch->at.offset, ch->at.length, &idx, msg, sizeof(msg));
   if (rc < 0)
-    return ckptio_source_fail(&x->s, rc, "%s: chunk %s of '%s' (bytes %llu-%llu of '%s'): %s", x->dir, a, it->name,
+    return ckptio_source_fail(&x->s, rc, "%s: chunk %s of '%s' (bytes %llu-%llu of '%s'%s): %s", x->dir, a, it->name,
                               (unsigned long long)ch->at.offset, (unsigned long long)(ch->at.offset + ch->at.length),
-                              fname, msg);
+                              fname, inflated ? " decompressed" : "", msg);
   const ckptio_entry *e = idx.count == 1 ? &idx.entries[0] : NULL;
   if (!e || e->name[0]) {
     rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: chunk %s of '%s' in '%s' is not the torch.save of one tensor "
@@ -122,6 +122,130 @@ static int chunk_entry(dcp *x, const ckptio_rfile *f, const ckptio_dcp_item *it,
   return rc;
 }
 
+/* ------------------------------------------------------------ zstd */
+
+/* A zstd-compressed storage decompresses to at most this beyond a chunk's
+ * tensor bytes (its torch.save archive's records and directory), and a
+ * byte item to at most CKPTIO_DCP_ZSTD_MAX_BYTES: a zstd bomb stops there. */
+#define ZSTD_ARCHIVE_SLACK (1u << 20)
+#define CKPTIO_DCP_ZSTD_MAX_BYTES (1ull << 30)
+
+static int out_of_range(dcp *x, uint32_t k, const ckptio_dcp_item *it, const ckptio_dcp_storage *at, uint64_t size) {
+  return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: '%s' is stored at bytes %llu-%llu of '%s', which has %llu",
+                            x->dir, it->name, (unsigned long long)at->offset,
+                            (unsigned long long)(at->offset + at->length), x->m.files[k], (unsigned long long)size);
+}
+
+/* Appends the zstd stream in[0, len) to fd, decompressed: at most max bytes.
+ * @return the bytes written, or a code (message set). */
+static int64_t inflate_to(dcp *x, ZSTD_DCtx *d, int fd, const uint8_t *in, uint64_t len, uint64_t max, const char *name,
+                          unsigned char *buf, size_t cap) {
+  ZSTD_inBuffer ib = {in, (size_t)len, 0};
+  uint64_t total = 0;
+  size_t ret = 1;
+  ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+  while (ib.pos < ib.size || ret != 0) {
+    ZSTD_outBuffer ob = {buf, cap, 0};
+    size_t before = ib.pos;
+    ret = ZSTD_decompressStream(d, &ob, &ib);
+    if (ZSTD_isError(ret))
+      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream is corrupt: %s", x->dir, name,
+                                ZSTD_getErrorName(ret));
+    if (ob.pos == 0 && ib.pos == before)
+      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream ends inside a frame", x->dir, name);
+    if ((total += ob.pos) > max)
+      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s' decompresses to more than %llu bytes, more than it "
+                                "can hold", x->dir, name, (unsigned long long)max);
+    for (size_t o = 0; o < ob.pos;) {
+      ssize_t w = write(fd, buf + o, ob.pos - o);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return ckptio_source_fail(&x->s, w < 0 ? -errno : -EIO, "%s: decompressing '%s': %s", x->dir, name,
+                                            ckptio_errno_text(w < 0 ? errno : EIO));
+      o += (size_t)w;
+    }
+  }
+  return (int64_t)total;
+}
+
+/* A file whose chunks went through DCP's zstd stream extension: every
+ * storage of file k is written, decompressed (or copied when it was not
+ * compressed), to an anonymous memory file that *f then stands for, and
+ * the storages are moved to their place there. The decompressed bytes stay
+ * in memory while the reader is open. */
+static int inflate_file(dcp *x, uint32_t k, ckptio_rfile *f) {
+  int fd = memfd_create("ckptio-dcp", MFD_CLOEXEC), rc = 0;
+  size_t cap = 1u << 20;
+  unsigned char *buf = malloc(cap);
+  ZSTD_DCtx *d = ZSTD_createDCtx();
+  uint64_t pos = 0;
+  if (fd < 0) rc = ckptio_source_fail(&x->s, -errno, "%s: a memory file for '%s': %s", x->dir, x->m.files[k],
+                                      ckptio_errno_text(errno));
+  else if (!buf || !d) rc = -ENOMEM;
+  for (size_t i = 0; i < x->m.nitems && rc == 0; i++) {
+    ckptio_dcp_item *it = &x->m.items[i];
+    for (size_t c = 0; c < (it->is_bytes ? 1 : it->nchunks) && rc == 0; c++) {
+      ckptio_dcp_storage *at = it->is_bytes ? &it->bytes : &it->chunks[c].at;
+      if (at->file != k) continue;
+      if (at->offset > f->size || at->length > f->size - at->offset) {
+        rc = out_of_range(x, k, it, at, f->size);
+        break;
+      }
+      uint64_t max = CKPTIO_DCP_ZSTD_MAX_BYTES;
+      if (!it->is_bytes) max = (uint64_t)ckptio_tensor_nbytes(it->dtype, it->ndim, it->chunks[c].sizes) + ZSTD_ARCHIVE_SLACK;
+      int64_t got = at->length;
+      if (at->zstd) {
+        got = inflate_to(x, d, fd, f->map + at->offset, at->length, max, it->name, buf, cap);
+      } else {
+        for (uint64_t o = 0; o < at->length && got >= 0;) {
+          ssize_t w = write(fd, f->map + at->offset + o, (size_t)(at->length - o));
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) got = ckptio_source_fail(&x->s, -EIO, "%s: copying '%s' to memory failed", x->dir, it->name);
+          else o += (uint64_t)w;
+        }
+      }
+      if (got < 0) {
+        rc = (int)got;
+        break;
+      }
+      at->offset = pos, at->length = (uint64_t)got, at->zstd = 0;
+      pos += (uint64_t)got;
+    }
+  }
+  ZSTD_freeDCtx(d);
+  free(buf);
+  if (rc == 0) {
+    char proc[64], *real = f->path;
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    ckptio_rfile m;
+    f->path = NULL;
+    if ((rc = ckptio_rfile_open(&m, proc, x->s.err, CKPTIO_ERRLEN)) == 0) {
+      free(m.path);
+      m.path = real; /* messages name the .distcp file */
+      real = NULL;
+      ckptio_rfile_close(f);
+      *f = m;
+    } else {
+      f->path = real;
+    }
+    free(real);
+  }
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+static int any_zstd(const dcp *x, uint32_t k) {
+  for (size_t i = 0; i < x->m.nitems; i++) {
+    const ckptio_dcp_item *it = &x->m.items[i];
+    for (size_t c = 0; c < (it->is_bytes ? 1 : it->nchunks); c++) {
+      const ckptio_dcp_storage *at = it->is_bytes ? &it->bytes : &it->chunks[c].at;
+      if (at->file == k && at->zstd) return 1;
+    }
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ files */
+
 /* File k: its chunks and byte items into the index of a plain source. */
 static int open_file(dcp *x, uint32_t k) {
   char *path = ckptio_path_join(x->dir, x->m.files[k]);
@@ -133,6 +257,11 @@ static int open_file(dcp *x, uint32_t k) {
   rc = ckptio_rfile_open(&f, path, x->s.err, CKPTIO_ERRLEN);
   free(path);
   if (rc < 0) return rc;
+  int inflated = any_zstd(x, k);
+  if (inflated && (rc = inflate_file(x, k, &f)) < 0) {
+    ckptio_rfile_close(&f);
+    return rc;
+  }
   ckptio_rfile_scattered(&f, 1);
   for (size_t i = 0; i < x->m.nitems && rc == 0; i++) {
     const ckptio_dcp_item *it = &x->m.items[i];
@@ -140,9 +269,7 @@ static int open_file(dcp *x, uint32_t k) {
       const ckptio_dcp_storage *at = it->is_bytes ? &it->bytes : &it->chunks[c].at;
       if (at->file != k) continue;
       if (at->offset > f.size || at->length > f.size - at->offset) {
-        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: '%s' is stored at bytes %llu-%llu of '%s', which has %llu",
-                                x->dir, it->name, (unsigned long long)at->offset,
-                                (unsigned long long)(at->offset + at->length), x->m.files[k], (unsigned long long)f.size);
+        rc = out_of_range(x, k, it, at, f.size);
         break;
       }
       if (n == cap) {
@@ -157,10 +284,7 @@ static int open_file(dcp *x, uint32_t k) {
       st[n].item = i;
       st[n].chunk = it->is_bytes ? SIZE_MAX : c;
       if (it->is_bytes) {
-        if (at->zstd)
-          rc = ckptio_source_fail(&x->s, CKPTIO_E_FORMAT, "%s: byte item '%s' is compressed with DCP's stream.zstd "
-                                  "extension, which ckptio does not read yet", x->dir, it->name);
-        else if (asprintf(&st[n].e.name, "%s%s", CKPTIO_DCP_BYTES_PREFIX, it->name) < 0)
+        if (asprintf(&st[n].e.name, "%s%s", CKPTIO_DCP_BYTES_PREFIX, it->name) < 0)
           st[n].e.name = NULL, rc = -ENOMEM;
         st[n].e.dtype = CKPTIO_U8;
         st[n].e.ndim = 1;
@@ -168,7 +292,7 @@ static int open_file(dcp *x, uint32_t k) {
         st[n].e.offset = at->offset;
         st[n].e.nbytes = at->length;
       } else {
-        rc = chunk_entry(x, &f, it, c, &st[n]);
+        rc = chunk_entry(x, &f, inflated, it, c, &st[n]);
       }
       n += rc == 0;
     }

@@ -97,7 +97,11 @@ def worker(rank, world, port, path, mode="save"):
         m, opt = fsdp_model(world)
         msd, osd = get_state_dict(m, opt)
         sd["model"], sd["optim"] = msd, osd
-        dcp.save(sd, checkpoint_id=path)
+        if mode == "zstd":  # DCP's zstd stream extension on every chunk and byte item
+            from torch.distributed.checkpoint._extension import ZStandard
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, _extensions=[ZStandard()]))
+        else:
+            dcp.save(sd, checkpoint_id=path)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -369,12 +373,50 @@ def test_lying_offsets_lengths_and_names_are_refused(one, tmp_path):
             "has no entry in storage_data")
 
 
-def test_dcp_zstd_extension(tmp_path):
+def zstd_available():
     from torch.distributed.checkpoint._extension import ZStandard
+    return ZStandard.is_available()
 
-    if not ZStandard.is_available():
-        pytest.skip("torch's DCP zstd extension needs the zstandard or pyzstd module, which this venv lacks")
+
+def test_dcp_zstd_extension(tmp_path):
+    """Chunks and byte items written through DCP's zstd stream extension
+    (2 ranks), read bit for bit as torch reads them; a corrupt stream and a
+    zstd bomb are refused."""
+    if not zstd_available():
+        pytest.skip("torch's DCP zstd extension needs the zstandard or pyzstd module, which this venv lacks "
+                    "(scripts/setup.sh installs zstandard)")
     path = tmp_path / "z"
-    writer = dcp.FileSystemWriter(str(path), _extensions=[ZStandard()])
-    dcp.save({"w": torch.ones(4)}, storage_writer=writer, no_dist=True)
-    refused(path, "stream.zstd")
+    save(2, path, mode="zstd")
+    values, meta = torch_reference(path, tmp_path)
+    assert all(v.transform_descriptors == ["stream.zstd/1"] for v in meta.storage_data.values())
+    got = ckptio.torch.load_file(path)
+    for fqn, want in values.items():
+        if isinstance(want, torch.Tensor):
+            assert torch.equal(bits(got[fqn]), bits(want)), fqn
+        else:
+            b = got[ckptio.dcp.BYTES_PREFIX + fqn].numpy().tobytes()
+            assert torch.load(io.BytesIO(b), weights_only=True) == want, fqn
+    with ckptio.torch.safe_open(path) as f:  # a slice across the chunks of a column-split tensor
+        assert torch.equal(bits(f.get_slice("col")[:, 2:8]), bits(values["col"][:, 2:8]))
+    # A flipped byte inside a chunk's compressed stream.
+    row = next(v for k, v in meta.storage_data.items() if k.fqn == "row")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in path.iterdir():
+        data = bytearray(p.read_bytes())
+        if p.name == row.relative_path:
+            data[row.offset + row.length // 2] ^= 0xFF
+        (bad / p.name).write_bytes(bytes(data))
+    with pytest.raises(Exception) as e:
+        ckptio.torch.load_file(bad)
+    assert "row" in str(e.value), str(e.value)
+    # A bomb: row's chunk replaced by a small stream of 64 MiB of zeros.
+    import zstandard
+    bomb = zstandard.ZstdCompressor().compress(bytes(64 << 20))
+    meta2 = pickle.loads((path / ".metadata").read_bytes())
+    info = next(v for k, v in meta2.storage_data.items() if k.fqn == "row")
+    data = (path / info.relative_path).read_bytes()
+    info.offset, info.length = len(data), len(bomb)
+    d = with_metadata(path, tmp_path / "bomb", pickle.dumps(meta2, protocol=4))
+    (d / info.relative_path).write_bytes(data + bomb)
+    refused(d, "row", "decompresses to more than")

@@ -115,6 +115,44 @@ TEST(Dcp, ByteItemsAndVerify) {
   ckptio_reader_close(r);
 }
 
+// The same checkpoint through DCP's zstd stream extension: decompressed at
+// open, then read like the plain one.
+TEST(Dcp, ZstdStreamExtension) {
+  Ctx c;
+  ckptio_reader *r = nullptr;
+  std::string dir = kData + "_zstd";
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_reader_count(r), 4u);
+  float row[24];
+  int32_t cols[2 * 4];
+  ASSERT_EQ(ckptio_reader_load(r, index_of(r, "row"), row, sizeof(row)), 0) << ckptio_reader_last_error(r);
+  for (int i = 0; i < 24; i++) EXPECT_EQ(row[i], (float)i) << i;
+  ckptio_box_request q = {};
+  q.index = index_of(r, "col");
+  q.start[0] = 1, q.stop[0] = 3, q.start[1] = 1, q.stop[1] = 5;
+  q.dst = cols, q.dst_bytes = sizeof(cols);
+  ASSERT_EQ(ckptio_reader_load_boxes(r, &q, 1), 0) << ckptio_reader_last_error(r);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) EXPECT_EQ(cols[i * 4 + j], (i + 1) * 6 + j + 1) << i << "," << j;
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(unchecked, 1u);
+  ckptio_reader_close(r);
+  {  // every byte of a file garbled: its zstd streams are corrupt
+    TempDir d;
+    for (const char *f : {".metadata", "__0_0.distcp", "__1_0.distcp"})
+      write_file(d.file(f), read_file(dir + "/" + f));
+    std::vector<uint8_t> f = read_file(d.file("__0_0.distcp"));
+    for (size_t i = 0; i < f.size(); i++) f[i] ^= (uint8_t)(i * 31 + 7);  // every stream garbled
+    write_file(d.file("__0_0.distcp"), f);
+    r = nullptr;
+    int rc = ckptio_reader_open(c.ctx, d.path().c_str(), nullptr, &r);
+    EXPECT_EQ(rc, CKPTIO_E_ZSTD) << ckptio_last_open_error();
+    EXPECT_EQ(r, nullptr);
+    ckptio_reader_close(r);
+  }
+}
+
 TEST(Dcp, DamagedFilesAreRefused) {
   Ctx c;
   ckptio_reader *r = nullptr;
