@@ -433,7 +433,10 @@ size_t ckptio_writer_shard_count(const ckptio_writer *w);
 typedef struct ckptio_reader ckptio_reader;
 
 /*! ckptio_reader_open() :
- *  @path  copied.  @opts  NULL for the context's defaults; copied.
+ *  @path  copied: a file, a sharded set (its index or directory), or a
+ *         torch.distributed.checkpoint directory (holding .metadata; read
+ *         without running its pickle: docs/FORMATS.md).  @opts  NULL for the
+ *         context's defaults; copied.
  *  @return 0 and *out, or a header error (CKPTIO_E_HEADER_*, ...) whose
  *          detail names the rule and the tensor. */
 int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts,
@@ -442,7 +445,7 @@ void ckptio_reader_close(ckptio_reader *r);
 
 /*! @return the number of tensors. */
 size_t ckptio_reader_count(const ckptio_reader *r);
-/*! @return "safetensors" or "pytorch" (static). */
+/*! @return "safetensors", "pytorch", "safetensors-sharded" or "dcp" (static). */
 const char *ckptio_reader_format(const ckptio_reader *r);
 /*! @return bytes before the first tensor's data (header, zip records). */
 uint64_t ckptio_reader_header_bytes(const ckptio_reader *r);
