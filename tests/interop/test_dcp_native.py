@@ -237,7 +237,7 @@ def test_ckptio_dcp_reader_loads_it_at_another_world_size(ckpt):
 
 @pytest.mark.skipif(not CLI, reason="CKPTIO_CLI not set (ctest sets it)")
 def test_cli_inspect_verify_and_convert(ckpt):
-    world, path, values, _, tmp = ckpt
+    world, path, values, meta, tmp = ckpt
     r = subprocess.run([CLI, "inspect", "--json", str(path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
@@ -268,6 +268,28 @@ def test_cli_inspect_verify_and_convert(ckpt):
         for fqn, want in tensors.items():
             assert torch.equal(bits(got[fqn]), bits(want)), (out, fqn)
         assert subprocess.run([CLI, "verify", str(dst)], capture_output=True).returncode == 0, out
+    if world == 1:
+        return
+    # A flipped byte in the data of a split tensor's chunk: convert, which
+    # checks each chunk's CRC as it copies it (no separate verify pass for a
+    # checkpoint with split tensors), refuses and writes nothing.
+    chunk = meta.state_dict_metadata["row"].chunks[0]
+    info = next(v for k, v in meta.storage_data.items() if k.fqn == "row" and list(k.offset) == list(chunk.offsets))
+    rows = slice(chunk.offsets[0], chunk.offsets[0] + chunk.sizes[0])
+    want = values["row"][rows].contiguous().view(torch.uint8).numpy().tobytes()
+    bad = tmp / f"{world}-bad"
+    bad.mkdir()
+    for p in path.iterdir():
+        data = bytearray(p.read_bytes())
+        if p.name == info.relative_path:
+            at = data.find(want, info.offset, info.offset + info.length)
+            assert at >= 0
+            data[at + 5] ^= 0x40
+        (bad / p.name).write_bytes(bytes(data))
+    dst = tmp / f"{world}-bad.safetensors"
+    r = subprocess.run([CLI, "convert", str(bad), str(dst)], capture_output=True, text=True)
+    assert r.returncode == 1 and "row" in r.stderr, r.stdout + r.stderr
+    assert not dst.exists()
 
 
 # ------------------------------------------------------------ hostile .metadata
