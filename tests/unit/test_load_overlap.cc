@@ -70,33 +70,43 @@ TEST_P(LoadOverlap, AColdLoadTakesTheSlowerStageNotTheSum) {
     reqs[i] = {i, dst[i], kEach, on_gpu() ? CKPTIO_DEVICE_CUDA(0) : CKPTIO_DEVICE_HOST};
   }
 
-  // The second stage alone (device copy, or on the host copy + CRC): the
-  // same load with no disk model, the file in the page cache; measured
-  // before and after the timed load on this machine as it is now, and the
-  // larger one kept, so that a busy machine widens the limit with it.
-  auto timed_load = [&] {
+  // Each stage alone, timed on this machine as it is now (a busy one
+  // stretches both, the modeled disk's waits included), the larger of two
+  // runs kept. The first: the same reads through the modeled disk into host
+  // memory with no CRC and no device copy. The second: the device copy, or
+  // on the host the CRC, with no disk model (the file is in the page cache).
+  ckptio_options lo1 = lo;
+  lo1.crc = 0;
+  ckptio_reader *r1 = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, path.c_str(), &lo1, &r1), 0) << ckptio_last_open_error();
+  std::vector<ckptio_load_request> reqs1(kTensors);
+  for (size_t i = 0; i < kTensors; i++) reqs1[i] = {i, host[i].data(), kEach, CKPTIO_DEVICE_HOST};
+  auto timed = [](ckptio_reader *rd, std::vector<ckptio_load_request> &q) {
     auto t0 = std::chrono::steady_clock::now();
-    EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+    EXPECT_EQ(ckptio_reader_load_many(rd, q.data(), q.size()), 0) << ckptio_reader_last_error(rd);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  double stage2_s = timed_load();
+  double stage2_s = timed(r, reqs);
   ckptio_fault_slow_reads(static_cast<uint64_t>(kDiskBps));
-  double load_s = timed_load();
+  double stage1_s = timed(r1, reqs1);
+  double load_s = timed(r, reqs);
+  stage1_s = std::max(stage1_s, timed(r1, reqs1));
   ckptio_fault_slow_reads(0);
-  stage2_s = std::max(stage2_s, timed_load());
+  stage2_s = std::max(stage2_s, timed(r, reqs));
+  ckptio_reader_close(r1);
 
   double bytes = static_cast<double>(kTensors * kEach);
   double read_s = bytes / kDiskBps, model_copy_s = fake_gpu() ? bytes / (kGpuMBps * 1e6) : 0;
-  double slower = std::max(read_s, stage2_s), faster = std::min(read_s, stage2_s);
+  double slower = std::max(stage1_s, stage2_s), faster = std::min(stage1_s, stage2_s);
   double limit = 1.5 * slower + 0.25 * faster;
-  printf("%d I/O threads: cold load of %.0f MiB: %.3f s; modeled read %.3f s, second stage (%s) measured %.3f s; "
+  printf("%d I/O threads: cold load of %.0f MiB: %.3f s; reads alone %.3f s (modeled %.3f s), %s alone %.3f s; "
          "limit %.3f s, serial sum %.3f s\n",
-         GetParam(), bytes / MiB, load_s, read_s, on_gpu() ? "host-to-device copy" : "copy + CRC", stage2_s, limit,
-         read_s + stage2_s);
+         GetParam(), bytes / MiB, load_s, stage1_s, read_s, on_gpu() ? "host-to-device copy" : "CRC", stage2_s, limit,
+         stage1_s + stage2_s);
   // Serial stages take the sum; overlapped ones the slower stage plus one
   // slot's fill and drain. The limit is below the sum when the stages are
   // equal (the cuda-fake case: the modeled copy engine runs at the disk's
-  // rate) and leaves the slower stage half again on a busy machine.
+  // rate) and leaves the slower stage half again for noise.
   EXPECT_LT(load_s, limit) << "the stages of the load do not overlap";
   // The models are floors: nothing beats them.
   EXPECT_GE(load_s, 0.95 * std::max(read_s, model_copy_s)) << "faster than the modeled limits: the models are not in the path";
@@ -155,12 +165,14 @@ TEST(LoadFill, AGpuLoadStartsCopyingAfterAFewSlotsNotTheWholeRing) {
     EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // The copy stage alone, timed on this machine as it is now (the larger of
+  // a run before and one after): the same load with no disk model, the file
+  // in the page cache.
+  double copy_measured_s = timed_load();
   ckptio_fault_slow_reads_shared(static_cast<uint64_t>(kShared));
   double load_s = timed_load();
   ckptio_fault_slow_reads(0);
-  // The copy stage alone, measured on this machine as it is now: the same
-  // load with no disk model (the file is in the page cache).
-  double copy_measured_s = timed_load();
+  copy_measured_s = std::max(copy_measured_s, timed_load());
   default_copies();
 
   double bytes = static_cast<double>(kCount * kEach);
@@ -170,8 +182,10 @@ TEST(LoadFill, AGpuLoadStartsCopyingAfterAFewSlotsNotTheWholeRing) {
          bytes / MiB, load_s, copy_s, copy_measured_s, ring_fill_s);
   // All 32 reads at once: the copy stage + the whole ring's fill (0.67 s
   // here); four first: + an eighth of it. Against the copy stage measured
-  // in this run, not the model, so a busy machine moves the limit with it.
-  EXPECT_LT(load_s, std::max(copy_s, copy_measured_s) + ring_fill_s / 2) << "the copies waited for the whole ring's reads";
+  // in this run, not the model, so a busy machine moves the limit with it;
+  // three quarters of the fill left for its noise.
+  EXPECT_LT(load_s, std::max(copy_s, copy_measured_s) + 0.75 * ring_fill_s)
+      << "the copies waited for the whole ring's reads";
   EXPECT_GE(load_s, 0.95 * copy_s) << "faster than the modeled copy: the model is not in the path";
   for (size_t i = 0; i < kCount; i++) {
     std::vector<uint8_t> back(kEach);
