@@ -159,11 +159,23 @@ def bits(t):
     return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
 
 
+_SAVED = {}
+
+
+def saved(world, tmp_path_factory):
+    """The checkpoint `world` ranks saved, once per session (process
+    start-ups are most of this file's time)."""
+    if world not in _SAVED:
+        tmp = tmp_path_factory.mktemp(f"dcp{world}")
+        save(world, tmp / "ckpt")
+        _SAVED[world] = tmp
+    return _SAVED[world]
+
+
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"{w}ranks")
 def ckpt(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"dcp{request.param}")
+    tmp = saved(request.param, tmp_path_factory)
     path = tmp / "ckpt"
-    save(request.param, path)
     values, meta = torch_reference(path, tmp)
     return request.param, path, values, meta, tmp
 
@@ -296,10 +308,9 @@ def test_cli_inspect_verify_and_convert(ckpt):
 
 @pytest.fixture(scope="module")
 def one(tmp_path_factory):
-    """A 1-rank checkpoint whose .metadata the tests below replace."""
-    tmp = tmp_path_factory.mktemp("hostile")
-    save(1, tmp / "good")
-    return tmp / "good"
+    """A 1-rank checkpoint whose .metadata the tests below replace (in
+    copies: with_metadata)."""
+    return saved(1, tmp_path_factory) / "ckpt"
 
 
 def with_metadata(one, tmp_path, data):
