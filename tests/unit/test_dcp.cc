@@ -15,6 +15,11 @@
 
 #include "ckpt_fixture.h"
 
+extern "C" {
+#include "core/error.h"
+#include "formats/dcp_meta.h"
+}
+
 using namespace ckptio_test;
 
 namespace {
@@ -198,6 +203,56 @@ TEST(Dcp, DamagedFilesAreRefused) {
     EXPECT_NE(std::string(ckptio_last_open_error()).find(".metadata"), std::string::npos);
   }
   EXPECT_EQ(r, nullptr);
+}
+
+// The fixture's .metadata with bytes replaced (same length, so the pickle
+// stays well formed), parsed alone.
+std::string parse_error(const std::string &from, const std::string &to) {
+  std::vector<uint8_t> m = read_file(kData + "/.metadata");
+  std::string text(m.begin(), m.end());
+  size_t n = 0;
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + 1), n++)
+    text.replace(at, from.size(), to);
+  EXPECT_GT(n, 0u) << from;
+  ckptio_dcp_meta meta;
+  char err[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_dcp_meta_parse((const uint8_t *)text.data(), text.size(), &meta, err, sizeof(err));
+  ckptio_dcp_meta_free(&meta);
+  return rc < 0 ? std::to_string(rc) + " " + err : "ok";
+}
+
+TEST(DcpMeta, HostileMetadataIsRefusedNamingTheRule) {
+  EXPECT_EQ(parse_error("__1_0.distcp", "__1_0.distcp"), "ok");
+  std::string e = parse_error("__1_0.distcp", "../__1_0.dis");
+  EXPECT_NE(e.find("not a plain file name"), std::string::npos) << e;
+  e = parse_error("TensorStorageMetadata", "TensorStorageMetadatX");
+  EXPECT_NE(e.find("TensorStorageMetadatX' is not allowed"), std::string::npos) << e;
+  e = parse_error("_StorageInfo", "_StorageIdea");
+  EXPECT_NE(e.find("filesystem._StorageIdea' is not allowed"), std::string::npos) << e;
+  e = parse_error("relative_path", "relative_pith");  // a field missing
+  EXPECT_NE(e.find("relative_path is missing"), std::string::npos) << e;
+
+  // A REDUCE of os.system (protocol 2, and posix.system by STACK_GLOBAL).
+  const std::string cmd = "touch /nonexistent/ckptio-ran";
+  std::string p2 = std::string("\x80\x02" "cos\nsystem\nX") + std::string(1, (char)cmd.size()) + std::string(3, '\0') + cmd + "\x85R.";
+  std::string p4 = std::string("\x80\x04\x8c\x05posix\x94\x8c\x06system\x94\x93\x94\x8c") +
+                   std::string(1, (char)cmd.size()) + cmd + "\x85R.";
+  for (const std::string &p : {p2, p4}) {
+    ckptio_dcp_meta meta;
+    char err[CKPTIO_ERRLEN] = "";
+    EXPECT_EQ(ckptio_dcp_meta_parse((const uint8_t *)p.data(), p.size(), &meta, err, sizeof(err)), CKPTIO_E_PICKLE);
+    EXPECT_NE(std::string(err).find("system' is not allowed"), std::string::npos) << err << " (" << p.size() << " bytes)";
+    ckptio_dcp_meta_free(&meta);
+  }
+  // MARKs nested past the limit, and 100,000 nested lists (the walk never recurses).
+  std::string marks = "\x80\x04" + std::string(100000, '(') + ".";
+  std::string lists = "\x80\x04" + std::string(100000, ']') + std::string(99999, 'a') + ".";
+  for (const std::string &p : {marks, lists}) {
+    ckptio_dcp_meta meta;
+    char err[CKPTIO_ERRLEN] = "";
+    EXPECT_EQ(ckptio_dcp_meta_parse((const uint8_t *)p.data(), p.size(), &meta, err, sizeof(err)), CKPTIO_E_PICKLE);
+    ckptio_dcp_meta_free(&meta);
+  }
 }
 
 }  // namespace
