@@ -458,6 +458,7 @@ int ckptio_dcp_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *pat
       return 0;
     }
     dir = strdup(path);
+    for (size_t l = dir ? strlen(dir) : 0; l > 1 && dir[l - 1] == '/'; l--) dir[l - 1] = '\0'; /* "ckpt/" names ckpt */
   } else if (n >= m && !strcmp(path + n - m, CKPTIO_DCP_METADATA_FILE) && (n == m || path[n - m - 1] == '/')) {
     meta = strdup(path);
     dir = n == m ? strdup(".") : strndup(path, n - m - 1 ? n - m - 1 : 1);
