@@ -9,13 +9,14 @@ import ctypes
 import operator
 import os
 import threading
-from typing import Any, Dict, List, Optional, SupportsIndex, Tuple, TypeVar, Union
+from types import TracebackType
+from typing import Any, Dict, Generic, List, Optional, SupportsIndex, Tuple, Type, TypeVar, Union
 
 from . import _lib, _mapped
 from .errors import check, from_code
 
 __all__ = ["SNAPSHOT_AUTO", "configure", "ctx", "map_ctx", "options", "dtype_code", "Reader",
-           "PathLike", "MemoryFile", "scratch_dir", "parse_slice_key"]
+           "OpenReader", "PathLike", "MemoryFile", "scratch_dir", "parse_slice_key"]
 
 _R = TypeVar("_R", bound="Reader")
 PathLike = Union[str, "os.PathLike[str]", bytes, "os.PathLike[bytes]"]
@@ -234,6 +235,40 @@ class Reader:
     def format(self) -> str:
         """"safetensors", "pytorch", or "safetensors-sharded"."""
         return str(self.lib.ckptio_reader_format(self.handle).decode())
+
+
+_H = TypeVar("_H", bound="OpenReader[Any]")
+
+
+class OpenReader(Generic[_R]):
+    """What both safe_open classes (numpy and torch) share: the reader they
+    hold, closed on leaving a with block, by close(), or when collected."""
+
+    _r: Optional[_R] = None  # set by the subclass once its reader is open
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the file (also on leaving the with block)."""
+        if self._r is not None:
+            self._r.close()
+            self._r = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
+            pass
+
+    def _reader(self) -> _R:
+        if self._r is None:
+            raise ValueError("safe_open: the file is closed")
+        return self._r
 
 
 def scratch_dir() -> Optional[str]:

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib, _mapped
-from ._core import (MemoryFile, PathLike, Reader, ctx, dtype_code, options,
+from ._core import (MemoryFile, OpenReader, PathLike, Reader, ctx, dtype_code, options,
                     parse_slice_key, scratch_dir)
 from .errors import check, from_code
 
@@ -371,7 +371,7 @@ class NumpySlice:
         return out.squeeze(dim) if drop else out
 
 
-class safe_open:
+class safe_open(OpenReader[Reader]):
     """A checkpoint opened for lazy access, as safetensors.safe_open with
     framework="numpy":
 
@@ -390,7 +390,6 @@ class safe_open:
         if device != "cpu":
             raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
         self._mmap = _mmap_of(backend, None)
-        self._r: Optional[Reader] = None
         r = Reader(filename)
         try:
             self._infos = r.infos()
@@ -399,30 +398,6 @@ class safe_open:
             raise
         self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
         self._r = r
-
-    def __enter__(self) -> "safe_open":
-        return self
-
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Closes the file (also on leaving the with block)."""
-        if self._r is not None:
-            self._r.close()
-            self._r = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
-            pass
-
-    def _reader(self) -> Reader:
-        if self._r is None:
-            raise ValueError("safe_open: the file is closed")
-        return self._r
 
     def _info(self, name: str) -> _lib.TensorInfo:
         r = self._reader()

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 import torch
 
 from . import _lib, _mapped
-from ._core import MemoryFile, PathLike, scratch_dir
+from ._core import MemoryFile, OpenReader, PathLike, scratch_dir
 from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
@@ -305,7 +305,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     return sorted(missing), unexpected
 
 
-class safe_open:
+class safe_open(OpenReader[TorchReader]):
     """A checkpoint opened for lazy access, like safetensors.safe_open:
 
         with ckptio.torch.safe_open("m.safetensors", framework="pt") as f:
@@ -323,7 +323,6 @@ class safe_open:
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
                              f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
         self._mmap = _mmap_of(backend, None)
-        self._r: Optional[TorchReader] = None
         r = TorchReader(filename, device)
         try:
             r.index()
@@ -331,30 +330,6 @@ class safe_open:
             r.close()
             raise
         self._r = r
-
-    def __enter__(self) -> "safe_open":
-        return self
-
-    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
-                 tb: Optional[TracebackType]) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Closes the file (also on leaving the with block)."""
-        if self._r is not None:
-            self._r.close()
-            self._r = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
-            pass
-
-    def _reader(self) -> TorchReader:
-        if self._r is None:
-            raise ValueError("safe_open: the file is closed")
-        return self._r
 
     def _index(self, name: str) -> int:
         r = self._reader()
