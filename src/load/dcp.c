@@ -402,26 +402,6 @@ static int dcp_view(ckptio_source *s, size_t index, const void **data, uint64_t 
   return m->ops->view(m, local, data, nbytes);
 }
 
-typedef struct file_emit {
-  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
-  void *arg;
-  uint32_t file;
-} file_emit;
-
-static void emit_in_file(void *arg, uint32_t file, uint64_t off, uint64_t len) {
-  file_emit *f = arg;
-  (void)file;
-  f->emit(f->arg, f->file, off, len);
-}
-
-static void dcp_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
-                       void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
-  size_t local, k;
-  ckptio_source *m = dcp_member(s, index, &local, &k);
-  file_emit f = {emit, arg, (uint32_t)k};
-  m->ops->ranges(m, local, g, emit_in_file, &f);
-}
-
 static ckptio_source *dcp_file(ckptio_source *s, size_t k) { return k < D(s)->m.nfiles ? D(s)->sub[k] : NULL; }
 
 static void dcp_close(ckptio_source *s) {
@@ -440,7 +420,7 @@ static void dcp_close(ckptio_source *s) {
 static const ckptio_source_ops dcp_ops = {
     .kind = "dcp",
     .view = dcp_view,
-    .ranges = dcp_ranges,
+    .ranges = ckptio_source_ranges_of_member,
     .member = dcp_member,
     .parts = dcp_parts,
     .file = dcp_file,

@@ -434,26 +434,6 @@ static int set_view(ckptio_source *s, size_t index, const void **data, uint64_t 
   return m->ops->view(m, local, data, nbytes);
 }
 
-typedef struct file_emit {
-  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
-  void *arg;
-  uint32_t file;
-} file_emit;
-
-static void emit_in_file(void *arg, uint32_t file, uint64_t off, uint64_t len) {
-  file_emit *f = arg;
-  (void)file;
-  f->emit(f->arg, f->file, off, len);
-}
-
-static void set_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
-                       void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
-  size_t local, k;
-  ckptio_source *m = set_member(s, index, &local, &k);
-  file_emit f = {emit, arg, (uint32_t)k};
-  m->ops->ranges(m, local, g, emit_in_file, &f);
-}
-
 static ckptio_source *set_file(ckptio_source *s, size_t k) { return k < S(s)->hf.nfiles ? S(s)->sub[k] : NULL; }
 
 static void set_close(ckptio_source *s) {
@@ -477,7 +457,7 @@ static void set_close(ckptio_source *s) {
 static const ckptio_source_ops set_ops = {
     .kind = "set",
     .view = set_view,
-    .ranges = set_ranges,
+    .ranges = ckptio_source_ranges_of_member,
     .member = set_member,
     .parts = set_parts,
     .file = set_file,

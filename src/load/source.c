@@ -48,3 +48,23 @@ ckptio_source *ckptio_source_member_self(ckptio_source *s, size_t index, size_t 
 }
 
 ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k) { return k == 0 ? s : NULL; }
+
+typedef struct file_emit {
+  void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len);
+  void *arg;
+  uint32_t file;
+} file_emit;
+
+static void emit_in_file(void *arg, uint32_t file, uint64_t off, uint64_t len) {
+  file_emit *f = arg;
+  (void)file; /* the member's own file 0 */
+  f->emit(f->arg, f->file, off, len);
+}
+
+void ckptio_source_ranges_of_member(ckptio_source *s, size_t index, const ckptio_geom *g,
+                                    void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg) {
+  size_t local, k;
+  ckptio_source *m = s->ops->member(s, index, &local, &k);
+  file_emit f = {emit, arg, (uint32_t)k};
+  m->ops->ranges(m, local, g, emit_in_file, &f);
+}
