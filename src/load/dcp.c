@@ -225,7 +225,8 @@ static int inflate_file(dcp *x, uint32_t k, ckptio_rfile *f) {
       ckptio_rfile_close(f);
       *f = m;
     } else {
-      f->path = real;
+      f->path = real; /* still f's: the caller's close frees it */
+      real = NULL;
     }
     free(real);
   }

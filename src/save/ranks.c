@@ -285,7 +285,8 @@ static int publish_index(ranks_writer *w, int *late) {
   if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
   if (rc == 0 && w->opts.fsync && (*late = ckptio_dir_sync(w->dir)) < 0)
     rfail(w, *late, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-*late));
-  if (rc == 0) ckptio_tmpfile_release(&t, how, NULL);
+  /* Not known durable: the old index keeps its temp name (as if renamed). */
+  if (rc == 0) ckptio_tmpfile_release(&t, *late < 0 ? CKPTIO_SWAP_NONE : how, NULL);
   else ckptio_tmpfile_abort(&t);
   free(o.data);
   free(path);
@@ -310,17 +311,19 @@ static int agree_and_publish(ranks_writer *w) {
   if (w->comm.rank == 0) rc = publish_index(w, &late);
   rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
   if (rc < 0) goto undo;
-  /* Published. What remains only frees space. */
+  /* Published; nothing below undoes it. Every rank learns whether the
+   * index is known durable: if not, the old files stay (under their temp
+   * names, strays a later save removes) and the save reports the error. */
+  rc = ckptio_rstatus_broadcast(&w->comm, 0, late, err, w->dir, err);
   ckptio_held held = {0}; /* the replaced and the stale files, closed off the save */
-  if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, w->how, &held);
-  if (w->comm.rank == 0) ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles, &held);
-  ckptio_close_later(w->ctx->pool, &held);
-  if (w->comm.rank == 0) {
+  if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, rc < 0 ? CKPTIO_SWAP_NONE : w->how, &held);
+  if (rc == 0 && w->comm.rank == 0) {
+    ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles, &held);
     ckptio_remove_stray_temps(w->dir, w->prefix);
-    if (late == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-      rfail(w, rc, "%s: fsync of the directory after removing the old files: %s", w->dir, ckptio_errno_text(-rc));
-    if (late < 0) rc = late;
   }
+  ckptio_close_later(w->ctx->pool, &held);
+  if (rc == 0 && w->comm.rank == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
+    rfail(w, rc, "%s: fsync of the directory after removing the old files: %s", w->dir, ckptio_errno_text(-rc));
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;
 undo:
