@@ -255,12 +255,19 @@ static int overlap(const ckptio_dcp_chunk *a, const ckptio_dcp_chunk *b, int nd)
   return 1;
 }
 
+/* Pairs of chunks one tensor's overlap check may compare: the sweep along
+ * the first dimension is near linear for real layouts (a few column chunks
+ * per row band), quadratic for chunks that all share their first-dimension
+ * span; a file asking for more than this many comparisons is refused, not
+ * spent seconds on. 1024 chunks sharing one band take 0.5 million. */
+#define MAX_OVERLAP_PAIRS (1u << 26)
+
 /* Sorted by offsets (sort_chunks), no two overlapping, their volumes the
  * tensor's: they cover it exactly. */
 static int check_chunks(walk *w, ckptio_dcp_item *it) {
   int nd = it->ndim;
   char a[256], b[256];
-  uint64_t total = 1, sum = 0;
+  uint64_t total = 1, sum = 0, pairs = 0;
   for (int d = 0; d < nd; d++) total *= (uint64_t)it->shape[d]; /* fits: nbytes was checked */
   for (size_t i = 0; i < it->nchunks; i++) {
     const ckptio_dcp_chunk *c = &it->chunks[i];
@@ -269,12 +276,16 @@ static int check_chunks(walk *w, ckptio_dcp_item *it) {
     sum += vol;
     if (sum > total) break;
     if (!vol) continue;
-    for (size_t j = i + 1; j < it->nchunks && (nd == 0 || it->chunks[j].offsets[0] < c->offsets[0] + c->sizes[0]); j++)
+    for (size_t j = i + 1; j < it->nchunks && (nd == 0 || it->chunks[j].offsets[0] < c->offsets[0] + c->sizes[0]); j++) {
+      if (++pairs > MAX_OVERLAP_PAIRS)
+        return fail(w, CKPTIO_E_SHARD, "the %zu chunks of '%.200s' share their first-dimension spans too much to check "
+                    "for overlaps (over %u comparisons)", it->nchunks, it->name, MAX_OVERLAP_PAIRS);
       if (overlap(c, &it->chunks[j], nd)) {
         ckptio_dcp_dims_text(c->offsets, nd, a, sizeof(a));
         ckptio_dcp_dims_text(it->chunks[j].offsets, nd, b, sizeof(b));
         return fail(w, CKPTIO_E_SHARD, "chunks %s and %s of '%.200s' overlap", a, b, it->name);
       }
+    }
   }
   if (sum != total)
     return fail(w, CKPTIO_E_SHARD, "the chunks of '%.200s' hold %s elements of its %" PRIu64 ": they do not cover it",
