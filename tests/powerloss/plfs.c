@@ -16,12 +16,15 @@
  *
  * Control: the file /.plfs (hidden from listings). Reading it gives
  * "syncs=N frozen=F blocked=B cut=C"; writing it one of
- *   freeze          every later fsync / fsyncdir blocks (the power is gone:
- *                   nothing more becomes durable), until cut;
+ *   freeze          the power is gone: every later call that would change
+ *                   something (a write, a create, a rename, an fsync...)
+ *                   blocks until cut, so nothing after this instant reaches
+ *                   the disk or the cut's torn and reordered states;
  *   freeze-at N     the same from the N-th durability call on (counted from
  *                   the mount; the N-th itself blocks and is not durable);
  *   cut [torn S]    the backing directory is replaced by the durable state;
- *                   blocked calls return EIO, and so does every later call.
+ *                   blocked calls return EIO, and so does every later call
+ *                   that would change something (reads go on).
  *                   "torn S" (S: a seed) keeps, of each file whose unsynced
  *                   writes are lost, a random set of its 4 KiB pages from
  *                   the unsynced content and a random one of the two sizes:
@@ -174,28 +177,35 @@ static int keep_durable(int n, int live_fd, const char *live_rel) {
 }
 
 /* Before a path loses its name (unlink, or a rename over it): a file whose
- * last link goes keeps its durable content; its node stops being live. */
-static int before_unname(const char *relpath) {
+ * last link goes keeps its durable content. *gone: the node that stops
+ * being live once the call succeeds (-1: none). */
+static int before_unname(const char *relpath, int *gone) {
   struct stat st;
+  *gone = -1;
   if (fstatat(fs.backing, relpath, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
   int n = find_ino(st.st_ino);
   if (n < 0 || (S_ISREG(st.st_mode) && st.st_nlink > 1)) return 0;
   int rc = keep_durable(n, -1, relpath);
-  if (rc == 0) fs.nodes[n].ino = 0;
+  if (rc == 0) *gone = n;
   return rc;
 }
 
 /* ---------------------------------------------------------------- durability */
 
-/* Waits, for a durability call, while the power is off; 0 to go on. */
-static int durability_gate(void) {
-  fs.syncs++;
-  if (fs.freeze_at && fs.syncs >= fs.freeze_at) fs.frozen = 1;
+/* Waits while the power is off (from the freeze to the cut); 0 to go on. */
+static int power_gate(void) {
   if (!fs.frozen && !fs.cut) return 0;
   fs.blocked++;
   while (!fs.cut) pthread_cond_wait(&fs.cut_cv, &fs.mu);
   fs.blocked--;
   return -EIO;
+}
+
+/* A durability call: counted, and the N-th of freeze-at cuts the power. */
+static int durability_gate(void) {
+  fs.syncs++;
+  if (fs.freeze_at && fs.syncs >= fs.freeze_at) fs.frozen = 1;
+  return power_gate();
 }
 
 static void free_entries(node *x) {
@@ -266,10 +276,9 @@ static void apply_some_pending(node *x) {
       set_entry(x, o->a, o->node);
     } else if (o->kind == OP_DEL) {
       drop_entry(x, o->a);
-    } else if (o->kind == OP_RENAME && a) {
-      int moved = a->node;
+    } else if (o->kind == OP_RENAME && a && a->node == o->node) {
       drop_entry(x, o->a);
-      set_entry(x, o->b, moved);
+      set_entry(x, o->b, o->node);
     } else if (o->kind == OP_EXCHANGE && a && b) {
       int t = a->node;
       a->node = b->node;
@@ -494,7 +503,7 @@ static int control_write(const char *buf, size_t size) {
   if (!strncmp(cmd, "freeze-at ", 10) && sscanf(cmd + 10, "%llu", &v) == 1 && v > 0) {
     fs.freeze_at = v;
     if (fs.syncs >= v) fs.frozen = 1;
-  } else if (!strncmp(cmd, "freeze", 6)) {
+  } else if (!strcmp(cmd, "freeze") || !strcmp(cmd, "freeze\n")) {
     fs.frozen = 1;
   } else if (!strncmp(cmd, "cut", 3) && !fs.cut) {
     const char *seed = strpbrk(cmd, "0123456789");
@@ -520,12 +529,13 @@ static int control_text(char *out, size_t len) {
 
 /* ---------------------------------------------------------------- operations */
 
-/* Every operation after the cut fails: the machine is off. */
-#define LOCKED_OR_EIO()            \
-  pthread_mutex_lock(&fs.mu);      \
-  if (fs.cut) {                    \
-    pthread_mutex_unlock(&fs.mu);  \
-    return -EIO;                   \
+/* Every call that changes something waits out a frozen power and fails
+ * after the cut: the machine is off. */
+#define LOCKED_OR_EIO()                \
+  pthread_mutex_lock(&fs.mu);          \
+  if (power_gate() < 0) {              \
+    pthread_mutex_unlock(&fs.mu);      \
+    return -EIO;                       \
   }
 
 static int op_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
@@ -578,8 +588,10 @@ static int op_rmdir(const char *path) {
 
 static int op_unlink(const char *path) {
   LOCKED_OR_EIO();
-  int rc = before_unname(rel(path));
+  int gone;
+  int rc = before_unname(rel(path), &gone);
   if (rc == 0 && unlinkat(fs.backing, rel(path), 0) != 0) rc = -errno;
+  if (rc == 0 && gone >= 0) fs.nodes[gone].ino = 0;
   if (rc == 0) record(OP_DEL, path, NULL, -1);
   pthread_mutex_unlock(&fs.mu);
   return rc;
@@ -587,14 +599,15 @@ static int op_unlink(const char *path) {
 
 static int op_rename(const char *from, const char *to, unsigned int flags) {
   LOCKED_OR_EIO();
-  int rc = 0;
+  int rc = 0, gone = -1;
   struct stat a, b;
   /* Replacing a different inode takes a name from it (an exchange does not). */
   if (!(flags & RENAME_EXCHANGE) && fstatat(fs.backing, rel(to), &b, AT_SYMLINK_NOFOLLOW) == 0 &&
       fstatat(fs.backing, rel(from), &a, AT_SYMLINK_NOFOLLOW) == 0 && a.st_ino != b.st_ino && !(flags & RENAME_NOREPLACE))
-    rc = before_unname(rel(to));
+    rc = before_unname(rel(to), &gone);
   int moved = rc == 0 ? node_at(rel(from)) : -1;
   if (rc == 0 && renameat2(fs.backing, rel(from), fs.backing, rel(to), flags) != 0) rc = -errno;
+  if (rc == 0 && gone >= 0) fs.nodes[gone].ino = 0;
   if (rc == 0) {
     size_t dir_a = strrchr(from, '/') - from, dir_b = strrchr(to, '/') - to;
     if (dir_a == dir_b && !strncmp(from, to, dir_a)) {
@@ -682,18 +695,18 @@ static int op_read(const char *path, char *buf, size_t size, off_t off, struct f
 
 static int op_write(const char *path, const char *buf, size_t size, off_t off, struct fuse_file_info *fi) {
   if (is_control(path)) return control_write(buf, size);
-  LOCKED_OR_EIO();
+  LOCKED_OR_EIO(); /* held across the write: none lands after a freeze */
   int rc = before_change((int)fi->fh);
+  ssize_t n = rc < 0 ? rc : pwrite((int)fi->fh, buf, size, off);
+  if (n < 0 && rc == 0) rc = -errno;
   pthread_mutex_unlock(&fs.mu);
-  if (rc < 0) return rc;
-  ssize_t n = pwrite((int)fi->fh, buf, size, off);
-  return n < 0 ? -errno : (int)n;
+  return rc < 0 ? rc : (int)n;
 }
 
 static int op_truncate(const char *path, off_t size, struct fuse_file_info *fi) {
   if (is_control(path)) return 0;
   LOCKED_OR_EIO();
-  int fd = fi ? (int)fi->fh : openat(fs.backing, rel(path), O_WRONLY | O_CLOEXEC);
+  int fd = fi ? (int)fi->fh : openat(fs.backing, rel(path), O_RDWR | O_CLOEXEC); /* read: keep_durable */
   int n = fi ? fd_node[fd] : node_at(rel(path));
   int rc = fd < 0 ? -errno : n < 0 ? n : keep_durable(n, fd, NULL);
   if (rc == 0 && ftruncate(fd, size) != 0) rc = -errno;
@@ -703,12 +716,12 @@ static int op_truncate(const char *path, off_t size, struct fuse_file_info *fi) 
 }
 
 static int op_fallocate(const char *path, int mode, off_t off, off_t len, struct fuse_file_info *fi) {
-  (void)path;
+  if (is_control(path)) return -EOPNOTSUPP;
   LOCKED_OR_EIO();
   int rc = before_change((int)fi->fh);
+  if (rc == 0 && fallocate((int)fi->fh, mode, off, len) != 0) rc = -errno;
   pthread_mutex_unlock(&fs.mu);
-  if (rc < 0) return rc;
-  return fallocate((int)fi->fh, mode, off, len) == 0 ? 0 : -errno;
+  return rc;
 }
 
 static int op_release(const char *path, struct fuse_file_info *fi) {
@@ -722,7 +735,8 @@ static int op_release(const char *path, struct fuse_file_info *fi) {
 }
 
 static int op_fsync(const char *path, int datasync, struct fuse_file_info *fi) {
-  (void)path, (void)datasync;
+  (void)datasync;
+  if (is_control(path)) return 0;
   LOCKED_OR_EIO();
   int rc = durability_gate();
   int fd = (int)fi->fh, n = fd_node[fd];
@@ -756,13 +770,19 @@ static int op_fsyncdir(const char *path, int datasync, struct fuse_file_info *fi
 }
 
 static int op_utimens(const char *path, const struct timespec tv[2], struct fuse_file_info *fi) {
+  LOCKED_OR_EIO();
   int rc = fi ? futimens((int)fi->fh, tv) : utimensat(fs.backing, rel(path), tv, AT_SYMLINK_NOFOLLOW);
-  return rc == 0 ? 0 : -errno;
+  rc = rc == 0 ? 0 : -errno;
+  pthread_mutex_unlock(&fs.mu);
+  return rc;
 }
 
 static int op_chmod(const char *path, mode_t mode, struct fuse_file_info *fi) {
+  LOCKED_OR_EIO();
   int rc = fi ? fchmod((int)fi->fh, mode) : fchmodat(fs.backing, rel(path), mode, 0);
-  return rc == 0 ? 0 : -errno;
+  rc = rc == 0 ? 0 : -errno;
+  pthread_mutex_unlock(&fs.mu);
+  return rc;
 }
 
 static int op_statfs(const char *path, struct statvfs *st) {
