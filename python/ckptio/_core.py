@@ -122,7 +122,7 @@ def map_ctx() -> ctypes.c_void_p:
 def options(context: ctypes.c_void_p, crc: bool) -> _lib.Options:
     """The context's options with the crc switch set, for one open."""
     opts = _lib.Options.init()
-    _lib.lib().ckptio_ctx_options(context, ctypes.byref(opts))
+    check(_lib.lib().ckptio_ctx_options(context, ctypes.byref(opts)), "ckptio_ctx_options")
     opts.crc = 1 if crc else 0
     return opts
 

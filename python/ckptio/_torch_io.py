@@ -18,6 +18,7 @@ each device's current stream (torch.cuda.current_stream) when the save starts.
 from __future__ import annotations
 
 import atexit
+import collections.abc
 import ctypes
 import os
 import sys
@@ -378,11 +379,11 @@ def plan(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, st
     exists, so a bad input costs no file work."""
     if sys.byteorder != "little":
         raise NotImplementedError("ckptio.torch needs a little-endian host")
-    if not isinstance(tensors, dict):
-        raise TypeError("tensors must be a dict of str -> torch.Tensor, "
+    if not isinstance(tensors, collections.abc.Mapping):
+        raise TypeError("tensors must be a mapping (a dict) of str -> torch.Tensor, "
                         f"got {type(tensors).__name__}")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise TypeError(f"metadata must be a dict of str -> str, got {type(metadata).__name__}")
+    if metadata is not None and not isinstance(metadata, collections.abc.Mapping):
+        raise TypeError(f"metadata must be a mapping (a dict) of str -> str, got {type(metadata).__name__}")
     items = []
     for name, t in tensors.items():
         if not isinstance(name, str):
