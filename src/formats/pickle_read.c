@@ -839,8 +839,7 @@ static int step(parser *s, uint8_t op) {
       return op_memo(s, op == 'q' || op == 'r', (size_t)rd_le(b + s->pos - n, (int)n));
     default:
       if (s->flags & CKPTIO_PICKLE_DCP) return step_dcp(s, op);
-      return ckptio_err_fmt(s->err, s->errlen, CKPTIO_E_PICKLE,
-                            "pickle opcode 0x%02x (%s) at byte %zu is not allowed", op, op_name(op), s->at);
+      return refuse_op(s, op);
   }
 }
 

@@ -136,10 +136,10 @@ static int out_of_range(dcp *x, uint32_t k, const ckptio_dcp_item *it, const ckp
                             (unsigned long long)(at->offset + at->length), x->m.files[k], (unsigned long long)size);
 }
 
-/* Appends the zstd stream in[0, len) to fd, decompressed: at most max bytes.
- * @return the bytes written, or a code (message set). */
-static int64_t inflate_to(dcp *x, ZSTD_DCtx *d, int fd, const uint8_t *in, uint64_t len, uint64_t max, const char *name,
-                          unsigned char *buf, size_t cap) {
+/* Writes the zstd stream in[0, len) to fd at pos, decompressed: at most
+ * max bytes. @return the bytes written, or a code (message set). */
+static int64_t inflate_to(dcp *x, ZSTD_DCtx *d, int fd, uint64_t pos, const uint8_t *in, uint64_t len, uint64_t max,
+                          const char *name, unsigned char *buf, size_t cap) {
   ZSTD_inBuffer ib = {in, (size_t)len, 0};
   uint64_t total = 0;
   size_t ret = 1;
@@ -153,16 +153,13 @@ static int64_t inflate_to(dcp *x, ZSTD_DCtx *d, int fd, const uint8_t *in, uint6
                                 ZSTD_getErrorName(ret));
     if (ob.pos == 0 && ib.pos == before)
       return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream ends inside a frame", x->dir, name);
-    if ((total += ob.pos) > max)
+    if (total + ob.pos > max)
       return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s' decompresses to more than %llu bytes, more than it "
                                 "can hold", x->dir, name, (unsigned long long)max);
-    for (size_t o = 0; o < ob.pos;) {
-      ssize_t w = write(fd, buf + o, ob.pos - o);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return ckptio_source_fail(&x->s, w < 0 ? -errno : -EIO, "%s: decompressing '%s': %s", x->dir, name,
-                                            ckptio_errno_text(w < 0 ? errno : EIO));
-      o += (size_t)w;
-    }
+    int rc = ckptio_pwrite_full(fd, buf, ob.pos, pos + total);
+    if (rc < 0)
+      return ckptio_source_fail(&x->s, rc, "%s: decompressing '%s': %s", x->dir, name, ckptio_strerror(rc));
+    total += ob.pos;
   }
   return (int64_t)total;
 }
@@ -194,14 +191,9 @@ static int inflate_file(dcp *x, uint32_t k, ckptio_rfile *f) {
       if (!it->is_bytes) max = (uint64_t)ckptio_tensor_nbytes(it->dtype, it->ndim, it->chunks[c].sizes) + ZSTD_ARCHIVE_SLACK;
       int64_t got = at->length;
       if (at->zstd) {
-        got = inflate_to(x, d, fd, f->map + at->offset, at->length, max, it->name, buf, cap);
-      } else {
-        for (uint64_t o = 0; o < at->length && got >= 0;) {
-          ssize_t w = write(fd, f->map + at->offset + o, (size_t)(at->length - o));
-          if (w < 0 && errno == EINTR) continue;
-          if (w <= 0) got = ckptio_source_fail(&x->s, -EIO, "%s: copying '%s' to memory failed", x->dir, it->name);
-          else o += (uint64_t)w;
-        }
+        got = inflate_to(x, d, fd, pos, f->map + at->offset, at->length, max, it->name, buf, cap);
+      } else if ((rc = ckptio_pwrite_full(fd, f->map + at->offset, (size_t)at->length, pos)) < 0) {
+        got = ckptio_source_fail(&x->s, rc, "%s: copying '%s' to memory: %s", x->dir, it->name, ckptio_strerror(rc));
       }
       if (got < 0) {
         rc = (int)got;
