@@ -698,10 +698,12 @@ int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int ran
  * (ckptio.shard excepted). */
 
 /*! Shard files of a set opened through an index: their count, or 0 when the
- *  reader is a single file. */
+ *  reader is a single file, and also for a DCP directory, whose .distcp
+ *  files do not open on their own (ckptio_reader_shard still names them). */
 size_t ckptio_reader_shard_count(const ckptio_reader *r);
-/*! Shard k of a set: its path (borrowed until close), its tensor count and
- *  tensor bytes. Any out pointer may be NULL. @return 0 or CKPTIO_E_INVALID_ARG. */
+/*! Shard k of a set (or file k of a DCP directory): its path (borrowed until
+ *  close), its tensor count and tensor bytes. Any out pointer may be NULL.
+ *  @return 0 or CKPTIO_E_INVALID_ARG. */
 int ckptio_reader_shard(const ckptio_reader *r, size_t k, const char **path, size_t *tensors,
                         uint64_t *bytes);
 /*! @return the shard holding tensor `index` (0 for a single file), or

@@ -70,7 +70,7 @@ typedef struct ckptio_dcp_meta {
  *  offset + length within 64 bits; no transform but stream.zstd/1.
  *  @return 0; CKPTIO_E_PICKLE (the pickle refused, or a value of the wrong
  *          type), CKPTIO_E_SHARD (chunks or storage entries inconsistent),
- *          CKPTIO_E_DTYPE, CKPTIO_E_SHAPE, CKPTIO_E_OVERFLOW, CKPTIO_E_FORMAT
+ *          CKPTIO_E_DUPLICATE (two items with one name), CKPTIO_E_DTYPE, CKPTIO_E_SHAPE, CKPTIO_E_OVERFLOW, CKPTIO_E_FORMAT
  *          (a layout or transform ckptio does not read), -ENOMEM. err names
  *          the item, chunk and rule. *out is empty on failure. */
 int ckptio_dcp_meta_parse(const uint8_t *buf, size_t len, ckptio_dcp_meta *out, char *err, size_t errlen);

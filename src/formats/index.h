@@ -32,7 +32,8 @@ typedef struct ckptio_meta {
 } ckptio_meta;
 
 typedef struct ckptio_index {
-  const char *format;      /* "safetensors", "pytorch" (static) */
+  const char *format;      /* "safetensors", "pytorch", and for sources made of
+                            * files "safetensors-sharded", "dcp" (static) */
   ckptio_entry *entries;   /* sorted by offset */
   size_t count;
   ckptio_meta *meta;

@@ -198,11 +198,11 @@ int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) __attri
 
 /* member and file of a source that is one file: itself. */
 ckptio_source *ckptio_source_member_self(ckptio_source *s, size_t index, size_t *local, size_t *k);
+ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k);
 /* The ranges verb of a source made of file sources (a set, a DCP
  * directory): the member's ranges, numbered by the member's file. */
 void ckptio_source_ranges_of_member(ckptio_source *s, size_t index, const ckptio_geom *g,
                                     void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg);
-ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k);
 
 /* The context's ring's slot size. */
 uint64_t ckptio_source_slot_bytes(const ckptio_source *s);
