@@ -29,6 +29,17 @@ ckptio_tensor host_desc(const Tensor &t);
 // boundaries quickly.
 ckptio_options small_options(size_t chunk = 64 << 10, size_t staging = 256 << 10, int threads = 3);
 
+// A context for one test, freed at the end of its scope.
+struct TestContext {
+  explicit TestContext(const ckptio_options &o = small_options()) {
+    EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0) << ckptio_last_open_error();
+  }
+  ~TestContext() { ckptio_ctx_free(ctx); }
+  TestContext(const TestContext &) = delete;
+  TestContext &operator=(const TestContext &) = delete;
+  ckptio_ctx *ctx = nullptr;
+};
+
 // Saves with a blocking commit. Returns the code; *err gets last_error.
 int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
          const ckptio_options *opts = nullptr, std::string *err = nullptr);

@@ -26,14 +26,6 @@ namespace {
 
 const std::string kData = std::string(CKPTIO_SOURCE_DIR) + "/tests/unit/data/dcp_2ranks";
 
-struct Ctx {
-  Ctx() {
-    ckptio_options o = small_options();
-    EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0);
-  }
-  ~Ctx() { ckptio_ctx_free(ctx); }
-  ckptio_ctx *ctx = nullptr;
-};
 
 // The fixture copied into a fresh directory, for the tests that damage it.
 std::string copy_of(const TempDir &d) {
@@ -48,7 +40,7 @@ size_t index_of(ckptio_reader *r, const char *name) {
 }
 
 TEST(Dcp, GlobalTensorsAssembleFromTheirChunks) {
-  Ctx c;
+  TestContext c;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   EXPECT_STREQ(ckptio_reader_format(r), "dcp");
@@ -82,7 +74,7 @@ TEST(Dcp, GlobalTensorsAssembleFromTheirChunks) {
 }
 
 TEST(Dcp, BoxesAcrossChunkBoundaries) {
-  Ctx c;
+  TestContext c;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   float rows[4 * 2];  // row[1:5, 1:3]: two rows of each chunk
@@ -103,7 +95,7 @@ TEST(Dcp, BoxesAcrossChunkBoundaries) {
 }
 
 TEST(Dcp, ByteItemsAndVerify) {
-  Ctx c;
+  TestContext c;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, kData.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   ckptio_tensor_info info;
@@ -123,7 +115,7 @@ TEST(Dcp, ByteItemsAndVerify) {
 // The same checkpoint through DCP's zstd stream extension: decompressed at
 // open, then read like the plain one.
 TEST(Dcp, ZstdStreamExtension) {
-  Ctx c;
+  TestContext c;
   ckptio_reader *r = nullptr;
   std::string dir = kData + "_zstd";
   ASSERT_EQ(ckptio_reader_open(c.ctx, dir.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
@@ -159,7 +151,7 @@ TEST(Dcp, ZstdStreamExtension) {
 }
 
 TEST(Dcp, DamagedFilesAreRefused) {
-  Ctx c;
+  TestContext c;
   ckptio_reader *r = nullptr;
   {  // a file cut short: a chunk's range runs past its end
     TempDir d;

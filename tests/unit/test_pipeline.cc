@@ -28,17 +28,11 @@ std::vector<Tensor> every_dtype_model() {
   return ts;
 }
 
-struct Ctx {
-  explicit Ctx(const ckptio_options &o) { EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0); }
-  ~Ctx() { ckptio_ctx_free(ctx); }
-  ckptio_ctx *ctx = nullptr;
-};
-
 }  // namespace
 
 TEST(Pipeline, EveryDtypeRoundTrip) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   auto ts = every_dtype_model();
   std::string err;
   ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts, nullptr, &err), 0) << err;
@@ -56,7 +50,7 @@ TEST(Pipeline, ChunkThreadAndStagingVariations) {
               V{1 << 20, 2 << 20, 2, CKPTIO_AUTO}}) {
     SCOPED_TRACE("chunk " + std::to_string(v.chunk) + " threads " + std::to_string(v.threads));
     TempDir dir;
-    Ctx c(small_options(v.chunk, v.staging, v.threads));
+    TestContext c(small_options(v.chunk, v.staging, v.threads));
     ckptio_options o = small_options(v.chunk, v.staging, v.threads);
     o.direct_io = v.direct;
     std::string err;
@@ -67,7 +61,7 @@ TEST(Pipeline, ChunkThreadAndStagingVariations) {
 
 TEST(Pipeline, LayoutDataStartsPageAlignedAndFileIsExact) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   auto ts = every_dtype_model();
   ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts), 0);
   auto bytes = read_file(dir.file("m.safetensors"));
@@ -90,7 +84,7 @@ TEST(Pipeline, LayoutDataStartsPageAlignedAndFileIsExact) {
 
 TEST(Pipeline, NoCrcOptionWritesNoChecksums) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   ckptio_options o = small_options();
   o.crc = 0;
   auto ts = every_dtype_model();
@@ -106,7 +100,7 @@ TEST(Pipeline, NoCrcOptionWritesNoChecksums) {
 
 TEST(Pipeline, MetadataRoundTripAndReservedKeys) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   ckptio_writer *w;
   ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
   EXPECT_EQ(ckptio_writer_set_metadata(w, "step", "1200"), 0);
@@ -129,7 +123,7 @@ TEST(Pipeline, MetadataRoundTripAndReservedKeys) {
 
 TEST(Pipeline, AddRejectsBadTensors) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   ckptio_writer *w;
   ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
   uint8_t buf[16] = {};
@@ -156,7 +150,7 @@ TEST(Pipeline, AddRejectsBadTensors) {
 
 TEST(Pipeline, ManyTensorsWithDuplicateFarApart) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   ckptio_writer *w;
   ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
   uint8_t b = 1;
@@ -181,7 +175,7 @@ TEST(Pipeline, ManyTensorsWithDuplicateFarApart) {
 // change and the file must still hold the values at the time of the save.
 TEST(Pipeline, SnapshotThenModifyKeepsSavedValues) {
   TempDir dir;
-  Ctx c(small_options(64 << 10, 128 << 10, 2));  // 2 slots: the save runs long after add
+  TestContext c(small_options(64 << 10, 128 << 10, 2));  // 2 slots: the save runs long after add
   std::vector<Tensor> ts = {make_tensor("a", CKPTIO_F32, {1 << 20}, 1), make_tensor("b", CKPTIO_BF16, {777}, 2)};
   auto original = ts;
   ckptio_writer *w;
@@ -208,7 +202,7 @@ TEST(Pipeline, SnapshotThenModifyKeepsSavedValues) {
 
 TEST(Pipeline, ContextReusedAcrossSavesAndConcurrentWriters) {
   TempDir dir;
-  Ctx c(small_options(64 << 10, 256 << 10, 4));
+  TestContext c(small_options(64 << 10, 256 << 10, 4));
   std::vector<std::thread> th;
   for (int k = 0; k < 4; k++) {
     th.emplace_back([&, k] {
@@ -228,7 +222,7 @@ TEST(Pipeline, ContextReusedAcrossSavesAndConcurrentWriters) {
 // A tensor beyond 4 GiB in a sparse file: offsets and sizes stay 64-bit.
 TEST(Pipeline, ReadsTensorPastFourGiBInSparseFile) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   const uint64_t hole = (4ull << 30) + 4096;
   std::string json = "{\"hole\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(hole) +
                      "],\"data_offsets\":[0," + std::to_string(hole) + "]},\"tail\":{\"dtype\":\"F32\",\"shape\":[3]," +
@@ -265,7 +259,7 @@ TEST(Pipeline, ReadsTensorPastFourGiBInSparseFile) {
 
 TEST(Pipeline, LoadRejectsSmallDestination) {
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {10}, 1)};
   ASSERT_EQ(save(c.ctx, dir.file("m.safetensors"), ts), 0);
   ckptio_reader *r;
@@ -283,7 +277,7 @@ TEST(Pipeline, LoadRejectsSmallDestination) {
 TEST(Pipeline, FileShortenedAfterOpenIsAnError) {
   if (on_gpu()) GTEST_SKIP() << "host loads";
   TempDir dir;
-  Ctx c(small_options());
+  TestContext c(small_options());
   std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {64, 1024}, 3)};
   std::string path = dir.file("m.safetensors");
   for (auto m : {CKPTIO_LOAD_MMAP, CKPTIO_LOAD_PREAD, CKPTIO_LOAD_DIRECT}) {

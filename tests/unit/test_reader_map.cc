@@ -15,15 +15,6 @@ using namespace ckptio_test;
 
 namespace {
 
-struct Ctx {
-  Ctx() {
-    ckptio_options o = small_options();
-    EXPECT_EQ(ckptio_ctx_create(&o, &ctx), 0);
-  }
-  ~Ctx() { ckptio_ctx_free(ctx); }
-  ckptio_ctx *ctx = nullptr;
-};
-
 std::vector<Tensor> model(uint64_t seed) {
   return {make_tensor("a", CKPTIO_F32, {3, 65537}, seed),  // several pieces of 64 KiB
           make_tensor("b", CKPTIO_BF16, {7}, seed + 1), make_tensor("c", CKPTIO_U8, {0}, seed + 2)};
@@ -89,7 +80,7 @@ void save_as(ckptio_ctx *ctx, const std::string &path, ckptio_format f, const st
 
 TEST(ReaderMap, EqualWritablePrivateAndOutlivesTheReader) {
   TempDir dir;
-  Ctx c;
+  TestContext c;
   std::string path = dir.file("m.safetensors");
   auto ts = model(1);
   ASSERT_EQ(save(c.ctx, path, ts), 0);
@@ -122,7 +113,7 @@ TEST(ReaderMap, EqualWritablePrivateAndOutlivesTheReader) {
 
 TEST(ReaderMap, AFileSavedOverThePathDoesNotChangeIt) {
   TempDir dir;
-  Ctx c;
+  TestContext c;
   std::string path = dir.file("m.pt");
   auto old_ts = model(1), new_ts = model(50);
   save_as(c.ctx, path, CKPTIO_FORMAT_PYTORCH, old_ts);
@@ -140,7 +131,7 @@ TEST(ReaderMap, AFileSavedOverThePathDoesNotChangeIt) {
 
 TEST(ReaderMap, AFlippedByteIsRefusedWithNoMapping) {
   TempDir dir;
-  Ctx c;
+  TestContext c;
   for (ckptio_format f : {CKPTIO_FORMAT_SAFETENSORS, CKPTIO_FORMAT_PYTORCH}) {
     std::string path = dir.file(f == CKPTIO_FORMAT_PYTORCH ? "bad.pt" : "bad.safetensors");
     save_as(c.ctx, path, f, model(3));
@@ -187,7 +178,7 @@ TEST(ReaderMap, BadArguments) {
 // at a time, before the load itself reads it again.
 TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
   TempDir dir;
-  Ctx c;
+  TestContext c;
   std::string path = dir.file("m.pt");
   std::vector<Tensor> ts;
   for (int k = 0; k < 64; k++) ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {65536}, k));
