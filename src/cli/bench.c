@@ -510,9 +510,10 @@ static int bench_loads(bench_state *s, bench_result *res, bench_run *out) {
   if ((rc = cli_drop_cache(g_ckpt)) < 0) return fail_msg("dropping the page cache", rc, NULL);
   if ((rc = bench_load(s, CKPTIO_LOAD_DIRECT, "cold", &out->cold_s, &out->cold)) < 0 || s->load_skipped)
     return rc;
-  if ((rc = cli_raw_read(g_raw, s->dst, s->raw_bytes, &out->raw_read_s,
-                         &res->raw_direct_read)) < 0)
+  if ((rc = cli_raw_read_ways(g_raw, s->dst, s->raw_bytes, out->raw_read_ways_s,
+                              &res->raw_direct_read)) < 0)
     return raw_fail("raw read", rc);
+  out->raw_read_s = cli_raw_best(out->raw_read_ways_s, CLI_RAW_READ_WAYS);
   if ((rc = cli_raw_thp(g_raw, s->raw_bytes, &out->thp_write_s, &out->thp_read_s)) < 0)
     return raw_fail("raw write and read from huge pages", rc);
 
@@ -530,9 +531,10 @@ static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
   if (g_pending) die_by(g_pending);
   if (rc < 0) return rc;
   unlink(g_raw);
-  if ((rc = cli_raw_write(g_raw, s->m->arena, s->raw_bytes, &out->raw_write_s,
-                          &res->raw_direct_write)) < 0)
+  if ((rc = cli_raw_write_ways(g_raw, s->m->arena, s->raw_bytes, out->raw_write_ways_s,
+                               &res->raw_direct_write)) < 0)
     return raw_fail("raw write", rc);
+  out->raw_write_s = cli_raw_best(out->raw_write_ways_s, CLI_RAW_WRITE_WAYS);
   /* The copy engines' limits, each next to the step it bounds: device to
    * pinned host after the save, pinned host to device before the load. */
   if (s->gpu) {

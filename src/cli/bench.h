@@ -35,11 +35,13 @@ typedef struct bench_opts {
  * raw_h2d copies run only with --device cuda:N. */
 typedef struct bench_run {
   double save_s, snapshot_s;
-  double raw_write_s;
+  double raw_write_s;    /* the best of raw_write_ways_s, what the ratios use */
+  double raw_write_ways_s[CLI_RAW_WRITE_WAYS];
   double raw_d2h_s;
   double raw_h2d_s;
   double cold_s;
-  double raw_read_s;
+  double raw_read_s;     /* the best of raw_read_ways_s */
+  double raw_read_ways_s[CLI_RAW_READ_WAYS];
   double thp_write_s, thp_read_s;  /* the raw limits from huge pages */
   double warm_s;
   double memcpy_s;

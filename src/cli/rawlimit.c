@@ -1,8 +1,9 @@
 /*
  * The raw limits a save or load is measured against, taken in the same run:
- * sequential O_DIRECT write and read with 32 requests of 8 MiB in flight
- * (what fio --direct=1 --ioengine=libaio --iodepth=32 --bs=8M measures), and
- * a single-thread memcpy between touched buffers.
+ * the best of several ways of writing and of reading the same file (O_DIRECT
+ * with 32 requests of 8 MiB in flight, what fio --direct=1 --ioengine=libaio
+ * --iodepth=32 --bs=8M measures; buffered ways through the page cache), each
+ * reported, and a single-thread memcpy between touched buffers.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@ typedef struct raw_job {
   uint8_t *buf;
   uint64_t window;  /* requests cycle through this much of buf (0: all of n) */
   uint64_t n;
+  uint64_t block;   /* bytes per request */
   atomic_uint_fast64_t next;
   atomic_int err;
   pthread_mutex_t mu;
@@ -36,9 +38,9 @@ static void *raw_worker(void *arg) {
   while (!j->go) pthread_cond_wait(&j->cv, &j->mu);
   pthread_mutex_unlock(&j->mu);
   for (;;) {
-    uint64_t off = atomic_fetch_add(&j->next, CLI_RAW_BLOCK);
+    uint64_t off = atomic_fetch_add(&j->next, j->block);
     if (off >= j->n || atomic_load(&j->err)) break;
-    uint64_t len = j->n - off < CLI_RAW_BLOCK ? j->n - off : CLI_RAW_BLOCK;
+    uint64_t len = j->n - off < j->block ? j->n - off : j->block;
     uint8_t *mem = j->buf + (j->window ? off % j->window : off);
     uint64_t done = 0;
     while (done < len) {
@@ -57,15 +59,18 @@ static void *raw_worker(void *arg) {
   return NULL;
 }
 
-/* Runs CLI_RAW_DEPTH workers over [0, n) of fd; the clock starts when all
- * exist and stops after the last one (and the sync, when writing). */
-static int raw_run(int fd, int writing, void *buf, uint64_t window, uint64_t n, double *seconds) {
+/* Runs `threads` workers over [0, n) of fd, `block` bytes per request; the
+ * clock starts when all exist and stops after the last one (and the sync,
+ * when writing). One worker is a plain sequential loop. */
+static int raw_run_with(int fd, int writing, void *buf, uint64_t window, uint64_t n, int threads,
+                        uint64_t block, double *seconds) {
   raw_job j;
   j.fd = fd;
   j.writing = writing;
   j.buf = buf;
   j.window = window;
   j.n = n;
+  j.block = block;
   atomic_init(&j.next, 0);
   atomic_init(&j.err, 0);
   pthread_mutex_init(&j.mu, NULL);
@@ -76,12 +81,13 @@ static int raw_run(int fd, int writing, void *buf, uint64_t window, uint64_t n, 
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 256 * 1024);
-  for (; started < CLI_RAW_DEPTH; started++) {
+  if (threads > CLI_RAW_DEPTH) threads = CLI_RAW_DEPTH;
+  for (; started < threads; started++) {
     if (pthread_create(&th[started], &attr, raw_worker, &j) != 0) break;
   }
   pthread_attr_destroy(&attr);
   /* Fewer threads would measure a shallower queue than asked: fail instead. */
-  if (started < CLI_RAW_DEPTH) atomic_store(&j.err, -EAGAIN);
+  if (started < threads) atomic_store(&j.err, -EAGAIN);
   pthread_mutex_lock(&j.mu);
   j.go = 1;
   pthread_cond_broadcast(&j.cv);
@@ -94,6 +100,10 @@ static int raw_run(int fd, int writing, void *buf, uint64_t window, uint64_t n, 
   pthread_cond_destroy(&j.cv);
   pthread_mutex_destroy(&j.mu);
   return rc;
+}
+
+static int raw_run(int fd, int writing, void *buf, uint64_t window, uint64_t n, double *seconds) {
+  return raw_run_with(fd, writing, buf, window, n, CLI_RAW_DEPTH, CLI_RAW_BLOCK, seconds);
 }
 
 /* O_DIRECT is refused by some filesystems (tmpfs): measure buffered I/O then,
@@ -137,6 +147,91 @@ int cli_raw_write(const char *path, const void *buf, uint64_t n, double *seconds
 
 int cli_raw_read(const char *path, void *buf, uint64_t n, double *seconds, int *direct) {
   return raw_read(path, buf, 0, n, seconds, direct);
+}
+
+const char *cli_raw_write_way_name(int way) {
+  switch (way) {
+    case CLI_RAW_WRITE_DIRECT: return "O_DIRECT, 32 x 8 MiB in flight";
+    case CLI_RAW_WRITE_BUFFERED: return "buffered 8 MiB writes + fdatasync";
+    default: return "?";
+  }
+}
+
+const char *cli_raw_read_way_name(int way) {
+  switch (way) {
+    case CLI_RAW_READ_DIRECT: return "O_DIRECT, 32 x 8 MiB in flight";
+    case CLI_RAW_READ_SEQ: return "buffered, 1 thread, 1 MiB";
+    case CLI_RAW_READ_PAR: return "buffered, 16 threads x 8 MiB";
+    default: return "?";
+  }
+}
+
+/* A buffered write as most programs write: one thread, sequential 8 MiB
+ * writes into the page cache, then fdatasync inside the time (the kernel
+ * writes back behind the copies). The file is laid out first, as for the
+ * O_DIRECT way, so the two differ only in how the bytes travel. */
+static int raw_write_buffered(const char *path, const void *buf, uint64_t n, double *seconds) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -errno;
+  int rc = -posix_fallocate(fd, 0, (off_t)n);
+  if (rc == -EOPNOTSUPP || rc == -EINVAL) rc = 0;
+  if (!rc) rc = raw_run_with(fd, 1, (void *)buf, 0, n, 1, CLI_RAW_BLOCK, seconds);
+  if (close(fd) != 0 && !rc) rc = -errno;
+  return rc;
+}
+
+int cli_raw_write_ways(const char *path, const void *buf, uint64_t n,
+                       double seconds[CLI_RAW_WRITE_WAYS], int *direct) {
+  int rc = cli_raw_write(path, buf, n, &seconds[CLI_RAW_WRITE_DIRECT], direct);
+  /* The buffered way leaves the file in the page cache: drop it so a read
+   * of it that follows is cold. */
+  if (!rc) rc = raw_write_buffered(path, buf, n, &seconds[CLI_RAW_WRITE_BUFFERED]);
+  if (!rc) rc = cli_drop_cache(path);
+  return rc;
+}
+
+/* Concurrency and request size of the parallel buffered read: those of
+ * runai-model-streamer's file system reads (RUNAI_STREAMER_CONCURRENCY,
+ * default 16 workers; file system chunks of 8 MiB, 2 MiB blocks, as its
+ * 0.17 prints at RUNAI_STREAMER_LOG_LEVEL=DEBUG). Its default strategy there
+ * is io_uring O_DIRECT at a queue depth of 64 x 8 MiB, with 16 workers doing
+ * buffered preads ("sync_buffered") as the fallback: the first is close to
+ * the O_DIRECT way here, the second is this one. */
+#define RAW_PAR_THREADS 16
+#define RAW_PAR_BLOCK (8u << 20)
+/* The sequential read: 1 MiB requests, the kernel's readahead ahead of them
+ * (what cat, dd bs=1M or a plain Python read loop get). */
+#define RAW_SEQ_BLOCK (1u << 20)
+
+static int raw_read_buffered(const char *path, void *buf, uint64_t n, int threads, uint64_t block,
+                             double *seconds) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int rc = raw_run_with(fd, 0, buf, 0, n, threads, block, seconds);
+  close(fd);
+  return rc;
+}
+
+int cli_raw_read_ways(const char *path, void *buf, uint64_t n, double seconds[CLI_RAW_READ_WAYS],
+                      int *direct) {
+  /* Each way starts from a cold file: the one before it may have left its
+   * pages in the cache. */
+  int rc = cli_drop_cache(path);
+  if (!rc) rc = cli_raw_read(path, buf, n, &seconds[CLI_RAW_READ_DIRECT], direct);
+  if (!rc) rc = cli_drop_cache(path);
+  if (!rc) rc = raw_read_buffered(path, buf, n, 1, RAW_SEQ_BLOCK, &seconds[CLI_RAW_READ_SEQ]);
+  if (!rc) rc = cli_drop_cache(path);
+  if (!rc)
+    rc = raw_read_buffered(path, buf, n, RAW_PAR_THREADS, RAW_PAR_BLOCK, &seconds[CLI_RAW_READ_PAR]);
+  if (!rc) rc = cli_drop_cache(path);
+  return rc;
+}
+
+double cli_raw_best(const double *seconds, int ways) {
+  double best = 0;
+  for (int i = 0; i < ways; i++)
+    if (seconds[i] > 0 && (best == 0 || seconds[i] < best)) best = seconds[i];
+  return best;
 }
 
 #define HUGE_PAGE (2u << 20)
