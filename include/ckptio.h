@@ -402,9 +402,14 @@ typedef struct ckptio_stats {
                                file and the caller's memory, with no staging
                                copy (memory that agrees with the file offset
                                in O_DIRECT's alignment; see README) */
+  uint32_t load_methods;    /* load: the ways its bytes were read, as bits
+                               1u << CKPTIO_LOAD_PREAD / _MMAP / _DIRECT (what
+                               CKPTIO_LOAD_AUTO chose; a set may mix them;
+                               ckptio_reader_map_private reads with MMAP);
+                               0 for a save */
 } ckptio_stats;
 
-#define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /*! Stage timings of the finished (or running) save / of the last load. */
 int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out);
@@ -507,6 +512,16 @@ int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64
  *          compressed file: no single mapping holds the tensors' bytes; load
  *          them instead), or -errno (mmap). */
 int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
+/*! ckptio_reader_resident() :
+ *  The share (0 to 1) of the checkpoint's stored tensor bytes that the page
+ *  cache holds now, from a sample of up to 64 pages of each file (mincore:
+ *  no I/O; a compressed file's share of its compressed bytes). What
+ *  CKPTIO_LOAD_AUTO decides by (PREAD from a half on, else DIRECT), and what
+ *  a caller choosing between ckptio_reader_map_private and a copying load
+ *  asks: a mapping of a resident file reads nothing, while a cold one fills
+ *  the page cache, slower than O_DIRECT reads on many disks
+ *  (bench/RESULTS_PEERS.md). @return 0, or CKPTIO_E_INVALID_ARG. */
+int ckptio_reader_resident(ckptio_reader *r, double *share);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 

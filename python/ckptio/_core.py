@@ -42,8 +42,10 @@ def configure(*, snapshot_bytes: Union[int, str, None] = None,
         point (SaveHandle.wait_snapshot) as soon as its bytes are copied, and
         is written behind it. ckptio.SNAPSHOT_AUTO takes a quarter of
         physical memory; 0 (the default) keeps memory bounded by the 256 MiB
-        ring. The memory is allocated and touched once, at the first save or
-        load, and reused by every save.
+        ring. The memory is allocated once, at the first save or load (the
+        context's creation), faulted in by a thread of the library in the
+        background from then on (a save that starts meanwhile faults in
+        what it uses itself), and reused by every save.
     staging_bytes, chunk_bytes: the staging ring and its pieces (0: the
         library's defaults).
     threads: worker threads (0: one per core)."""
@@ -141,21 +143,60 @@ def dtype_code(name: str) -> int:
     return code
 
 
+# A file at least this resident is mapped by the "auto" backend, as
+# CKPTIO_LOAD_AUTO reads it by pread (through the page cache) rather than by
+# O_DIRECT.
+MAP_RESIDENT = 0.5
+
+
+def backend_choice(backend: str, mmap: Optional[bool]) -> Optional[bool]:
+    """A load's backend ("auto", "mmap" or "pread"; mmap, ckptio's older
+    keyword, overrides it when given) as Reader's mapped: None, True, False."""
+    if backend not in ("auto", "mmap", "pread"):
+        raise ValueError(f"backend must be 'auto', 'mmap' or 'pread', got {backend!r}")
+    if mmap is not None:
+        return bool(mmap)
+    return None if backend == "auto" else backend == "mmap"
+
+
 class Reader:
     """An open ckptio_reader (a context manager closing it)."""
 
-    def __init__(self, path: PathLike, crc: bool = True, mapped: bool = False) -> None:
-        """mapped: the caller wants a zero-copy load, which runs on the light
-        context of map_ctx(). A compressed file cannot be mapped and is
-        copied instead, so it is reopened on the full context: copies need
-        its staging ring. (A sharded set is mapped shard by shard: shards().)"""
+    def __init__(self, path: PathLike, crc: bool = True, mapped: Optional[bool] = False) -> None:
+        """mapped: True, the caller wants a zero-copy load, which runs on the
+        light context of map_ctx(); None, a zero-copy load if the page cache
+        holds the file (resident()), else a copying one; False, a copying
+        load. A compressed file cannot be mapped, and a cold one is read
+        faster by O_DIRECT than through the page cache (bench/RESULTS_PEERS.md):
+        both are copied, on the full context whose staging ring copies need.
+        self.mapped says which it is. (A sharded set is mapped shard by
+        shard: shards().)"""
         self.lib: Any = _lib.lib()
         self.path: bytes = os.fsencode(os.fspath(path))
         self.handle: Optional[ctypes.c_void_p] = None
-        self._open(map_ctx() if mapped else ctx(), crc)
-        if mapped and self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1:
+        self.mapped = mapped is not False
+        self._open(map_ctx() if self.mapped else ctx(), crc)
+        if self.mapped and (
+                self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1
+                or (mapped is None and not self.shards() and self.resident() < MAP_RESIDENT)):
+            self.mapped = False
             self.lib.ckptio_reader_close(self.handle)
             self._open(ctx(), crc)
+
+    def maps(self, mapped: Optional[bool]) -> bool:
+        """Whether a load of all the tensors through this open reader is a
+        zero-copy one: for mapped None ("auto"), when the page cache holds
+        the file. A set is never mapped as a whole."""
+        if mapped is False or self.shards():
+            return False
+        return mapped is True or self.resident() >= MAP_RESIDENT
+
+    def resident(self) -> float:
+        """The share (0 to 1) of the tensors' stored bytes the page cache
+        holds (ckptio_reader_resident: a sample, no I/O)."""
+        share = ctypes.c_double()
+        self.check(self.lib.ckptio_reader_resident(self.handle, ctypes.byref(share)), "resident")
+        return share.value
 
     @property
     def shown(self) -> str:

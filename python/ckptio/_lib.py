@@ -123,6 +123,10 @@ class Options(ctypes.Structure):  # ckptio_options
         return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0, 0)
 
 
+# ckptio_load_method, by code.
+LOAD_METHODS = ("auto", "pread", "mmap", "direct")
+
+
 class Stats(ctypes.Structure):  # ckptio_stats
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -136,6 +140,7 @@ class Stats(ctypes.Structure):  # ckptio_stats
         ("threads", ctypes.c_int),
         ("staging_bytes", ctypes.c_uint64),
         ("direct_bytes", ctypes.c_uint64),
+        ("load_methods", ctypes.c_uint32),
     ]
 
     @classmethod
@@ -144,7 +149,11 @@ class Stats(ctypes.Structure):  # ckptio_stats
         return cls(ctypes.sizeof(cls))
 
     def as_dict(self) -> Dict[str, Any]:
-        return {f[0]: getattr(self, f[0]) for f in self._fields_ if f[0] != "size"}
+        """The fields by name; load_methods as the list of the methods' names."""
+        out = {f[0]: getattr(self, f[0]) for f in self._fields_ if f[0] != "size"}
+        out["load_methods"] = [name for code, name in enumerate(LOAD_METHODS)
+                               if self.load_methods >> code & 1]
+        return out
 
 
 class LoadRequest(ctypes.Structure):  # ckptio_load_request
@@ -304,6 +313,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_reader_view": (_I, [_P, ctypes.c_size_t, _PP, ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_reader_map_private": (_I, [_P, _PP, ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
+    "ckptio_reader_resident": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
     "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     # Sharded saves (ckptio.torch.save_torch_state_dict): a ckptio_writer

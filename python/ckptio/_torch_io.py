@@ -461,9 +461,10 @@ def numel_size(shape: Tuple[int, ...], dtype: torch.dtype) -> Tuple[int, int]:
 class TorchReader(Reader):
     """A Reader whose loads make torch tensors on one device."""
 
-    def __init__(self, path: PathLike, device: Device, mmap: bool = False) -> None:
+    def __init__(self, path: PathLike, device: Device, mmap: Optional[bool] = False) -> None:
+        """mmap as Reader's mapped (None: map a resident file), on the CPU only."""
         self.device, self.code = load_device(device)
-        super().__init__(path, crc=True, mapped=mmap and self.device.type == "cpu")
+        super().__init__(path, crc=True, mapped=mmap if self.device.type == "cpu" else False)
         self.entries: List[_lib.TensorInfo] = []
         self.by_name: Dict[str, int] = {}
         self._indexed = False

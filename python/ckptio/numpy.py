@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib, _mapped
-from ._core import (MemoryFile, OpenReader, PathLike, Reader, ctx, dtype_code, options,
+from ._core import (MemoryFile, OpenReader, PathLike, Reader, backend_choice, ctx, dtype_code, options,
                     parse_slice_key, scratch_dir)
 from .errors import check, from_code
 
@@ -193,13 +193,7 @@ def load(data: bytes, *, crc: bool = True) -> Dict[str, Array]:
         return load_file(mem.path, crc=crc)
 
 
-def _mmap_of(backend: str, mmap: Optional[bool]) -> bool:
-    if backend not in ("mmap", "pread"):
-        raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
-    return backend == "mmap" if mmap is None else bool(mmap)
-
-
-def load_file(filename: PathLike, *, backend: str = "mmap", crc: bool = True,
+def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
               mmap: Optional[bool] = None) -> Dict[str, Array]:
     """Loads every tensor of a safetensors or .pt file (or a sharded set: its
     index or directory), as safetensors.numpy.load_file: a dict of name ->
@@ -207,25 +201,28 @@ def load_file(filename: PathLike, *, backend: str = "mmap", crc: bool = True,
     recorded CRC32 is checked before anything is returned and a mismatch
     raises ChecksumError.
 
-    backend="mmap" (the default, as safetensors): the arrays are views of
-    one private copy-on-write mapping of the file, no bytes copied. They
-    are writable, and writes never reach the file; a file saved over the
-    path later (ckptio and safetensors-style atomic renames) does not change
-    them; the mapping is freed when the last array goes. A program that
-    truncates the file in place while arrays live makes reading them raise
-    SIGBUS (as with safetensors' and torch.load(mmap=True)'s results; ckptio
-    never writes in place). Strided or big-endian .pt entries and misaligned
-    tensors are copied; a sharded set maps each shard on its own; a
-    compressed file is always copied.
+    backend="mmap": the arrays are views of one private copy-on-write
+    mapping of the file, no bytes copied. They are writable, and writes
+    never reach the file; a file saved over the path later (ckptio and
+    safetensors-style atomic renames) does not change them; the mapping is
+    freed when the last array goes. A program that truncates the file in
+    place while arrays live makes reading them raise SIGBUS (as with
+    safetensors' and torch.load(mmap=True)'s results; ckptio never writes
+    in place). Strided or big-endian .pt entries and misaligned tensors are
+    copied; a sharded set maps each shard on its own; a compressed file is
+    always copied.
     backend="pread": every tensor is copied into fresh memory (parallel
-    reads); the arrays are independent of the file. mmap (keyword-only,
-    ckptio's older spelling) overrides backend when given."""
-    mapped = _mmap_of(backend, mmap)
+    reads, O_DIRECT from a cold file); the arrays are independent of the
+    file. backend="auto" (the default): "mmap" when the page cache holds
+    the file, "pread" when it is cold, whichever is faster for it now (see
+    ckptio.torch.load_file). mmap (keyword-only, ckptio's older spelling)
+    overrides backend when given."""
+    mapped = backend_choice(backend, mmap)
     with Reader(filename, crc, mapped=mapped) as r:
-        shards = r.shards() if mapped else []
+        shards = r.shards() if r.mapped else []
         if not shards:
-            return _load_one(r, mapped)
-    # A sharded set, checked as a set on open: each shard mapped on its own.
+            return _load_one(r, r.mapped)
+    # A sharded set, checked as a set on open: each shard loaded on its own.
     out: Dict[str, Array] = {}
     for shard in shards:
         out.update(load_file(shard, crc=crc, mmap=mapped))
@@ -383,13 +380,13 @@ class safe_open(OpenReader[Reader]):
     torch); device must be "cpu". backend as load_file's."""
 
     def __init__(self, filename: PathLike, framework: str = "numpy", device: str = "cpu", *,
-                 backend: str = "mmap") -> None:
+                 backend: str = "auto") -> None:
         if framework not in ("numpy", "np"):
             raise ValueError(f"ckptio.numpy.safe_open only supports framework='numpy', "
                              f"got {framework!r} (ckptio.torch.safe_open serves torch)")
         if device != "cpu":
             raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
-        self._mmap = _mmap_of(backend, None)
+        self._mmap = backend_choice(backend, None)
         r = Reader(filename)
         try:
             self._infos = r.infos()
@@ -435,7 +432,7 @@ class safe_open(OpenReader[Reader]):
         """Every tensor, in file order (as load_file, with this file's
         backend)."""
         r = self._reader()
-        return _load_one(r, self._mmap)
+        return _load_one(r, r.maps(self._mmap))
 
     def get_slice(self, name: str) -> NumpySlice:
         """A NumpySlice of the tensor: get_shape(), get_dtype(), [key]."""

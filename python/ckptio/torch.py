@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 import torch
 
 from . import _lib, _mapped
-from ._core import MemoryFile, OpenReader, PathLike, scratch_dir
+from ._core import MemoryFile, OpenReader, PathLike, backend_choice, scratch_dir
 from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
@@ -227,13 +227,7 @@ def save_torch_state_dict(tensors: Mapping[str, torch.Tensor], save_directory: P
 
 # --------------------------------------------------------------------- load
 
-def _mmap_of(backend: str, mmap: Optional[bool]) -> bool:
-    if backend not in ("mmap", "pread"):
-        raise ValueError(f"backend must be 'mmap' or 'pread', got {backend!r}")
-    return backend == "mmap" if mmap is None else bool(mmap)
-
-
-def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "mmap",
+def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "auto",
               mmap: Optional[bool] = None) -> Dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors or torch.save (.pt) file (or a
     sharded set: its index or directory) onto `device` ("cpu", "cuda",
@@ -241,28 +235,33 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "mma
     a dict of str -> torch.Tensor in file order. Recorded CRC32s are checked
     before anything is returned; a mismatch raises ChecksumError.
 
-    On the CPU with backend="mmap" (the default, as safetensors): the tensors
-    are views of one private copy-on-write mapping of the file (MAP_PRIVATE),
-    no bytes copied. They may be written (writes never reach the file); a
-    file saved over the path later by an atomic rename (every ckptio save)
-    does not change them; the mapping is unmapped when the last tensor goes,
-    the reader is closed at once. The price, shared with safetensors' and
+    On the CPU, backend="mmap" gives tensors that are views of one private
+    copy-on-write mapping of the file (MAP_PRIVATE), no bytes copied. They
+    may be written (writes never reach the file); a file saved over the
+    path later by an atomic rename (every ckptio save) does not change
+    them; the mapping is unmapped when the last tensor goes, the reader is
+    closed at once. The price, shared with safetensors' and
     torch.load(mmap=True)'s results: another program that truncates or
     rewrites the file in place (torch.save or safetensors.torch.save_file to
     the same path) while the tensors live makes reading them raise SIGBUS or
     see the new bytes. backend="pread" gives tensors in fresh memory,
-    independent of the file (parallel reads, about half the speed from a
-    warm cache). mmap (keyword-only, ckptio's older spelling: True is
-    "mmap", False "pread") overrides backend when given. Strided views and
-    big-endian entries of .pt files, and misaligned tensors, are always
-    copied. A sharded set maps each shard on its own; a compressed file is
+    independent of the file (parallel reads: O_DIRECT from a cold file,
+    about half the mapping's speed from a warm cache). backend="auto" (the
+    default) is the faster of the two for this file now: "mmap" when the
+    page cache holds it (nothing to read), "pread" when it is cold (the page
+    cache fills slower than O_DIRECT reads; bench/RESULTS_PEERS.md); the
+    tensors are views or copies accordingly. mmap (keyword-only, ckptio's
+    older spelling: True is "mmap", False "pread") overrides backend when
+    given. Strided views and big-endian entries of .pt files, and
+    misaligned tensors, are always copied. A sharded set maps each shard on
+    its own (and "auto" decides shard by shard); a compressed file is
     always copied. The backend has no effect for a CUDA device."""
-    mapped = _mmap_of(backend, mmap)
+    mapped = backend_choice(backend, mmap)
     with TorchReader(filename, device, mapped) as r:
-        shards = r.shards() if mapped and r.device.type == "cpu" else []
+        shards = r.shards() if r.mapped else []
         if not shards:
-            return r.load(range(len(r.index())), mmap=mapped)
-    # A sharded set, checked as a set on open: each shard mapped on its own.
+            return r.load(range(len(r.index())), mmap=r.mapped)
+    # A sharded set, checked as a set on open: each shard loaded on its own.
     out: Dict[str, torch.Tensor] = {}
     for shard in shards:
         out.update(load_file(shard, device, mmap=mapped))
@@ -278,7 +277,7 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
-               device: Device = "cpu", *, backend: str = "mmap") -> Tuple[List[str], List[str]]:
+               device: Device = "cpu", *, backend: str = "auto") -> Tuple[List[str], List[str]]:
     """Loads a file written by save_model (or any file of the model's
     tensors) into `model`, as safetensors.torch.load_model: a name dropped by
     save_model because it shares storage with a saved one counts as loaded.
@@ -318,11 +317,11 @@ class safe_open(OpenReader[TorchReader]):
     ckptio/torch_slice.py)."""
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Device = "cpu", *,
-                 backend: str = "mmap") -> None:
+                 backend: str = "auto") -> None:
         if framework not in ("pt", "torch", "pytorch"):
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
                              f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
-        self._mmap = _mmap_of(backend, None)
+        self._mmap = backend_choice(backend, None)
         r = TorchReader(filename, device)
         try:
             r.index()
@@ -364,10 +363,10 @@ class safe_open(OpenReader[TorchReader]):
 
     def get_tensors(self) -> Dict[str, torch.Tensor]:
         """Every tensor, in file order, CRC-checked: as load_file with this
-        file's device and backend (on the CPU with "mmap", views of one
-        mapping of a single file)."""
+        file's device and backend (on the CPU with "mmap", or "auto" and a
+        resident file, views of one mapping of a single file)."""
         r = self._reader()
-        return r.load(range(len(r.entries)), mmap=self._mmap and not r.shards())
+        return r.load(range(len(r.entries)), mmap=r.maps(self._mmap))
 
     def stats(self) -> Optional[Dict[str, Any]]:
         """Stage timings of the last get_tensor (ckptio_reader_stats) as a

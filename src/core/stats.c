@@ -17,5 +17,6 @@ int ckptio_timers_report(const ckptio_timers *t, uint64_t bytes, int threads, ui
   s.threads = threads;
   s.staging_bytes = staging;
   s.direct_bytes = atomic_load(&t->direct_bytes);
+  s.load_methods = atomic_load(&t->methods);
   return ckptio_sized_out(out, &s, sizeof(s), "ckptio_stats", NULL, 0);
 }

@@ -12,6 +12,7 @@
 typedef struct ckptio_timers {
   _Atomic uint64_t device_ns, copy_ns, write_ns, commit_ns;
   _Atomic uint64_t direct_bytes; /* moved with no staging copy */
+  _Atomic uint32_t methods;      /* load: 1 << each ckptio_load_method the jobs used */
   uint64_t start_ns, snapshot_ns, end_ns;
 } ckptio_timers;
 

@@ -144,7 +144,7 @@ void ckptio_rfile_scattered(const ckptio_rfile *f, int on) {
   if (f->map) madvise((void *)f->map, (size_t)f->size, on ? MADV_RANDOM : MADV_NORMAL);
 }
 
-int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
+double ckptio_rfile_resident(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += len[i];
   if (!f->map || total == 0) return 1;
@@ -158,7 +158,11 @@ int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const
     }
     seen += len[i];
   }
-  return samples == 0 || resident * 2 >= samples;
+  return samples ? (double)resident / samples : 1;
+}
+
+int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
+  return ckptio_rfile_resident(f, off, len, n) >= 0.5;
 }
 
 int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size_t errlen) {

@@ -60,8 +60,11 @@ void ckptio_rfile_drop(const unsigned char *p, uint64_t len);
  * some virtual disks) around each, most of the file, one window at a time,
  * before the load reads it again. */
 void ckptio_rfile_scattered(const ckptio_rfile *f, int on);
-/* Whether the page cache holds most of the spans [off[i], off[i]+len[i]),
- * from a sample of up to 64 pages spread across them (mincore: no I/O). */
+/* The share (0 to 1) of the spans [off[i], off[i]+len[i]) the page cache
+ * holds, from a sample of up to 64 pages spread across them (mincore: no
+ * I/O); 1 for no bytes or no map. */
+double ckptio_rfile_resident(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n);
+/* Whether the page cache holds most of them. */
 int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n);
 
 /* A private, writable, copy-on-write mapping of the whole file from the

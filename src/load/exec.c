@@ -315,6 +315,7 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
   for (size_t i = 0; i < x.plan.njobs && !ckptio_batch_failed(&x.batch); i++) {
     ckptio_job *j = &x.plan.jobs[i];
     j->owner = &x;
+    atomic_fetch_or(&out->timers->methods, 1u << j->method);
     if (gpus && i >= SLOW_START) ckptio_batch_wait_ended(&x.batch, (i - SLOW_START) / 2 + 1);
     /* On this thread: the ring bounds what is in flight, and a job never
      * waits for a slot while holding a worker. */

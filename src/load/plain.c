@@ -378,6 +378,17 @@ static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void 
   return 0;
 }
 
+static double plain_resident(ckptio_source *s) {
+  plain *p = P(s);
+  size_t n = s->idx.count;
+  uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL;
+  if (!off) return 0;
+  for (size_t i = 0; i < n; i++) off[i] = s->idx.entries[i].offset, len[i] = s->idx.entries[i].nbytes;
+  double share = ckptio_rfile_resident(&p->f, off, len, n);
+  free(off);
+  return share;
+}
+
 static void plain_close(ckptio_source *s) {
   ckptio_rfile_close(&P(s)->f);
   ckptio_index_free(&s->idx);
@@ -393,6 +404,7 @@ static const ckptio_source_ops plain_ops = {
     .member = ckptio_source_member_self,
     .file = ckptio_source_file_self,
     .map_private = plain_map_private,
+    .resident = plain_resident,
     .close = plain_close,
 };
 

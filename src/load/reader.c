@@ -342,6 +342,20 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
   return r->src->ops->map_private(r->src, &out, base, size);
 }
 
+int ckptio_reader_resident(ckptio_reader *r, double *share) {
+  if (!r || !share) return CKPTIO_E_INVALID_ARG;
+  double held = 0, total = 0;
+  for (size_t k = 0; k < r->src->nfiles; k++) {
+    ckptio_source *f = r->src->ops->file(r->src, k);
+    double bytes = 0;
+    for (size_t i = 0; i < f->idx.count; i++) bytes += (double)f->idx.entries[i].nbytes;
+    held += f->ops->resident ? f->ops->resident(f) * bytes : 0;
+    total += bytes;
+  }
+  *share = total > 0 ? held / total : 1;
+  return 0;
+}
+
 int ckptio_map_free(void *base, uint64_t size) {
   return ckptio_rfile_unmap(base, size);
 }

@@ -150,6 +150,9 @@ typedef struct ckptio_source_ops {
   /* A private, writable mapping of the one file, every CRC checked over it
    * (reporting into out). NULL where the bytes are not the file's. */
   int (*map_private)(ckptio_source *s, const ckptio_exec_out *out, void **base, uint64_t *size);
+  /* The share (0 to 1) of this file's stored bytes the page cache holds
+   * (a sample: no I/O). NULL on kinds of several files: ask file(k). */
+  double (*resident)(ckptio_source *s);
   /* File k of the source (0 <= k < nfiles): itself, or a set's member. */
   ckptio_source *(*file)(ckptio_source *s, size_t k);
   void (*close)(ckptio_source *s);

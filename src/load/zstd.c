@@ -411,6 +411,12 @@ static void zstd_close(ckptio_source *s) {
   ckptio_index_free(&s->idx);
 }
 
+static double zstd_resident(ckptio_source *s) {
+  const ckptio_rfile *f = &((zsrc *)s)->f;
+  uint64_t off = 0, len = f->size;
+  return ckptio_rfile_resident(f, &off, &len, 1);
+}
+
 static const ckptio_source_ops zstd_ops = {
     .kind = "zstd",
     .plan = zstd_plan,
@@ -419,6 +425,7 @@ static const ckptio_source_ops zstd_ops = {
     .ranges = zstd_ranges,
     .member = ckptio_source_member_self,
     .file = ckptio_source_file_self,
+    .resident = zstd_resident,
     .close = zstd_close,
 };
 

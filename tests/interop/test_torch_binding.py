@@ -568,3 +568,54 @@ def test_copying_load_places_tensors_where_direct_reads_land(tmp_path):
 def test_versions_reported():
     print(f"torch {torch.__version__} safetensors {safetensors.__version__} "
           f"ckptio {ckptio._lib.lib().ckptio_version_string().decode()}")
+
+
+def _drop(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _views_of_one_mapping(sd, path):
+    """Whether every tensor sits at its file offset from one base: views of
+    one mapping of the file, not copies."""
+    with ckptio._core.Reader(path) as r:
+        offsets = {info.name.decode(): info.offset for info in r.infos()}
+    bases = {t.data_ptr() - offsets[name] for name, t in sd.items()}
+    return len(bases) == 1
+
+
+def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
+    """backend="auto": a cold file is read by O_DIRECT into fresh tensors
+    (it stays out of the page cache), a resident one is mapped."""
+    t = {f"w{k}": torch.arange(1 << 18, dtype=torch.float32) * k for k in range(8)}
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    _drop(path)
+    with ckptio._core.Reader(path) as r:
+        if r.resident() > 0.05:
+            pytest.skip("this filesystem keeps files cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip("this filesystem refuses O_DIRECT: a cold load reads through the page cache")
+    cold = ct.load_file(path)
+    assert not _views_of_one_mapping(cold, path), "a cold file is copied"
+    with ckptio._core.Reader(path) as r:
+        assert r.resident() < 0.2, "the copying load read it by O_DIRECT, past the page cache"
+    for name in t:
+        assert torch.equal(cold[name], t[name])
+    with open(path, "rb") as f:
+        while f.read(4 << 20):
+            pass
+    warm = ct.load_file(path)
+    assert _views_of_one_mapping(warm, path), "a resident file is mapped"
+    for name in t:
+        assert torch.equal(warm[name], t[name])
+    assert _views_of_one_mapping(ct.load_file(path, backend="mmap"), path)
+    assert not _views_of_one_mapping(ct.load_file(path, backend="pread"), path)
+    with pytest.raises(ValueError, match="auto"):
+        ct.load_file(path, backend="mapped")

@@ -201,3 +201,65 @@ TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
   EXPECT_EQ(got, ts[5].bytes) << "a load after the open";
   ckptio_reader_close(r);
 }
+
+// ckptio_reader_resident samples what the page cache holds, CKPTIO_LOAD_AUTO
+// decides by it (O_DIRECT cold, pread warm), and ckptio_stats.load_methods
+// shows the choice, as the zero-copy map's MMAP.
+TEST(ReaderMap, ResidentShareDecidesAutoAndStatsShowIt) {
+  TempDir dir;
+  TestContext c;
+  std::string path = dir.file("resident.safetensors");
+  std::vector<Tensor> ts;
+  for (int k = 0; k < 16; k++) ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {1 << 18}, k));
+  save_as(c.ctx, path, CKPTIO_FORMAT_SAFETENSORS, ts);
+  int fd = open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+  size_t total = 0;
+  if (resident_file_pages(path, &total) > total / 20)
+    GTEST_SKIP() << "this filesystem keeps the file cached after POSIX_FADV_DONTNEED (tmpfs?)";
+  int dfd = open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (dfd < 0) GTEST_SKIP() << "this filesystem refuses O_DIRECT: AUTO reads it by pread";
+  close(dfd);
+
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+  double share = -1;
+  ASSERT_EQ(ckptio_reader_resident(r, &share), 0);
+  EXPECT_LT(share, 0.2) << "a dropped file";
+  std::vector<std::vector<uint8_t>> got(ts.size());
+  std::vector<ckptio_load_request> reqs;
+  for (size_t k = 0; k < ts.size(); k++) {
+    got[k].resize(ts[k].bytes.size());
+    reqs.push_back({(size_t)ckptio_reader_find(r, ts[k].name.c_str()), got[k].data(), got[k].size(),
+                    CKPTIO_DEVICE_HOST});
+  }
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
+  EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_DIRECT) << "a cold file, AUTO";
+  for (size_t k = 0; k < ts.size(); k++) EXPECT_EQ(got[k], ts[k].bytes) << ts[k].name;
+
+  // Read through the page cache: now resident, and AUTO reads by pread.
+  std::vector<uint8_t> all(4 << 20);
+  fd = open(path.c_str(), O_RDONLY);
+  while (read(fd, all.data(), all.size()) > 0) {
+  }
+  close(fd);
+  ASSERT_EQ(ckptio_reader_resident(r, &share), 0);
+  EXPECT_GT(share, 0.9) << "a file just read";
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
+  EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_PREAD) << "a warm file, AUTO";
+
+  void *base = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(ckptio_reader_map_private(r, &base, &size), 0);
+  ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
+  EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_MMAP) << "the zero-copy map";
+  ckptio_map_free(base, size);
+  EXPECT_EQ(ckptio_reader_resident(nullptr, &share), CKPTIO_E_INVALID_ARG);
+  ckptio_reader_close(r);
+}
