@@ -237,9 +237,10 @@ typedef struct ckptio_options {
                                it on load, `zstd -d` does not); 0: off */
   size_t snapshot_bytes;    /* context only. Pinned host memory that holds
                                snapshots, beyond staging_bytes (rounded down to
-                               whole chunks; allocated, pinned and pre-faulted
-                               once, at ckptio_ctx_create, and reused by every
-                               save). 0 (the default): none, memory stays bounded
+                               whole chunks; allocated at ckptio_ctx_create,
+                               faulted in and pinned by a thread of the context
+                               right after, and reused by every save: see
+                               ckptio_ctx_create). 0 (the default): none, memory stays bounded
                                by staging_bytes. CKPTIO_SNAPSHOT_AUTO: a quarter
                                of the machine's physical memory. See "The
                                snapshot point" at ckptio_writer_commit_async. */
@@ -257,11 +258,19 @@ typedef struct ckptio_options {
  * are touched by the first save or load that uses them (on the workers,
  * beside that save's I/O) and kept, so a one-shot save of a small file
  * touches a slot, not the ring, and a training loop that saves every N
- * steps pays page faults in its first save only. Snapshot memory is
- * touched at creation. With CUDA, the whole ring is pinned
- * (cudaHostRegister, which touches it) by the first save or load that
- * copies to or from a GPU, so a context that only moves host memory pins
- * nothing; with snapshot memory it is pinned at creation.
+ * steps pays page faults in its first save only. With CUDA, the whole ring
+ * is pinned (cudaHostRegister, which touches it) by the first save or load
+ * that copies to or from a GPU, so a context that only moves host memory
+ * pins nothing.
+ * Snapshot memory is made ready in the background: ckptio_ctx_create
+ * returns at once and a thread of the context faults the memory in (with
+ * MADV_POPULATE_WRITE; 0.2-0.35 s per GiB here) and, with CUDA, then pins
+ * the whole ring. A save that starts meanwhile is not held back: it faults
+ * in the slots it takes that the thread has not reached yet, as a first
+ * save without snapshot memory does, and its first GPU copy waits for the
+ * pin. ckptio_ctx_free stops the thread between slots and joins it. On a
+ * kernel older than 5.14 (no MADV_POPULATE_WRITE) the memory is touched
+ * inside ckptio_ctx_create instead.
  * Thread safety: any number of writers and readers of one context may run
  * at once from different threads; they share the pool and the ring. */
 typedef struct ckptio_ctx ckptio_ctx;

@@ -28,6 +28,8 @@ struct ckptio_ctx {
   ckptio_gpu *gpu;     /* NULL when CUDA is off or unavailable */
   char cuda_why[CKPTIO_ERRLEN];
   char numa_report[CKPTIO_ERRLEN];
+  pthread_t preparer;  /* faults in (and pins) snapshot memory; see ctx.c */
+  int preparing;       /* preparer started: join it at free */
 };
 
 /* Compressions or decompressions ctx runs at once: its workers, at most

@@ -25,8 +25,14 @@ static int pin_ring(ckptio_gpu *g) {
   return e;
 }
 
-int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, int pin_now,
-                    char *err, size_t errlen) {
+int ckptio_gpu_pin(ckptio_gpu *g) {
+  pthread_mutex_lock(&g->mu);
+  int e = pin_ring(g);
+  pthread_mutex_unlock(&g->mu);
+  return e;
+}
+
+int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, char *err, size_t errlen) {
   *out = NULL;
   const char *why = "";
   const ckptio_device_ops *ops = ckptio_cuda_ops(&why);
@@ -46,10 +52,6 @@ int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslo
   }
   if (!(g->dev = calloc((size_t)g->ndev + 1, sizeof(ckptio_gpu_dev)))) {
     rc = ckptio_err_fmt(err, errlen, CKPTIO_E_DEVICE, "CUDA unavailable: out of memory");
-    goto fail;
-  }
-  if (pin_now && (e = pin_ring(g))) {
-    rc = ckptio_gpu_fail(g, e, err, errlen, "cannot pin the staging ring: cudaHostRegister");
     goto fail;
   }
   *out = g;

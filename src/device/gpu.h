@@ -3,8 +3,8 @@
  * created on first use and reused by every save and load, and the staging
  * ring pinned (registered) for async DMA: at the first use of any GPU, so a
  * context on a GPU machine that only ever saves and loads host memory pins
- * (and touches) nothing; at open when the ring holds snapshot memory, which
- * the options promise pinned and pre-faulted at context creation. */
+ * (and touches) nothing; when the ring holds snapshot memory, by the
+ * context's preparing thread once it has faulted that memory in. */
 #ifndef CKPTIO_DEVICE_GPU_H
 #define CKPTIO_DEVICE_GPU_H
 
@@ -30,11 +30,14 @@ typedef struct ckptio_gpu {
   pthread_mutex_t mu;
 } ckptio_gpu;
 
-/* Loads the CUDA table; pins [ring, ring + ring_bytes) now if pin_now, else
- * at the first ckptio_gpu_select. @return 0, or CKPTIO_E_DEVICE with
- * "CUDA unavailable: <reason>" (or "cannot pin the staging ring: ...") in err. */
-int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, int pin_now,
-                    char *err, size_t errlen);
+/* Loads the CUDA table; [ring, ring + ring_bytes) is pinned by
+ * ckptio_gpu_pin or at the first ckptio_gpu_select. @return 0, or
+ * CKPTIO_E_DEVICE with "CUDA unavailable: <reason>" in err. */
+int ckptio_gpu_open(ckptio_gpu **out, void *ring, size_t ring_bytes, size_t nslots, char *err, size_t errlen);
+/* Pins the ring now (from any thread: a GPU copy that starts meanwhile
+ * waits for it). @return 0 or a runtime error number; a failure is tried
+ * again, and reported, by the first GPU use. */
+int ckptio_gpu_pin(ckptio_gpu *g);
 /* Synchronises and destroys the streams and events, unpins. Accepts NULL. */
 void ckptio_gpu_close(ckptio_gpu *g);
 

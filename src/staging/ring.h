@@ -17,8 +17,20 @@ typedef struct ckptio_ring ckptio_ring;
 
 /* nslots buffers of slot_bytes (a multiple of CKPTIO_IO_ALIGN), aligned to
  * CKPTIO_IO_ALIGN; the first `prefault` of them (the ones handed out first)
+ * to be faulted in ahead of use: by ckptio_ring_prepare where the kernel
+ * allows it (ckptio_ring_unprepared says how many are left to it), else
  * touched now. @return 0 or -ENOMEM / -EINVAL. */
 int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio_ring **out);
+/* Faults in the slots left to prepare, on the calling thread (a context
+ * runs it on a thread of its own), while slots are acquired, written and
+ * released concurrently: it never writes a byte. Returns early, with
+ * -ECANCELED, once ckptio_ring_prepare_stop was called (from any thread).
+ * @return 0 or a negative errno (the slots not prepared are then faulted
+ * in by their first user, as staging slots are). */
+int ckptio_ring_prepare(ckptio_ring *r);
+void ckptio_ring_prepare_stop(ckptio_ring *r);
+size_t ckptio_ring_unprepared(const ckptio_ring *r);
+/* Whoever ran ckptio_ring_prepare must have returned first. */
 void ckptio_ring_free(ckptio_ring *r);
 /* Blocks until a slot is free and returns its buffer. */
 void *ckptio_ring_acquire(ckptio_ring *r);

@@ -5,6 +5,7 @@
 // staging ring plus 64 MiB whatever the checkpoint's size. Peak RSS is
 // VmHWM, reset before each phase through /proc/self/clear_refs.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -176,4 +177,76 @@ TEST(Staging, TouchedOnFirstUseAndKept) {
   uint64_t after_again = status_kib("VmRSS:") << 10;
   EXPECT_LT(after_again > after_big ? after_again - after_big : 0, 8u << 20) << "the second save touched new slots";
   ckptio_ctx_free(ctx);
+}
+
+// The minor page faults of the calling thread alone (the context's own
+// threads fault on their own counts).
+static long thread_minflt() {
+  struct rusage ru;
+  return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_minflt : -1;
+}
+
+// Snapshot memory is made ready behind the caller's back: creating a
+// context with 256 MiB of it faults in none of it on the calling thread
+// (the old context touched all of it there: at least one fault per 2 MiB
+// huge page, 128 and more), the memory is resident soon after without any
+// save, and a first save that fits finds it ready: it grows the process by
+// far less than its size. In the GPU variants the memory is also pinned
+// behind the caller, and the save goes through the same context.
+TEST(Staging, SnapshotMemoryIsPreparedBehindContextCreation) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under a sanitizer, RSS and faults are its shadow memory's, not the ring's";
+#endif
+  TempDir dir;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.staging_bytes = 16u << 20;
+  o.chunk_bytes = 8u << 20;
+  o.snapshot_bytes = 256u << 20;
+  o.cuda = on_gpu() ? 1 : 0;
+  o.numa = 0;  // placement starts every worker, each a few faults on this thread
+  if (on_gpu()) gpu_count();  // the runtime loaded before the first measure
+  ckptio_ctx *ctx;
+  {  // a context without snapshot memory first: the libraries it loads are not counted
+    ckptio_options plain = o;
+    plain.snapshot_bytes = 0;
+    ASSERT_EQ(ckptio_ctx_create(&plain, &ctx), 0);
+    ckptio_ctx_free(ctx);
+  }
+  uint64_t before = status_kib("VmRSS:") << 10;
+  long faults = thread_minflt();
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  faults = thread_minflt() - faults;
+  EXPECT_LT(faults, (long)(o.snapshot_bytes / (2u << 20) / 2))
+      << "creating the context faulted in its snapshot memory on the caller's thread";
+  uint64_t rss = 0;
+  for (int i = 0; i < 1000; i++) {  // 10 s at most; 0.1-0.3 s here
+    rss = status_kib("VmRSS:") << 10;
+    if (rss > before && rss - before >= o.snapshot_bytes - (8u << 20)) break;
+    usleep(10 * 1000);
+  }
+  EXPECT_GE(rss - before, o.snapshot_bytes - (8u << 20)) << "the snapshot memory was never faulted in";
+  Tensor big = make_tensor("y", CKPTIO_F32, {32, 1 << 20}, 2);  // 128 MiB, fits the snapshot memory
+  uint64_t ready = status_kib("VmRSS:") << 10;
+  ASSERT_EQ(save_host(ctx, dir.file("big.safetensors"), big), 0);
+  uint64_t saved = status_kib("VmRSS:") << 10;
+  EXPECT_LT(saved > ready ? saved - ready : 0, 32u << 20) << "the first save faulted in its own slots";
+  ckptio_ctx_free(ctx);
+}
+
+// A context freed at once stops preparing: it does not fault in (nor wait
+// for) memory nobody will use (2 GiB: 0.4-0.7 s of faults here).
+TEST(Staging, AContextFreedAtOnceStopsPreparing) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "under a sanitizer, RSS and faults are its shadow memory's, not the ring's";
+#endif
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.snapshot_bytes = 2ull << 30;
+  o.cuda = 0;
+  if (!reset_peak()) GTEST_SKIP() << "cannot reset the peak RSS (/proc/self/clear_refs)";
+  uint64_t before = status_kib("VmRSS:") << 10;
+  ckptio_ctx *ctx;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  ckptio_ctx_free(ctx);
+  uint64_t peak = status_kib("VmHWM:") << 10;
+  EXPECT_LT(peak > before ? peak - before : 0, 1ull << 30) << "freeing the context waited for its preparing";
 }

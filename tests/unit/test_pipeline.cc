@@ -219,6 +219,29 @@ TEST(Pipeline, ContextReusedAcrossSavesAndConcurrentWriters) {
   EXPECT_EQ(dir.list().size(), 4u);
 }
 
+// Snapshot memory is faulted in by a thread of the context while saves
+// already use it (ctx.c): that thread never writes a byte, so saves started
+// at once, from two threads, round-trip exactly; and the context is freed
+// while it may still be preparing (TSan runs this test).
+TEST(Pipeline, SavesWhileSnapshotMemoryIsPrepared) {
+  TempDir dir;
+  ckptio_options o = small_options(64 << 10, 256 << 10, 4);
+  o.snapshot_bytes = 64u << 20;  // 1024 slots, prepared one by one
+  TestContext c(o);
+  std::vector<std::thread> th;
+  for (int k = 0; k < 2; k++) {
+    th.emplace_back([&, k] {
+      std::vector<Tensor> ts = {make_tensor("w", CKPTIO_F32, {(1 << 20) + k}, k + 1),
+                                make_tensor("b", CKPTIO_BF16, {4097}, k + 5)};
+      std::string p = dir.file("m" + std::to_string(k) + ".safetensors");
+      std::string err;
+      ASSERT_EQ(save(c.ctx, p, ts, nullptr, &err), 0) << err;
+      expect_loads(c.ctx, p, ts);
+    });
+  }
+  for (auto &t : th) t.join();
+}
+
 // A tensor beyond 4 GiB in a sparse file: offsets and sizes stay 64-bit.
 TEST(Pipeline, ReadsTensorPastFourGiBInSparseFile) {
   TempDir dir;
