@@ -134,7 +134,7 @@ class WeedServer:
                      % (self.access_key, self.secret_key))
         cmd = [self.weed, "server", "-dir=" + data, "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-s3", "-s3.config=" + config, "-s3.port.iceberg=0", "-s3.port.lance=0",
-               "-master.volumeSizeLimitMB=256", "-volume.max=64"]
+               "-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=256", "-volume.max=64"]
         cmd += ["-%s=%d" % (k, v) for k, v in self.ports.items()]
         self.log = os.path.join(self.dir, "weed-%d.log" % self.ports["s3.port"])
         with open(self.log, "w") as log:
