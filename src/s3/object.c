@@ -36,6 +36,18 @@ int ckptio_s3_head(ckptio_s3_client *c, const char *bucket, const char *key, ckp
     ckptio_s3_describe(c, &r, what, sizeof(what));
     rc = ckptio_err_fmt(err, errlen, -EIO, "%s: HTTP %ld without a Content-Length", what, r.status);
   }
+  if (rc == -EACCES && err && errlen) {
+    /* A HEAD reply has no body, so no S3 error Code: a one-byte GET of the
+     * same key asks for it (SignatureDoesNotMatch or InvalidAccessKeyId
+     * tell the user what to fix; a bare 403 does not). */
+    char byte, why[CKPTIO_ERRLEN];
+    const char *http;
+    if (ckptio_s3_get_range(c, bucket, key, 0, 1, &byte, why, sizeof(why)) == -EACCES &&
+        (http = strstr(why, ": HTTP ")) != NULL) {
+      size_t len = strlen(err);
+      snprintf(err + len, errlen - len, "; a GET of it says%s", http + 1);
+    }
+  }
   if (rc == 0) {
     out->size = (uint64_t)r.content_length;
     snprintf(out->etag, sizeof(out->etag), "%s", r.etag);

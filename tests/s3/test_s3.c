@@ -566,7 +566,8 @@ static void test_server(void) {
   ckptio_s3_config unknown = {.access_key = "AKIDUNKNOWN"};
   w = client_or_die(&unknown);
   rc = ckptio_s3_head(w, b, "mp/obj.bin", &o, err, sizeof(err));
-  CHECK(rc == -EACCES && strstr(err, "403"), "%d %s", rc, err);
+  CHECK(rc == -EACCES && strstr(err, "HTTP 403") && strstr(err, "InvalidAccessKeyId"), "%d %s", rc, err);
+  printf("head, unknown key: %s\n", err);
   rc = ckptio_s3_list_objects(w, b, "", count_object, &count, err, sizeof(err));
   CHECK(rc == -EACCES && strstr(err, "InvalidAccessKeyId"), "%d %s", rc, err);
   printf("unknown key: %s\n", err);

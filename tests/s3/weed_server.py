@@ -84,6 +84,7 @@ class WeedServer:
         self.parent = workdir or os.environ.get("CKPTIO_TEST_TMPDIR") or None
         self.startup_timeout = startup_timeout
         self.proc = None
+        self.pid = None
         self.dir = None
         self.ports = {}
         self.startup_seconds = None
@@ -103,8 +104,25 @@ class WeedServer:
         env.update(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID=self.access_key,
                    AWS_SECRET_ACCESS_KEY=self.secret_key, AWS_REGION=self.region,
                    AWS_DEFAULT_REGION=self.region, AWS_EC2_METADATA_DISABLED="true",
-                   CKPTIO_S3_BUCKET=self.bucket, CKPTIO_WEED_PID=str(self.proc.pid))
+                   CKPTIO_S3_BUCKET=self.bucket, CKPTIO_WEED_PID=str(self.pid))
         return env
+
+    @classmethod
+    def attach(cls, environ=None):
+        """The server this file's command started around the caller (its
+        settings from the environment), or None: a pytest run under
+        `weed_server.py -- ...` uses it instead of starting another."""
+        environ = os.environ if environ is None else environ
+        ep, bucket, pid = (environ.get(k) for k in ("AWS_ENDPOINT_URL", "CKPTIO_S3_BUCKET", "CKPTIO_WEED_PID"))
+        if not (ep and bucket and pid and ep.startswith("http://127.0.0.1:")):
+            return None
+        s = cls.__new__(cls)
+        s.weed, s.bucket, s.parent, s.dir, s.proc = None, bucket, None, None, None
+        s.pid, s.startup_seconds = int(pid), 0.0
+        s.ports = {"s3.port": int(ep.rsplit(":", 1)[1])}
+        s.access_key, s.secret_key = environ["AWS_ACCESS_KEY_ID"], environ["AWS_SECRET_ACCESS_KEY"]
+        s.region = environ.get("AWS_REGION", REGION)
+        return s
 
     def start(self):
         if self.parent:
@@ -142,6 +160,7 @@ class WeedServer:
             # it started, never the caller.
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        self.pid = self.proc.pid
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if self.proc.poll() is not None:
@@ -211,6 +230,8 @@ class WeedServer:
             self.proc.wait()
 
     def stop(self, remove_dir=True):
+        if self.weed is None:
+            return  # attached: its starter stops it
         if self.proc and self.proc.poll() is None:
             # weed takes seconds to stop on SIGTERM; its data is throwaway.
             try:
@@ -230,7 +251,7 @@ class WeedServer:
             self.dir = None
 
     def __enter__(self):
-        return self.start()
+        return self if self.weed is None else self.start()
 
     def __exit__(self, *exc):
         self.stop()
