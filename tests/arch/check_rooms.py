@@ -8,6 +8,9 @@
       from the built objects of ckptio_obj and ckptio_cli with nm;
   (b) a file outside cuda/ includes a CUDA header;
   (c) a file of src/ outside src/device/ uses the device table (ops->);
+  (e) a room calls a room outside the list ALLOWED gives it, or a room
+      other than a library's owner (LIBRARY_OWNER) calls that library
+      (libcurl is src/s3's alone);
   (d) an object of ckptio_obj or ckptio_cli calls a C library function
       that is not thread-safe (strerror and kin, UNSAFE_LIBC below): the
       library's workers, commit threads and the manager's closer run
@@ -38,6 +41,10 @@ FUNC_TYPES = set("TWi")  # global text, weak, indirect functions (nm -P)
 # Functions whose result lives in a static buffer shared by every thread
 # (POSIX lists them as not thread-safe); each has a safe form.
 UNSAFE_LIBC = ("strerror", "strsignal", "strtok", "localtime", "gmtime", "ctime", "asctime")
+# Rooms held to a list of the rooms they may call (docs/ARCHITECTURE.md's
+# table), and libraries (by symbol prefix) only one room may call.
+ALLOWED = {"src/s3": ("src/core",)}
+LIBRARY_OWNER = {"curl_": "src/s3"}
 
 
 def room_of(rel):
@@ -190,6 +197,22 @@ def unsafe_libc_uses(objects, nm):
     return hits
 
 
+def forbidden_calls(edges, objects, nm):
+    """(e): calls outside ALLOWED, and library calls outside their owner."""
+    hits = []
+    for (a, b), syms in sorted(edges.items()):
+        if a in ALLOWED and b not in ALLOWED[a]:
+            hits.append("%s calls %s (%s), but may call only %s" % (a, b, " ".join(sorted(syms)[:5]),
+                                                                 ", ".join(ALLOWED[a])))
+    for rel, obj in objects:
+        _, undefined = nm_symbols(nm, obj)
+        for prefix, owner in LIBRARY_OWNER.items():
+            used = sorted(s for s in undefined if s.startswith(prefix))
+            if used and room_of(rel) != owner:
+                hits.append("%s calls %s, which only %s may call" % (rel, " ".join(used[:5]), owner))
+    return hits
+
+
 def public_api(source):
     """Names of the functions include/ckptio.h declares."""
     try:
@@ -252,7 +275,12 @@ def main():
     for h in unsafe:
         print("  " + h)
 
-    bad = bool(cycles or cuda or table or unsafe)
+    forbidden = forbidden_calls(edges, objects, args.nm)
+    print("\n(e) calls a room may not make (ALLOWED, LIBRARY_OWNER): %d" % len(forbidden))
+    for h in forbidden:
+        print("  " + h)
+
+    bad = bool(cycles or cuda or table or unsafe or forbidden)
     print("\ncheck_rooms: %s" % ("FAIL" if bad else "ok"))
     return 1 if bad and not args.report else 0
 
