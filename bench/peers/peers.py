@@ -1,6 +1,9 @@
-"""ckptio next to its peers (torch.save / torch.load, safetensors, numpy) on
-the same in-memory state dicts, each figure beside the raw limit of the disk
-or memory measured in the same run, interleaved, as bench/README.md asks.
+"""ckptio next to its peers (torch.save / torch.load, safetensors, numpy; and
+with --peers2 the second ring: runai-model-streamer, fastsafetensors,
+tensorizer) on the same in-memory state dicts, each figure beside the raw
+limit of the disk or memory measured in the same run (the best of several
+ways of reading or writing the same file), interleaved, the order of the
+contenders rotated each round, as bench/README.md asks.
 
 Run it through bench/peers/run.sh, which builds the library and picks the
 interpreter; `python peers.py --help` lists the options.
@@ -31,6 +34,15 @@ PAGE = 4096
 RAW_BLOCK = 8 << 20          # as src/cli/rawlimit.c: 8 MiB requests ...
 RAW_DEPTH = 32               # ... 32 in flight (32 threads doing blocking pwrite/pread)
 RAW_BUF = 512 << 20          # the raw steps cycle through this much touched memory
+# The other ways of the raw limit (as src/cli/rawlimit.c): a buffered
+# sequential read of 1 MiB requests behind the kernel's readahead, and
+# buffered preads by 16 threads of 8 MiB each: runai-model-streamer's file
+# system concurrency (RUNAI_STREAMER_CONCURRENCY, default 16) and chunk (8 MiB
+# in 0.17; its default strategy there is io_uring O_DIRECT at depth 64, with
+# 16 buffered workers as the fallback). Writes: buffered 8 MiB + fdatasync.
+RAW_SEQ_BLOCK = 1 << 20
+RAW_PAR_THREADS = 16
+RAW_PAR_BLOCK = 8 << 20
 MEMCPY_BUF = 256 << 20       # memcpy: copies between two touched buffers of this size
 
 
@@ -151,30 +163,36 @@ def touch_words():
     return "touch every byte" if TOUCH["mode"] == "byte" else "touch every page"
 
 
+def touch_one(v):
+    """Reads one byte of every 4 KiB page of a returned tensor (plus its last
+    byte, so a tensor that straddles pages has each of them read): the same
+    cheap pass for every contender, and enough to fault in every page of a
+    lazily mapped (mmap) result. With --touch byte, sums every byte instead
+    (as 8-byte words; the tail byte by byte)."""
+    u = byte_view(v)
+    if not u.size:
+        return 0
+    if TOUCH["mode"] == "byte":
+        # The buffer's start may not be 8-byte aligned: sum the head and
+        # tail bytes, the aligned middle as words.
+        head = (-u.ctypes.data) % 8
+        head = min(head, u.size)
+        mid = (u.size - head) // 8 * 8
+        return (int(u[:head].sum(dtype=np.uint64))
+                + int(u[head:head + mid].view(np.uint64).sum(dtype=np.uint64))
+                + int(u[head + mid:].sum(dtype=np.uint64)))
+    return int(u[::PAGE].sum(dtype=np.uint64)) + int(u[-1])
+
+
 def touch(obj):
-    """Reads one byte of every 4 KiB page of every returned tensor (plus its
-    last byte, so a tensor that straddles pages has each of them read): the
-    same cheap pass for every contender, and enough to fault in every page of
-    a lazily mapped (mmap) result. With --touch byte, sums every byte
-    instead (as 8-byte words; the tail byte by byte)."""
-    total = 0
-    full = TOUCH["mode"] == "byte"
-    for v in obj.values():
-        u = byte_view(v)
-        if not u.size:
-            continue
-        if full:
-            # The buffer's start may not be 8-byte aligned: sum the head and
-            # tail bytes, the aligned middle as words.
-            head = (-u.ctypes.data) % 8
-            head = min(head, u.size)
-            mid = (u.size - head) // 8 * 8
-            total += int(u[:head].sum(dtype=np.uint64))
-            total += int(u[head:head + mid].view(np.uint64).sum(dtype=np.uint64))
-            total += int(u[head + mid:].sum(dtype=np.uint64))
-        else:
-            total += int(u[::PAGE].sum(dtype=np.uint64)) + int(u[-1])
-    return total
+    """touch_one over every tensor of a returned dict."""
+    return sum(touch_one(v) for v in obj.values())
+
+
+def touch_consume(name, v):
+    """What a streaming contender does with each tensor as it is yielded:
+    the same touch pass, before the next one may reuse its buffer."""
+    touch_one(v)
 
 
 # ------------------------------------------------------------------ contenders
@@ -215,7 +233,11 @@ class Contenders:
         import safetensors.torch as st_torch
         self.st_torch = st_torch
         self.ck_torch = sys.modules["ckptio.torch"]
-        self._options = self.ckptio._options
+        # Where save_file takes its options from (the binding has moved it
+        # between releases): the module and the name the no-fsync swap patches.
+        self._opt_mod, self._opt_name = next(
+            (m, n) for m in (sys.modules.get("ckptio.numpy"), self.ckptio) if m is not None
+            for n in ("options", "_options") if hasattr(m, n))
 
     # Saves. `durable` adds what makes the bytes durable: ckptio does it
     # itself (fdatasync of its temp file, rename, directory fsync); the peers
@@ -227,17 +249,17 @@ class Contenders:
             return
         # The binding has no fsync switch: swap in options with fsync = 0
         # (the library's own CKPTIO_OPTIONS_INIT field) for this call only.
-        orig = self._options
+        orig = getattr(self._opt_mod, self._opt_name)
 
         def no_fsync(ctx, crc):
             o = orig(ctx, crc)
             o.fsync = 0
             return o
-        self.ckptio._options = no_fsync
+        setattr(self._opt_mod, self._opt_name, no_fsync)
         try:
             self.ckptio.save_file(views, path, format=fmt)
         finally:
-            self.ckptio._options = orig
+            setattr(self._opt_mod, self._opt_name, orig)
 
     def save_torch(self, sd, path, durable):
         with open(path, "wb") as f:
@@ -291,6 +313,67 @@ class Contenders:
         with np.load(path) as z:
             return {k: z[k] for k in z.files}
 
+    # The second ring (--peers2). Their modules are imported by prepare(),
+    # before the clock, as torch and safetensors are for everyone.
+    def prepare(self, name):
+        mod = PEER_MODULES.get(name)
+        if mod:
+            __import__(mod)
+
+    def save_tensorizer(self, sd, path, durable):
+        from tensorizer import TensorSerializer
+        s = TensorSerializer(path)
+        s.write_state_dict(sd)
+        s.close()
+        if durable:
+            fsync_path(path)
+            fsync_dir(path)
+
+    def load_tensorizer(self, path):
+        from tensorizer import TensorDeserializer
+        d = TensorDeserializer(path, device="cpu")
+        try:
+            return dict(d.items())
+        finally:
+            d.close()
+
+    def load_fastsafetensors(self, path):
+        # Its tensors keep their buffer alive after the context closes.
+        from fastsafetensors import fastsafe_open
+        with fastsafe_open(filenames=[path], nogds=True, device="cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+
+    def load_ckptio_default(self, path):
+        # The library's default call, whatever its default is at the time:
+        # what the issue judges.
+        return self.ck_torch.load_file(path)
+
+    def load_ckptio_torch_copy(self, path):
+        return self.ck_torch.load_file(path, mmap=False)
+
+    def load_runai_keep(self, path):
+        # Yielded tensors alias the streamer's buffer: keeping a state dict
+        # takes a clone of each.
+        from runai_model_streamer import SafetensorsStreamer
+        with SafetensorsStreamer() as st:
+            st.stream_file(path)
+            return {k: t.clone() for k, t in st.get_tensors()}
+
+    # Streaming: consume(name, tensor) on each tensor as it arrives; nothing
+    # is kept.
+    def stream_runai(self, path, consume):
+        from runai_model_streamer import SafetensorsStreamer
+        with SafetensorsStreamer() as st:
+            st.stream_file(path)
+            for k, t in st.get_tensors():
+                consume(k, t)
+
+    def stream_ckptio(self, path, consume):
+        # In file order, as runai yields them.
+        with self.ck_torch.safe_open(path) as f:
+            for k in f.offset_keys():
+                consume(k, f.get_tensor(k))
+
 
 # name, label, file key, save function
 SAVES = [
@@ -302,9 +385,15 @@ SAVES = [
     ("safetensors", "safetensors.torch.save_file", "safetensors",
      lambda c, sd, p, d: c.save_safetensors(sd, p, d)),
     ("numpy", "numpy.savez (uncompressed)", "numpy", lambda c, sd, p, d: c.save_numpy(sd, p, d)),
+    ("tensorizer", "tensorizer TensorSerializer (its own format)", "tensorizer",
+     lambda c, sd, p, d: c.save_tensorizer(sd, p, d)),
 ]
 FILE_EXT = {"ckptio_st": ".safetensors", "ckptio_pt": ".pt", "torch": ".pt",
-            "safetensors": ".safetensors", "numpy": ".npz"}
+            "safetensors": ".safetensors", "numpy": ".npz", "tensorizer": ".tensors"}
+# Contender -> the module prepare() imports before the clock (and the pip
+# package run.sh installs when it is missing).
+PEER_MODULES = {"runai_stream": "runai_model_streamer", "runai_keep": "runai_model_streamer",
+                "fastsafetensors": "fastsafetensors", "tensorizer": "tensorizer"}
 # name, label, file it reads (written by that save), load function
 LOADS = [
     ("ckptio_st", "ckptio load_file (safetensors, mmap=False: copy)", "ckptio_st",
@@ -323,7 +412,49 @@ LOADS = [
     ("safetensors_pread", "safetensors.torch.load_file(backend=\"pread\")", "safetensors",
      lambda c, p: c.load_safetensors_pread(p)),
     ("numpy", "numpy.load (.npz)", "numpy", lambda c, p: c.load_numpy(p)),
+    # The second ring, each on ckptio's safetensors file where its format
+    # allows. "keep": a state dict is returned; "stream": each tensor is
+    # touched as it is yielded and nothing is kept.
+    ("ckptio_default", "ckptio.torch.load_file(path) (default call; keep)", "ckptio_st",
+     lambda c, p: c.load_ckptio_default(p)),
+    ("ckptio_torch_copy", "ckptio.torch.load_file(path, mmap=False) (keep)", "ckptio_st",
+     lambda c, p: c.load_ckptio_torch_copy(p)),
+    ("ckptio_stream", "ckptio.torch.safe_open, get_tensor each, touched as read (stream)",
+     "ckptio_st", lambda c, p: _streamed(c.stream_ckptio, p)),
+    ("runai_stream", "runai-model-streamer SafetensorsStreamer, touched as yielded (stream)",
+     "ckptio_st", lambda c, p: _streamed(c.stream_runai, p)),
+    ("runai_keep", "runai-model-streamer SafetensorsStreamer, clone of each kept (keep)",
+     "ckptio_st", lambda c, p: c.load_runai_keep(p)),
+    ("fastsafetensors", "fastsafetensors fastsafe_open (cpu, nogds; keep)", "ckptio_st",
+     lambda c, p: c.load_fastsafetensors(p)),
+    ("tensorizer", "tensorizer TensorDeserializer (its own file; keep)", "tensorizer",
+     lambda c, p: c.load_tensorizer(p)),
 ]
+# The streaming contenders: name -> (contenders, path, consume) -> None.
+STREAMS = {"ckptio_stream": lambda c, p, f: c.stream_ckptio(p, f),
+           "runai_stream": lambda c, p, f: c.stream_runai(p, f)}
+# The first ring (the default) and --peers2: the second ring and what it is
+# compared with (issue 26).
+FIRST_SAVES = ["ckptio_st", "ckptio_pt", "torch", "safetensors", "numpy"]
+FIRST_LOADS = ["ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map", "torch", "torch_mmap",
+               "safetensors", "safetensors_pread", "numpy"]
+PEERS2_SAVES = ["ckptio_st", "torch", "safetensors", "numpy", "tensorizer"]
+PEERS2_LOADS = ["ckptio_default", "ckptio_torch_copy", "ckptio_stream", "runai_stream",
+                "runai_keep", "fastsafetensors", "tensorizer", "safetensors",
+                "safetensors_pread", "torch", "numpy"]
+# With --peers2 every safetensors reader reads the one file ckptio wrote.
+SAME_FILE = {"on": False, "loads": ("safetensors", "safetensors_pread")}
+
+
+def load_file_key(name, fkey):
+    return "ckptio_st" if SAME_FILE["on"] and name in SAME_FILE["loads"] else fkey
+
+
+def _streamed(stream, path):
+    """A streaming contender run as a load: every tensor touched as it
+    arrives; returns an empty dict (nothing kept, nothing left to touch)."""
+    stream(path, touch_consume)
+    return {}
 LOAD_BY_NAME = {l[0]: l for l in LOADS}
 # Measured beside the contenders, not one of them.
 REFERENCES = {"raw_fresh": "raw O_DIRECT read into fresh, unfaulted memory (reference)",
@@ -405,34 +536,34 @@ def cold_probe(path):
 
 # ------------------------------------------------------------------ raw limits
 
-def blocks_in_parallel(n, do):
-    """RAW_DEPTH threads take [0, n) RAW_BLOCK at a time, in order, and call
-    do(offset, length) on each piece, the GIL released inside the calls.
+def blocks_in_parallel(n, do, threads=RAW_DEPTH, block=RAW_BLOCK):
+    """`threads` threads take [0, n) `block` bytes at a time, in order, and
+    call do(offset, length) on each piece, the GIL released inside the calls.
     Returns the perf_counter() when all threads stood ready (the clock's
     start); the first OSError of any piece is raised after all have ended."""
     nxt, lock, err = [0], threading.Lock(), []
-    start = threading.Barrier(RAW_DEPTH + 1)
+    start = threading.Barrier(threads + 1)
 
     def worker():
         start.wait()
         while not err:
             with lock:
                 off = nxt[0]
-                nxt[0] += RAW_BLOCK
+                nxt[0] += block
             if off >= n:
                 return
             try:
-                do(off, min(RAW_BLOCK, n - off))
+                do(off, min(block, n - off))
             except OSError as e:
                 err.append(e)
                 return
 
-    threads = [threading.Thread(target=worker) for _ in range(RAW_DEPTH)]
-    for t in threads:
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
         t.start()
     start.wait()
     t0 = time.perf_counter()
-    for t in threads:
+    for t in pool:
         t.join()
     if err:
         raise err[0]
@@ -455,7 +586,7 @@ class Raw:
         self.src = np.frombuffer(self.buf, np.uint8)[:MEMCPY_BUF]
         self.dst = np.ones(MEMCPY_BUF, np.uint8)  # touched
 
-    def _run(self, fd, n, writing, dest=None):
+    def _run(self, fd, n, writing, dest=None, threads=RAW_DEPTH, block=RAW_BLOCK):
         mem, cycle = (self.view, RAW_BUF) if dest is None else (dest, None)
 
         def io(off, ln):
@@ -471,7 +602,7 @@ class Raw:
                     raise OSError("short I/O")
                 done += r
 
-        t0 = blocks_in_parallel(n, io)
+        t0 = blocks_in_parallel(n, io, threads, block)
         if writing:
             os.fdatasync(fd)
         return time.perf_counter() - t0
@@ -483,6 +614,41 @@ class Raw:
             return self._run(fd, n, True)
         finally:
             os.close(fd)
+
+    def write_buffered(self, path, n):
+        """One thread, sequential 8 MiB buffered writes, fdatasync inside the
+        time; the file is dropped from the page cache afterwards (untimed)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, n)
+            return self._run(fd, n, True, threads=1)
+        finally:
+            os.close(fd)
+            drop_cache(path)
+
+    def write_ways(self, path, n):
+        """{way: seconds} of each way of writing n bytes to a new file at
+        path (the last way's file stays, dropped from the page cache)."""
+        out = {"raw_write_direct": self.write(path, n)}
+        rm(path)
+        out["raw_write_buffered"] = self.write_buffered(path, n)
+        return out
+
+    def read_buffered(self, path, n, threads, block):
+        drop_cache(path)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return self._run(fd, n, False, threads=threads, block=block)
+        finally:
+            os.close(fd)
+
+    def read_ways(self, path, n):
+        """{way: seconds} of each way of reading the cold file (dropped from
+        the page cache before each): O_DIRECT at depth 32 x 8 MiB, buffered
+        sequential 1 MiB with readahead, buffered 16 threads x 8 MiB."""
+        return {"raw_read_direct": self.read(path, n),
+                "raw_read_seq": self.read_buffered(path, n, 1, RAW_SEQ_BLOCK),
+                "raw_read_par": self.read_buffered(path, n, RAW_PAR_THREADS, RAW_PAR_BLOCK)}
 
     def read(self, path, n, fresh=False):
         """fresh: into n bytes of new, untouched memory, whose pages fault in
@@ -621,11 +787,18 @@ class InProcess:
 def timed_load(c, name, path, sd=None):
     """One timed load + touch of `path` by contender `name`, checked against
     sd (untimed) when given: (seconds, None, usage)."""
+    c.prepare(name)
     res = resident_fraction(path)
     dt, out, u = timed(lambda: _load_touch(LOAD_BY_NAME[name][3], c, path))
     u.update(resident_before=res, touch_s=out[1])
     if sd is not None:
-        verify_load(sd, out[0], f"{name} ({path})")
+        if name in STREAMS:
+            # Nothing was kept: stream again, untimed, keeping copies.
+            got = {}
+            STREAMS[name](c, path, lambda k, t: got.__setitem__(k, t.clone()))
+            verify_load(sd, got, f"{name} ({path})")
+        else:
+            verify_load(sd, out[0], f"{name} ({path})")
     return dt, None, u
 
 
@@ -671,7 +844,26 @@ def step_child(step):
     print(json.dumps(u))
 
 
-def run_case(c, raw, kind, target, runs, d, rows, log, fresh):
+STEPS = ("save", "save_nofsync", "load_cold", "load_warm")
+
+
+def rotated(items, run):
+    """The contenders' order in round `run`: rotated by one each round, so
+    no contender always runs first (cold memory, a fresh disk queue) or
+    right after the same neighbour."""
+    items = list(items)
+    k = run % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def best_way(before, after):
+    """Per way of a raw limit, the mean of its measurement before and after
+    the block of contenders; and the best (shortest) of those means."""
+    ways = {w: (before[w] + after[w]) / 2 for w in before}
+    return ways, min(ways, key=ways.get)
+
+
+def run_case(c, raw, kind, target, runs, d, rows, log, fresh, steps_on=STEPS):
     specs, desc = model_specs(kind, target)
     nbytes = sum(math.prod(shape) * DTYPE_SIZE[dt] for _, dt, shape in specs)
     steps = Fresh(kind, target) if fresh else InProcess(c, kind, target)
@@ -681,7 +873,9 @@ def run_case(c, raw, kind, target, runs, d, rows, log, fresh):
         + ("; every timed step in a fresh interpreter" if fresh
            else f"; built and touched in {steps.built_s:.1f} s"))
     base = os.path.join(d, f".peers-{os.getpid()}-{kind}-{label}")
-    files = {k: base + "." + k + ext for k, ext in FILE_EXT.items()}
+    load_keys = {load_file_key(n, fk) for n, _, fk, _ in LOADS}
+    save_keys = {fk for _, _, fk, _ in SAVES}
+    files = {k: base + "." + k + FILE_EXT[k] for k in sorted(load_keys | save_keys)}
     raw_path = base + ".raw"
     nofsync_path = base + ".nofsync"
     case = {"model": kind, "size": label, "bytes": nbytes, "tensors": len(specs), "desc": desc,
@@ -707,86 +901,108 @@ def run_case(c, raw, kind, target, runs, d, rows, log, fresh):
             lim += f"  cached before: {r['resident_before']:.0%}"
         if "touch_s" in r:
             lim += f", touch pass {r['touch_s']:.3f} s, {r['minflt']} minor faults"
-        log(f"  run {run} {op:12s} {name:12s} {seconds:7.3f} s {r['gbps']:6.2f} GB/s{lim}")
+        log(f"  run {run} {op:12s} {name:17s} {seconds:7.3f} s {r['gbps']:6.2f} GB/s{lim}")
 
+    def limit_rows(run, name, before, after):
+        """One row per way (x its best), then the best, the run's limit."""
+        ways, best = best_way(before, after)
+        for w, sec in ways.items():
+            row(run, "limit", w, sec, ways[best], {"first_s": before[w], "second_s": after[w]})
+        row(run, "limit", name, ways[best], ways[best], {"way": best})
+        return ways[best]
+
+    save_names = [n for n, *_ in SAVES]
+    load_names = [n for n, *_ in LOADS]
     try:
+        # Files no timed durable save of this run writes: written once, untimed.
+        made = set(save_keys) if "save" in steps_on else set()
+        for k in sorted(set(files) - made):
+            steps.save(k, files[k], True)
         for run in range(runs):
-            log(f"-- run {run + 1}/{runs}")
-            # Saves, durable: raw write before and after, their mean is the
-            # run's limit (the disk drifts within a run too).
-            settle()
-            w0 = raw.write(raw_path, raw_n)
-            rm(raw_path)
-            results = {}
-            for name, _, fkey, _ in SAVES:
-                rm(files[fkey])
+            log(f"-- run {run + 1}/{runs}, order " + ", ".join(rotated(load_names, run)))
+            w1 = None
+            if "save" in steps_on:
+                # Saves, durable: raw writes before and after, their mean is
+                # the run's limit (the disk drifts within a run too).
                 settle()
-                results[name] = steps.save(name, files[fkey], True)
-            settle()
-            w1 = raw.write(raw_path, raw_n)
-            rm(raw_path)
-            wlim = (w0 + w1) / 2
-            row(run, "limit", "raw_write", wlim, wlim, {"first_s": w0, "second_s": w1})
-            for name, (dt, _, u) in results.items():
-                row(run, "save", name, dt, wlim, u)
-            # Saves without fsync (the page cache keeps what it likes).
-            results = {}
-            for name, _, fkey, _ in SAVES:
+                w0 = raw.write_ways(raw_path, raw_n)
+                rm(raw_path)
+                results = {}
+                for name in rotated(save_names, run):
+                    fkey = SAVE_BY_NAME[name][2]
+                    rm(files[fkey])
+                    settle()
+                    results[name] = steps.save(name, files[fkey], True)
                 settle()
-                results[name] = steps.save(name, nofsync_path, False)
-                rm(nofsync_path)
-            settle()
-            w2 = raw.write(raw_path, raw_n)
-            rm(raw_path)
-            for name, (dt, _, u) in results.items():
-                row(run, "save_nofsync", name, dt, (w1 + w2) / 2, u)
+                w1 = raw.write_ways(raw_path, raw_n)
+                rm(raw_path)
+                wlim = limit_rows(run, "raw_write", w0, w1)
+                for name, (dt, _, u) in results.items():
+                    row(run, "save", name, dt, wlim, u)
+            if "save_nofsync" in steps_on:
+                # Saves without fsync (the page cache keeps what it likes).
+                if w1 is None:
+                    settle()
+                    w1 = raw.write_ways(raw_path, raw_n)
+                    rm(raw_path)
+                results = {}
+                for name in rotated(save_names, run):
+                    settle()
+                    results[name] = steps.save(name, nofsync_path, False)
+                    rm(nofsync_path)
+                settle()
+                w2 = raw.write_ways(raw_path, raw_n)
+                rm(raw_path)
+                ways, best = best_way(w1, w2)
+                for name, (dt, _, u) in results.items():
+                    row(run, "save_nofsync", name, dt, ways[best], u)
 
-            # Cold loads: each file fdatasync'ed and dropped from the page cache.
-            settle()
-            raw.write(raw_path, raw_n)  # untimed: the file the raw reads read
-            settle()
-            r0 = raw.read(raw_path, raw_n)
-            results = {}
-            for name, _, fkey, _ in LOADS:
-                path = files[fkey]
+            if "load_cold" in steps_on:
+                # Cold loads: each file fdatasync'ed and dropped from the page cache.
                 settle()
-                drop_cache(path)
-                if run == 0 and name != "torch_mmap":
-                    p = cold_probe(path)
-                    probes.append((fkey, p))
-                results[name] = steps.load(name, path, False)
-            settle()
-            r1 = raw.read(raw_path, raw_n)
-            rlim = (r0 + r1) / 2
-            row(run, "limit", "raw_read", rlim, rlim, {"first_s": r0, "second_s": r1})
-            settle()
-            row(run, "load_cold", "raw_fresh", raw.read(raw_path, raw_n, fresh=True), rlim)
-            settle()
-            pc = raw.pagecache(raw_path, raw_n)
-            if pc is not None:
-                row(run, "load_cold", "raw_pagecache", pc, rlim)
-            for name, (dt, _, u) in results.items():
-                row(run, "load_cold", name, dt, rlim, u)
-            rm(raw_path)
+                raw.write(raw_path, raw_n)  # untimed: the file the raw reads read
+                settle()
+                r0 = raw.read_ways(raw_path, raw_n)
+                results = {}
+                for name in rotated(load_names, run):
+                    path = files[load_file_key(name, LOAD_BY_NAME[name][2])]
+                    settle()
+                    drop_cache(path)
+                    if run == 0 and name not in ("torch_mmap",) and name not in STREAMS:
+                        probes.append((name, cold_probe(path)))
+                    results[name] = steps.load(name, path, False)
+                settle()
+                r1 = raw.read_ways(raw_path, raw_n)
+                rlim = limit_rows(run, "raw_read", r0, r1)
+                settle()
+                row(run, "load_cold", "raw_fresh", raw.read(raw_path, raw_n, fresh=True), rlim)
+                settle()
+                pc = raw.pagecache(raw_path, raw_n)
+                if pc is not None:
+                    row(run, "load_cold", "raw_pagecache", pc, rlim)
+                for name, (dt, _, u) in results.items():
+                    row(run, "load_cold", name, dt, rlim, u)
+                rm(raw_path)
 
-            # Warm loads: each file read once through the page cache first.
-            settle()
-            m0 = raw.memcpy(nbytes)
-            results = {}
-            for name, _, fkey, _ in LOADS:
-                path = files[fkey]
+            if "load_warm" in steps_on:
+                # Warm loads: each file read once through the page cache first.
                 settle()
-                warm_cache(path)
-                results[name] = steps.load(name, path, run == 0)
-            settle()
-            m1 = raw.memcpy(nbytes)
-            mlim = (m0 + m1) / 2 * raw_n / nbytes  # limits count raw_n bytes
-            row(run, "limit", "memcpy", mlim, mlim, {"first_s": m0, "second_s": m1})
-            for name, (dt, _, u) in results.items():
-                row(run, "load_warm", name, dt, mlim, u)
-        for fkey, p in probes:
-            log(f"  cold-cache check {fkey}: 16 MiB read right after the drop {p[0]:.2f} GB/s, "
-                f"the same again (cached) {p[1]:.2f} GB/s: "
+                m0 = raw.memcpy(nbytes)
+                results = {}
+                for name in rotated(load_names, run):
+                    path = files[load_file_key(name, LOAD_BY_NAME[name][2])]
+                    settle()
+                    warm_cache(path)
+                    results[name] = steps.load(name, path, run == 0)
+                settle()
+                m1 = raw.memcpy(nbytes)
+                mlim = (m0 + m1) / 2 * raw_n / nbytes  # limits count raw_n bytes
+                row(run, "limit", "memcpy", mlim, mlim, {"first_s": m0, "second_s": m1})
+                for name, (dt, _, u) in results.items():
+                    row(run, "load_warm", name, dt, mlim, u)
+        for name, p in probes:
+            log(f"  cold-cache check before {name}: 16 MiB read right after the drop "
+                f"{p[0]:.2f} GB/s, the same again (cached) {p[1]:.2f} GB/s: "
                 + ("dropped" if p[1] > 1.5 * p[0] else "NOT CLEARLY DROPPED"))
         case["probes"] = {k: p for k, p in probes}
         case["file_bytes"] = {k: os.path.getsize(p) for k, p in files.items()}
@@ -801,10 +1017,12 @@ def warm_up(c, d):
     sd = {"a": c.torch.ones(64, 64, dtype=c.torch.bfloat16), "b": c.torch.ones(64)}
     path = os.path.join(d, f".peers-{os.getpid()}-warmup")
     try:
-        for name, _, fkey, fn in SAVES:
-            fn(c, sd, path + "." + fkey, True)
+        keys = {fk for _, _, fk, _ in SAVES} | {load_file_key(n, fk) for n, _, fk, _ in LOADS}
+        for fkey in sorted(keys):
+            SAVE_BY_NAME[fkey][3](c, sd, path + "." + fkey, True)
         for name, _, fkey, fn in LOADS:
-            _load_touch(fn, c, path + "." + fkey)
+            c.prepare(name)
+            _load_touch(fn, c, path + "." + load_file_key(name, fkey))
     finally:
         for k in FILE_EXT:
             rm(path + "." + k)
@@ -837,6 +1055,7 @@ def rss_child(name, path):
     out = {}
     if name != "baseline":
         c = Contenders()
+        c.prepare(name)
         warm_cache(path)
         fn = LOAD_BY_NAME[name][3]
         gc.collect()
@@ -861,7 +1080,7 @@ def measure_rss(case, files, log):
     out = {"baseline": baseline}
     for name, _, fkey, _ in LOADS:
         settle()
-        got = child(name, files[fkey])
+        got = child(name, files[load_file_key(name, fkey)])
         out[name] = got["VmHWM"] - baseline
         out[name + "_reset"] = got["VmHWM"] - got["rss_before"]
         log(f"  peak RSS {name:12s} {got['VmHWM'] / 2**20:8.0f} MiB - baseline "
@@ -905,6 +1124,19 @@ def med(v):
     return statistics.median(v) if v else float("nan")
 
 
+SAVE_REFS = ("ckptio_st", "ckptio_pt")
+LOAD_REFS = ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map", "ckptio_default",
+             "ckptio_torch_copy", "ckptio_stream")
+REF_TITLES = {"ckptio_st": "ckptio st", "ckptio_pt": "ckptio pt", "ckptio_st_map": "ckptio st map",
+              "ckptio_pt_map": "ckptio pt map", "ckptio_default": "ckptio default",
+              "ckptio_torch_copy": "ckptio mmap=False", "ckptio_stream": "ckptio stream"}
+WAY_LABELS = {"raw_write_direct": "raw write, O_DIRECT 32 x 8 MiB in flight",
+              "raw_write_buffered": "raw write, buffered 8 MiB + fdatasync",
+              "raw_read_direct": "raw read, O_DIRECT 32 x 8 MiB in flight",
+              "raw_read_seq": "raw read, buffered, 1 thread x 1 MiB (readahead)",
+              "raw_read_par": "raw read, buffered, 16 threads x 8 MiB pread"}
+
+
 def summarize(rows):
     """Per case, op and contender: median and min / max of GB/s, the median
     of the per-run ratios to the limit and to ckptio (each run's pair ran
@@ -912,24 +1144,26 @@ def summarize(rows):
     by = {}
     for r in rows:
         by.setdefault((r["model"], r["size"], r["op"], r["contender"]), []).append(r)
-    ref = {"save": ("ckptio_st", "ckptio_pt"), "save_nofsync": ("ckptio_st", "ckptio_pt"),
-           "load_cold": ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map"),
-           "load_warm": ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map")}
+    ref = {"save": SAVE_REFS, "save_nofsync": SAVE_REFS, "load_cold": LOAD_REFS,
+           "load_warm": LOAD_REFS}
     out = []
     for (model, size, op, name), rs in by.items():
         g = [r["gbps"] for r in rs]
+        vl = [r["vs_limit"] for r in rs if r["vs_limit"] != ""]
         s = {"model": model, "size": size, "bytes": rs[0]["bytes"], "op": op, "contender": name,
              "runs": len(rs), "gbps_median": med(g), "gbps_min": min(g), "gbps_max": max(g),
              "seconds_median": med([r["seconds"] for r in rs]),
-             "vs_limit_median": med([r["vs_limit"] for r in rs]) if op != "limit" else 1.0,
-             "vs_limit_min": min(r["vs_limit"] for r in rs) if op != "limit" else 1.0,
-             "vs_limit_max": max(r["vs_limit"] for r in rs) if op != "limit" else 1.0}
+             # a limit's ways: x the best way of the same run
+             "vs_limit_median": med(vl) if vl else 1.0,
+             "vs_limit_min": min(vl) if vl else 1.0,
+             "vs_limit_max": max(vl) if vl else 1.0}
         if op in ref:
             for refname in ref[op]:
                 refrows = {r["run"]: r for r in by.get((model, size, op, refname), [])}
                 # ckptio / this: how many times faster ckptio was, per run
                 ratios = [refrows[r["run"]]["gbps"] / r["gbps"] for r in rs if r["run"] in refrows]
-                s[f"{refname}_over_this"] = med(ratios)
+                if ratios:  # only the ckptio contenders this case measured
+                    s[f"{refname}_over_this"] = med(ratios)
         for k in ("minflt", "user_s", "sys_s", "resident_before", "touch_s"):
             vals = [r[k] for r in rs if k in r and r[k] != ""]
             if vals:
@@ -954,26 +1188,36 @@ def format_tables(summary, cases, rss):
     save_labels = {n: l for n, l, *_ in SAVES}
     load_labels = {n: l for n, l, *_ in LOADS}
     load_labels.update(REFERENCES)
-    lim_labels = dict(raw_write="raw O_DIRECT write (limit)", raw_read="raw O_DIRECT read (limit)",
-                      memcpy="memcpy (limit)")
+    lim_labels = dict(raw_write="raw write, best way of the run (limit)",
+                      raw_read="raw read, best way of the run (limit)", memcpy="memcpy (limit)")
     idx = {(s["model"], s["size"], s["op"], s["contender"]): s for s in summary}
     for case in cases:
         m, sz = case["model"], case["size"]
+        mine = [s for s in summary if (s["model"], s["size"]) == (m, sz)]
+        # A column per ckptio contender this case measured.
+        refs = [k for k in LOAD_REFS if any(s.get(k + "_over_this") is not None for s in mine)]
         lines.append(f"\n### {m} {sz}: {case['tensors']} tensors, {case['bytes'] / 1e9:.3f} GB "
                      f"({case['desc']})\n")
-        lines.append("| step | contender | GB/s median | min-max | x limit | ckptio st / this "
-                     "| ckptio pt / this | ckptio st map / this | ckptio pt map / this "
-                     "| minor faults / 4 KiB |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| step | contender | GB/s median | min-max | x limit | "
+                     + "".join(f"{REF_TITLES[k]} / this | " for k in refs)
+                     + "minor faults / 4 KiB |")
+        lines.append("|---|---|---|---|---|" + "---|" * len(refs) + "---|")
+        blank = "| " * len(refs) + "|"
         for op, title, lim in op_titles():
             names = [n for n, *_ in (SAVES if op.startswith("save") else LOADS)]
             if op == "load_cold":
                 names += list(REFERENCES)
             labels = save_labels if op.startswith("save") else load_labels
             limop = idx.get((m, sz, "limit", lim))
-            if limop:
+            if limop and (op != "save_nofsync"):
+                for w, wl in WAY_LABELS.items():
+                    ws = idx.get((m, sz, "limit", w))
+                    if ws and w.startswith(lim):
+                        lines.append(f"| {title} | {wl} | {ws['gbps_median']:.2f} | "
+                                     f"{ws['gbps_min']:.2f}-{ws['gbps_max']:.2f} | "
+                                     f"{ws['vs_limit_median']:.2f} {blank}")
                 lines.append(f"| {title} | {lim_labels[lim]} | {limop['gbps_median']:.2f} | "
-                             f"{limop['gbps_min']:.2f}-{limop['gbps_max']:.2f} | 1 | | | | | |")
+                             f"{limop['gbps_min']:.2f}-{limop['gbps_max']:.2f} | 1 {blank}")
             for n in names:
                 s = idx.get((m, sz, op, n))
                 if not s:
@@ -983,8 +1227,7 @@ def format_tables(summary, cases, rss):
                 lines.append(
                     f"| {title} | {labels[n]} | {s['gbps_median']:.2f} | "
                     f"{s['gbps_min']:.2f}-{s['gbps_max']:.2f} | {s['vs_limit_median']:.2f} | "
-                    + "".join(f"{_ratio(s.get(k + '_over_this'))} | " for k in
-                              ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map"))
+                    + "".join(f"{_ratio(s.get(k + '_over_this'))} | " for k in refs)
                     + f"{flt} |")
         r = rss.get((m, sz))
         if r:
@@ -1029,6 +1272,27 @@ GOALS = [
     ("ckptio zero-copy load, CRC checked, >= 0.6x safetensors load_file (warm, + {touch})",
      "load_warm", "ckptio_st_map", "safetensors", 0.6),
 ]
+# The Done-means lines of issue 26 (the second ring, --peers2): cold loads
+# in fresh interpreters, ratios per round, medians. "best_other" is the
+# fastest peer of the round that is neither ckptio nor runai.
+GOALS26 = [
+    ("stream job: ckptio safe_open + get_tensor >= 1.1x runai-model-streamer (cold, + {touch})",
+     "load_cold", "ckptio_stream", "runai_stream", 1.1),
+    ("keep job: ckptio.torch.load_file(path), the default call, >= 1.1x runai-model-streamer "
+     "+ clone (cold, + {touch})", "load_cold", "ckptio_default", "runai_keep", 1.1),
+    ("(info) keep job, ckptio.torch.load_file(mmap=False) / runai-model-streamer + clone "
+     "(cold, + {touch})", "load_cold", "ckptio_torch_copy", "runai_keep", 1.1),
+    ("ckptio's default call >= 1.1x every other peer (cold, + {touch})", "load_cold",
+     "ckptio_default", "best_other", 1.1),
+    ("ckptio's default call >= 0.95x the best raw read of the round (cold, + {touch})",
+     "load_cold", "ckptio_default", "limit", 0.95),
+    ("(info) ckptio stream >= 0.95x the best raw read of the round (cold, + {touch})",
+     "load_cold", "ckptio_stream", "limit", 0.95),
+    ("(info) ckptio save (durable) >= 0.95x the best raw write of the round", "save",
+     "ckptio_st", "limit", 0.95),
+    ("(info) ckptio save (durable) / tensorizer save + fsync", "save", "ckptio_st",
+     "tensorizer", 1.1),
+]
 LIMIT_OF = {"save": "raw_write", "load_cold": "raw_read", "load_warm": "memcpy"}
 
 
@@ -1038,8 +1302,12 @@ def _against(rows, case, op, against):
     mine = [r for r in rows if (r["model"], r["size"], r["op"]) == (m, sz, op)]
     if against == "limit":
         return {r["run"]: (r["limit_gbps"], r["limit_gbps"], LIMIT_OF[op]) for r in mine}
-    peers = [r for r in mine if (r["contender"] == against if against != "best"
-                                 else not r["contender"].startswith(("ckptio", "raw")))]
+    if against == "best":
+        peers = [r for r in mine if not r["contender"].startswith(("ckptio", "raw"))]
+    elif against == "best_other":
+        peers = [r for r in mine if not r["contender"].startswith(("ckptio", "raw", "runai"))]
+    else:
+        peers = [r for r in mine if r["contender"] == against]
     out = {}
     for r in peers:
         if r["run"] not in out or r["gbps"] > out[r["run"]][0]:
@@ -1047,33 +1315,36 @@ def _against(rows, case, op, against):
     return out
 
 
-def format_goals(rows, cases):
+def format_goals(rows, cases, goal_list=GOALS):
     """Per goal and case: the median over runs of (ckptio GB/s / what it is
-    compared with) taken per run, its min-max, and the ceiling: what a saver
-    or loader running exactly at the limit of the same run would score."""
-    lines = ["| goal | case | measured ratio median (min-max) | met | ceiling: limit / peer |",
-             "|---|---|---|---|---|"]
+    compared with) taken per run, its min-max, every run's ratio in run
+    order, and the ceiling: what a saver or loader running exactly at the
+    limit of the same run would score."""
+    lines = ["| goal | case | measured ratio median (min-max) | met | per round "
+             "| ceiling: limit / peer |",
+             "|---|---|---|---|---|---|"]
     goals = []
-    for text, op, mine, against, goal in GOALS:
+    for text, op, mine, against, goal in goal_list:
         text = text.format(touch=touch_words())
         for case in cases:
             a = {r["run"]: r["gbps"] for r in rows
                  if (r["model"], r["size"], r["op"], r["contender"])
                  == (case["model"], case["size"], op, mine)}
             b = _against(rows, case, op, against)
-            ratios = [a[k] / b[k][0] for k in a if k in b]
+            ratios = [a[k] / b[k][0] for k in sorted(a) if k in b]
             if not ratios:
                 continue
             ceil = med([v[1] / v[0] for v in b.values() if v[1] != ""])
             best = ""
-            if against == "best":
+            if against in ("best", "best_other"):
                 names = sorted({v[2] for v in b.values()})
                 best = f" (best: {', '.join(names)})"
             mr = med(ratios)
             met = "yes" if mr >= goal else f"no ({mr / goal:.0%} of the goal)"
             lines.append(f"| {text}{best} | {case['model']} {case['size']} | {mr:.2f} "
-                         f"({min(ratios):.2f}-{max(ratios):.2f}) | {met} | {ceil:.2f} "
-                         f"({LIMIT_OF[op]}) |")
+                         f"({min(ratios):.2f}-{max(ratios):.2f}) | {met} | "
+                         + ", ".join(f"{x:.2f}" for x in ratios)
+                         + f" | {ceil:.2f} ({LIMIT_OF[op]}) |")
             goals.append({"goal": text, "model": case["model"], "size": case["size"],
                           "ratio": mr, "target": goal, "ceiling": ceil, "ratios": ratios})
     return "\n".join(lines), goals
@@ -1088,7 +1359,10 @@ def draw(summary, cases, png):
     fig, axes = plt.subplots(len(ops), len(cases), figsize=(4.2 * len(cases), 9.5),
                              squeeze=False)
     colors = {"ckptio_st": "#1f77b4", "ckptio_pt": "#6baed6", "ckptio_st_map": "#08306b",
-              "ckptio_pt_map": "#4292c6", "torch": "#d62728",
+              "ckptio_pt_map": "#4292c6", "ckptio_default": "#08306b",
+              "ckptio_torch_copy": "#1f77b4", "ckptio_stream": "#6baed6",
+              "runai_stream": "#ff7f0e", "runai_keep": "#ffbb78", "fastsafetensors": "#8c564b",
+              "tensorizer": "#e377c2", "torch": "#d62728",
               "torch_mmap": "#ff9896", "safetensors": "#2ca02c",
               "safetensors_pread": "#98df8a", "numpy": "#9467bd"}
     for j, case in enumerate(cases):
@@ -1129,6 +1403,20 @@ def draw(summary, cases, png):
 
 # ------------------------------------------------------------------ main
 
+def peer_versions():
+    """The second ring's packages that this run uses, by their dist names."""
+    from importlib import metadata
+    out = {}
+    for dist, mod in (("runai-model-streamer", "runai_model_streamer"),
+                      ("fastsafetensors", "fastsafetensors"), ("tensorizer", "tensorizer")):
+        if any(PEER_MODULES.get(e[0]) == mod for e in SAVES + LOADS):
+            try:
+                out[dist] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                out[dist] = "?"
+    return out
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--redraw":
         # Redraws DIR/results.png from DIR/results.json.
@@ -1163,10 +1451,47 @@ def main():
     ap.add_argument("--fresh", action="store_true",
                     help="run every timed save and load in a fresh interpreter (what a script "
                          "that saves or loads once pays); default: all in this one, warmed up")
+    ap.add_argument("--peers2", action="store_true",
+                    help="the second ring (issue 26): runai-model-streamer (stream and keep), "
+                         "fastsafetensors, tensorizer, ckptio's default call, stream and "
+                         "mmap=False, next to torch, safetensors and numpy; every safetensors "
+                         "reader reads ckptio's file")
+    ap.add_argument("--contenders", default=None,
+                    help="comma-separated contender names (saves and loads; see SAVES and LOADS "
+                         "in peers.py); default: the first ring, or the second with --peers2")
+    ap.add_argument("--steps", default=",".join(STEPS),
+                    help=f"which blocks run each round (default {','.join(STEPS)})")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.runs < 1:
         ap.error("--runs must be >= 1")
+    steps_on = tuple(x for x in a.steps.split(",") if x)
+    for x in steps_on:
+        if x not in STEPS:
+            ap.error(f"unknown step {x!r} (of {', '.join(STEPS)})")
+    if a.contenders:
+        wanted = [x for x in a.contenders.split(",") if x]
+        known = set(SAVE_BY_NAME) | set(LOAD_BY_NAME)
+        for x in wanted:
+            if x not in known:
+                ap.error(f"unknown contender {x!r} (saves: {', '.join(SAVE_BY_NAME)}; loads: "
+                         f"{', '.join(LOAD_BY_NAME)})")
+        saves, loads = wanted, wanted  # a name picks its save and its load
+    elif a.peers2:
+        saves, loads = PEERS2_SAVES, PEERS2_LOADS
+    else:
+        saves, loads = FIRST_SAVES, FIRST_LOADS
+    SAVES[:] = [e for e in SAVES if e[0] in saves]
+    LOADS[:] = [e for e in LOADS if e[0] in loads]
+    SAME_FILE["on"] = a.peers2
+    for n in {e[0] for e in SAVES + LOADS}:
+        mod = PEER_MODULES.get(n)
+        if mod:
+            try:
+                __import__(mod)
+            except ImportError as e:
+                raise SystemExit(f"contender {n} needs the Python module {mod} ({e}); "
+                                 "bench/peers/run.sh installs it with pip")
     TOUCH["mode"] = a.touch
     PRIME["on"] = not a.no_prime
     sizes = [parse_size(s) for s in a.sizes.split(",") if s]
@@ -1191,21 +1516,29 @@ def main():
     ck = c.ckptio._lib.lib()
     versions = {"python": platform.python_version(), "torch": c.torch.__version__,
                 "safetensors": safetensors.__version__, "numpy": np.__version__,
+                **peer_versions(),
                 "ckptio": ck.ckptio_version_string().decode(),
                 "libckptio": ck._name}
     cmd = a.command or " ".join(shlex.quote(x) for x in [sys.executable] + sys.argv)
     log(f"command:  {cmd}")
     log(f"resolved: --sizes {','.join(size_label(s) for s in sizes)} --models {','.join(models)} "
-        f"--runs {a.runs} --dir {mi['dir']} --touch {a.touch}"
+        f"--runs {a.runs} --dir {mi['dir']} --touch {a.touch} --steps {','.join(steps_on)}"
+        + (" --peers2" if a.peers2 else "")
+        + f" --contenders {','.join(e[0] for e in SAVES)};{','.join(e[0] for e in LOADS)}"
         + (" --no-prime" if a.no_prime else "") + (" --fresh" if a.fresh else ""))
     log(f"machine:  {mi['nproc']} CPUs ({mi['cpu']}), {mi['mem_bytes'] / 2**30:.1f} GiB, "
         f"Linux {mi['kernel']}")
     log(f"dir:      {mi['dir']} on {mi['fs_type']} ({mi['fs_device']} at {mi['fs_mount']})")
     log("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     log(f"torch threads: {c.torch.get_num_threads()}")
-    log("limits:   raw write/read: O_DIRECT, 32 x 8 MiB in flight (32 threads, blocking "
-        "pwrite/pread, as src/cli/rawlimit.c), same byte count, same directory, measured "
-        "before and after each block of contenders (mean); memcpy: numpy.copyto, 1 thread")
+    log("limits:   raw write/read: the best way of the run, each way measured before and "
+        "after each block of contenders (mean), same byte count, same directory, as "
+        "src/cli/rawlimit.c: writes O_DIRECT 32 x 8 MiB in flight (32 threads, blocking "
+        "pwrite) | buffered 8 MiB + fdatasync; reads (page cache dropped before each) "
+        "O_DIRECT 32 x 8 MiB | buffered 1 thread x 1 MiB (readahead) | buffered 16 threads "
+        "x 8 MiB (runai-model-streamer's concurrency and chunk); memcpy: numpy.copyto, "
+        "1 thread")
+    log("order:    the contenders of each block rotated by one each round (listed per run)")
     if a.touch == "page":
         log("touch:    every load is timed with a pass reading one byte per 4 KiB page (and the "
             "last byte) of each returned tensor")
@@ -1223,7 +1556,7 @@ def main():
         # Untimed: ckptio's context and every contender's lazy imports, on a
         # tiny dict; every timed step after this is a warm one.
         t0 = time.perf_counter()
-        c.ckptio._ctx()
+        (getattr(c.ckptio, "_ctx", None) or sys.modules["ckptio._core"].ctx)()
         log(f"ckptio context created in {time.perf_counter() - t0:.3f} s (untimed, once)")
         warm_up(c, a.dir)
     raw = Raw()
@@ -1232,7 +1565,8 @@ def main():
     try:
         for target in sizes:
             for kind in models:
-                case, files = run_case(c, raw, kind, target, a.runs, a.dir, rows, log, a.fresh)
+                case, files = run_case(c, raw, kind, target, a.runs, a.dir, rows, log, a.fresh,
+                                       steps_on)
                 all_files.append(files)
                 gc.collect()
                 cases.append(case)
@@ -1251,8 +1585,13 @@ def main():
         "to 4 KiB; 'x limit' and 'ckptio / this' are medians of per-run ratios)")
     log(format_tables(summary, cases, rss))
     goals_md, goals = format_goals(rows, cases)
-    log("\n## Goals\n")
+    log("\n## Goals (issue 16)\n")
     log(goals_md)
+    goals_md, goals26 = format_goals(rows, cases, GOALS26)
+    if goals26:
+        log("\n## Goals of issue 26 (the second ring: per-round ratios, median of the rounds)\n")
+        log(goals_md)
+        goals += goals26
 
     keys = []
     for r in rows:

@@ -5,12 +5,15 @@
 #   bench/peers/run.sh [--sizes 256MiB,1GiB] [--big] [--runs 3] [--dir DIR]
 #                      [--models llm,linear] [--out DIR] [--no-rss]
 #                      [--touch page|byte] [--no-prime] [--fresh]
+#                      [--peers2] [--contenders a,b,...] [--steps save,load_cold,...]
 #
 # Builds libckptio into build-peers/ (the library the binding then loads),
 # runs bench/peers/peers.py with the project venv, and leaves results.csv,
 # results_runs.csv, results.json, results.md and results.png in bench/peers/
 # (or --out). PYTHON=path picks another interpreter (it needs torch,
-# safetensors, numpy and matplotlib); BUILD=dir another build directory.
+# safetensors and numpy; it installs matplotlib, and with --peers2
+# runai-model-streamer, fastsafetensors and tensorizer, with pip if missing);
+# BUILD=dir another build directory.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,7 +25,7 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 
 for a in "$@"; do
   if [[ "$a" == -h || "$a" == --help ]]; then
-    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done
@@ -30,8 +33,30 @@ done
 [[ -x "$PYTHON" ]] || die "no interpreter at $PYTHON (run scripts/setup.sh, or set PYTHON)"
 "$PYTHON" -c 'import torch, safetensors, numpy' 2>/dev/null \
   || die "$PYTHON lacks torch, safetensors or numpy (scripts/setup.sh installs them)"
-"$PYTHON" -c 'import matplotlib' 2>/dev/null \
-  || die "$PYTHON lacks matplotlib: $PYTHON -m pip install matplotlib"
+
+# matplotlib (the PNG) and the second ring's packages (--peers2, or named in
+# --contenders): installed into this interpreter's environment with pip when
+# missing. The test suite never needs them.
+wanted=()
+want_ring2=0
+for a in "$@"; do
+  case "$a" in
+    --peers2|*runai*|*fastsafetensors*|*tensorizer*) want_ring2=1 ;;
+  esac
+done
+if ((want_ring2)); then
+  wanted=(runai-model-streamer:runai_model_streamer fastsafetensors:fastsafetensors
+          tensorizer:tensorizer)
+fi
+missing=()
+for p in matplotlib:matplotlib "${wanted[@]}"; do
+  "$PYTHON" -c "import ${p#*:}" 2>/dev/null || missing+=("${p%%:*}")
+done
+if ((${#missing[@]})); then
+  echo "run.sh: pip installing ${missing[*]} into $("$PYTHON" -c 'import sys; print(sys.prefix)')" >&2
+  "$PYTHON" -m pip install -q --disable-pip-version-check "${missing[@]}" \
+    || die "pip install ${missing[*]} failed"
+fi
 
 # The shared library: `ninja ckptio` names the CLI binary (its output file is
 # build-peers/ckptio), so ask for libckptio.so by its file name.
