@@ -2,10 +2,12 @@
 # ThreadSanitizer over the concurrent parts of the library: builds
 # build-tsan/ (-DCKPTIO_TSAN=ON) and runs the pool, pipeline, faults, shard,
 # slice, multi-rank, zstd and manager tests (the manager closes removed
-# files on a thread of its own), on the host device and over the fake CUDA
-# runtime (whose copy thread and events race with the pipeline's workers if
-# anything does). TSan stops a test at its first report (halt_on_error), so
-# a race fails the run. Called by scripts/test.sh; extra arguments go to ctest.
+# files on a thread of its own) and the S3 client's (parts and ranged GETs
+# from many threads on one client; skipped without weed), on the host
+# device and over the fake CUDA runtime (whose copy thread and events race
+# with the pipeline's workers if anything does). TSan stops a test at its
+# first report (halt_on_error), so a race fails the run. Called by
+# scripts/test.sh; extra arguments go to ctest.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
@@ -13,4 +15,4 @@ scripts/build.sh build-tsan -DCKPTIO_TSAN=ON -DCMAKE_BUILD_TYPE=Debug || exit 1
 # tests/tsan.supp: the dynamic loader's own TLS bookkeeping, nothing else.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir build-tsan --output-on-failure -j2 --no-tests=error \
-      -R '^test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda|manage)(_cuda_fake)?$' "$@"
+      -R '^(test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda|manage)(_cuda_fake)?|s3_(retry|client|kill))$' "$@"

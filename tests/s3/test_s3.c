@@ -3,7 +3,7 @@
  * CKPTIO_S3_BUCKET), and the parts that need no server (URLs, retries to a
  * port that refuses connections, replies no real server gives on demand).
  *
- *   test_s3 GROUP            run one group: url retry server kill
+ *   test_s3 GROUP            run one group: url retry server kill freeze
  *   test_s3 cat KEY          the object's bytes to stdout (interop tests)
  *   test_s3 put KEY FILE     one PUT
  *   test_s3 upload KEY FILE THREADS  a multipart upload (5 MiB parts)
@@ -612,11 +612,21 @@ static void *busy_worker(void *arg) {
       snprintf(j->err, sizeof(j->err), "a GET succeeded with wrong bytes");
       break;
     }
-    j->ok++;
+    __atomic_add_fetch(&j->ok, 1, __ATOMIC_SEQ_CST);
   }
   j->ended = now();
   free(buf);
   return NULL;
+}
+
+/* Until every thread has moved a whole object or part (so the next one is
+ * under way), at most 10 s (a sanitizer build is slow). */
+static void wait_busy(busy_job *jobs, int n) {
+  double t0 = now();
+  for (int i = 0; i < n && now() - t0 < 10; i++) {
+    while (__atomic_load_n(&jobs[i].ok, __ATOMIC_SEQ_CST) == 0 && now() - t0 < 10) usleep(20000);
+  }
+  usleep(100000);
 }
 
 static void test_kill(void) {
@@ -644,7 +654,7 @@ static void test_kill(void) {
             err);
   }
   for (int i = 0; i < N; i++) pthread_create(&t[i], NULL, busy_worker, &jobs[i]);
-  sleep(1); /* every thread mid-way through its loop */
+  wait_busy(jobs, N);
   double killed = now();
   CHECK(kill(-atoi(pid_s), SIGKILL) == 0, "kill the server's group %s: %s", pid_s, strerror(errno));
   for (int i = 0; i < N; i++) {
@@ -658,6 +668,56 @@ static void test_kill(void) {
     CHECK(strstr(jobs[i].err, what) && strstr(jobs[i].err, "http://127.0.0.1:"), "%s", jobs[i].err);
     CHECK(jobs[i].ended - killed < 10, "%s took %.1f s to fail", what, jobs[i].ended - killed);
   }
+  ckptio_s3_client_free(c);
+  free(data);
+}
+
+/* A server that stops answering (SIGSTOP: its sockets stay open, the
+ * kernel still accepts connections) must not hang a transfer: the
+ * low-speed limit ends each attempt, and the attempts are bounded. */
+static void test_freeze(void) {
+  const char *pid_s = getenv("CKPTIO_WEED_PID");
+  if (!pid_s) {
+    printf("SKIP: CKPTIO_WEED_PID is not set (run under tests/s3/weed_server.py)\n");
+    exit(77);
+  }
+  char err[CKPTIO_ERRLEN];
+  /* 64 KiB/s: a stopped server's kernel still trickles an upload into its
+   * socket buffers for a while, which a 1 byte/s floor would wait out. */
+  ckptio_s3_config cfg = {.max_attempts = 2, .backoff_base_ms = 10, .backoff_max_ms = 50,
+                          .connect_timeout_ms = 2000, .low_speed_seconds = 2, .low_speed_bytes = 64 << 10};
+  ckptio_s3_client *c = client_or_die(&cfg);
+  size_t size = 32u << 20;
+  unsigned char *data = malloc(size);
+  fill(data, size, 9, 0);
+  CHECK(upload(c, "freeze/obj", data, size, 4, err, sizeof(err)) == 0, "%s", err);
+  enum { N = 4 };
+  busy_job jobs[N];
+  pthread_t t[N];
+  for (int i = 0; i < N; i++) {
+    jobs[i] = (busy_job){.c = c, .upload = i % 2, .key = i % 2 ? "freeze/upload" : "freeze/obj", .data = data,
+                         .size = i % 2 ? PART : size};
+    if (jobs[i].upload)
+      CHECK(ckptio_s3_multipart_create(c, bucket(), "freeze/upload", jobs[i].upload_id, err, sizeof(err)) == 0,
+            "%s", err);
+  }
+  for (int i = 0; i < N; i++) pthread_create(&t[i], NULL, busy_worker, &jobs[i]);
+  wait_busy(jobs, N);
+  double stopped = now();
+  CHECK(kill(-atoi(pid_s), SIGSTOP) == 0, "stop the server's group %s: %s", pid_s, strerror(errno));
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+    const char *what = jobs[i].upload ? "UploadPart" : "GetObject";
+    printf("%s after %d good transfers: failed %.2f s after the server froze: %s\n", what, jobs[i].ok,
+           jobs[i].ended - stopped, jobs[i].err);
+    CHECK(jobs[i].rc == -ETIMEDOUT && strstr(jobs[i].err, "after 2 attempts"), "%s: rc %d: %s", what, jobs[i].rc,
+          jobs[i].err);
+    /* Bounded: libcurl judges the speed by its average over the last ~5 s,
+     * so an attempt that was moving ends 5 + 2 s after the freeze; an
+     * upload also waits 1 s for "100 Continue". 2 attempts: < 20 s. */
+    CHECK(jobs[i].ended - stopped < 20, "%s took %.1f s to fail", what, jobs[i].ended - stopped);
+  }
+  kill(-atoi(pid_s), SIGCONT);
   ckptio_s3_client_free(c);
   free(data);
 }
@@ -711,12 +771,12 @@ static int tool(int argc, char **argv) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    fprintf(stderr, "usage: test_s3 url|retry|server|kill, or a tool (see the file's head)\n");
+    fprintf(stderr, "usage: test_s3 url|retry|server|kill|freeze, or a tool (see the file's head)\n");
     return 2;
   }
   if (!strcmp(argv[1], "cat") || !strcmp(argv[1], "put") || !strcmp(argv[1], "upload")) return tool(argc, argv);
   if (strcmp(argv[1], "url") != 0 && strcmp(argv[1], "retry") != 0 && !getenv("AWS_ENDPOINT_URL")) {
-    if (strcmp(argv[1], "server") == 0 || strcmp(argv[1], "kill") == 0) {
+    if (strcmp(argv[1], "server") == 0 || strcmp(argv[1], "kill") == 0 || strcmp(argv[1], "freeze") == 0) {
       printf("SKIP: AWS_ENDPOINT_URL is not set (run under tests/s3/weed_server.py)\n");
       return 77;
     }
@@ -726,6 +786,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(argv[1], "retry")) test_retry();
   else if (!strcmp(argv[1], "server")) test_server();
   else if (!strcmp(argv[1], "kill")) test_kill();
+  else if (!strcmp(argv[1], "freeze")) test_freeze();
   else {
     fprintf(stderr, "unknown group %s\n", argv[1]);
     return 2;
