@@ -307,6 +307,62 @@ const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
 int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr);
 int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
 
+/* ---------------------------------------------------------------- storage */
+
+/* Where checkpoints live besides local files. A path that starts with
+ * "SCHEME://" (SCHEME: letters, digits, '+', '-', '.') names an object of
+ * the storage registered for SCHEME on the context; any other path is a
+ * local file, read and written as always (O_DIRECT, the page cache,
+ * fsync, rename). "s3://bucket/key" is built in where the library was
+ * built with libcurl (ckptio_ctx_storage_register need not be called):
+ * S3-compatible object storage, credentials and endpoint from
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
+ * (or AWS_DEFAULT_REGION) and AWS_ENDPOINT_URL (path-style addressing for a
+ * custom endpoint), read when the context first opens an s3:// path.
+ *
+ * A storage is a table of verbs and the caller's `self` handed back to
+ * each. The load pipeline uses them for every byte it reads of an object:
+ * the header with one small read, tensors with many reads in flight at
+ * once (one per worker, each at most a staging chunk), into the staging
+ * ring or straight into host destinations, every CRC checked as for a
+ * file. Objects are never mapped and never read with O_DIRECT: a zero-copy
+ * load (ckptio_reader_map_private, ckptio_reader_view) of one returns
+ * CKPTIO_E_FORMAT, and every load method reads through the verbs.
+ * Reading: single safetensors files. A .pt archive, a compressed file, a
+ * sharded set or a multi-rank checkpoint in a storage is refused with
+ * CKPTIO_E_FORMAT naming what is not supported yet; saves to a storage
+ * likewise (ckptio_writer_open: CKPTIO_E_FORMAT).
+ *
+ * Contract of the verbs (each returns 0 or a negative ckptio code or
+ * -errno, with a sentence in err, errlen bytes, naming the object):
+ *  open_read   the object `path` (the whole string, scheme included):
+ *              *obj (the storage's handle) and its size in bytes. Called
+ *              from the thread opening a reader.
+ *  read        exactly len bytes at offset into buf (the caller's memory,
+ *              len bytes): anything short is an error, never a short
+ *              count. Called from many workers at once on one obj, for
+ *              ranges that never pass its size; must be thread-safe.
+ *  close_read  releases obj; called once, after every read has returned.
+ * The table is versioned (its `size` first, the rule above): set
+ * size = sizeof(ckptio_storage_ops). */
+typedef struct ckptio_storage_ops {
+  size_t size;
+  int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
+  int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
+  void (*close_read)(void *self, void *obj);
+} ckptio_storage_ops;
+
+/*! ckptio_ctx_storage_register() :
+ *  Routes paths "SCHEME://..." opened on this context to `ops` (copied) and
+ *  `self` (borrowed: it must outlive the context). Replaces a storage
+ *  registered before for the scheme, "s3" included. Not thread-safe
+ *  against opens on the same context: register first.
+ *  @return 0, or CKPTIO_E_INVALID_ARG (a scheme not of letters, digits,
+ *          '+', '-', '.' or longer than 31 bytes, "file", ops NULL or
+ *          missing a verb, ops->size refused), -ENOMEM (more than 16
+ *          schemes); the reason in ckptio_last_open_error. */
+int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self);
+
 /* ---------------------------------------------------------------- writer */
 
 /* One save: open, add tensors, commit, close. A writer is opened for one

@@ -85,6 +85,7 @@ static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
     goto fail;
   }
   if ((rc = ckptio_pool_create(o->threads, &ctx->pool)) < 0) goto fail;
+  if ((rc = ckptio_storages_create(&ctx->storages)) < 0) goto fail;
   if (o->snapshot_bytes == CKPTIO_SNAPSHOT_AUTO) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     o->snapshot_bytes = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : 0;
@@ -140,7 +141,15 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
   ckptio_pool_free(ctx->pool);
   ckptio_gpu_close(ctx->gpu);
   ckptio_ring_free(ctx->ring);
+  ckptio_storages_free(ctx->storages);
   free(ctx);
+}
+
+int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self) {
+  ckptio_open_error_clear();
+  char why[CKPTIO_ERRLEN] = "no context";
+  int rc = ctx ? ckptio_storages_register(ctx->storages, scheme, ops, self, why, sizeof(why)) : CKPTIO_E_INVALID_ARG;
+  return ckptio_open_error_end(rc, "ckptio_ctx_storage_register", why);
 }
 
 int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) {

@@ -7,6 +7,7 @@
 #include "device/gpu.h"
 #include "pool/pool.h"
 #include "staging/ring.h"
+#include "storage/storage.h"
 
 /* Workers: each holds one read or write of a chunk while it runs, so they
  * are the queue depth the disk sees. 32 requests of 8 MiB in flight is what
@@ -26,6 +27,7 @@ struct ckptio_ctx {
   ckptio_pool *pool;
   ckptio_ring *ring;   /* slots of opts.chunk_bytes */
   ckptio_gpu *gpu;     /* NULL when CUDA is off or unavailable */
+  ckptio_storages *storages; /* what serves "SCHEME://" paths */
   char cuda_why[CKPTIO_ERRLEN];
   char numa_report[CKPTIO_ERRLEN];
   pthread_t preparer;  /* faults in (and pins) snapshot memory; see ctx.c */

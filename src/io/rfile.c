@@ -46,7 +46,32 @@ fail:
   return rc;
 }
 
+int ckptio_rfile_open_object(ckptio_rfile *f, const char *path, const ckptio_storage_ops *ops, void *self,
+                             char *err, size_t errlen) {
+  memset(f, 0, sizeof(*f));
+  f->fd = f->fd_direct = -1;
+  if (!(f->path = strdup(path))) return -ENOMEM;
+  int rc = ops->open_read(self, path, &f->obj, &f->size, err, errlen);
+  if (rc < 0) {
+    f->obj = NULL;
+    ckptio_rfile_close(f);
+    return rc;
+  }
+  f->store = ops;
+  f->store_self = self;
+  return 0;
+}
+
+int ckptio_rfile_pread(const ckptio_rfile *f, void *buf, size_t len, uint64_t off, char *err, size_t errlen) {
+  if (!f->store) return ckptio_pread_full(f->fd, buf, len, off);
+  if (off > f->size || len > f->size - off)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_SHORT_IO, "%s: %zu bytes at %llu are past its end (%llu bytes)",
+                          f->path, len, (unsigned long long)off, (unsigned long long)f->size);
+  return len ? f->store->read(f->store_self, f->obj, buf, len, off, err, errlen) : 0;
+}
+
 void ckptio_rfile_close(ckptio_rfile *f) {
+  if (f->store && f->obj) f->store->close_read(f->store_self, f->obj);
   if (f->map) munmap((void *)f->map, (size_t)f->size);
   if (f->fd_direct >= 0) close(f->fd_direct);
   if (f->fd >= 0) close(f->fd);
@@ -70,6 +95,7 @@ static uint32_t dio_align(int fd) {
 }
 
 int ckptio_rfile_direct(ckptio_rfile *f) {
+  if (f->store) return -1; /* objects: no O_DIRECT */
   if (f->fd_direct < 0 && (f->fd_direct = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC)) >= 0)
     f->dio_align = dio_align(f->fd_direct);
   return f->fd_direct;
@@ -145,6 +171,7 @@ void ckptio_rfile_scattered(const ckptio_rfile *f, int on) {
 }
 
 double ckptio_rfile_resident(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
+  if (f->store) return 0; /* an object is no page cache's */
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += len[i];
   if (!f->map || total == 0) return 1;
@@ -166,6 +193,8 @@ int ckptio_rfile_mostly_cached(const ckptio_rfile *f, const uint64_t *off, const
 }
 
 int ckptio_rfile_map_private(const ckptio_rfile *f, void **base, char *err, size_t errlen) {
+  if (f->store)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT, "%s: an object in a storage cannot be mapped; load it", f->path);
   /* Copy-on-write: the pages stay the page cache's until written, and a
    * write copies one page into this process without reaching the file. */
   void *m = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, f->fd, 0);

@@ -9,8 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckptio.h"
+
 typedef struct ckptio_rfile {
   char *path;                /* owned */
+  /* An object of a storage (ckptio_storage_ops) instead of a local file:
+   * fd -1, no map, never O_DIRECT; every byte through ckptio_rfile_pread. */
+  const ckptio_storage_ops *store;
+  void *store_self, *obj;
   int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */
   uint32_t dio_align;        /* O_DIRECT's memory and offset alignment (statx;
                                 the page where it is not reported) */
@@ -21,6 +27,16 @@ typedef struct ckptio_rfile {
 /* Opens and maps a regular file. @return 0 or a negative code with
  * "<path>: <reason>" in err; f is then closed. */
 int ckptio_rfile_open(ckptio_rfile *f, const char *path, char *err, size_t errlen);
+/* Opens the object `path` of a storage (the verbs and their self, which
+ * outlive f). @return 0 or a negative code with the storage's sentence in
+ * err; f is then closed. */
+int ckptio_rfile_open_object(ckptio_rfile *f, const char *path, const ckptio_storage_ops *ops, void *self,
+                             char *err, size_t errlen);
+/* Exactly len bytes at off into buf, from the file or the object; safe on
+ * many threads at once. @return 0, or a negative code; an object's failure
+ * writes the storage's sentence into err (a file's leaves err alone: the
+ * caller names the read). */
+int ckptio_rfile_pread(const ckptio_rfile *f, void *buf, size_t len, uint64_t off, char *err, size_t errlen);
 /* Unmaps and closes; accepts a file never opened (zeroed, fds -1). */
 void ckptio_rfile_close(ckptio_rfile *f);
 

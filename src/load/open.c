@@ -1,7 +1,19 @@
 /* Opening one file as a source: a zstd seekable file, else a plain file
- * (safetensors or a PyTorch archive, told apart by the plain kind). */
+ * (safetensors or a PyTorch archive, told apart by the plain kind); an
+ * object of a storage is a plain safetensors file (open_object). */
 #include "formats/zstd_seekable.h"
 #include "load/source.h"
+
+int ckptio_source_open_object(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
+                              ckptio_source **out, int *found) {
+  const ckptio_storage *st = NULL;
+  int rc = ckptio_storages_find(ctx->storages, path, &st, err, CKPTIO_ERRLEN);
+  *found = rc != 0;
+  if (rc <= 0) return rc;
+  ckptio_rfile f;
+  if ((rc = ckptio_rfile_open_object(&f, path, &st->ops, st->self, err, CKPTIO_ERRLEN)) < 0) return rc;
+  return ckptio_plain_from(ctx, opts, &f, err, out);
+}
 
 int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
                             ckptio_source **out) {

@@ -46,16 +46,20 @@ static int parse_safetensors(plain *p) {
   uint8_t prefix[8] = {0};
   uint64_t n, size = p->f.size;
   char msg[CKPTIO_ERRLEN];
-  int rc = ckptio_pread_full(p->f.fd, prefix, size < 8 ? (size_t)size : 8, 0);
-  if (rc < 0) return ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
+  char why[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_rfile_pread(&p->f, prefix, size < 8 ? (size_t)size : 8, 0, why, sizeof(why));
+  if (rc < 0)
+    return why[0] ? ckptio_source_fail(s, rc, "%s", why)
+                  : ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
   if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
     return ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
   uint8_t *hdr = malloc(n ? n : 1);
   if (!hdr) return -ENOMEM;
   ckptio_st_index st;
   memset(&st, 0, sizeof(st));
-  if ((rc = ckptio_pread_full(p->f.fd, hdr, (size_t)n, 8)) < 0)
-    ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
+  if ((rc = ckptio_rfile_pread(&p->f, hdr, (size_t)n, 8, why, sizeof(why))) < 0)
+    why[0] ? ckptio_source_fail(s, rc, "%s", why)
+           : ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
   else if ((rc = ckptio_st_parse(hdr, n, size, &st, msg, sizeof(msg))) < 0)
     ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
   else
@@ -69,6 +73,21 @@ static int parse_safetensors(plain *p) {
  * it found); anything else is taken for safetensors, whose checks explain
  * what is wrong with a file that is neither. */
 static int parse_header(plain *p) {
+  if (p->f.store) {
+    /* An object: a safetensors file, whose header is one read. A zip's
+     * parse reads the central directory and a header per tensor through
+     * the map, which an object has none of. */
+    unsigned char magic[4] = {0};
+    char why[CKPTIO_ERRLEN] = "";
+    int rc = ckptio_rfile_pread(&p->f, magic, p->f.size < 4 ? (size_t)p->f.size : 4, 0, why, sizeof(why));
+    if (rc < 0) return ckptio_source_fail(&p->s, rc, "%s", why[0] ? why : ckptio_strerror(rc));
+    if (!memcmp(magic, "PK\x03\x04", 4) || !memcmp(magic, "\x28\xb5\x2f\xfd", 4) ||
+        !memcmp(magic, "\x2a\x4d\x18", 3))
+      return ckptio_source_fail(&p->s, CKPTIO_E_FORMAT,
+                                "%s: a %s in a storage is not supported yet (safetensors files are)", p->s.path,
+                                magic[0] == 'P' ? "PyTorch archive" : "compressed file");
+    return parse_safetensors(p);
+  }
   if (p->f.size >= 4 && memcmp(p->f.map, "PK\x03\x04", 4) == 0) {
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_torch_parse(p->f.map, p->f.size, &p->s.idx, msg, sizeof(msg));
@@ -211,7 +230,9 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
     unsigned char *to = host ? host : j->slot;
     for (uint64_t o = 0; o < t->len; o += CKPTIO_CRC_STEP) {
       size_t n = (size_t)(t->len - o < CKPTIO_CRC_STEP ? t->len - o : CKPTIO_CRC_STEP);
-      if ((rc = ckptio_pread_full(p->f.fd, to + o, n, abs + o)) < 0) return rc;
+      size_t len;
+      char *msg = ckptio_run_msg(x, &len);
+      if ((rc = ckptio_rfile_pread(&p->f, to + o, n, abs + o, msg, len)) < 0) return rc;
       if (crc) *crc = ckptio_crc32(*crc, to + o, n);
     }
     bytes = to;
@@ -264,7 +285,7 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
     if ((rc = direct_runs(p, x, t, out, j->slot + half, slot - half)) < 0) return rc;
     return ckptio_run_deliver(x, 0, out, 1);
   }
-  if (j->method == CKPTIO_LOAD_PREAD && q->g.run < DIRECT_MIN_RUN) {
+  if (j->method == CKPTIO_LOAD_PREAD && q->g.run < DIRECT_MIN_RUN && !p->f.store) {
     /* Many small runs: one blocking pread after another keeps one request
      * in flight per worker, 3x slower from a cold file than reading the
      * whole tensor (bench/RESULTS_SLICE.md). Asking for all of the job's
@@ -282,8 +303,10 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
       if (big && (rc = ckptio_rfile_populate(p->f.map + abs, nb)) < 0) return rc;
       memcpy(out + (o - t->off), p->f.map + abs, (size_t)nb);
       if (big) ckptio_rfile_drop(p->f.map + abs, nb);
-    } else if ((rc = ckptio_pread_full(p->f.fd, out + (o - t->off), (size_t)nb, abs)) < 0) {
-      return rc;
+    } else {
+      size_t len;
+      char *msg = ckptio_run_msg(x, &len);
+      if ((rc = ckptio_rfile_pread(&p->f, out + (o - t->off), (size_t)nb, abs, msg, len)) < 0) return rc;
     }
     atomic_fetch_add((_Atomic uint64_t *)&t->q->read, nb);
   }
@@ -308,6 +331,9 @@ static int plain_view(ckptio_source *s, size_t index, const void **data, uint64_
   if (e->strided || e->byteswap)
     return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
                               s->path, e->name, e->strided ? "a strided view" : "big-endian");
+  if (P(s)->f.store)
+    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: an object in a storage has no view of its bytes: load them",
+                              s->path);
   *data = P(s)->f.map ? P(s)->f.map + e->offset : NULL;
   if (nbytes) *nbytes = e->nbytes;
   return 0;

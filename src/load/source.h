@@ -174,6 +174,11 @@ struct ckptio_source {
 int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
                             ckptio_source **out);
 void ckptio_source_close(ckptio_source *s);
+/* An object of a storage (a path "SCHEME://..."; *found says whether it
+ * was one): a plain source reading through the storage's verbs. @return 0
+ * (and *out when found) or a code, message in err. */
+int ckptio_source_open_object(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
+                              ckptio_source **out, int *found);
 
 /* The kinds. A file kind takes the opened file f (owned from then on,
  * closed on failure); the set kind opens `path` when it names a set:

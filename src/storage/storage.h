@@ -1,0 +1,39 @@
+/* The storages of a context (the public ckptio_storage_ops, include/ckptio.h):
+ * which table of verbs serves a path "SCHEME://...", the built-in S3 one
+ * made on first use. Paths without a scheme are local files, which the io
+ * room serves as always. */
+#ifndef CKPTIO_STORAGE_STORAGE_H
+#define CKPTIO_STORAGE_STORAGE_H
+
+#include <stddef.h>
+
+#include "ckptio.h"
+
+typedef struct ckptio_storages ckptio_storages;
+
+/* One registered storage: its verbs and the self handed to them. */
+typedef struct ckptio_storage {
+  ckptio_storage_ops ops;
+  void *self;
+} ckptio_storage;
+
+int ckptio_storages_create(ckptio_storages **out);
+/* Frees the table and the built-in storages it made. Accepts NULL. */
+void ckptio_storages_free(ckptio_storages *t);
+/* ckptio_ctx_storage_register's work (its codes; message in err). */
+int ckptio_storages_register(ckptio_storages *t, const char *scheme, const ckptio_storage_ops *ops, void *self,
+                             char *err, size_t errlen);
+/* The storage that serves path: 0 for a local file (no "SCHEME://"), 1
+ * with *out, or a code with the reason in err (no storage for the scheme;
+ * the built-in S3 one could not be made: no credentials, no libcurl). The
+ * storage lives as long as the table. */
+int ckptio_storages_find(ckptio_storages *t, const char *path, const ckptio_storage **out, char *err,
+                         size_t errlen);
+
+/* The built-in S3 storage (s3_storage.c): a client from the environment.
+ * @return 0 and *self for the s3 verbs, or a code with the reason. */
+int ckptio_s3_storage_create(void **self, char *err, size_t errlen);
+void ckptio_s3_storage_free(void *self);
+extern const ckptio_storage_ops ckptio_s3_storage_ops;
+
+#endif
