@@ -41,6 +41,13 @@ int ckptio_s3_client_create(const ckptio_s3_config *cfg, ckptio_s3_client **out,
   if (curl_init_rc != CURLE_OK)
     return ckptio_err_fmt(err, errlen, -EIO, "S3 client: libcurl failed to start: %s",
                           curl_easy_strerror(curl_init_rc));
+  /* The library loaded may be older than the headers built against:
+   * SigV4 signing came in 7.75.0. */
+  const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
+  if (!v || v->version_num < 0x074B00)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT,
+                          "S3 client: libcurl %s has no AWS SigV4 signing (7.75.0 or newer is needed)",
+                          v ? v->version : "?");
   const char *endpoint = pick(cfg->endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
   const char *region = pick(cfg->region, "AWS_REGION", "AWS_DEFAULT_REGION");
   const char *access = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
