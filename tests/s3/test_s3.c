@@ -7,6 +7,8 @@
  *   test_s3 cat KEY          the object's bytes to stdout (interop tests)
  *   test_s3 put KEY FILE     one PUT
  *   test_s3 upload KEY FILE THREADS  a multipart upload (5 MiB parts)
+ *   test_s3 bench KEY SIZE_MIB THREADS CHUNK_MIB   upload and GET rates
+ *                                          (tests/s3/bench_s3.py)
  *
  * Exit 0 pass, 1 fail, 77 skip (no server, or no libcurl in this build). */
 #include <arpa/inet.h>
@@ -302,7 +304,7 @@ typedef struct {
   ckptio_s3_client *c;
   const char *key, *upload_id;
   const unsigned char *data;
-  size_t size;
+  size_t size, part;
   int nparts, next;
   ckptio_s3_part *parts;
   pthread_mutex_t lock;
@@ -317,7 +319,7 @@ static void *upload_worker(void *arg) {
     int i = j->next++;
     pthread_mutex_unlock(&j->lock);
     if (i >= j->nparts) return NULL;
-    size_t off = (size_t)i * PART, len = j->size - off < PART ? j->size - off : PART;
+    size_t off = (size_t)i * j->part, len = j->size - off < j->part ? j->size - off : j->part;
     char err[CKPTIO_ERRLEN];
     j->parts[i].number = i + 1;
     int rc = ckptio_s3_multipart_upload_part(j->c, bucket(), j->key, j->upload_id, i + 1, j->data + off, len,
@@ -333,14 +335,15 @@ static void *upload_worker(void *arg) {
   }
 }
 
-/* A multipart upload of data from `threads` threads; 0 or the error. */
-static int upload(ckptio_s3_client *c, const char *key, const unsigned char *data, size_t size, int threads,
-                  char *err, size_t errlen) {
+/* A multipart upload of data in parts of part_size bytes from `threads`
+ * threads; 0 or the error. */
+static int upload_parts(ckptio_s3_client *c, const char *key, const unsigned char *data, size_t size,
+                        size_t part_size, int threads, char *err, size_t errlen) {
   char id[CKPTIO_S3_UPLOAD_ID_MAX];
   int rc = ckptio_s3_multipart_create(c, bucket(), key, id, err, errlen);
   if (rc < 0) return rc;
-  upload_job j = {.c = c, .key = key, .upload_id = id, .data = data, .size = size,
-                  .nparts = size ? (int)((size + PART - 1) / PART) : 1};
+  upload_job j = {.c = c, .key = key, .upload_id = id, .data = data, .size = size, .part = part_size,
+                  .nparts = size ? (int)((size + part_size - 1) / part_size) : 1};
   j.parts = calloc((size_t)j.nparts, sizeof(*j.parts));
   pthread_mutex_init(&j.lock, NULL);
   pthread_t t[16];
@@ -357,6 +360,11 @@ static int upload(ckptio_s3_client *c, const char *key, const unsigned char *dat
   pthread_mutex_destroy(&j.lock);
   free(j.parts);
   return rc;
+}
+
+static int upload(ckptio_s3_client *c, const char *key, const unsigned char *data, size_t size, int threads,
+                  char *err, size_t errlen) {
+  return upload_parts(c, key, data, size, PART, threads, err, errlen);
 }
 
 typedef struct {
@@ -736,7 +744,78 @@ static unsigned char *slurp(const char *path, size_t *size) {
   return p;
 }
 
+typedef struct {
+  ckptio_s3_client *c;
+  const char *key;
+  unsigned char *buf;
+  size_t size, chunk;
+  int next, rc;
+  pthread_mutex_t lock;
+} bench_job;
+
+static void *bench_get_worker(void *arg) {
+  bench_job *j = arg;
+  char err[CKPTIO_ERRLEN];
+  for (;;) {
+    pthread_mutex_lock(&j->lock);
+    size_t off = (size_t)j->next++ * j->chunk;
+    pthread_mutex_unlock(&j->lock);
+    if (off >= j->size) return NULL;
+    size_t len = j->size - off < j->chunk ? j->size - off : j->chunk;
+    int rc = ckptio_s3_get_range(j->c, bucket(), j->key, off, len, j->buf + off, err, sizeof(err));
+    if (rc < 0) {
+      fprintf(stderr, "%s\n", err);
+      j->rc = rc;
+      return NULL;
+    }
+  }
+}
+
+/* bench KEY SIZE_MIB THREADS CHUNK_MIB: a multipart upload of SIZE_MIB
+ * (CHUNK_MIB parts, at least 5 MiB, from THREADS threads), then every byte read back by
+ * ranged GETs of CHUNK_MIB from THREADS threads; prints both rates. */
+static int bench(char **argv) {
+  char err[CKPTIO_ERRLEN];
+  ckptio_s3_client *c = client_or_die(NULL);
+  size_t size = (size_t)atol(argv[3]) << 20, chunk = (size_t)atol(argv[5]) << 20;
+  int threads = atoi(argv[4]);
+  if (threads < 1 || threads > 16 || !size || !chunk) return 2;
+  unsigned char *data = malloc(size), *back = malloc(size);
+  fill(data, size, 3, 0);
+  double t0 = now();
+  int rc = upload_parts(c, argv[2], data, size, chunk < PART ? PART : chunk, threads, err, sizeof(err));
+  double up = now() - t0;
+  if (rc < 0) fprintf(stderr, "upload: %s\n", err);
+  bench_job j = {.c = c, .key = argv[2], .buf = back, .size = size, .chunk = chunk};
+  pthread_mutex_init(&j.lock, NULL);
+  pthread_t t[16];
+  t0 = now();
+  for (int i = 0; i < threads && rc == 0; i++) pthread_create(&t[i], NULL, bench_get_worker, &j);
+  for (int i = 0; i < threads && rc == 0; i++) pthread_join(t[i], NULL);
+  double down = now() - t0;
+  if (rc == 0) rc = j.rc;
+  if (rc == 0 && memcmp(data, back, size) != 0) rc = -1;
+  ckptio_s3_stats st;
+  ckptio_s3_client_stats(c, &st);
+  if (rc == 0)
+    printf("ckptio_s3 upload_MBps %.1f get_MBps %.1f (size %zu MiB, %d threads, %zu MiB ranges, %" PRIu64
+           " connections, %" PRIu64 " retries)\n", size / up / 1e6, size / down / 1e6, size >> 20, threads,
+           chunk >> 20, st.connects, st.retries);
+  pthread_mutex_destroy(&j.lock);
+  free(data);
+  free(back);
+  ckptio_s3_client_free(c);
+  return rc < 0 ? 1 : 0;
+}
+
 static int tool(int argc, char **argv) {
+  if (!strcmp(argv[1], "bench")) {
+    if (argc != 6) {
+      fprintf(stderr, "usage: test_s3 bench KEY SIZE_MIB THREADS CHUNK_MIB\n");
+      return 2;
+    }
+    return bench(argv);
+  }
   char err[CKPTIO_ERRLEN];
   ckptio_s3_client *c = client_or_die(NULL);
   int rc = CKPTIO_E_INVALID_ARG;
@@ -774,7 +853,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: test_s3 url|retry|server|kill|freeze, or a tool (see the file's head)\n");
     return 2;
   }
-  if (!strcmp(argv[1], "cat") || !strcmp(argv[1], "put") || !strcmp(argv[1], "upload")) return tool(argc, argv);
+  if (!strcmp(argv[1], "cat") || !strcmp(argv[1], "put") || !strcmp(argv[1], "upload") || !strcmp(argv[1], "bench"))
+    return tool(argc, argv);
   if (strcmp(argv[1], "url") != 0 && strcmp(argv[1], "retry") != 0 && !getenv("AWS_ENDPOINT_URL")) {
     if (strcmp(argv[1], "server") == 0 || strcmp(argv[1], "kill") == 0 || strcmp(argv[1], "freeze") == 0) {
       printf("SKIP: AWS_ENDPOINT_URL is not set (run under tests/s3/weed_server.py)\n");
