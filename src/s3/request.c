@@ -67,6 +67,13 @@ static int build_url(ckptio_s3_client *c, const ckptio_s3_req *r, char *url, siz
 void ckptio_s3_describe(ckptio_s3_client *c, const ckptio_s3_req *r, char *out, size_t outlen) {
   char url[URL_MAX];
   if (build_url(c, r, url, sizeof(url)) < 0) snprintf(url, sizeof(url), "s3://%s/%.200s", r->bucket, r->key ? r->key : "");
+  size_t n = strlen(url);
+  if (n > 240) {
+    /* A long key or upload id would push S3's error out of a CKPTIO_ERRLEN
+     * message: keep the URL's two ends. */
+    memmove(url + 120, "...", 3);
+    memmove(url + 123, url + n - 117, 118);
+  }
   if (r->dst && r->dst_len)
     snprintf(out, outlen, "S3 %s %s %s (bytes %" PRIu64 "-%" PRIu64 ")", r->verb, r->method, url, r->range_off,
              r->range_off + r->dst_len - 1);

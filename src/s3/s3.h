@@ -53,7 +53,7 @@ int ckptio_s3_url_parse(const char *url, ckptio_s3_url *out, char *err, size_t e
 /* ------------------------------------------------------------ config */
 
 /* Where and as whom. A NULL string is taken from the environment as AWS
- * tools take it: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+ * tools take it: AWS_ENDPOINT_URL_S3 then AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
  * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION then
  * AWS_DEFAULT_REGION (then "us-east-1"). Strings are copied at create. A
  * zero number takes its default. */

@@ -487,6 +487,13 @@ static void test_server(void) {
   CHECK(ckptio_s3_put_object(c, b, "empty", NULL, 0, NULL, err, sizeof(err)) == 0, "empty put: %s", err);
   CHECK(ckptio_s3_head(c, b, "empty", &o, err, sizeof(err)) == 0 && o.size == 0, "empty head: %s", err);
 
+  /* A key near S3's 1024-byte limit: the message keeps S3's error. */
+  char longkey[1025];
+  memset(longkey, 'k', 1024);
+  longkey[1024] = '\0';
+  rc = ckptio_s3_get_range(c, b, longkey, 0, 10, tail, err, sizeof(err));
+  CHECK(rc == CKPTIO_E_NOT_FOUND && strstr(err, "HTTP 404 NoSuchKey") && strstr(err, "kkk...kkk"), "%d %s", rc, err);
+
   /* list (paged: 3 keys a page) and delete. */
   ckptio_s3_config small_pages = {.list_page_size = 3};
   ckptio_s3_client *pc = client_or_die(&small_pages);
