@@ -3,7 +3,10 @@
 # interleaved in every round on the same directory and byte count:
 #   raw write: each of N ranks writes its share to its own file, O_DIRECT,
 #              8 MiB blocks, 16 in flight, fdatasync (dist_bench raw-write)
-#              then   N ranks save (bench/dist_bench.c, durable)
+#              then   N ranks save (bench/dist_bench.c, durable) twice in
+#              the same processes, into fresh directories: the first save
+#              of each process and the warm one (pool, ring and pages
+#              already in use, as in a training loop), reported apart
 #   raw read of those files (cache dropped)   then   N ranks load their rows
 #              of every tensor, cold (page cache dropped)
 #   N ranks load their columns (PREAD): bytes read / bytes needed
@@ -15,8 +18,8 @@
 #
 # Usage: bench/dist.sh [--ranks N] [--gib G] [--rounds R] [--dir DIR]
 #   defaults: 2 ranks, 1 GiB in all, 3 rounds, build/bench-tmp/dist
-# Needs mpirun, fio, python3, and build/bench/dist_bench (scripts/build.sh
-# builds it when CMake finds MPI).
+# Needs mpirun, fio, python3, and build/bench/dist_bench (DIST_BENCH names
+# another; scripts/build.sh builds it when CMake finds MPI).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 RANKS=2 GIB=1 ROUNDS=3 DIR="$ROOT/build/bench-tmp/dist"
@@ -30,7 +33,7 @@ while (($#)); do
     *) echo "dist.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-BENCH="$ROOT/build/bench/dist_bench"
+BENCH="${DIST_BENCH:-$ROOT/build/bench/dist_bench}"
 [[ -x "$BENCH" ]] || { echo "dist.sh: $BENCH missing: scripts/build.sh with MPI installed" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$DIR/ckpt" "$DIR/fio"
@@ -50,7 +53,8 @@ print('fio-$1 bytes=%d seconds=%.4f' % (side['io_bytes'], side['io_bytes'] / sid
 for round in $(seq "$ROUNDS"); do
   echo "round $round" >>"$LOG"
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-write "$DIR/fio" "$GIB" >>"$LOG"
-  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" save "$DIR/ckpt" "$GIB" >>"$LOG"
+  rm -rf "$DIR/ckpt" "$DIR/ckpt.warm" && mkdir -p "$DIR/ckpt"
+  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" save "$DIR/ckpt" "$GIB" 2 >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-read "$DIR/fio" >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
@@ -73,14 +77,16 @@ rows = []
 for r in rounds:
     w, s, rd, l, rs = r['raw-write'], r['save'], r['raw-read'], r['load'], r['reshard']
     rows.append((gbs(*w[:2]), gbs(*s[:2]), gbs(*rd[:2]), gbs(*l[:2]), rs[2] / rs[0],
-                 gbs(*r['fio-write'][:2]), gbs(*r['fio-read'][:2])))
+                 gbs(*r['fio-write'][:2]), gbs(*r['fio-read'][:2]), gbs(*r['save-warm'][:2])))
 med = lambda i: statistics.median(x[i] for x in rows)
 ratio = lambda a, b: statistics.median(x[a] / x[b] for x in rows)
 print(f"ranks {ranks}, {gib} GiB, {len(rows)} rounds (GB/s, median; ratio per round, then median)")
 for i, r in enumerate(rows, 1):
-    print(f"  round {i}: raw write {r[0]:.3f}  save {r[1]:.3f} ({r[1]/r[0]:.2f}x)  raw read {r[2]:.3f}  "
+    print(f"  round {i}: raw write {r[0]:.3f}  first save {r[1]:.3f} ({r[1]/r[0]:.2f}x)  "
+          f"warm save {r[7]:.3f} ({r[7]/r[0]:.2f}x)  raw read {r[2]:.3f}  "
           f"load {r[3]:.3f} ({r[3]/r[2]:.2f}x)  reshard read/needed {r[4]:.4f}  "
           f"fio write {r[5]:.3f} read {r[6]:.3f}")
-print(f"  median: save {med(1):.3f} = {ratio(1,0):.2f}x raw write {med(0):.3f}; load {med(3):.3f} = "
+print(f"  median: first save {med(1):.3f} = {ratio(1,0):.2f}x raw write {med(0):.3f}; warm save {med(7):.3f} = "
+      f"{ratio(7,0):.2f}x; load {med(3):.3f} = "
       f"{ratio(3,2):.2f}x raw read {med(2):.3f}; resharded loads read {med(4):.4f}x the bytes they need")
 PY

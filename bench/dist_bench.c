@@ -1,7 +1,11 @@
 /* Multi-rank save and load throughput, run by bench/dist.sh under mpirun
  * next to fio's raw write and read with as many jobs as ranks.
  *
- *   dist_bench save DIR GIB    the ranks save GIB GiB of 8 row-split tensors (durable)
+ *   dist_bench save DIR GIB [N]  the ranks save GIB GiB of 8 row-split tensors (durable),
+ *                              N times in one process (default 1): the first into DIR,
+ *                              the later ones ("save-warm", the process's pool, ring
+ *                              and pages already in use, as a training loop's) into
+ *                              DIR.warm (each replacing the one before)
  *   dist_bench load DIR        each rank loads its rows of every tensor (cache dropped first)
  *   dist_bench reshard DIR     each rank loads its columns: bytes read / bytes needed
  *   dist_bench raw-write DIR GIB   the limit: each rank writes its share to its own
@@ -118,7 +122,7 @@ int main(int argc, char **argv) {
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   ckptio_ctx *ctx = NULL;
   if (ckptio_ctx_create(&o, &ctx) < 0) die("context", ckptio_last_open_error());
-  double t0, secs;
+  double t0, secs = 0;
   uint64_t bytes = 0, read = 0;
   if (!strncmp(mode, "raw-", 4)) {
     int writing = !strcmp(mode, "raw-write");
@@ -151,22 +155,34 @@ int main(int argc, char **argv) {
     MPI_Comm world = MPI_COMM_WORLD;
     ckptio_comm comm;
     ckptio_comm_from_mpi(&world, &comm);
-    MPI_Barrier(MPI_COMM_WORLD);
-    t0 = now();
-    ckptio_writer *w = NULL;
-    if (ckptio_writer_open_ranks(ctx, &comm, dir, "model", NULL, &w) < 0) die("open", ckptio_last_open_error());
-    for (int k = 0; k < NTENSORS; k++) {
-      char name[32];
-      snprintf(name, sizeof(name), "layers.%d.w", k);
-      int64_t global[2] = {rows, COLS}, off[2] = {a, 0};
-      ckptio_tensor t = {.name = name, .dtype = CKPTIO_F32, .ndim = 2, .shape = {b - a, COLS}, .data = buf + k * part};
-      if (ckptio_writer_add_part(w, &t, global, off) < 0) die("add", ckptio_writer_last_error(w));
-    }
-    if (ckptio_writer_commit(w) < 0) die("commit", ckptio_writer_last_error(w));
-    ckptio_writer_close(w);
-    MPI_Barrier(MPI_COMM_WORLD);
-    secs = now() - t0;
+    int saves = argc > 4 ? atoi(argv[4]) : 1;
+    char warm[4096];
+    snprintf(warm, sizeof(warm), "%s.warm", dir);
+    if (rank == 0 && saves > 1) mkdir(warm, 0755);
     bytes = (uint64_t)rows * COLS * 4 * NTENSORS;
+    for (int s = 0; s < saves; s++) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = now();
+      ckptio_writer *w = NULL;
+      if (ckptio_writer_open_ranks(ctx, &comm, s ? warm : dir, "model", NULL, &w) < 0)
+        die("open", ckptio_last_open_error());
+      for (int k = 0; k < NTENSORS; k++) {
+        char name[32];
+        snprintf(name, sizeof(name), "layers.%d.w", k);
+        int64_t global[2] = {rows, COLS}, off[2] = {a, 0};
+        ckptio_tensor t = {.name = name, .dtype = CKPTIO_F32, .ndim = 2, .shape = {b - a, COLS}, .data = buf + k * part};
+        if (ckptio_writer_add_part(w, &t, global, off) < 0) die("add", ckptio_writer_last_error(w));
+      }
+      if (ckptio_writer_commit(w) < 0) die("commit", ckptio_writer_last_error(w));
+      ckptio_writer_close(w);
+      MPI_Barrier(MPI_COMM_WORLD);
+      secs = now() - t0;
+      if (rank == 0 && s + 1 < saves)
+        printf("%s ranks=%d bytes=%llu seconds=%.4f read=0\n", s ? "save-warm" : "save", nranks,
+               (unsigned long long)bytes, secs);
+      if (s + 1 < saves) fflush(stdout);
+    }
+    if (saves > 1) mode = "save-warm";
     free(buf);
   } else {
     int columns = !strcmp(mode, "reshard");
