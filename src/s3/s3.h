@@ -33,6 +33,8 @@
 #define CKPTIO_S3_UPLOAD_ID_MAX 1024
 #define CKPTIO_S3_PART_MIN (5u << 20)  /* S3's smallest part but the last */
 #define CKPTIO_S3_PARTS_MAX 10000
+#define CKPTIO_S3_PART_MAX (5ull << 30) /* S3's largest part */
+#define CKPTIO_S3_OBJECT_MAX (5ull << 40) /* and object (5 TiB) */
 
 /* ------------------------------------------------------------ url (url.c) */
 
@@ -138,6 +140,13 @@ int ckptio_s3_list_objects(ckptio_s3_client *c, const char *bucket, const char *
                            ckptio_s3_object_fn fn, void *arg, char *err, size_t errlen);
 
 /* ------------------------------------------------------------ multipart */
+
+/* The part size for an object of total bytes (limits.c, no libcurl): the
+ * caller's preferred size, raised to S3's 5 MiB minimum and to what fits
+ * the object in 10,000 parts, rounded up to a MiB, at most 5 GiB (an
+ * object over 5 TiB does not fit: check total against
+ * CKPTIO_S3_OBJECT_MAX first). */
+uint64_t ckptio_s3_part_size(uint64_t total, uint64_t preferred);
 
 /* CreateMultipartUpload: upload_id gets CKPTIO_S3_UPLOAD_ID_MAX bytes. */
 int ckptio_s3_multipart_create(ckptio_s3_client *c, const char *bucket, const char *key,

@@ -113,6 +113,17 @@ static void test_url(void) {
   CHECK(ckptio_s3_query(q, 3, out, sizeof(out)) > 0 && !strcmp(out, "partNumber=7&uploadId=x%2Fy%2Bz&uploads="),
         "%s", out);
 
+  /* Part sizes: S3's minimum, the 10,000-part cap, whole MiB, 5 GiB. */
+  CHECK(ckptio_s3_part_size(100, 0) == CKPTIO_S3_PART_MIN, "small");
+  CHECK(ckptio_s3_part_size(1ull << 30, 64u << 20) == 64u << 20, "preferred kept");
+  CHECK(ckptio_s3_part_size(1ull << 30, (8u << 20) + 1) == 9u << 20, "rounded to a MiB");
+  uint64_t big = 1ull << 40, ps = ckptio_s3_part_size(big, 8u << 20);
+  CHECK((big + ps - 1) / ps <= CKPTIO_S3_PARTS_MAX && ps % (1u << 20) == 0 && ps < (big / 9000),
+        "1 TiB: %" PRIu64, ps);
+  CHECK(ckptio_s3_part_size(CKPTIO_S3_OBJECT_MAX, 0) == 525u << 20, "5 TiB: %" PRIu64,
+        ckptio_s3_part_size(CKPTIO_S3_OBJECT_MAX, 0));
+  CHECK(ckptio_s3_part_size(0, 1ull << 40) == CKPTIO_S3_PART_MAX, "capped at 5 GiB");
+
   const char xml[] = "<R><KeyCount>2</KeyCount><Key>a&amp;b &lt;&#34;&#x41;&quot;</Key><E/><Key>second</Key></R>";
   const char *end = xml + sizeof(xml) - 1, *b, *e;
   CHECK(ckptio_s3_xml_text(xml, end, "Key", out, sizeof(out)) == 8 && !strcmp(out, "a&b <\"A\""), "%s", out);
