@@ -310,46 +310,69 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
 /* ---------------------------------------------------------------- storage */
 
 /* Where checkpoints live besides local files. A path that starts with
- * "SCHEME://" (SCHEME: letters, digits, '+', '-', '.') names an object of
- * the storage registered for SCHEME on the context; any other path is a
- * local file, read and written as always (O_DIRECT, the page cache,
- * fsync, rename). "s3://bucket/key" is built in where the library was
- * built with libcurl (ckptio_ctx_storage_register need not be called):
- * S3-compatible object storage, credentials and endpoint from
- * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
- * (or AWS_DEFAULT_REGION) and AWS_ENDPOINT_URL (path-style addressing for a
+ * "SCHEME://" (SCHEME: a letter, then letters, digits, '+', '-', '.') names
+ * an object of the storage registered for SCHEME on the context; any other
+ * path is a local file, read and written as always (O_DIRECT, the page
+ * cache, fsync, rename). "s3://bucket/key" is built in where the library
+ * was built with libcurl (no registration needed): S3-compatible object
+ * storage, credentials and endpoint from AWS_ACCESS_KEY_ID,
+ * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (or
+ * AWS_DEFAULT_REGION) and AWS_ENDPOINT_URL (path-style addressing for a
  * custom endpoint), read when the context first opens an s3:// path.
  *
  * A storage is a table of verbs and the caller's `self` handed back to
- * each. The load pipeline uses them for every byte it reads of an object:
- * the header with one small read, tensors with many reads in flight at
- * once (one per worker, each at most a staging chunk), into the staging
- * ring or straight into host destinations, every CRC checked as for a
- * file. Objects are never mapped and never read with O_DIRECT: a zero-copy
- * load (ckptio_reader_map_private, ckptio_reader_view) of one returns
- * CKPTIO_E_FORMAT, and every load method reads through the verbs.
- * Reading: single safetensors files. A .pt archive, a compressed file, a
- * sharded set or a multi-rank checkpoint in a storage is refused with
- * CKPTIO_E_FORMAT naming what is not supported yet; saves to a storage
- * likewise (ckptio_writer_open: CKPTIO_E_FORMAT).
+ * each. The pipelines use them for every byte they move to or from an
+ * object. Loads read the header with one small read and the tensors with
+ * many reads in flight at once (one per worker, each at most a staging
+ * chunk), into the staging ring or straight into host destinations, every
+ * CRC checked as for a file. Objects are never mapped and never read with
+ * O_DIRECT: a zero-copy load (ckptio_reader_map_private, ckptio_reader_view)
+ * of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
+ * object from the worker that filled it, the chunk holding the header
+ * last (once its CRCs are known), then publish: the object appears whole,
+ * or not at all. Supported so far: single safetensors files, loaded and
+ * saved (uncompressed). A .pt archive, a compressed file, a sharded set, a
+ * multi-rank checkpoint or the manager on a storage is refused with
+ * CKPTIO_E_FORMAT naming what is not supported yet.
  *
- * Contract of the verbs (each returns 0 or a negative ckptio code or
- * -errno, with a sentence in err, errlen bytes, naming the object):
+ * Contract of the verbs. Each returns 0 or a negative ckptio code or
+ * -errno (-ENOENT: no such object), and on failure writes a sentence into
+ * err (errlen bytes) naming the object and the cause.
  *  open_read   the object `path` (the whole string, scheme included):
  *              *obj (the storage's handle) and its size in bytes. Called
  *              from the thread opening a reader.
  *  read        exactly len bytes at offset into buf (the caller's memory,
- *              len bytes): anything short is an error, never a short
- *              count. Called from many workers at once on one obj, for
- *              ranges that never pass its size; must be thread-safe.
+ *              len bytes); anything short is an error. Called from many
+ *              workers at once on one obj, for ranges inside its size:
+ *              must be thread-safe.
  *  close_read  releases obj; called once, after every read has returned.
- * The table is versioned (its `size` first, the rule above): set
- * size = sizeof(ckptio_storage_ops). */
+ *  create      a new object `path` of exactly `size` bytes (known before
+ *              any byte is written), invisible until publish: *obj. The
+ *              bytes come in chunks of `chunk` bytes: ranges
+ *              [k * chunk, min((k + 1) * chunk, size)).
+ *  write       one such chunk at offset, len bytes from buf (borrowed for
+ *              the call); each chunk exactly once, in any order, from many
+ *              workers at once: must be thread-safe.
+ *  publish     every chunk written: make the object visible whole,
+ *              replacing an older one of the path atomically (a reader sees
+ *              the old object or the new, never a mix), durable when it
+ *              returns (what "durable" means is the storage's: S3's
+ *              CompleteMultipartUpload; a file's fsync and rename). Frees obj.
+ *  abandon     nothing is published, the path keeps what it had (an S3
+ *              multipart upload is aborted, so no part stays stored); frees
+ *              obj. Called instead of publish after any failure.
+ * The write verbs may be NULL for a read-only storage (saves to it are
+ * refused). The table is versioned (its `size` first, the rule above):
+ * set size = sizeof(ckptio_storage_ops). */
 typedef struct ckptio_storage_ops {
   size_t size;
   int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
   int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
   void (*close_read)(void *self, void *obj);
+  int (*create)(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err, size_t errlen);
+  int (*write)(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
+  int (*publish)(void *self, void *obj, char *err, size_t errlen);
+  void (*abandon)(void *self, void *obj);
 } ckptio_storage_ops;
 
 /*! ckptio_ctx_storage_register() :
@@ -359,7 +382,8 @@ typedef struct ckptio_storage_ops {
  *  against opens on the same context: register first.
  *  @return 0, or CKPTIO_E_INVALID_ARG (a scheme not of letters, digits,
  *          '+', '-', '.' or longer than 31 bytes, "file", ops NULL or
- *          missing a verb, ops->size refused), -ENOMEM (more than 16
+ *          missing a read verb, some but not all write verbs, ops->size
+ *          refused), -ENOMEM (more than 16
  *          schemes); the reason in ckptio_last_open_error. */
 int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self);
 

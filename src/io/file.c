@@ -153,8 +153,37 @@ static int sync_dir(const char *path) {
   return rc;
 }
 
+int ckptio_tmpfile_open_object(ckptio_tmpfile *t, const char *path, uint64_t size, uint64_t chunk,
+                               const ckptio_storage_ops *ops, void *self, char *err, size_t errlen) {
+  memset(t, 0, sizeof(*t));
+  t->fd = t->fd_direct = -1;
+  if (!ops->create)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT, "%s: its storage is read-only (no create verb)", path);
+  if (!(t->path = strdup(path))) return -ENOMEM;
+  int rc = ops->create(self, path, size, chunk, &t->obj, err, errlen);
+  if (rc < 0) {
+    free(t->path);
+    t->path = NULL;
+    return rc;
+  }
+  t->store = ops;
+  t->store_self = self;
+  return 0;
+}
+
+int ckptio_tmpfile_write(ckptio_tmpfile *t, const void *buf, size_t len, uint64_t off, char *err, size_t errlen) {
+  if (t->store) return t->store->write(t->store_self, t->obj, buf, len, off, err, errlen);
+  return ckptio_pwrite_full(t->fd_direct >= 0 ? t->fd_direct : t->fd, buf, len, off);
+}
+
 int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_held *held, char *err, size_t errlen) {
   int rc = 0, inject;
+  if (t->store) { /* published whole by the storage, or not at all */
+    rc = t->store->publish(t->store_self, t->obj, err, errlen);
+    t->obj = NULL; /* publish frees it either way */
+    ckptio_tmpfile_abort(t);
+    return rc;
+  }
   if (ftruncate(t->fd, (off_t)size) < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
                         (unsigned long long)size, ckptio_errno_text(errno));
@@ -192,6 +221,7 @@ fail:
 }
 
 void ckptio_tmpfile_abort(ckptio_tmpfile *t) {
+  if (t->store && t->obj) t->store->abandon(t->store_self, t->obj);
   if (t->fd_direct >= 0) close(t->fd_direct);
   if (t->fd >= 0) close(t->fd);
   if (t->tmp) unlink(t->tmp);

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckptio.h"
 #include "core/hold.h"
 
 /* A file being written: `fd` is buffered, `fd_direct` is the same file opened
@@ -16,6 +17,10 @@ typedef struct ckptio_tmpfile {
   char *tmp;    /* temp path in the same directory */
   int fd;
   int fd_direct;
+  /* An object of a storage instead (ckptio_tmpfile_open_object): fds -1,
+   * no temp path; published by commit, abandoned by abort. */
+  const ckptio_storage_ops *store;
+  void *store_self, *obj;
 } ckptio_tmpfile;
 
 /* Creates the temp file next to `path` (mode 0666 less umask) and sizes it
@@ -32,6 +37,18 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
 int ckptio_tmpfile_commit(ckptio_tmpfile *t, uint64_t size, int sync, ckptio_held *held, char *err, size_t errlen);
 /* Closes and removes the temp file. Safe after a failed commit. */
 void ckptio_tmpfile_abort(ckptio_tmpfile *t);
+
+/* A new object `path` of a storage (its verbs and self outlive t), of
+ * `size` bytes written in chunks of `chunk` (ckptio_storage_ops.create).
+ * @return 0, or a code with the storage's sentence in err; CKPTIO_E_FORMAT
+ * for a read-only storage. */
+int ckptio_tmpfile_open_object(ckptio_tmpfile *t, const char *path, uint64_t size, uint64_t chunk,
+                               const ckptio_storage_ops *ops, void *self, char *err, size_t errlen);
+/* len bytes at off: to the object, else to the O_DIRECT descriptor where
+ * there is one (the caller's buffer and range page-aligned), else the
+ * buffered one. @return 0 or a code; an object's failure writes the
+ * storage's sentence into err, a file's leaves err for the caller. */
+int ckptio_tmpfile_write(ckptio_tmpfile *t, const void *buf, size_t len, uint64_t off, char *err, size_t errlen);
 
 /* Writes / reads all len bytes at off, retrying short transfers.
  * @return 0, -errno, or CKPTIO_E_SHORT_IO when the OS moved nothing. */

@@ -40,6 +40,8 @@ typedef struct chunk_job {
   unsigned char *slot;
   uint64_t gpu_mask;      /* GPUs with copies into this slot in flight */
   uint64_t tensor_bytes;  /* of tensors, in the chunk (progress) */
+  unsigned char *held;    /* an object's chunk that holds CRCs: its slot,
+                             written once they are in (write_held) */
 } chunk_job;
 
 #define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
@@ -118,6 +120,13 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
                         w->opts.compress_level);
   if (rc == 0 && w->opts.shuffle && !w->opts.compress_level)
     rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_INVALID_ARG, "%s: shuffle needs compress_level", path);
+  const ckptio_storage *st = NULL;
+  int object = rc == 0 ? ckptio_storages_find(ctx->storages, path, &st, w->base.err, sizeof(w->base.err)) : 0;
+  if (object < 0) rc = object;
+  else if (object && (format != CKPTIO_FORMAT_SAFETENSORS || w->opts.compress_level))
+    rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,
+                        "%s: a %s in a storage is not supported yet (uncompressed safetensors files are)", path,
+                        w->opts.compress_level ? "compressed file" : "PyTorch archive");
   if (rc < 0 && w->base.err[0]) snprintf(err, CKPTIO_ERRLEN, "%s", w->base.err);
   if (rc < 0 || !(w->path = strdup(path))) {
     free(w);
@@ -419,12 +428,23 @@ static void chunk_end(chunk_job *j, int rc, const char *msg) {
 /* The bytes of a chunk, at `from`, to the file at its offset. */
 static int write_chunk(file_writer *w, const unsigned char *from, size_t len, uint64_t start, char *msg, size_t mlen) {
   uint64_t t = ckptio_now_ns();
-  int rc = ckptio_pwrite_full(w->file.fd_direct >= 0 ? w->file.fd_direct : w->file.fd, from, len, start);
+  msg[0] = '\0';
+  int rc = ckptio_tmpfile_write(&w->file, from, len, start, msg, mlen);
   ckptio_lap(&w->timers.write_ns, &t);
-  if (rc < 0)
+  if (rc < 0 && !msg[0])
     snprintf(msg, mlen, "%s: write of %zu bytes at offset %llu failed: %s", w->path, len, (unsigned long long)start,
              ckptio_strerror(rc));
   return rc;
+}
+
+/* Whether [start, end) holds bytes that change once the CRCs are known
+ * (the header): an object cannot be written twice, so such a chunk waits. */
+static int holds_crcs(const file_writer *w, uint64_t start, uint64_t end) {
+  for (size_t x = 0; x < w->layout.nextents; x++) {
+    const ckptio_extent *e = &w->layout.extents[x];
+    if (e->holds_crc && e->offset < end && e->offset + e->len > start) return 1;
+  }
+  return 0;
 }
 
 /* Whether O_DIRECT can write a chunk from the caller's memory itself: host
@@ -483,7 +503,11 @@ static void chunk_write_run(void *arg) {
   chunk_range(w, j->index, &start, &end);
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
-  if (!ckptio_batch_failed(&w->batch)) {
+  if (!ckptio_batch_failed(&w->batch) && w->file.store && holds_crcs(w, start, end)) {
+    j->held = j->slot; /* kept from the ring until write_held */
+    j->slot = NULL;
+    atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
+  } else if (!ckptio_batch_failed(&w->batch)) {
     size_t len = (size_t)(end - start);
     if (w->file.fd_direct >= 0) {
       /* O_DIRECT wants whole pages: the tail is padded with zeros and the
@@ -603,6 +627,34 @@ static int rewrite_crc_extents(file_writer *w) {
   return 0;
 }
 
+/* An object's chunks that waited for the CRCs: the extents patched in
+ * their slots, then each written once. */
+static int write_held(file_writer *w) {
+  int rc = 0;
+  for (uint64_t c = 0; c < w->nchunks && rc == 0; c++) {
+    unsigned char *slot = w->jobs[c].held;
+    if (!slot) continue;
+    uint64_t start, end;
+    chunk_range(w, c, &start, &end);
+    for (size_t x = 0; x < w->layout.nextents; x++) {
+      const ckptio_extent *e = &w->layout.extents[x];
+      uint64_t a = e->offset > start ? e->offset : start, b = e->offset + e->len < end ? e->offset + e->len : end;
+      if (e->holds_crc && a < b) memcpy(slot + (a - start), e->bytes + (a - e->offset), (size_t)(b - a));
+    }
+    rc = write_chunk(w, slot, (size_t)(end - start), start, w->base.err, sizeof(w->base.err));
+  }
+  return rc;
+}
+
+/* The held slots back to the ring, whatever became of the save. */
+static void release_held(file_writer *w) {
+  for (uint64_t c = 0; w->jobs && c < w->nchunks; c++)
+    if (w->jobs[c].held) {
+      ckptio_ring_release(w->ctx->ring, w->jobs[c].held);
+      w->jobs[c].held = NULL;
+    }
+}
+
 /* On the caller's thread, at the commit call: an event on each GPU's
  * producing stream marks the work the snapshot must include (the caller's
  * current GPU is restored: a library must not move it). The coordinator's
@@ -640,12 +692,12 @@ static int queue_chunks(file_writer *w) {
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
     if (in_place(w, c, start, end)) { /* no slot: at the back, behind the copies */
-      *j = (chunk_job){w, c, NULL, 0, 0};
+      *j = (chunk_job){w, c, NULL, 0, 0, NULL};
       ckptio_batch_add(&w->batch, 1);
       if (ckptio_pool_add(w->ctx->pool, chunk_in_place_run, j) < 0) chunk_in_place_run(j);
       continue;
     }
-    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0};
+    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0, NULL};
     int rc = slot_copied(w, j->slot);
     if (rc == 0 && w->gpus_used) rc = start_gpu_copies(w, j, start, end);
     if (rc < 0) {
@@ -724,6 +776,30 @@ static int zsave_open(file_writer *w) {
   return rc;
 }
 
+/* A save to an object of a storage: the same chunks, written through its
+ * verbs (never in place: fd_direct stays -1), the header's chunk last,
+ * then published. */
+static int save_object(file_writer *w, const ckptio_storage *st) {
+  int rc = ckptio_tmpfile_open_object(&w->file, w->path, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
+                                      &st->ops, st->self, w->base.err, sizeof(w->base.err));
+  if (rc < 0) return rc;
+  if ((rc = plan_chunks(w)) < 0 || (rc = queue_chunks(w)) < 0) goto fail;
+  uint64_t t = ckptio_now_ns();
+  if (w->layout.set_crc) combine_crcs(w);
+  rc = write_held(w);
+  release_held(w);
+  if (rc < 0) goto fail;
+  ckptio_lap(&w->timers.write_ns, &t);
+  ckptio_held held = {0};
+  rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
+  ckptio_lap(&w->timers.commit_ns, &t);
+  return rc;
+fail:
+  release_held(w);
+  ckptio_tmpfile_abort(&w->file);
+  return rc;
+}
+
 static int save_run(file_writer *w) {
   int rc = make_layout(w);
   if (rc < 0) return rc;
@@ -731,6 +807,14 @@ static int save_run(file_writer *w) {
   uint64_t final_size = w->layout.file_size;
   int direct = compress ? 0 : w->opts.direct_io;
   uint64_t size = compress ? 0 : w->layout.file_size;
+  const ckptio_storage *st = NULL;
+  if ((rc = ckptio_storages_find(w->ctx->storages, w->path, &st, w->base.err, sizeof(w->base.err))) < 0) return rc;
+  if (rc == 1) {
+    if (w->hold) /* a set's or a multi-rank checkpoint's file */
+      return ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,
+                            "%s: sharded sets and multi-rank checkpoints in a storage are not supported yet", w->path);
+    return save_object(w, st);
+  }
   rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   /* No space yet: the blocks of files that earlier saves replaced may still
    * be on their way back (release.h). */

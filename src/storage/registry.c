@@ -74,9 +74,12 @@ int ckptio_storages_register(ckptio_storages *t, const char *scheme, const ckpti
   memset(&o, 0, sizeof(o));
   int rc = ckptio_sized_in(ops, &o, sizeof(o), "ckptio_storage_ops", err, errlen);
   if (rc < 0) return rc;
-  if (!o.open_read || !o.read || !o.close_read)
+  int writes = !!o.create + !!o.write + !!o.publish + !!o.abandon;
+  if (!o.open_read || !o.read || !o.close_read || (writes && writes != 4))
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG,
-                          "storage '%s': open_read, read and close_read are all required", scheme);
+                          "storage '%s': open_read, read and close_read are required, and create, write, "
+                          "publish and abandon all or none",
+                          scheme);
   pthread_mutex_lock(&t->mu);
   entry *e = lookup(t, scheme, len);
   if (!e && t->n == SCHEMES_MAX) rc = -ENOMEM;

@@ -1,7 +1,17 @@
 /* The built-in S3 storage (storage.h): the public verbs over the S3
  * client room, one client (with its pool of keep-alive connections) per
- * context, made from the environment on the first s3:// open. */
+ * context, made from the environment on the first s3:// open.
+ *
+ * Saves: an object of one chunk is held and PUT at publish; a larger one
+ * is a multipart upload whose parts are whole runs of m chunks (m = 1
+ * unless a chunk is under S3's 5 MiB part minimum or the object would need
+ * more than 10,000 parts), each uploaded from the worker that wrote its
+ * last chunk: straight from the caller's buffer when m = 1, else from a
+ * part buffer the chunks are copied into. CompleteMultipartUpload is the
+ * atomic publish; every failure aborts the upload, and a publish aborts
+ * the uploads of the same key that crashed saves left open. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,9 +64,161 @@ static void s3_close_read(void *self, void *obj) {
   free(obj);
 }
 
+/* ------------------------------------------------------------ saves */
+
+typedef struct s3_upload {
+  ckptio_s3_url url;
+  uint64_t size, part;       /* part: bytes of every part but the last */
+  int nparts;                /* 0: one PUT of `whole` at publish */
+  char upload_id[CKPTIO_S3_UPLOAD_ID_MAX];
+  ckptio_s3_part *parts;     /* [nparts]: etag set once uploaded */
+  pthread_mutex_t mu;        /* the part buffers and their fill counts */
+  unsigned char **buf;       /* [nparts] when a part is several chunks */
+  uint64_t *filled;
+  unsigned char *whole;
+} s3_upload;
+
+static uint64_t part_len(const s3_upload *u, int i) {
+  uint64_t at = (uint64_t)i * u->part;
+  return u->size - at < u->part ? u->size - at : u->part;
+}
+
+static void upload_free(s3_upload *u) {
+  for (int i = 0; u->buf && i < u->nparts; i++) free(u->buf[i]);
+  free(u->buf);
+  free(u->filled);
+  free(u->parts);
+  free(u->whole);
+  pthread_mutex_destroy(&u->mu);
+  free(u);
+}
+
+static int s3_create(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err,
+                     size_t errlen) {
+  s3_upload *u = calloc(1, sizeof(*u));
+  if (!u) return -ENOMEM;
+  pthread_mutex_init(&u->mu, NULL);
+  u->size = size;
+  int rc = ckptio_s3_url_parse(path, &u->url, err, errlen);
+  if (rc == 0 && !u->url.key[0])
+    rc = ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "%s: names a bucket, not an object", path);
+  if (rc == 0 && size <= chunk) {
+    if (!(u->whole = malloc(size ? size : 1))) rc = -ENOMEM;
+  } else if (rc == 0) {
+    uint64_t m = (CKPTIO_S3_PART_MIN + chunk - 1) / chunk, per = chunk * CKPTIO_S3_PARTS_MAX;
+    if ((size + per - 1) / per > m) m = (size + per - 1) / per;
+    u->part = m * chunk;
+    u->nparts = (int)((size + u->part - 1) / u->part);
+    u->parts = calloc((size_t)u->nparts, sizeof(*u->parts));
+    if (m > 1) {
+      u->buf = calloc((size_t)u->nparts, sizeof(*u->buf));
+      u->filled = calloc((size_t)u->nparts, sizeof(*u->filled));
+    }
+    if (!u->parts || (m > 1 && (!u->buf || !u->filled))) rc = -ENOMEM;
+    if (rc == 0) rc = ckptio_s3_multipart_create(self, u->url.bucket, u->url.key, u->upload_id, err, errlen);
+  }
+  if (rc < 0) {
+    upload_free(u);
+    return rc;
+  }
+  *obj = u;
+  return 0;
+}
+
+static int upload_part(void *self, s3_upload *u, int i, const void *buf, char *err, size_t errlen) {
+  u->parts[i].number = i + 1;
+  return ckptio_s3_multipart_upload_part(self, u->url.bucket, u->url.key, u->upload_id, i + 1, buf,
+                                         (size_t)part_len(u, i), u->parts[i].etag, err, errlen);
+}
+
+static int s3_write(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen) {
+  s3_upload *u = obj;
+  if (offset > u->size || len > u->size - offset)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "s3://%s/%s: %zu bytes at %llu pass its %llu bytes",
+                          u->url.bucket, u->url.key, len, (unsigned long long)offset, (unsigned long long)u->size);
+  if (u->whole) {
+    memcpy(u->whole + offset, buf, len);
+    return 0;
+  }
+  int i = (int)(offset / u->part);
+  if (!u->buf) return upload_part(self, u, i, buf, err, errlen); /* a chunk is a part */
+  /* A part of several chunks: copied into its buffer; whoever completes it
+   * uploads it. Chunks never straddle parts (a part is whole chunks). */
+  pthread_mutex_lock(&u->mu);
+  if (!u->buf[i]) u->buf[i] = malloc((size_t)part_len(u, i));
+  unsigned char *b = u->buf[i];
+  pthread_mutex_unlock(&u->mu);
+  if (!b) return -ENOMEM;
+  memcpy(b + (offset - (uint64_t)i * u->part), buf, len);
+  pthread_mutex_lock(&u->mu);
+  int full = (u->filled[i] += len) == part_len(u, i);
+  pthread_mutex_unlock(&u->mu);
+  if (!full) return 0;
+  int rc = upload_part(self, u, i, b, err, errlen);
+  pthread_mutex_lock(&u->mu);
+  free(u->buf[i]);
+  u->buf[i] = NULL;
+  pthread_mutex_unlock(&u->mu);
+  return rc;
+}
+
+/* After a publish: uploads of the same key left open by saves that died
+ * before their own publish or abort (they would stay stored, and billed).
+ * Best effort: the new object is in place whatever this finds. */
+typedef struct sweep {
+  void *self;
+  const s3_upload *u;
+} sweep;
+
+static int sweep_one(void *arg, const char *key, const char *upload_id) {
+  sweep *w = arg;
+  char ignored[256];
+  if (!strcmp(key, w->u->url.key) && strcmp(upload_id, w->u->upload_id))
+    ckptio_s3_multipart_abort(w->self, w->u->url.bucket, key, upload_id, ignored, sizeof(ignored));
+  return 0;
+}
+
+static int s3_publish(void *self, void *obj, char *err, size_t errlen) {
+  s3_upload *u = obj;
+  int rc = 0;
+  if (u->whole) {
+    rc = ckptio_s3_put_object(self, u->url.bucket, u->url.key, u->whole, (size_t)u->size, NULL, err, errlen);
+  } else {
+    for (int i = 0; i < u->nparts && rc == 0; i++)
+      if (!u->parts[i].etag[0])
+        rc = ckptio_err_fmt(err, errlen, CKPTIO_E_STATE, "s3://%s/%s: part %d of %d was never written",
+                            u->url.bucket, u->url.key, i + 1, u->nparts);
+    if (rc == 0)
+      rc = ckptio_s3_multipart_complete(self, u->url.bucket, u->url.key, u->upload_id, u->parts, u->nparts, err,
+                                        errlen);
+    if (rc < 0) {
+      char ignored[256];
+      ckptio_s3_multipart_abort(self, u->url.bucket, u->url.key, u->upload_id, ignored, sizeof(ignored));
+    }
+  }
+  if (rc == 0) {
+    char ignored[256];
+    sweep w = {self, u};
+    ckptio_s3_list_uploads(self, u->url.bucket, u->url.key, sweep_one, &w, ignored, sizeof(ignored));
+  }
+  upload_free(u);
+  return rc;
+}
+
+static void s3_abandon(void *self, void *obj) {
+  s3_upload *u = obj;
+  char ignored[256];
+  if (u->nparts) ckptio_s3_multipart_abort(self, u->url.bucket, u->url.key, u->upload_id, ignored, sizeof(ignored));
+  upload_free(u);
+}
+
 const ckptio_storage_ops ckptio_s3_storage_ops = {
     .size = sizeof(ckptio_storage_ops),
     .open_read = s3_open_read,
     .read = s3_read,
     .close_read = s3_close_read,
+    .create = s3_create,
+    .write = s3_write,
+    .publish = s3_publish,
+    .abandon = s3_abandon,
 };

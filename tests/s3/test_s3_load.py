@@ -121,3 +121,37 @@ def test_wrong_secret_is_refused_with_the_servers_code(s3, tmp_path):
     out = subprocess.run([sys.executable, "-c", script, url], env=env, capture_output=True, text=True,
                          timeout=120).stdout
     assert "403" in out and url.split("//")[1].split("/")[0] in out, out
+
+
+def test_saves_to_s3_read_by_boto3_safetensors_and_runai(s3, tmp_path):
+    """ckptio.torch.save_file to s3:// publishes an object that the real
+    safetensors (after a boto3 download) and runai-model-streamer (reading
+    S3 itself) load bit for bit; no multipart upload stays open."""
+    t = state()
+    url = f"s3://{s3.bucket}/saved/model.safetensors"
+    ct.save_file(t, url, metadata={"step": "7"})
+    c = client(s3)
+    assert not c.list_multipart_uploads(Bucket=s3.bucket, Prefix="saved/").get("Uploads")
+    c.download_file(s3.bucket, "saved/model.safetensors", str(tmp_path / "dl.safetensors"))
+    import safetensors.torch
+    sd = safetensors.torch.load_file(str(tmp_path / "dl.safetensors"))
+    for name in t:
+        assert torch.equal(sd[name], t[name]), name
+    with ct.safe_open(url, "pt") as f:
+        assert f.metadata()["step"] == "7"
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+    except ImportError:
+        pytest.skip("runai-model-streamer is not installed (scripts/setup.sh puts it in .venv)")
+    import subprocess
+    script = ("import sys, torch\nfrom runai_model_streamer import SafetensorsStreamer\n"
+              "out = {}\nwith SafetensorsStreamer() as s:\n    s.stream_file(sys.argv[1])\n"
+              "    for k, v in s.get_tensors():\n        out[k] = v.clone()\n"
+              "torch.save(out, sys.argv[2])\n")
+    env = dict(os.environ, RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0", AWS_EC2_METADATA_DISABLED="true")
+    r = subprocess.run([sys.executable, "-c", script, url, str(tmp_path / "runai.pt")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = torch.load(tmp_path / "runai.pt")
+    for name in t:
+        assert torch.equal(got[name], t[name]), name
