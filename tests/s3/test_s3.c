@@ -4,6 +4,7 @@
  * port that refuses connections, replies no real server gives on demand).
  *
  *   test_s3 GROUP            run one group: url retry server kill freeze
+ *   test_s3 has-s3           exit 0 in a build with S3, else 77 saying why
  *   test_s3 cat KEY          the object's bytes to stdout (interop tests)
  *   test_s3 put KEY FILE     one PUT
  *   test_s3 upload KEY FILE THREADS  a multipart upload (5 MiB parts)
@@ -870,6 +871,12 @@ int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_s3 url|retry|server|kill|freeze, or a tool (see the file's head)\n");
     return 2;
+  }
+  if (!strcmp(argv[1], "has-s3")) {
+    /* 0 when this build has the S3 client, else 77 with absent.c's reason. */
+    ckptio_s3_config creds = {.access_key = "k", .secret_key = "s"};
+    ckptio_s3_client_free(client_or_die(&creds));
+    return 0;
   }
   if (!strcmp(argv[1], "cat") || !strcmp(argv[1], "put") || !strcmp(argv[1], "upload") || !strcmp(argv[1], "bench"))
     return tool(argc, argv);
