@@ -162,7 +162,7 @@ static void *liar_main(void *arg) {
   liar *l = arg;
   for (;;) {
     int cfd = accept(l->fd, NULL, NULL);
-    if (cfd < 0 || l->stop) {
+    if (cfd < 0 || __atomic_load_n(&l->stop, __ATOMIC_SEQ_CST)) {
       if (cfd >= 0) close(cfd);
       return NULL;
     }
@@ -202,7 +202,7 @@ static void liar_start(liar *l, const char *reply) {
 }
 
 static void liar_stop(liar *l) {
-  l->stop = 1;
+  __atomic_store_n(&l->stop, 1, __ATOMIC_SEQ_CST);
   int s = socket(AF_INET, SOCK_STREAM, 0); /* wake accept() */
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
                           .sin_port = htons((uint16_t)l->port)};
@@ -250,10 +250,38 @@ static void test_retry(void) {
   ckptio_s3_client_stats(c, &st);
   CHECK(rc == -EAGAIN && strstr(err, "HTTP 503 SlowDown: Please reduce") && strstr(err, "after 3 attempts"),
         "rc %d: %s", rc, err);
-  CHECK(st.attempts == 3 && l.served == 3, "attempts %" PRIu64 ", served %d", st.attempts, l.served);
+  CHECK(st.attempts == 3 && __atomic_load_n(&l.served, __ATOMIC_SEQ_CST) == 3, "attempts %" PRIu64 ", served %d", st.attempts, l.served);
   printf("throttled: %s\n", err);
   ckptio_s3_client_free(c);
   liar_stop(&l);
+
+  /* 500 InternalError and 429 are retried too; then -EIO / -EAGAIN. A
+   * connection closed with no reply (a reset) is retried, then
+   * -ECONNRESET. A 400 is not retried. */
+  struct {
+    const char *reply, *says;
+    int attempts, code;
+  } more[] = {
+      {"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 84\r\n\r\n"
+       "<Error><Code>InternalError</Code><Message>We encountered an error.</Message></Error>",
+       "HTTP 500 InternalError: We encountered an error.", 3, -EIO},
+      {"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n", "HTTP 429", 3, -EAGAIN},
+      {"", "Empty reply from server", 3, -ECONNRESET},
+      {"HTTP/1.1 400 Bad Request\r\nContent-Length: 75\r\n\r\n"
+       "<Error><Code>InvalidArgument</Code><Message>Bad argument.</Message></Error>",
+       "HTTP 400 InvalidArgument: Bad argument.", 1, CKPTIO_E_INVALID_ARG},
+  };
+  for (size_t k = 0; k < sizeof(more) / sizeof(more[0]); k++) {
+    liar_start(&l, more[k].reply);
+    c = client_at(l.port, 3);
+    rc = ckptio_s3_get_range(c, "bkt", "k", 0, 10, buf, err, sizeof(err));
+    ckptio_s3_client_stats(c, &st);
+    CHECK(rc == more[k].code && strstr(err, more[k].says), "case %zu: rc %d: %s", k, rc, err);
+    CHECK(st.attempts == (uint64_t)more[k].attempts && __atomic_load_n(&l.served, __ATOMIC_SEQ_CST) == more[k].attempts,
+          "case %zu: %" PRIu64 " attempts, %d served", k, st.attempts, l.served);
+    ckptio_s3_client_free(c);
+    liar_stop(&l);
+  }
 
   /* A body cut short of its Content-Length: an error, never short data. */
   liar_start(&l, "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-99/1000\r\nContent-Length: 100\r\n\r\n"
