@@ -130,14 +130,18 @@ class WeedServer:
         self.dir = tempfile.mkdtemp(prefix="weed-", dir=self.parent)
         t0 = time.monotonic()
         last = None
-        for _ in range(3):  # a port taken between free_ports() and weed's bind
-            try:
-                self._start_once()
-                self.startup_seconds = time.monotonic() - t0
-                return self
-            except RuntimeError as e:
-                last = e
-                self.stop(remove_dir=False)
+        try:
+            for _ in range(3):  # a port taken between free_ports() and weed's bind
+                try:
+                    self._start_once()
+                    self.startup_seconds = time.monotonic() - t0
+                    return self
+                except RuntimeError as e:
+                    last = e
+                    self.stop(remove_dir=False)
+        except BaseException:  # Unavailable, ^C: no weed left behind
+            self.stop()
+            raise
         self.stop()
         raise RuntimeError("weed did not start after 3 tries: %s" % last)
 
@@ -196,6 +200,8 @@ class WeedServer:
             ok = c.get_object(Bucket=probe, Key=".probe")["Body"].read() == b"ok"
             c.delete_object(Bucket=probe, Key=".probe")
             return ok
+        except Unavailable:
+            raise
         except Exception as e:  # not up yet (no volume server registered, ...)
             self.last_ready_error = e
             return False
