@@ -21,6 +21,7 @@ import os
 import platform
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -878,6 +879,14 @@ def run_case(c, raw, kind, target, runs, d, rows, log, fresh, steps_on=STEPS):
     files = {k: base + "." + k + FILE_EXT[k] for k in sorted(load_keys | save_keys)}
     raw_path = base + ".raw"
     nofsync_path = base + ".nofsync"
+    # Every file of the case, the raw file and a no-fsync save exist at once
+    # (4 GiB x 7 with --peers2 --big): refuse before writing, not half way.
+    need = (len(files) + 2) * raw_n + (1 << 30)
+    free = shutil.disk_usage(d).free
+    if free < need:
+        raise SystemExit(f"{d}: {free / 2**30:.1f} GiB free, this case needs {need / 2**30:.1f} "
+                         "GiB (its files, the raw file, a no-fsync save, 1 GiB spare)")
+    log(f"  disk: {free / 2**30:.1f} GiB free in {d}, the case needs {need / 2**30:.1f} GiB")
     case = {"model": kind, "size": label, "bytes": nbytes, "tensors": len(specs), "desc": desc,
             "fresh": fresh}
     if PRIME["on"]:
@@ -1350,6 +1359,29 @@ def format_goals(rows, cases, goal_list=GOALS):
     return "\n".join(lines), goals
 
 
+def format_rounds(rows, cases):
+    """Every round's ratio of each ckptio load of the second ring to each
+    peer's load of the same round (cold page cache), and their median."""
+    lines = ["| case | ckptio | / peer | per round | median |", "|---|---|---|---|---|"]
+    for case in cases:
+        m, sz = case["model"], case["size"]
+        mine = [r for r in rows if (r["model"], r["size"], r["op"]) == (m, sz, "load_cold")]
+        by = {}
+        for r in mine:
+            by.setdefault(r["contender"], {})[r["run"]] = r["gbps"]
+        peers = [n for n in by if not n.startswith(("ckptio", "raw"))]
+        for ck in ("ckptio_default", "ckptio_torch_copy", "ckptio_stream"):
+            if ck not in by:
+                continue
+            for p in peers:
+                ratios = [by[ck][k] / by[p][k] for k in sorted(by[ck]) if k in by[p]]
+                if ratios:
+                    lines.append(f"| {m} {sz} | {ck} | {p} | "
+                                 + ", ".join(f"{x:.2f}" for x in ratios)
+                                 + f" | {med(ratios):.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def draw(summary, cases, png):
     import matplotlib
     matplotlib.use("Agg")
@@ -1592,6 +1624,10 @@ def main():
         log("\n## Goals of issue 26 (the second ring: per-round ratios, median of the rounds)\n")
         log(goals_md)
         goals += goals26
+    rounds_md = format_rounds(rows, cases)
+    if rounds_md:
+        log("\n## Cold loads, ckptio / each peer, round by round (the second ring)\n")
+        log(rounds_md)
 
     keys = []
     for r in rows:
