@@ -835,6 +835,7 @@ def step_child(step):
     c = Contenders()
     specs = model_specs(step["kind"], step["target"])[0]
     sd = build_state_dict(c.torch, specs) if step["op"] == "save" or step["verify"] else None
+    c.prepare(step["name"])  # a peer's module, imported before the clock
     gc.collect()
     if step["op"] == "save":
         dt, _, u = timed(lambda: SAVE_BY_NAME[step["name"]][3](c, sd, step["path"],
