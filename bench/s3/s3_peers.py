@@ -1,0 +1,391 @@
+"""Loads from object storage (issue 27, the "bench" bullet): ckptio next to
+runai-model-streamer and boto3 + safetensors on one safetensors object in a
+real S3 server (SeaweedFS's `weed` on 127.0.0.1, tests/s3/weed_server.py),
+each load in a fresh interpreter with every byte of every tensor read, the
+order of the contenders rotated each round, and beside them the server's
+own ceiling measured in the same round: parallel ranged GETs of the same
+object by plain clients (bench/s3/s3_get.c over libcurl; boto3 in threads).
+
+Run it through bench/s3/run.sh, which builds the library and s3_get and
+picks the interpreter; `python s3_peers.py --help` lists the options.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "s3"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
+import peers  # noqa: E402  (the state-dict builder, sizes and the touch pass)
+import weed_server  # noqa: E402
+
+# runai-model-streamer reads S3 itself (the AWS C++ SDK): the endpoint from
+# AWS_ENDPOINT_URL, credentials from the environment, and path-style
+# addressing (a bucket in the path, as weed on 127.0.0.1 needs) only when
+# asked with this variable.
+RUNAI_ENV = {"RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0"}
+
+LOADERS = {
+    "ckptio": "ckptio.torch.load_file(s3://...) (defaults)",
+    "runai_stream": "runai SafetensorsStreamer, each tensor touched as yielded",
+    "runai_keep": "runai SafetensorsStreamer, each tensor cloned (a state dict kept)",
+    "boto3_st": "boto3 download_file to a local file + safetensors.torch.load_file",
+}
+# The ceiling: the best of these in each round. 8 MiB ranges, as ckptio's
+# staging chunk and runai's S3 block; 16 and 32 in flight (runai's streamer
+# concurrency, ckptio's workers).
+CEILINGS = {
+    "get_c16": ("libcurl, 16 threads x 8 MiB ranged GETs into one buffer", ("c", 16, 8 << 20)),
+    "get_c32": ("libcurl, 32 threads x 8 MiB ranged GETs into one buffer", ("c", 32, 8 << 20)),
+    "get_py16": ("boto3 get_object, 16 threads x 8 MiB ranges, bytes discarded", ("py", 16, 8 << 20)),
+}
+# References, shown but outside the ceiling: the best way again into fresh,
+# untouched memory, whose page faults a loader filling new tensors pays
+# too (about 20 us per 4 KiB page on these VMs).
+REFERENCES = {
+    "get_c16_fresh": ("libcurl, 16 threads x 8 MiB into fresh memory (reference)", ("c", 16, 8 << 20)),
+}
+WAYS = dict(CEILINGS, **REFERENCES)
+RATIOS = [("ckptio / runai stream", "runai_stream"), ("ckptio / runai keep", "runai_keep"),
+          ("ckptio / boto3 + safetensors", "boto3_st"), ("ckptio / ceiling", "ceiling"),
+          ("ckptio / libcurl into fresh memory (reference)", "get_c16_fresh")]
+GOALS = {"runai_stream": 1.1, "runai_keep": 1.1, "ceiling": 0.9}
+
+
+def vm_status(field):
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ------------------------------------------------------------------ children
+
+def child(a):
+    """One timed load in this fresh interpreter: imports first (untimed),
+    then the load and the touch pass inside the clock. Prints one JSON line."""
+    import torch  # noqa: F401
+    import ckptio.torch as ct
+    bucket, key = a.url[len("s3://"):].split("/", 1)
+    out = {"name": a.child}
+    kind = a.child
+    if kind.startswith("get_py"):
+        import boto3
+        from concurrent.futures import ThreadPoolExecutor
+        threads, chunk = CEILINGS[kind][1][1:]
+        c = boto3.client("s3")
+        size = c.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        c.get_object(Bucket=bucket, Key=key, Range="bytes=0-0")["Body"].read()  # client warmed
+
+        def get(off):
+            end = min(off + chunk, size) - 1
+            return len(c.get_object(Bucket=bucket, Key=key, Range=f"bytes={off}-{end}")["Body"].read())
+        base = vm_status("VmRSS")
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(threads) as ex:
+            got = sum(ex.map(get, range(0, size, chunk)))
+        out["seconds"] = time.monotonic() - t0
+        out["bytes"] = got
+        out["ok"] = got == size
+    else:
+        from runai_model_streamer import SafetensorsStreamer
+        import safetensors.torch
+        import boto3
+        local = os.path.join(a.workdir, f"boto3-{os.getpid()}.safetensors")
+        total = [0, 0]  # touch sum, tensor bytes
+
+        def consume(_name, t):
+            total[0] += peers.touch_one(t)
+            total[1] += t.numel() * t.element_size()
+        base = vm_status("VmRSS")
+        t0 = time.monotonic()
+        if kind in ("ckptio", "ckptio_alt"):  # the same call; alt: another CKPTIO_LIB
+            for k, t in ct.load_file(a.url).items():
+                consume(k, t)
+        elif kind == "runai_stream":
+            with SafetensorsStreamer() as st:
+                st.stream_file(a.url)
+                for k, t in st.get_tensors():
+                    consume(k, t)
+        elif kind == "runai_keep":
+            with SafetensorsStreamer() as st:
+                st.stream_file(a.url)
+                kept = {k: t.clone() for k, t in st.get_tensors()}
+            for k, t in kept.items():
+                consume(k, t)
+        elif kind == "boto3_st":
+            try:
+                boto3.client("s3").download_file(bucket, key, local)
+                for k, t in safetensors.torch.load_file(local).items():
+                    consume(k, t)
+            finally:
+                out["seconds"] = time.monotonic() - t0
+                if os.path.exists(local):
+                    os.unlink(local)
+        else:
+            raise SystemExit(f"unknown contender {kind}")
+        out.setdefault("seconds", time.monotonic() - t0)
+        out["bytes"], out["sum"] = total[1], total[0]
+        out["ok"] = total[0] == a.sum and total[1] == a.bytes
+    out["rss_base"] = base
+    out["peak_rss"] = vm_status("VmHWM")
+    print("S3PEERS " + json.dumps(out), flush=True)
+
+
+def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=()):
+    """A contender in a new process; returns its JSON (with "wall").
+    wrap: a command the child runs under (strace, for --diagnose)."""
+    if name == "ckptio_alt":
+        env = dict(env, CKPTIO_LIB=alt_lib)
+    if name.startswith("get_c"):
+        threads, chunk = WAYS[name][1][1:]
+        cmd = [s3_get, *url[len("s3://"):].split("/", 1), str(threads), str(chunk),
+               "fresh" if name.endswith("_fresh") else "buffer"]
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--url", url,
+               "--bytes", str(nbytes), "--sum", str(tsum), "--workdir", workdir]
+    cmd = [*wrap, *cmd]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.monotonic() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    r = json.loads(lines[-1].removeprefix("S3PEERS "))
+    r["ok"] = r.get("ok", r["bytes"] == nbytes or name.startswith("get_"))
+    r["wall"] = wall
+    if not r["ok"]:
+        raise SystemExit(f"{name} read wrong bytes: {r} (expected {nbytes} tensor bytes, sum {tsum})")
+    return r
+
+
+# ------------------------------------------------------------------ parent
+
+def gbps(r):
+    return r["bytes"] / r["seconds"] / 1e9
+
+
+def prepare(server, size, workdir, log):
+    """The state dict built in memory, written by ckptio, uploaded by boto3.
+    Returns (url, tensor bytes, object bytes, touch sum, description)."""
+    import torch
+    import ckptio.torch as ct
+    specs, desc = peers.model_specs("llm", size)
+    sd = peers.build_state_dict(torch, specs)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    tsum = peers.touch(sd)
+    path = os.path.join(workdir, "model.safetensors")
+    ct.save_file(sd, path)
+    del sd
+    key = f"bench/llm-{peers.size_label(size)}.safetensors"
+    t0 = time.monotonic()
+    server.client().upload_file(path, server.bucket, key)
+    obj = os.path.getsize(path)
+    os.unlink(path)
+    log(f"uploaded s3://{server.bucket}/{key}: {obj} bytes ({desc}) in {time.monotonic() - t0:.1f} s")
+    return f"s3://{server.bucket}/{key}", nbytes, obj, tsum, desc
+
+
+def run_size(server, size, a, env, log):
+    url, nbytes, obj, tsum, desc = prepare(server, size, a.workdir, log)
+    names = a.contenders + list(WAYS)
+    rounds = []
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        res = {}
+        for name in order:
+            res[name] = run_child(name, url, nbytes if not name.startswith("get_") else obj, tsum, env,
+                                  a.s3_get, a.workdir, a.alt_lib)
+            log(f"  round {r + 1} {name:13s} {gbps(res[name]):6.3f} GB/s  {res[name]['seconds']:6.2f} s"
+                + (f"  peak RSS {res[name]['peak_rss'] / 2**20:6.0f} MiB" if "peak_rss" in res[name] else ""))
+        ceil = max(CEILINGS, key=lambda n: gbps(res[n]))
+        res["ceiling"] = dict(res[ceil], way=ceil)
+        rounds.append({"order": order, "results": res})
+    diag = {n: diagnose(n, url, nbytes, tsum, env, a) for n in a.contenders
+            if a.diagnose and n.startswith("ckptio")}
+    return {"size": size, "label": peers.size_label(size), "url": url, "tensor_bytes": nbytes,
+            "object_bytes": obj, "model": desc, "rounds": rounds, "diagnosis": diag}
+
+
+def diagnose(name, url, nbytes, tsum, env, a):
+    """One more (untimed) ckptio load under strace: the HTTP requests it
+    sends, by Range size, and the connections it opens. What the library's
+    own S3 client counts (ckptio_s3_client_stats) is not exported, and its
+    request size is the question when it trails the ceiling."""
+    strace = shutil.which("strace")
+    if not strace:
+        print(f"s3_peers: --diagnose SKIPPED: strace is not installed (apt-get install strace)", flush=True)
+        return {"skipped": "strace is not installed"}
+    trace = os.path.join(a.workdir, f"strace-{name}.txt")
+    run_child(name, url, nbytes, tsum, env, a.s3_get, a.workdir, a.alt_lib,
+              wrap=(strace, "-f", "-qq", "-e", "trace=sendto,sendmsg,write,connect", "-s", "1024", "-o", trace))
+    sizes, methods, connects = {}, {}, 0
+    with open(trace, errors="replace") as fh:
+        for line in fh:
+            if " connect(" in line and "sin_port=htons" in line and "127.0.0.1" in line:
+                connects += 1
+            m = re.search(r'"(GET|HEAD|PUT|POST) /', line)
+            if not m:
+                continue
+            methods[m.group(1)] = methods.get(m.group(1), 0) + 1
+            r = re.search(r"[Rr]ange: bytes=(\d+)-(\d+)", line)
+            if m.group(1) == "GET":
+                n = int(r.group(2)) - int(r.group(1)) + 1 if r else -1
+                sizes[n] = sizes.get(n, 0) + 1
+    os.unlink(trace)
+    return {"requests": methods, "get_sizes": dict(sorted(sizes.items(), key=lambda kv: -kv[1])),
+            "connects": connects}
+
+
+def ratio(rd, other, who="ckptio"):
+    return gbps(rd["results"][who]) / gbps(rd["results"][other])
+
+
+def report(cases, a, command, machine):
+    L = [f"# ckptio loads from S3 next to its peers", "", f"    {command}", "",
+         f"Machine: {machine}. Server: SeaweedFS `weed` ({a.weed_version}) on 127.0.0.1, "
+         f"data under {a.workdir}. Loopback to a local weed on this machine measures CPU and the "
+         f"server (which shares the cores with the client), not a network.",
+         f"runai-model-streamer {a.runai_version}, env: "
+         + ", ".join(f"{k}={v}" for k, v in RUNAI_ENV.items()) + " (endpoint from AWS_ENDPOINT_URL).",
+         f"Every load in a fresh interpreter, imports untimed, the touch pass (sum of every byte) "
+         f"inside the time; order rotated each round; GB = 1e9 bytes of tensor data (the ceiling "
+         f"counts the whole object). The ceiling of a round is the best of: "
+         + "; ".join(f"{n} ({v[0]})" for n, v in CEILINGS.items()) + ".", ""]
+    for c in cases:
+        L += [f"## {c['label']}: {c['model']}", "",
+              f"{c['url']}, {c['object_bytes']} bytes, {len(c['rounds'])} rounds.", ""]
+        names = a.contenders + list(WAYS) + ["ceiling"]
+        L += ["| contender | median GB/s | min-max | median s | peak RSS MiB (above imports) |",
+              "|---|---|---|---|---|"]
+        for n in names:
+            rs = [rd["results"][n] for rd in c["rounds"]]
+            g = [gbps(r) for r in rs]
+            rss = ""
+            if "peak_rss" in rs[0]:
+                rss = (f"{statistics.median(r['peak_rss'] for r in rs) / 2**20:.0f} "
+                       f"({statistics.median(r['peak_rss'] - r['rss_base'] for r in rs) / 2**20:.0f})")
+            label = LOADERS.get(n) or (WAYS[n][0] if n in WAYS else "ceiling (best way per round)")
+            L.append(f"| {n}: {label} | {statistics.median(g):.3f} | {min(g):.3f}-{max(g):.3f} | "
+                     f"{statistics.median(r['seconds'] for r in rs):.2f} | {rss} |")
+        L += ["", "Per-round ratios (ckptio's GB/s over the other's, same round):", "",
+              "| ratio | " + " | ".join(f"r{i + 1}" for i in range(len(c["rounds"]))) + " | median | goal |",
+              "|---|" + "---|" * (len(c["rounds"]) + 2)]
+        for who in [n for n in ("ckptio", "ckptio_alt") if n in a.contenders]:
+            for label, other in RATIOS:
+                if other not in c["rounds"][0]["results"]:
+                    continue
+                rr = [ratio(rd, other, who) for rd in c["rounds"]]
+                goal = GOALS.get(other)
+                med = statistics.median(rr)
+                verdict = "" if goal is None else (f">= {goal} {'met' if med >= goal else 'NOT met'}")
+                label = label.replace("ckptio", who, 1)
+                L.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in rr)
+                         + f" | **{med:.2f}** | {verdict} |")
+        L += ["", "Ceiling way per round: " + ", ".join(rd["results"]["ceiling"]["way"] for rd in c["rounds"]),
+              ""]
+        for who, d in c.get("diagnosis", {}).items():
+            if "skipped" in d:
+                L += [f"Requests of {who}: not counted ({d['skipped']}).", ""]
+                continue
+            top = ", ".join(f"{n} x {sz if sz >= 0 else 'whole'} B" for sz, n in list(d["get_sizes"].items())[:6])
+            L += [f"Requests of one {who} load (strace, untimed): {d['requests']}, "
+                  f"{d['connects']} connections; GETs by range size: {top}.", ""]
+    return "\n".join(L) + "\n"
+
+
+def machine_line():
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{os.cpu_count()} CPUs ({cpu}), {mem / 2**30:.0f} GiB, Linux {platform.release()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="256MiB,1GiB")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--contenders", default=",".join(LOADERS))
+    ap.add_argument("--out", default=HERE, help="where results.md and results.json go")
+    ap.add_argument("--workdir", default=None, help="weed's data and boto3's downloads (default: a temp dir)")
+    ap.add_argument("--alt-lib", dest="alt_lib", default=None,
+                    help="also time ckptio_alt: the same load with this libckptio.so (an experiment)")
+    ap.add_argument("--alt-label", dest="alt_label", default="another libckptio.so",
+                    help="what --alt-lib is, for the report")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="after the rounds, count the HTTP requests of one ckptio load (strace)")
+    ap.add_argument("--s3-get", dest="s3_get", default=None, help="the built bench/s3/s3_get.c")
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--sum", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a)
+    a.contenders = [c for c in a.contenders.split(",") if c]
+    if a.alt_lib:
+        a.alt_lib = os.path.abspath(a.alt_lib)
+        LOADERS["ckptio_alt"] = f"as ckptio, with {a.alt_label} ({a.alt_lib})"
+        if "ckptio_alt" not in a.contenders:
+            a.contenders.append("ckptio_alt")
+    if "ckptio" not in a.contenders:
+        ap.error("the ratios need ckptio among --contenders")
+    for c in a.contenders:
+        if c not in LOADERS:
+            ap.error(f"unknown contender {c}: one of {', '.join(LOADERS)}")
+    if not a.s3_get or not os.access(a.s3_get, os.X_OK):
+        ap.error("--s3-get: the built s3_get (bench/s3/run.sh builds it)")
+    sizes = [peers.parse_size(s) for s in a.sizes.split(",") if s]
+    own_tmp = a.workdir is None
+    a.workdir = a.workdir or tempfile.mkdtemp(prefix="ckptio-s3bench-")
+    os.makedirs(a.workdir, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+
+    def log(msg):
+        print(msg, flush=True)
+    import runai_model_streamer  # noqa: F401  (fail early, before the server starts)
+    from importlib.metadata import version
+    a.runai_version = version("runai-model-streamer")
+    try:
+        server = weed_server.WeedServer(bucket="ckptio-bench", workdir=a.workdir)
+    except weed_server.Unavailable as e:
+        raise SystemExit(f"s3_peers: {e}")
+    a.weed_version = subprocess.run([server.weed, "version"], capture_output=True, text=True).stdout.strip()
+    command = a.command or " ".join(sys.argv)
+    machine = machine_line()
+    cases = []
+    with server:
+        log(f"weed on {server.endpoint} ready in {server.startup_seconds:.1f} s; {machine}")
+        env = dict(server.env(), **RUNAI_ENV)
+        for size in sizes:
+            cases.append(run_size(server, size, a, env, log))
+    text = report(cases, a, command, machine)
+    with open(os.path.join(a.out, "results.md"), "w") as fh:
+        fh.write(text)
+    with open(os.path.join(a.out, "results.json"), "w") as fh:
+        json.dump({"command": command, "machine": machine, "runai_env": RUNAI_ENV, "cases": cases}, fh,
+                  indent=1)
+    print(text)
+    if own_tmp:
+        shutil.rmtree(a.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
