@@ -58,6 +58,11 @@ int ckptio_s3_head(ckptio_s3_client *c, const char *bucket, const char *key, ckp
 
 int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key, uint64_t offset,
                         size_t len, void *buf, char *err, size_t errlen) {
+  return ckptio_s3_get_range_if(c, bucket, key, NULL, offset, len, buf, err, errlen);
+}
+
+int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
+                           uint64_t offset, size_t len, void *buf, char *err, size_t errlen) {
   if (!c || (!buf && len)) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
   int rc = check_names("GetObject", bucket, key, 1, err, errlen);
   if (rc < 0 || len == 0) return rc;
@@ -65,7 +70,7 @@ int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject s3://%s/%s: range overflows", bucket,
                           key);
   ckptio_s3_req r = {.verb = "GetObject", .method = "GET", .bucket = bucket, .key = key,
-                     .dst = buf, .dst_len = len, .range_off = offset};
+                     .dst = buf, .dst_len = len, .range_off = offset, .if_match = etag};
   rc = ckptio_s3_request(c, &r, err, errlen);
   ckptio_s3_buf_free(&r.resp);
   return rc;

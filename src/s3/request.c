@@ -176,7 +176,7 @@ static void reset_reply(ckptio_s3_req *r) {
 static CURLcode attempt(ckptio_s3_client *c, CURL *h, ckptio_s3_req *r, const char *url, xfer *x,
                         char *curl_err, long *os_errno) {
   struct curl_slist *hdr = NULL, *t;
-  char token[4096 + 32], range[64];
+  char token[4096 + 32], range[64], match[CKPTIO_S3_ETAG_MAX + 16];
   CURLcode cc = CURLE_OUT_OF_MEMORY;
   curl_easy_reset(h); /* keeps the connection and the DNS cache */
   curl_err[0] = '\0';
@@ -187,6 +187,11 @@ static CURLcode attempt(ckptio_s3_client *c, CURL *h, ckptio_s3_req *r, const ch
   if (c->session_token) {
     snprintf(token, sizeof(token), "x-amz-security-token: %s", c->session_token);
     if (!(t = curl_slist_append(hdr, token))) goto done;
+    hdr = t;
+  }
+  if (r->if_match && *r->if_match) {
+    snprintf(match, sizeof(match), "If-Match: \"%s\"", r->if_match);
+    if (!(t = curl_slist_append(hdr, match))) goto done;
     hdr = t;
   }
   if (r->body && strcmp(r->method, "POST") == 0) {
@@ -287,6 +292,7 @@ static int s3_code(long status, const char *code) {
   if (status == 404 || !strcmp(code, "NoSuchKey") || !strcmp(code, "NoSuchBucket") || !strcmp(code, "NoSuchUpload"))
     return CKPTIO_E_NOT_FOUND;
   if (status == 403 || status == 401) return -EACCES;
+  if (status == 412) return -ESTALE; /* replaced since its ETag was taken */
   if (status == 416) return CKPTIO_E_SHORT_IO;
   if (status == 503 || status == 429 || !strcmp(code, "SlowDown")) return -EAGAIN;
   if (status >= 400 && status < 500) return CKPTIO_E_INVALID_ARG;

@@ -61,6 +61,7 @@ typedef struct ckptio_s3_req {
   void *dst;           /* GET: the caller's buffer for exactly dst_len */
   size_t dst_len;      /* bytes from range_off */
   uint64_t range_off;
+  const char *if_match; /* an ETag (unquoted) the object must still have */
   /* filled by ckptio_s3_request */
   long status;
   ckptio_s3_buf resp;  /* the body when it is not going into dst */

@@ -15,6 +15,8 @@
  *                          a range past the object's end (416)
  *   CKPTIO_E_FORMAT        this build has no S3 support (no libcurl)
  *   -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT, -EHOSTUNREACH   transport
+ *   -ESTALE                the object changed since the ETag a read was
+ *                          made against (412 PreconditionFailed)
  *   -EAGAIN                still throttled (503 SlowDown, 429) after retries
  *   -EIO                   still a server error (5xx) after retries, or
  *                          another HTTP status
@@ -122,6 +124,13 @@ int ckptio_s3_head(ckptio_s3_client *c, const char *bucket, const char *key, ckp
  * offset 0 and an object of len bytes). len 0 sends nothing. */
 int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key, uint64_t offset,
                         size_t len, void *buf, char *err, size_t errlen);
+
+/* The same, only while the object still has ETag etag (from head; NULL
+ * or "": any): a load's many GETs all read the object it opened, and one
+ * replaced meanwhile by a new save fails with -ESTALE (S3's 412
+ * PreconditionFailed) instead of mixing two versions' bytes. */
+int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
+                           uint64_t offset, size_t len, void *buf, char *err, size_t errlen);
 
 /* PUT of a whole small object (an index, a `latest` record). etag_out may
  * be NULL; else CKPTIO_S3_ETAG_MAX bytes. */

@@ -525,6 +525,19 @@ static void test_server(void) {
         err);
   CHECK(ckptio_s3_get_range(c, b, odd, 7, 2, got, err, sizeof(err)) == 0 && !memcmp(got, "s3", 2), "get: %s", err);
   CHECK(ckptio_s3_put_object(c, b, "empty", NULL, 0, NULL, err, sizeof(err)) == 0, "empty put: %s", err);
+
+  /* Reads pinned to the version opened: a replaced object is -ESTALE. */
+  ckptio_s3_object v1;
+  CHECK(ckptio_s3_put_object(c, b, "versioned", "version one", 11, NULL, err, sizeof(err)) == 0, "%s", err);
+  CHECK(ckptio_s3_head(c, b, "versioned", &v1, err, sizeof(err)) == 0 && v1.etag[0], "%s", err);
+  CHECK(ckptio_s3_get_range_if(c, b, "versioned", v1.etag, 0, 7, got, err, sizeof(err)) == 0 &&
+            !memcmp(got, "version", 7), "same version: %s", err);
+  CHECK(ckptio_s3_put_object(c, b, "versioned", "VERSION TWO", 11, NULL, err, sizeof(err)) == 0, "%s", err);
+  rc = ckptio_s3_get_range_if(c, b, "versioned", v1.etag, 0, 7, got, err, sizeof(err));
+  CHECK(rc == -ESTALE && strstr(err, "HTTP 412 PreconditionFailed"), "replaced: %d %s", rc, err);
+  printf("replaced under a read: %s\n", err);
+  CHECK(ckptio_s3_get_range_if(c, b, "versioned", NULL, 0, 7, got, err, sizeof(err)) == 0 &&
+            !memcmp(got, "VERSION", 7), "any version: %s", err);
   CHECK(ckptio_s3_head(c, b, "empty", &o, err, sizeof(err)) == 0 && o.size == 0, "empty head: %s", err);
 
   /* A key near S3's 1024-byte limit: the message keeps S3's error. */
