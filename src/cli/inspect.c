@@ -73,6 +73,20 @@ fail:
   return rc;
 }
 
+/* An object of a storage ("s3://..."): no file to open; what its reader
+ * knows (a safetensors file: header, then the tensors packed). */
+static void object_facts(ckptio_reader *r, file_facts *f) {
+  memset(f, 0, sizeof(*f));
+  f->format = ckptio_reader_format(r);
+  f->data_start = ckptio_reader_header_bytes(r);
+  f->header_bytes = f->data_start >= 8 ? f->data_start - 8 : 0;
+  f->file_size = f->data_start;
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+    ckptio_tensor_info t;
+    if (ckptio_reader_info(r, i, &t) == 0 && t.offset + t.nbytes > f->file_size) f->file_size = t.offset + t.nbytes;
+  }
+}
+
 static void shape_str(const ckptio_tensor_info *t, char *buf, size_t len) {
   size_t p = 0;
   p += (size_t)snprintf(buf + p, len - p, "[");
@@ -318,6 +332,8 @@ int cli_inspect_main(int argc, char **argv) {
   }
   if (cli_files_of(r) > 0) {
     set_facts(r, &facts);
+  } else if (strstr(path, "://")) {
+    object_facts(r, &facts);
   } else if ((rc = read_facts(path, &facts)) < 0 &&
              (rc = read_facts(ckptio_reader_shard(r, 0, &path, NULL, NULL) == 0 ? path : "", &facts)) < 0) {
     /* a directory holding one file: its facts are the file's */
