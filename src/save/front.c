@@ -74,6 +74,7 @@ int ckptio_writer_poll_snapshot(ckptio_writer *w) { return w ? w->verbs->poll_sn
 int ckptio_writer_poll_durable(ckptio_writer *w) { return w ? w->verbs->poll_durable(w) : CKPTIO_E_INVALID_ARG; }
 
 int ckptio_writer_commit(ckptio_writer *w) {
+  if (w) w->sync = 1;
   int rc = ckptio_writer_commit_async(w);
   return rc < 0 ? rc : ckptio_writer_wait_durable(w);
 }

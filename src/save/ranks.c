@@ -172,6 +172,7 @@ static int start_file(ranks_writer *w) {
   for (size_t i = 0; i < w->plan.nboxes && rc == 0; i++)
     if (w->plan.boxes[i].writer == w->comm.rank) rc = s->verbs->add(s, &w->c.tensors[w->plan.boxes[i].local].t);
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
+  s->sync = w->base.sync;
   if (rc == 0) rc = s->verbs->commit_async(s);
   if (rc < 0) return rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
   return 0;

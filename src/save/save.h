@@ -36,6 +36,10 @@ typedef struct ckptio_writer_verbs {
 struct ckptio_writer {
   const ckptio_writer_verbs *verbs;
   char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
+  int sync;                       /* committed by ckptio_writer_commit: the caller
+                                     waits for the durable point, so an early
+                                     snapshot buys it nothing (writer.c in_place);
+                                     a kind holding file writers passes it on */
 };
 
 /* The opens below follow the public opens' contracts, except that a

@@ -367,6 +367,7 @@ static int set_commit_async(ckptio_writer *base) {
   w->start_ns = ckptio_now_ns();
   /* On this thread: each writer records its GPU snapshot events here. */
   for (size_t k = 0; k < w->nshards; k++) {
+    w->sub[k]->sync = w->base.sync;
     if ((rc = w->sub[k]->verbs->commit_async(w->sub[k])) < 0) {
       sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, w->sub[k]->err);
       goto fail; /* close_subs waits for the shards already started */

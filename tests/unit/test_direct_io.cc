@@ -256,6 +256,35 @@ TEST(DirectIo, InPlaceWritesKeepSnapshotPromise) {
   ckptio_ctx_free(ctx);
 }
 
+// A save whose caller waits for the durable point (ckptio_writer_commit)
+// gains nothing from copying the ring's share first: every chunk that can
+// be is written in place, all but the one holding the header, and in a
+// process's first save no staging memory is touched for them.
+TEST(DirectIo, ACommitThatWaitsWritesTheRingsShareInPlaceToo) {
+  TempDir dir;
+  SKIP_WITHOUT_DIRECT(dir);
+  ckptio_options o = direct_options();
+  ckptio_ctx *ctx = nullptr;
+  ASSERT_EQ(ckptio_ctx_create(&o, &ctx), 0);
+  PagedModel m(false);
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open(ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, &o, &w), 0);
+  ASSERT_EQ(m.add_all(w), 0);
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  ASSERT_EQ(ckptio_writer_stats(w, &st), 0);
+  EXPECT_GE(st.direct_bytes + o.chunk_bytes, st.bytes) << "only the header's chunk goes through staging";
+  EXPECT_EQ(ckptio_writer_close(w), 0);
+  expect_loads(ctx, dir.file("m.safetensors"), m.ts);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(ctx, dir.file("m.safetensors").c_str(), nullptr, &r), 0);
+  size_t unchecked = 99;
+  EXPECT_EQ(ckptio_reader_verify(r, &unchecked), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(unchecked, 0u);
+  ckptio_reader_close(r);
+  ckptio_ctx_free(ctx);
+}
+
 // A disk failing under an in-place write (the 8th write is past the ring's
 // 4 chunks): the save fails with the disk's error, the old file stays and
 // no temp file is left.
