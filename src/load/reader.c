@@ -29,15 +29,13 @@ static int cmp_by_name(const void *a, const void *b) {
                 ckptio_reader_entry(sort_reader, *(const size_t *)b)->name);
 }
 
-/* An object of a storage when the path names one ("SCHEME://..."), a DCP
- * checkpoint when it names one (a directory holding .metadata), a set when
- * it names one (an index, or a directory holding one), else one file: the
- * path, or a directory's only safetensors file. */
+/* A DCP checkpoint when the path names one (a directory holding .metadata),
+ * a set when it names one (an index, or a directory holding one), else one
+ * file: the path, or a directory's only safetensors file. Any of these may
+ * be objects of a storage ("SCHEME://..."), opened as its files are. */
 static int open_source(ckptio_reader *r, const char *path) {
   char *file = NULL;
-  int found, rc = ckptio_source_open_object(r->ctx, &r->opts, path, r->err, &r->src, &found);
-  if (found) return rc;
-  rc = ckptio_dcp_open(r->ctx, &r->opts, path, r->err, &r->src);
+  int rc = ckptio_dcp_open(r->ctx, &r->opts, path, r->err, &r->src);
   if (rc != 0) return rc < 0 ? rc : 0;
   rc = ckptio_set_open(r->ctx, &r->opts, path, r->err, &r->src, &file);
   if (rc == 0) rc = ckptio_source_open_file(r->ctx, &r->opts, file, r->err, &r->src);

@@ -74,28 +74,22 @@ static int pick_in_dir(const char *dir, char *err, char **picked, int *is_index)
   return rc;
 }
 
-/* The index file's bytes, bounded. */
+/* The index file's bytes, bounded: a local file or an object. */
 static int read_index(ckptio_source *s, uint8_t **buf, size_t *len) {
-  int fd = open(s->path, O_RDONLY | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0 || fstat(fd, &st) < 0) {
-    int e = errno;
-    if (fd >= 0) close(fd);
-    return ckptio_source_fail(s, -e, "%s: %s", s->path, ckptio_errno_text(e));
-  }
-  int rc = 0;
-  if (!S_ISREG(st.st_mode)) {
-    rc = ckptio_source_fail(s, CKPTIO_E_SHARD, "%s: the index is not a regular file", s->path);
-  } else if ((uint64_t)st.st_size > CKPTIO_HF_INDEX_MAX) {
+  ckptio_rfile f;
+  char why[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_rfile_open_path(s->ctx, &f, s->path, why);
+  if (rc < 0) return ckptio_source_fail(s, rc, "%s", why);
+  if (f.size > CKPTIO_HF_INDEX_MAX) {
     rc = ckptio_source_fail(s, CKPTIO_E_SHARD, "%s: index of %llu bytes is larger than the %u-byte limit", s->path,
-                            (unsigned long long)st.st_size, CKPTIO_HF_INDEX_MAX);
-  } else if (!(*buf = malloc((size_t)st.st_size + 1))) {
+                            (unsigned long long)f.size, CKPTIO_HF_INDEX_MAX);
+  } else if (!(*buf = malloc((size_t)f.size + 1))) {
     rc = -ENOMEM;
-  } else if ((rc = ckptio_pread_full(fd, *buf, (size_t)st.st_size, 0)) < 0) {
-    ckptio_source_fail(s, rc, "%s: reading the index: %s", s->path, ckptio_strerror(rc));
+  } else if ((rc = ckptio_rfile_pread(&f, *buf, (size_t)f.size, 0, why, sizeof(why))) < 0) {
+    ckptio_source_fail(s, rc, "%s: reading the index: %s", s->path, why[0] ? why : ckptio_strerror(rc));
   }
-  *len = (size_t)st.st_size;
-  close(fd);
+  *len = (size_t)f.size;
+  ckptio_rfile_close(&f);
   return rc;
 }
 

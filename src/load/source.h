@@ -174,11 +174,10 @@ struct ckptio_source {
 int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
                             ckptio_source **out);
 void ckptio_source_close(ckptio_source *s);
-/* An object of a storage (a path "SCHEME://..."; *found says whether it
- * was one): a plain source reading through the storage's verbs. @return 0
- * (and *out when found) or a code, message in err. */
-int ckptio_source_open_object(ckptio_ctx *ctx, const ckptio_options *opts, const char *path, char *err,
-                              ckptio_source **out, int *found);
+/* The read side's file object for path: an object of the context's
+ * storage for "SCHEME://..." paths, else a local file. @return 0 or a code,
+ * message in err (CKPTIO_ERRLEN). */
+int ckptio_rfile_open_path(ckptio_ctx *ctx, ckptio_rfile *f, const char *path, char *err);
 
 /* The kinds. A file kind takes the opened file f (owned from then on,
  * closed on failure); the set kind opens `path` when it names a set:

@@ -75,7 +75,11 @@ class S3Storage : public ::testing::Test {
     if (!getenv("AWS_ENDPOINT_URL")) GTEST_SKIP() << "no S3 server (run under tests/s3/weed_server.py)";
     char err[512] = "";
     int rc = ckptio_s3_client_create(nullptr, &client, err, sizeof(err));
-    if (rc == CKPTIO_E_FORMAT) GTEST_SKIP() << err;
+    if (rc == CKPTIO_E_FORMAT) {  // a build without libcurl: the whole binary skips (ctest's 77)
+      printf("SKIP: %s\n", err);
+      fflush(stdout);
+      _exit(77);
+    }
     ASSERT_EQ(rc, 0) << err;
   }
   void TearDown() override { ckptio_s3_client_free(client); }
