@@ -252,6 +252,7 @@ void bench_report_table(FILE *out, const bench_result *r) {
     row(out, r, "raw read O_DIRECT 32x8M", "GB/s", S_RAW_READ_WAY + CLI_RAW_READ_DIRECT);
     row(out, r, "raw read buffered 1x1M", "GB/s", S_RAW_READ_WAY + CLI_RAW_READ_SEQ);
     row(out, r, "raw read buffered 16x8M", "GB/s", S_RAW_READ_WAY + CLI_RAW_READ_PAR);
+    row(out, r, "raw read O_DIRECT 64x8M", "GB/s", S_RAW_READ_WAY + CLI_RAW_READ_DEEP);
     row(out, r, "raw read (best)", "GB/s", S_RAW_READ);
     row(out, r, "cold load / raw read", "x", S_COLD_RATIO);
     row(out, r, "raw read, 2 MiB pages", "GB/s", S_THP_READ);
@@ -413,6 +414,7 @@ void bench_report_json(FILE *out, const bench_result *r) {
     json_stat(out, "raw_read_direct_gbps", r, S_RAW_READ_WAY + CLI_RAW_READ_DIRECT);
     json_stat(out, "raw_read_seq_gbps", r, S_RAW_READ_WAY + CLI_RAW_READ_SEQ);
     json_stat(out, "raw_read_par_gbps", r, S_RAW_READ_WAY + CLI_RAW_READ_PAR);
+    json_stat(out, "raw_read_deep_gbps", r, S_RAW_READ_WAY + CLI_RAW_READ_DEEP);
     json_stat(out, "cold_load_vs_raw_read", r, S_COLD_RATIO);
     json_stat(out, "raw_write_thp_gbps", r, S_THP_WRITE);
     json_stat(out, "raw_read_thp_gbps", r, S_THP_READ);

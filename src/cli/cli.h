@@ -140,7 +140,7 @@ int cli_raw_read(const char *path, void *buf, uint64_t n, double *seconds, int *
  * no one way is the disk's ceiling (on this project's VMs a single buffered
  * reader with readahead beat O_DIRECT at depth 32 in the same minutes). */
 enum { CLI_RAW_WRITE_DIRECT, CLI_RAW_WRITE_BUFFERED, CLI_RAW_WRITE_WAYS };
-enum { CLI_RAW_READ_DIRECT, CLI_RAW_READ_SEQ, CLI_RAW_READ_PAR, CLI_RAW_READ_WAYS };
+enum { CLI_RAW_READ_DIRECT, CLI_RAW_READ_SEQ, CLI_RAW_READ_PAR, CLI_RAW_READ_DEEP, CLI_RAW_READ_WAYS };
 const char *cli_raw_write_way_name(int way);
 const char *cli_raw_read_way_name(int way);
 /* Writes n bytes of buf to a new file at path each way in turn (the last

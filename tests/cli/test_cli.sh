@@ -23,6 +23,7 @@ expect 0 "bench --size 64MiB --runs 1 --keep" "$CKPTIO" bench --size 64MiB --run
 mentions "bench table" "save / raw write"
 # The raw limits are the best of several ways, each reported (issue 26).
 mentions "bench table" "raw read buffered 16x8M"
+mentions "bench table" "raw read O_DIRECT 64x8M"
 mentions "bench table" "raw read (best)"
 mentions "bench table" "raw write buffered+sync"
 if [ -s "$F" ]; then pass "--keep left the checkpoint"; else
@@ -112,7 +113,7 @@ if command -v python3 >/dev/null; then
   # Each run's raw limit is the fastest of its ways, every way measured.
   python3 -c 'import json,sys
 d=json.load(open(sys.argv[1]))
-assert len(d["raw"]["read_ways"])==3 and len(d["raw"]["write_ways"])==2
+assert len(d["raw"]["read_ways"])==4 and len(d["raw"]["write_ways"])==2
 for x in d["runs"]:
     assert all(s>0 for s in x["raw_read_ways_s"]+x["raw_write_ways_s"])
     assert x["raw_read_s"]==min(x["raw_read_ways_s"]) and x["raw_write_s"]==min(x["raw_write_ways_s"])' \
