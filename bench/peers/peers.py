@@ -39,8 +39,9 @@ RAW_BUF = 512 << 20          # the raw steps cycle through this much touched mem
 # sequential read of 1 MiB requests behind the kernel's readahead, and
 # buffered preads by 16 threads of 8 MiB each: runai-model-streamer's file
 # system concurrency (RUNAI_STREAMER_CONCURRENCY, default 16) and chunk (8 MiB
-# in 0.17; its default strategy there is io_uring O_DIRECT at depth 64, with
-# 16 buffered workers as the fallback). Writes: buffered 8 MiB + fdatasync.
+# in 0.17; its default strategy there is io_uring O_DIRECT at depth 64, the
+# fourth way, with 16 buffered workers as the fallback). Writes: buffered
+# 8 MiB + fdatasync.
 RAW_SEQ_BLOCK = 1 << 20
 RAW_PAR_THREADS = 16
 RAW_PAR_BLOCK = 8 << 20
@@ -646,12 +647,15 @@ class Raw:
     def read_ways(self, path, n):
         """{way: seconds} of each way of reading the cold file (dropped from
         the page cache before each): O_DIRECT at depth 32 x 8 MiB, buffered
-        sequential 1 MiB with readahead, buffered 16 threads x 8 MiB."""
+        sequential 1 MiB with readahead, buffered 16 threads x 8 MiB, and
+        O_DIRECT at depth 64 x 8 MiB (runai-model-streamer's default, which
+        read this disk faster than depth 32 at times)."""
         return {"raw_read_direct": self.read(path, n),
                 "raw_read_seq": self.read_buffered(path, n, 1, RAW_SEQ_BLOCK),
-                "raw_read_par": self.read_buffered(path, n, RAW_PAR_THREADS, RAW_PAR_BLOCK)}
+                "raw_read_par": self.read_buffered(path, n, RAW_PAR_THREADS, RAW_PAR_BLOCK),
+                "raw_read_deep": self.read(path, n, threads=2 * RAW_DEPTH)}
 
-    def read(self, path, n, fresh=False):
+    def read(self, path, n, fresh=False, threads=RAW_DEPTH):
         """fresh: into n bytes of new, untouched memory, whose pages fault in
         inside the reads, as they do for every loader that returns new
         tensors; else into the touched buffer."""
@@ -659,7 +663,7 @@ class Raw:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE) if fresh else None
         try:
-            return self._run(fd, n, False, memoryview(buf) if fresh else None)
+            return self._run(fd, n, False, memoryview(buf) if fresh else None, threads=threads)
         finally:
             os.close(fd)
             if buf is not None:
@@ -1144,7 +1148,8 @@ WAY_LABELS = {"raw_write_direct": "raw write, O_DIRECT 32 x 8 MiB in flight",
               "raw_write_buffered": "raw write, buffered 8 MiB + fdatasync",
               "raw_read_direct": "raw read, O_DIRECT 32 x 8 MiB in flight",
               "raw_read_seq": "raw read, buffered, 1 thread x 1 MiB (readahead)",
-              "raw_read_par": "raw read, buffered, 16 threads x 8 MiB pread"}
+              "raw_read_par": "raw read, buffered, 16 threads x 8 MiB pread",
+              "raw_read_deep": "raw read, O_DIRECT 64 x 8 MiB in flight"}
 
 
 def summarize(rows):
@@ -1569,7 +1574,8 @@ def main():
         "src/cli/rawlimit.c: writes O_DIRECT 32 x 8 MiB in flight (32 threads, blocking "
         "pwrite) | buffered 8 MiB + fdatasync; reads (page cache dropped before each) "
         "O_DIRECT 32 x 8 MiB | buffered 1 thread x 1 MiB (readahead) | buffered 16 threads "
-        "x 8 MiB (runai-model-streamer's concurrency and chunk); memcpy: numpy.copyto, "
+        "x 8 MiB (runai-model-streamer's concurrency and chunk) | O_DIRECT 64 x 8 MiB "
+        "(runai's default depth); memcpy: numpy.copyto, "
         "1 thread")
     log("order:    the contenders of each block rotated by one each round (listed per run)")
     if a.touch == "page":
