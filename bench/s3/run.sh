@@ -5,6 +5,7 @@
 #
 #   bench/s3/run.sh [--sizes 256MiB,1GiB] [--rounds 5] [--out DIR]
 #                   [--workdir DIR] [--contenders ckptio,runai_stream,...]
+#                   [--diagnose] [--alt-lib PATH --alt-label TEXT]
 #
 # Builds libckptio.so into build-s3bench/ (BUILD=dir another) and the plain
 # libcurl client bench/s3/s3_get.c next to it, then runs s3_peers.py with the
@@ -23,7 +24,7 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 
 for a in "$@"; do
   if [[ "$a" == -h || "$a" == --help ]]; then
-    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done

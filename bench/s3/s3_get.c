@@ -9,7 +9,8 @@
  * "buffer" (every byte copied to its place in one buffer of the object's
  * size, touched before the clock starts) or "fresh" (the same buffer left
  * untouched, so its page faults are inside the time, as a loader that
- * fills new tensors pays them). Settings from the environment as
+ * fills new tensors pays them) or "thp" (as fresh, the buffer 2 MiB aligned
+ * and madvise(MADV_HUGEPAGE)d: one fault per 2 MiB where THP is on). Settings from the environment as
  * AWS tools take them: AWS_ENDPOINT_URL (path-style), AWS_ACCESS_KEY_ID,
  * AWS_SECRET_ACCESS_KEY, AWS_REGION; requests signed by libcurl's own SigV4.
  * Each thread keeps one easy handle, so one keep-alive connection, and takes
@@ -26,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 typedef struct job {
@@ -121,7 +123,7 @@ static int head_size(job *j) {
 
 int main(int argc, char **argv) {
   if (argc < 5 || argc > 6) {
-    fprintf(stderr, "usage: s3_get BUCKET KEY THREADS CHUNK_BYTES [discard|buffer|fresh]\n");
+    fprintf(stderr, "usage: s3_get BUCKET KEY THREADS CHUNK_BYTES [discard|buffer|fresh|thp]\n");
     return 2;
   }
   const char *ep = getenv("AWS_ENDPOINT_URL"), *region = getenv("AWS_REGION");
@@ -136,7 +138,7 @@ int main(int argc, char **argv) {
   j.chunk = strtoull(argv[4], NULL, 10);
   const char *mode = argc == 6 ? argv[5] : "discard";
   if (threads < 1 || threads > 1024 || j.chunk == 0 ||
-      (strcmp(mode, "discard") && strcmp(mode, "buffer") && strcmp(mode, "fresh"))) {
+      (strcmp(mode, "discard") && strcmp(mode, "buffer") && strcmp(mode, "fresh") && strcmp(mode, "thp"))) {
     fprintf(stderr, "s3_get: bad THREADS, CHUNK_BYTES or SINK\n");
     return 2;
   }
@@ -144,7 +146,12 @@ int main(int argc, char **argv) {
   snprintf(j.sigv4, sizeof(j.sigv4), "aws:amz:%s:s3", region ? region : "us-east-1");
   curl_global_init(CURL_GLOBAL_DEFAULT);
   if (head_size(&j) < 0) return 1;
-  if (strcmp(mode, "discard")) {
+  if (!strcmp(mode, "thp")) {
+    void *p = NULL;
+    if (posix_memalign(&p, 2u << 20, j.size ? j.size : 1)) return 1;
+    j.buf = p;
+    madvise(p, j.size, MADV_HUGEPAGE); /* a hint: fails harmlessly where THP is off */
+  } else if (strcmp(mode, "discard")) {
     if (!(j.buf = malloc(j.size ? j.size : 1))) return 1;
     if (!strcmp(mode, "buffer")) memset(j.buf, 1, j.size); /* page faults out of the time */
   }
