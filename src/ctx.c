@@ -134,10 +134,8 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
    * once does not fault in memory it will never use); then the workers: a
    * queued job may still hold a slot of the ring; then the GPU streams,
    * which may still be copying into it. */
-  if (ctx->preparing) {
-    ckptio_ring_prepare_stop(ctx->ring);
-    pthread_join(ctx->preparer, NULL);
-  }
+  if (ctx->ring) ckptio_ring_prepare_stop(ctx->ring); /* also queued saves' preparing jobs */
+  if (ctx->preparing) pthread_join(ctx->preparer, NULL);
   ckptio_pool_free(ctx->pool);
   ckptio_gpu_close(ctx->gpu);
   ckptio_ring_free(ctx->ring);

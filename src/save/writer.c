@@ -450,18 +450,21 @@ static int holds_crcs(const file_writer *w, uint64_t start, uint64_t end) {
 /* Whether O_DIRECT can write a chunk from the caller's memory itself: host
  * tensors' pieces that fill it, each on a page there and whole pages long
  * (tensors of whole pages, which the layout puts on pages of the file).
- * Only chunks beyond what the ring holds, when the caller goes on before the
- * durable point (commit_async): a state the ring holds is still copied, so
- * its snapshot point comes before any write (a training loop resumes
- * sooner); past that the snapshot waits for the last writes anyway, and a
- * chunk written in place costs no copy and holds no slot. A caller of
- * ckptio_writer_commit waits for the writes whatever the snapshot, so every
- * chunk that can be is written in place: the copy is pure cost there, and
- * in a process's first save the worst of it, as the copies are the first
- * touch of the ring's memory (two ranks saving 1 GiB here: 0.55-0.63 s
- * written in place, 0.61-3.26 s through a ring never touched before). */
-static int in_place(const file_writer *w, uint64_t c, uint64_t start, uint64_t end) {
-  if (w->zs || w->file.fd_direct < 0 || (!w->base.sync && c < ckptio_ring_slots(w->ctx->ring))) return 0;
+ * Only chunks beyond what the ring holds: a state the ring holds is still
+ * copied, so its snapshot point comes before any write (a training loop
+ * resumes sooner); past that the snapshot waits for the last writes anyway,
+ * and a chunk written in place costs no copy and holds no slot.
+ * Except, for a caller of ckptio_writer_commit (who waits for the writes
+ * whatever the snapshot), the chunks whose slots were never touched
+ * (`touched`: ckptio_ring_touched at the start): copying into them is the
+ * first touch of that memory, the worst of a process's first save here
+ * (two ranks saving 1 GiB from page-aligned memory: 0.61-3.26 s through a
+ * fresh ring, 0.55-0.63 s in place). The save then has those slots
+ * prepared behind it (queue_chunks), since later saves write faster from
+ * the ring's huge pages than from the caller's small ones. */
+static int in_place(const file_writer *w, uint64_t c, uint64_t touched, uint64_t start, uint64_t end) {
+  if (w->zs || w->file.fd_direct < 0) return 0;
+  if (c < ckptio_ring_slots(w->ctx->ring) && !(w->base.sync && c >= touched)) return 0;
   piece_iter it;
   uint64_t at = start;
   pieces_begin(&it, w, start, end);
@@ -681,6 +684,8 @@ static int slot_copied(file_writer *w, void *slot) {
   return rc < 0 ? fail(w, rc, "%s: waiting for an earlier load's copy from staging: %s", w->path, msg) : 0;
 }
 
+static void prepare_run(void *ring) { (void)ckptio_ring_prepare(ring); }
+
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
 static int queue_chunks(file_writer *w) {
   if (w->gpus_used) {
@@ -692,12 +697,14 @@ static int queue_chunks(file_writer *w) {
   uint64_t first = w->zs ? 1 : 0;
   atomic_store(&w->chunks_copied, first);
   if (w->nchunks == first) mark_snapshot(w);
+  uint64_t touched = ckptio_ring_touched(w->ctx->ring), skipped = 0;
   for (uint64_t c = first; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
     if (w->zs && ckptio_zsave_reserve(w->zs, c) < 0) break; /* a frame failed: the batch has its error */
     chunk_job *j = &w->jobs[c];
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
-    if (in_place(w, c, start, end)) { /* no slot: at the back, behind the copies */
+    if (in_place(w, c, touched, start, end)) { /* no slot: at the back, behind the copies */
+      skipped += c < ckptio_ring_slots(w->ctx->ring);
       *j = (chunk_job){w, c, NULL, 0, 0, NULL};
       ckptio_batch_add(&w->batch, 1);
       if (ckptio_pool_add(w->ctx->pool, chunk_in_place_run, j) < 0) chunk_in_place_run(j);
@@ -720,6 +727,10 @@ static int queue_chunks(file_writer *w) {
   }
   int rc = ckptio_batch_wait(&w->batch);
   if (rc < 0) snprintf(w->base.err, sizeof(w->base.err), "%s", w->batch.err);
+  if (skipped) { /* on a worker, while this save commits */
+    ckptio_ring_prepare_more(w->ctx->ring, (size_t)(touched + skipped));
+    (void)ckptio_pool_add(w->ctx->pool, prepare_run, w->ctx->ring);
+  }
   return rc;
 }
 

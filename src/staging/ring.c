@@ -22,8 +22,10 @@ struct ckptio_ring {
   void **free_slots;   /* a stack: the top is handed out next */
   uint64_t *copying;   /* per slot: GPUs still copying from it */
   const void **owner;  /* per slot: who released it copying */
-  size_t prepare;      /* slots [touched, prepare) are left to ckptio_ring_prepare */
-  size_t touched;      /* slots [0, touched) were touched at creation */
+  /* Slots are first handed out in address order (the stack's bottom), so
+   * the ones ever used or being prepared are [0, touched); ckptio_ring_prepare
+   * faults in [touched, target). Both under mu. */
+  size_t touched, target;
   atomic_int stop;     /* ckptio_ring_prepare_stop was called */
 };
 
@@ -84,10 +86,10 @@ int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio
    * without writing them (MADV_POPULATE_WRITE, Linux 5.14): then preparing
    * cannot race with a slot already in use. Where it cannot (probed on the
    * first page), they are touched here, before any slot is handed out. */
-  r->prepare = prefault < nslots ? prefault : nslots;
-  if (r->prepare && populate(r->base, CKPTIO_IO_ALIGN) < 0) {
-    memset(r->base, 0, r->prepare * slot_bytes);
-    r->touched = r->prepare;
+  r->target = prefault < nslots ? prefault : nslots;
+  if (r->target && populate(r->base, CKPTIO_IO_ALIGN) < 0) {
+    memset(r->base, 0, r->target * slot_bytes);
+    r->touched = r->target;
   }
   atomic_init(&r->stop, 0);
   for (size_t i = 0; i < nslots; i++) r->free_slots[i] = r->base + (nslots - 1 - i) * slot_bytes;
@@ -101,19 +103,41 @@ int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio
 /* Slot by slot, in the order they are first handed out, so a save that
  * starts meanwhile finds its first slots ready and faults the others in
  * itself (two threads faulting one page in wait for each other, never fault
- * it twice). */
+ * it twice). A slot counts as touched once claimed here. */
 int ckptio_ring_prepare(ckptio_ring *r) {
-  for (size_t i = r->touched; i < r->prepare; i++) {
+  for (;;) {
     if (atomic_load_explicit(&r->stop, memory_order_relaxed)) return -ECANCELED;
+    pthread_mutex_lock(&r->mu);
+    size_t i = r->touched < r->target ? r->touched++ : r->nslots;
+    pthread_mutex_unlock(&r->mu);
+    if (i == r->nslots) return 0;
     int rc = populate(r->base + i * r->slot_bytes, r->slot_bytes);
     if (rc < 0) return rc;
   }
-  return 0;
+}
+
+void ckptio_ring_prepare_more(ckptio_ring *r, size_t n) {
+  pthread_mutex_lock(&r->mu);
+  if (n > r->nslots) n = r->nslots;
+  if (n > r->target) r->target = n;
+  pthread_mutex_unlock(&r->mu);
 }
 
 void ckptio_ring_prepare_stop(ckptio_ring *r) { atomic_store_explicit(&r->stop, 1, memory_order_relaxed); }
 
-size_t ckptio_ring_unprepared(const ckptio_ring *r) { return r->prepare - r->touched; }
+size_t ckptio_ring_touched(ckptio_ring *r) {
+  pthread_mutex_lock(&r->mu);
+  size_t n = r->touched;
+  pthread_mutex_unlock(&r->mu);
+  return n;
+}
+
+size_t ckptio_ring_unprepared(ckptio_ring *r) {
+  pthread_mutex_lock(&r->mu);
+  size_t n = r->target > r->touched ? r->target - r->touched : 0;
+  pthread_mutex_unlock(&r->mu);
+  return n;
+}
 
 void ckptio_ring_free(ckptio_ring *r) {
   if (!r) return;
@@ -130,6 +154,8 @@ void *ckptio_ring_acquire(ckptio_ring *r) {
   pthread_mutex_lock(&r->mu);
   while (r->nfree == 0) pthread_cond_wait(&r->cv, &r->mu);
   void *slot = r->free_slots[--r->nfree];
+  size_t i = ckptio_ring_slot_index(r, slot);
+  if (i >= r->touched) r->touched = i + 1;
   pthread_mutex_unlock(&r->mu);
   return slot;
 }

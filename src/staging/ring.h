@@ -22,14 +22,20 @@ typedef struct ckptio_ring ckptio_ring;
  * touched now. @return 0 or -ENOMEM / -EINVAL. */
 int ckptio_ring_create(size_t nslots, size_t slot_bytes, size_t prefault, ckptio_ring **out);
 /* Faults in the slots left to prepare, on the calling thread (a context
- * runs it on a thread of its own), while slots are acquired, written and
- * released concurrently: it never writes a byte. Returns early, with
+ * runs it on a thread of its own, a save on a worker), while slots are
+ * acquired, written and released concurrently: it never writes a byte.
+ * Several may run at once (each claims the next slot). Returns early, with
  * -ECANCELED, once ckptio_ring_prepare_stop was called (from any thread).
  * @return 0 or a negative errno (the slots not prepared are then faulted
  * in by their first user, as staging slots are). */
 int ckptio_ring_prepare(ckptio_ring *r);
+/* Asks for the first n slots (in hand-out order) to be prepared. */
+void ckptio_ring_prepare_more(ckptio_ring *r, size_t n);
 void ckptio_ring_prepare_stop(ckptio_ring *r);
-size_t ckptio_ring_unprepared(const ckptio_ring *r);
+/* How many slots, in hand-out order, were handed out or prepared (or are
+ * being prepared): a save taking no more than these touches no new memory. */
+size_t ckptio_ring_touched(ckptio_ring *r);
+size_t ckptio_ring_unprepared(ckptio_ring *r);
 /* Whoever ran ckptio_ring_prepare must have returned first. */
 void ckptio_ring_free(ckptio_ring *r);
 /* Blocks until a slot is free and returns its buffer. */
