@@ -4,9 +4,9 @@
 #   raw write: each of N ranks writes its share to its own file, O_DIRECT,
 #              8 MiB blocks, 16 in flight, fdatasync (dist_bench raw-write)
 #              then   N ranks save (bench/dist_bench.c, durable) twice in
-#              the same processes, into fresh directories: the first save
-#              of each process and the warm one (pool, ring and pages
-#              already in use, as in a training loop), reported apart
+#              the same processes, into fresh directories, 3 s apart (a
+#              training step): the first save of each process and the warm
+#              one (pool, ring and pages already in use), reported apart
 #   raw read of those files (cache dropped)   then   N ranks load their rows
 #              of every tensor, cold (page cache dropped)
 #   N ranks load their columns (PREAD): bytes read / bytes needed
@@ -54,7 +54,7 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round" >>"$LOG"
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-write "$DIR/fio" "$GIB" >>"$LOG"
   rm -rf "$DIR/ckpt" "$DIR/ckpt.warm" && mkdir -p "$DIR/ckpt"
-  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" save "$DIR/ckpt" "$GIB" 2 >>"$LOG"
+  mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" save "$DIR/ckpt" "$GIB" 2 3 >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
   mpirun -np "$RANKS" --oversubscribe --bind-to none "$BENCH" raw-read "$DIR/fio" >>"$LOG"
   sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true

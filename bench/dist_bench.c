@@ -1,11 +1,14 @@
 /* Multi-rank save and load throughput, run by bench/dist.sh under mpirun
  * next to fio's raw write and read with as many jobs as ranks.
  *
- *   dist_bench save DIR GIB [N]  the ranks save GIB GiB of 8 row-split tensors (durable),
- *                              N times in one process (default 1): the first into DIR,
- *                              the later ones ("save-warm", the process's pool, ring
- *                              and pages already in use, as a training loop's) into
- *                              DIR.warm (each replacing the one before)
+ *   dist_bench save DIR GIB [N [PAUSE]]  the ranks save GIB GiB of 8 row-split
+ *                              tensors (durable), N times in one process (default 1):
+ *                              the first into DIR, the later ones ("save-warm", the
+ *                              process's pool, ring and pages already in use, as a
+ *                              training loop's) into DIR.warm (each replacing the one
+ *                              before), PAUSE seconds apart (default 0; a training
+ *                              step: what a save leaves to do behind it, such as
+ *                              faulting in the staging it skipped, gets that time)
  *   dist_bench load DIR        each rank loads its rows of every tensor (cache dropped first)
  *   dist_bench reshard DIR     each rank loads its columns: bytes read / bytes needed
  *   dist_bench raw-write DIR GIB   the limit: each rank writes its share to its own
@@ -156,11 +159,16 @@ int main(int argc, char **argv) {
     ckptio_comm comm;
     ckptio_comm_from_mpi(&world, &comm);
     int saves = argc > 4 ? atoi(argv[4]) : 1;
+    double pause = argc > 5 ? atof(argv[5]) : 0;
     char warm[4096];
     snprintf(warm, sizeof(warm), "%s.warm", dir);
     if (rank == 0 && saves > 1) mkdir(warm, 0755);
     bytes = (uint64_t)rows * COLS * 4 * NTENSORS;
     for (int s = 0; s < saves; s++) {
+      if (s && pause > 0) {
+        struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
+        nanosleep(&ts, NULL);
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       t0 = now();
       ckptio_writer *w = NULL;
