@@ -106,6 +106,7 @@ int main(void) {
   FIELD(ckptio_stats, threads);
   FIELD(ckptio_stats, staging_bytes);
   FIELD(ckptio_stats, direct_bytes);
+  FIELD(ckptio_stats, load_methods);
   FIELD(ckptio_manager_options, size);
   FIELD(ckptio_manager_options, keep_last);
   FIELD(ckptio_manager_options, keep_every);

@@ -1,5 +1,5 @@
-"""Zero-copy loads (ckptio.load_file / ckptio.torch.load_file, mmap=True, the
-default on the CPU) against the real torch and safetensors: every dtype comes
+"""Zero-copy loads (ckptio.load_file / ckptio.torch.load_file, backend="mmap",
+which the default "auto" picks for a file the page cache holds) against the real torch and safetensors: every dtype comes
 back equal and as a view of one private mapping of the file; a flipped byte
 is refused before anything is returned; writes to the results never reach the
 file; a file saved over the path does not change them; they outlive the
@@ -122,7 +122,7 @@ def save(sd, path, fmt):
 def test_every_dtype_is_equal_and_a_view_of_the_file(tmp_path, fmt):
     sd = every_dtype()
     path = save(sd, tmp_path / f"m.{fmt}", fmt)
-    got = ct.load_file(path)
+    got = ct.load_file(path, backend="mmap")
     assert_equal(got, sd)
     assert len(mappings(path)) == 1, "one mapping for the whole file"
     for k, t in got.items():
@@ -130,7 +130,7 @@ def test_every_dtype_is_equal_and_a_view_of_the_file(tmp_path, fmt):
             assert mapped(t, path), f"{k} was copied"
         assert t.is_contiguous() and t.device.type == "cpu", k
     # numpy: the same bytes, views too; dtypes numpy lacks come as ckptio.Tensor.
-    arrays = ckptio.load_file(path)
+    arrays = ckptio.load_file(path, backend="mmap")
     for k, t in sd.items():
         a = arrays[k]
         if isinstance(a, ckptio.Tensor):
@@ -149,13 +149,13 @@ def test_a_sharded_set_loads_as_views_of_each_shard(tmp_path):
     shards = sorted(tmp_path.glob("model-*.safetensors"))
     assert len(shards) > 1
     for where in (tmp_path, tmp_path / "model.safetensors.index.json"):
-        got = ct.load_file(where)
+        got = ct.load_file(where, backend="mmap")
         assert_equal(got, sd)
         assert list(got) == list(ct.load_file(where, mmap=False)), "the set's order"
         for k, t in got.items():
             if t.numel():
                 assert any(mapped(t, s) for s in shards), f"{k} was copied"
-        arrays = ckptio.load_file(where)
+        arrays = ckptio.load_file(where, backend="mmap")
         assert sorted(arrays) == sorted(sd)
     # A shard corrupted after the set was written is still caught.
     victim = shards[-1]
@@ -163,7 +163,7 @@ def test_a_sharded_set_loads_as_views_of_each_shard(tmp_path):
         first = next(i for i in r.infos() if i.nbytes)
     flip_byte(victim, first.offset)
     with pytest.raises(ckptio.CkptioError) as e:
-        ct.load_file(tmp_path)
+        ct.load_file(tmp_path, backend="mmap")
     assert e.value.code == ckptio.ERRORS["CHECKSUM"], e.value
 
 
@@ -175,7 +175,7 @@ def test_files_of_the_peers_load_as_views(tmp_path):
     pt = tmp_path / "peer.pt"
     torch.save(sd, pt)
     for path in (st, pt):
-        got = ct.load_file(path)
+        got = ct.load_file(path, backend="mmap")
         assert_equal(got, sd)
         for k, t in got.items():
             assert not t.numel() or mapped(t, path), (path.name, k)
@@ -183,7 +183,7 @@ def test_files_of_the_peers_load_as_views(tmp_path):
     i = info(pt, "big")
     flip_byte(pt, i.offset + 5)
     with pytest.raises(ckptio.CkptioError) as e:
-        ct.load_file(pt)
+        ct.load_file(pt, backend="mmap")
     assert e.value.code == ckptio.E_CHECKSUM and "'big'" in str(e.value)
 
 
@@ -193,7 +193,7 @@ def test_views_and_big_endian_entries_are_copied(tmp_path):
           "bytes": torch.arange(7, dtype=torch.uint8)}
     path = tmp_path / "views.pt"
     torch.save(sd, path)
-    got = ct.load_file(path)
+    got = ct.load_file(path, backend="mmap")
     assert_equal(got, sd)
     assert mapped(got["base"], path) and mapped(got["row"], path)  # contiguous: views
     assert not mapped(got["t"], path) and not mapped(got["cols"], path)  # strided: copies
@@ -218,7 +218,7 @@ def test_views_and_big_endian_entries_are_copied(tmp_path):
                 n = list(sd.values())[int(parts[2])].element_size()
                 data = b"".join(data[i:i + n][::-1] for i in range(0, len(data), n))
             zo.writestr(rec.filename, data)
-    got = ct.load_file(be)
+    got = ct.load_file(be, backend="mmap")
     assert_equal(got, sd)
     assert not mapped(got["f"], be) and not mapped(got["i"], be)
     assert mapped(got["u8"], be)
@@ -234,10 +234,10 @@ def test_misaligned_tensor_is_copied(tmp_path):
     data = b"\x07" + np.array([1.5, -2.0], "<f4").tobytes()
     path = tmp_path / "odd.safetensors"
     path.write_bytes(struct.pack("<Q", len(text)) + text + data)
-    got = ct.load_file(path)
+    got = ct.load_file(path, backend="mmap")
     assert got["a"].tolist() == [7] and got["b"].tolist() == [1.5, -2.0]
     assert mapped(got["a"], path) and not mapped(got["b"], path)
-    arrays = ckptio.load_file(path)
+    arrays = ckptio.load_file(path, backend="mmap")
     assert arrays["b"].tolist() == [1.5, -2.0] and arrays["b"].flags.aligned
 
 
@@ -248,7 +248,7 @@ def test_a_flipped_byte_is_refused_before_anything_is_returned(tmp_path, fmt):
     sd = {"a": torch.randn(1000), "victim": torch.randn(300, 7), "z": torch.ones(3)}
     path = save(sd, tmp_path / f"m.{fmt}", fmt)
     flip_byte(path, info(path, "victim").offset + 4 * 1234)
-    for load in (lambda: ct.load_file(path), lambda: ckptio.load_file(path),
+    for load in (lambda: ct.load_file(path, backend="mmap"), lambda: ckptio.load_file(path, backend="mmap"),
                  lambda: ct.load_file(path, mmap=False)):
         with pytest.raises(ckptio.CkptioError) as e:
             load()
@@ -258,7 +258,7 @@ def test_a_flipped_byte_is_refused_before_anything_is_returned(tmp_path, fmt):
     gc.collect()
     assert mappings(path) == [], "a refused load leaves no mapping behind"
     # crc=False (numpy binding) hands out the bytes as they are.
-    got = ckptio.load_file(path, crc=False)
+    got = ckptio.load_file(path, crc=False, backend="mmap")
     assert got["victim"].tobytes() != raw(sd["victim"])
 
 
@@ -267,13 +267,13 @@ def test_writes_to_results_never_reach_the_file(tmp_path, fmt):
     sd = {"w": torch.randn(4096, 3), "b": torch.arange(100, dtype=torch.int32)}
     path = save(sd, tmp_path / f"m.{fmt}", fmt)
     before = digest(path)
-    got = ct.load_file(path)
+    got = ct.load_file(path, backend="mmap")
     got["w"].mul_(3).add_(1)
     got["b"][::2] = -5
-    arrays = ckptio.load_file(path)
+    arrays = ckptio.load_file(path, backend="mmap")
     arrays["w"][:] = 0
     assert digest(path) == before
-    assert_equal(ct.load_file(path), sd)  # a new load sees the file
+    assert_equal(ct.load_file(path, backend="mmap"), sd)  # a new load sees the file
     assert torch.equal(got["w"], sd["w"] * 3 + 1)  # each keeps its own writes
     assert not arrays["w"].any()
     ckptio.verify(path)
@@ -284,12 +284,12 @@ def test_a_file_saved_over_the_path_does_not_change_results(tmp_path, fmt):
     old = {"w": torch.randn(512, 512), "n": torch.arange(10)}
     new = {"w": torch.zeros(512, 512), "n": torch.arange(10) + 1}
     path = save(old, tmp_path / f"m.{fmt}", fmt)
-    got = ct.load_file(path)
-    arrays = ckptio.load_file(path)
+    got = ct.load_file(path, backend="mmap")
+    arrays = ckptio.load_file(path, backend="mmap")
     save(new, path, fmt)  # ckptio: temp file + rename, the old inode lives on
     assert_equal(got, old)
     assert arrays["w"].tobytes() == raw(old["w"])
-    assert_equal(ct.load_file(path), new)
+    assert_equal(ct.load_file(path, backend="mmap"), new)
     # Another writer's rename (os.replace of a finished file), then an unlink.
     tmp = tmp_path / "other.tmp"
     torch.save(new, tmp)
@@ -304,8 +304,8 @@ def test_a_file_saved_over_the_path_does_not_change_results(tmp_path, fmt):
 def test_results_outlive_the_reader_and_the_mapping_goes_with_the_last(tmp_path):
     sd = {"a": torch.randn(100_000), "b": torch.randn(3, 3), "c": torch.arange(8)}
     path = save(sd, tmp_path / "m.safetensors", "safetensors")
-    got = ct.load_file(path)
-    arrays = ckptio.load_file(path)
+    got = ct.load_file(path, backend="mmap")
+    arrays = ckptio.load_file(path, backend="mmap")
     gc.collect()
     readers = [o for o in gc.get_objects() if type(o) in (ckptio._core.Reader, ckptio._torch_io.TorchReader)]
     assert readers == [], "no reader survives load_file"
@@ -365,7 +365,7 @@ def test_rss_stays_near_the_file_size(tmp_path):
         gc.collect()
         base = status("VmRSS:")  # no ckptio context yet: the load makes its own
         open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-        got = ct.load_file(sys.argv[1])
+        got = ct.load_file(sys.argv[1], backend="mmap")
         s = sum(float(t.sum()) for t in got.values())  # touch every byte
         peak = status("VmHWM:") - base
         del got
@@ -386,7 +386,7 @@ def test_truncation_in_place_raises_sigbus(tmp_path):
     path = save({"w": torch.randn(1 << 20)}, tmp_path / "m.safetensors", "safetensors")
     child = run_child("""
         import os, sys, ckptio.torch as ct
-        got = ct.load_file(sys.argv[1])
+        got = ct.load_file(sys.argv[1], backend="mmap")
         os.truncate(sys.argv[1], 4096)
         print(float(got["w"].sum()))
         """, path)
