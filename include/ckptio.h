@@ -330,10 +330,14 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  * of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
  * object from the worker that filled it, the chunk holding the header
  * last (once its CRCs are known), then publish: the object appears whole,
- * or not at all. Supported so far: single safetensors files, loaded and
- * saved (uncompressed). A .pt archive, a compressed file, a sharded set, a
- * multi-rank checkpoint or the manager on a storage is refused with
- * CKPTIO_E_FORMAT naming what is not supported yet.
+ * or not at all. Supported so far: safetensors files and Hugging Face
+ * sharded sets, loaded and saved (uncompressed). A set in a storage names
+ * its shards after the save ("model-00001-of-00003-<save id>.safetensors":
+ * an object cannot be renamed, so a save never writes over the shards the
+ * old index names), publishes them, then the index (the moment the set
+ * changes), then removes the older saves' shards. A .pt archive, a
+ * compressed file, a multi-rank checkpoint or the manager on a storage is
+ * refused with CKPTIO_E_FORMAT naming what is not supported yet.
  *
  * Contract of the verbs. Each returns 0 or a negative ckptio code or
  * -errno (-ENOENT: no such object), and on failure writes a sentence into
@@ -361,9 +365,22 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  *  abandon     nothing is published, the path keeps what it had (an S3
  *              multipart upload is aborted, so no part stays stored); frees
  *              obj. Called instead of publish after any failure.
- * The write verbs may be NULL for a read-only storage (saves to it are
- * refused). The table is versioned (its `size` first, the rule above):
- * set size = sizeof(ckptio_storage_ops). */
+ *  list        calls fn(arg, path, size) for every published object whose
+ *              path starts with `prefix` (a whole path, scheme included),
+ *              in any order; fn's nonzero return stops the walk and is
+ *              returned. What a sharded save cleans up by.
+ *  remove      deletes the published object `path`; a path that is not
+ *              there is not an error.
+ *  sweep       abandons every unpublished object under `prefix` (what saves
+ *              that died before publish or abandon left stored): called by
+ *              a save after its own publish, so it must not touch what is
+ *              published. Saves of the same set or file from two processes
+ *              at once are not supported: one may sweep the other's.
+ * The write verbs (create, write, publish, abandon) may all be NULL for a
+ * read-only storage (saves to it are refused); list, remove and sweep may
+ * be NULL (a sharded save then leaves the files of older saves and
+ * crashed ones in place). The table is versioned (its `size` first, the
+ * rule above): set size = sizeof(ckptio_storage_ops). */
 typedef struct ckptio_storage_ops {
   size_t size;
   int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
@@ -373,6 +390,10 @@ typedef struct ckptio_storage_ops {
   int (*write)(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
   int (*publish)(void *self, void *obj, char *err, size_t errlen);
   void (*abandon)(void *self, void *obj);
+  int (*list)(void *self, const char *prefix, int (*fn)(void *arg, const char *path, uint64_t size), void *arg,
+              char *err, size_t errlen);
+  int (*remove)(void *self, const char *path, char *err, size_t errlen);
+  int (*sweep)(void *self, const char *prefix, char *err, size_t errlen);
 } ckptio_storage_ops;
 
 /*! ckptio_ctx_storage_register() :

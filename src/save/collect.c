@@ -119,10 +119,11 @@ void ckptio_save_id_make(char out[33]) {
   for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
-int ckptio_collect_check_dir(const char *dir, const char *prefix, char *msg, size_t len) {
+int ckptio_collect_check_dir(const char *dir, const char *prefix, int object, char *msg, size_t len) {
   struct stat st;
   if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, ".."))
     return ckptio_err_fmt(msg, len, CKPTIO_E_INVALID_ARG, "prefix '%s': must be a plain, non-empty file name", prefix);
+  if (object) return 0; /* a storage's prefix: nothing to stat */
   if (stat(dir, &st) < 0) return ckptio_err_fmt(msg, len, -errno, "%s: %s", dir, ckptio_errno_text(errno));
   if (!S_ISDIR(st.st_mode)) return ckptio_err_fmt(msg, len, -ENOTDIR, "%s: %s", dir, ckptio_errno_text(ENOTDIR));
   return 0;

@@ -43,7 +43,7 @@ void ckptio_collect_free(ckptio_collect *c);
 /* The directory and file prefix of a writer of several files: a plain,
  * non-empty prefix and an existing directory. @return 0, or
  * CKPTIO_E_INVALID_ARG / -ENOENT / -ENOTDIR with the reason in msg. */
-int ckptio_collect_check_dir(const char *dir, const char *prefix, char *msg, size_t len);
+int ckptio_collect_check_dir(const char *dir, const char *prefix, int object, char *msg, size_t len);
 
 /* A random save id (32 hex digits and a NUL) that ties a set's files to its
  * index. */

@@ -92,7 +92,12 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
              dir, comm->size);
     goto fail;
   }
-  if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
+  if (strstr(dir, "://")) {
+    rc = CKPTIO_E_FORMAT;
+    snprintf(msg, sizeof(msg), "%s: multi-rank checkpoints in a storage are not supported yet", dir);
+    goto fail;
+  }
+  if ((rc = ckptio_collect_check_dir(dir, prefix, 0, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;

@@ -44,6 +44,7 @@ typedef struct set_writer {
   ckptio_writer **sub;    /* one file writer per shard, driven by its verbs */
   ckptio_tmpfile *files;  /* taken from the subs at publish */
   ckptio_swap *how;
+  const ckptio_storage *store; /* dir is a storage's prefix: shards are objects */
   char save_id[33];
   pthread_t thread;
   pthread_mutex_t mu;
@@ -93,9 +94,12 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
     snprintf(msg, sizeof(msg), "%s: unknown shard order %d", dir, (int)order);
     goto fail;
   }
-  if ((rc = ckptio_collect_check_dir(dir, prefix, msg, sizeof(msg))) < 0) goto fail;
+  const ckptio_storage *store = NULL;
+  int object = ckptio_storages_find(ctx->storages, dir, &store, msg, sizeof(msg));
+  if ((rc = object) < 0 || (rc = ckptio_collect_check_dir(dir, prefix, object, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
+  w->store = object ? store : NULL;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;
   if (w->opts.compress_level) {
     /* Shards are read directly by Hugging Face tools, which know no zstd. */
@@ -190,9 +194,12 @@ static int assign_shards(set_writer *w) {
 /* The tensor at position i of the shards' order. */
 static const ckptio_ctensor *placed(const set_writer *w, size_t i) { return &w->c.tensors[w->order_of[i]]; }
 
-/* The file name of shard k (0-based), into buf. */
+/* The file name of shard k (0-based), into buf. An object cannot be
+ * renamed into place, so in a storage each save names its own shards
+ * (after its save id) and never writes over those the old index names. */
 static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
-  snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
+  if (w->store) snprintf(buf, len, "%s-%05zu-of-%05zu-%.8s.safetensors", w->prefix, k + 1, w->nshards, w->save_id);
+  else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
 }
 
 /* Opens and fills shard k's writer. */
@@ -218,7 +225,7 @@ static int open_shard(set_writer *w, size_t k) {
 
 /* The index: every tensor mapped to its shard's file name. */
 static int index_json(set_writer *w, ckptio_json_out *o) {
-  size_t len = strlen(w->prefix) + 64; /* "-NNNNN-of-NNNNN.safetensors", any count */
+  size_t len = strlen(w->prefix) + 80; /* "-NNNNN-of-NNNNN-ID.safetensors", any count */
   ckptio_hf_weight *map = calloc(w->c.count + 1, sizeof(*map));
   char *names = calloc(w->nshards + 1, len);
   int rc = -ENOMEM;
@@ -297,6 +304,85 @@ undo:
   return rc;
 }
 
+/* The path of shard k, malloc'd. */
+static char *shard_path(const set_writer *w, size_t k) {
+  char name[4096];
+  shard_name(w, k, name, sizeof(name));
+  return ckptio_path_join(w->dir, name);
+}
+
+/* Whether name is a shard of prefix: "<prefix>-NNNNN-of-NNNNN[-ID].safetensors". */
+static int is_shard_name(const char *name, const char *prefix) {
+  size_t p = strlen(prefix), n = strlen(name);
+  if (n < p + 27 || strncmp(name, prefix, p) || name[p] != '-' || strcmp(name + n - 12, ".safetensors")) return 0;
+  const char *x = name + p + 1;
+  for (int i = 0; i < 5; i++)
+    if (x[i] < '0' || x[i] > '9' || x[i + 9] < '0' || x[i + 9] > '9') return 0;
+  return !strncmp(x + 5, "-of-", 4) && (x[14] == '.' || x[14] == '-');
+}
+
+typedef struct stale {
+  const set_writer *w;
+  char **keep;  /* the new shards' paths */
+} stale;
+
+static int remove_if_stale(void *arg, const char *path, uint64_t size) {
+  stale *st = arg;
+  const set_writer *w = st->w;
+  size_t d = strlen(w->dir);
+  char ignored[256];
+  (void)size;
+  if (strncmp(path, w->dir, d) || path[d] != '/' || !is_shard_name(path + d + 1, w->prefix)) return 0;
+  for (size_t k = 0; k < w->nshards; k++)
+    if (!strcmp(st->keep[k], path)) return 0;
+  w->store->ops.remove(w->store->self, path, ignored, sizeof(ignored));
+  return 0;
+}
+
+/* A set in a storage: publish every shard (each under a name of this save,
+ * so the old index still names whole old shards), then the index: the
+ * moment the set changes. Then the older saves' shards are removed and the
+ * uploads crashed saves of the set left are abandoned. Before the index,
+ * any failure removes what this save published and the old set is as it
+ * was. */
+static int publish_objects(set_writer *w) {
+  const ckptio_storage_ops *ops = &w->store->ops;
+  char **paths = calloc(w->nshards + 1, sizeof(char *)), ignored[256];
+  char *index = NULL, name[4096];
+  ckptio_json_out o = {0};
+  ckptio_tmpfile t;
+  memset(&t, 0, sizeof(t));
+  size_t done = 0;
+  int rc = paths ? 0 : -ENOMEM;
+  for (size_t k = 0; k < w->nshards && rc == 0; k++)
+    if (!(paths[k] = shard_path(w, k))) rc = -ENOMEM;
+  for (; done < w->nshards && rc == 0; done++)
+    rc = ckptio_tmpfile_commit(&w->files[done], 0, w->opts.fsync, NULL, w->base.err, sizeof(w->base.err));
+  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
+  if (rc == 0) rc = (index = ckptio_path_join(w->dir, name)) ? index_json(w, &o) : -ENOMEM;
+  if (rc == 0) rc = ckptio_tmpfile_open_object(&t, index, o.len, o.len, ops, w->store->self, w->base.err,
+                                                sizeof(w->base.err));
+  if (rc == 0 && (rc = ckptio_tmpfile_write(&t, o.data, o.len, 0, w->base.err, sizeof(w->base.err))) < 0)
+    ckptio_tmpfile_abort(&t);
+  if (rc == 0) rc = ckptio_tmpfile_commit(&t, o.len, w->opts.fsync, NULL, w->base.err, sizeof(w->base.err));
+  if (rc < 0) {
+    for (size_t k = done; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
+    for (size_t k = 0; k < done && ops->remove && paths; k++)
+      if (paths[k]) ops->remove(w->store->self, paths[k], ignored, sizeof(ignored));
+  } else {
+    char *under = ckptio_path_join(w->dir, w->prefix);
+    stale st = {w, paths};
+    if (under && ops->list && ops->remove) ops->list(w->store->self, under, remove_if_stale, &st, ignored, sizeof(ignored));
+    if (under && ops->sweep) ops->sweep(w->store->self, under, ignored, sizeof(ignored));
+    free(under);
+  }
+  for (size_t k = 0; paths && k < w->nshards; k++) free(paths[k]);
+  free(paths);
+  free(index);
+  free(o.data);
+  return rc;
+}
+
 static void *shard_main(void *arg) {
   set_writer *w = arg;
   int rc = 0;
@@ -315,7 +401,7 @@ static void *shard_main(void *arg) {
   }
   if (rc == 0) {
     uint64_t t = ckptio_now_ns();
-    rc = publish(w);
+    rc = w->store ? publish_objects(w) : publish(w);
     atomic_store(&w->publish_ns, ckptio_now_ns() - t);
   } else
     for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);

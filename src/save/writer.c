@@ -181,7 +181,7 @@ int ckptio_file_writer_hold_publish(ckptio_writer *base) {
 
 int ckptio_file_writer_take_file(ckptio_writer *base, ckptio_tmpfile *out) {
   file_writer *w = (file_writer *)base;
-  if (!w || !w->hold || w->state != W_RUNNING || !w->durable_done || w->result < 0 || !w->file.tmp)
+  if (!w || !w->hold || w->state != W_RUNNING || !w->durable_done || w->result < 0 || (!w->file.tmp && !w->file.obj))
     return CKPTIO_E_STATE;
   *out = w->file;
   memset(&w->file, 0, sizeof(w->file));
@@ -795,7 +795,7 @@ static int zsave_open(file_writer *w) {
 
 /* A save to an object of a storage: the same chunks, written through its
  * verbs (never in place: fd_direct stays -1), the header's chunk last,
- * then published. */
+ * then published (held: left for the set's owner to publish). */
 static int save_object(file_writer *w, const ckptio_storage *st) {
   int rc = ckptio_tmpfile_open_object(&w->file, w->path, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
                                       &st->ops, st->self, w->base.err, sizeof(w->base.err));
@@ -807,6 +807,7 @@ static int save_object(file_writer *w, const ckptio_storage *st) {
   release_held(w);
   if (rc < 0) goto fail;
   ckptio_lap(&w->timers.write_ns, &t);
+  if (w->hold) return 0; /* written, not published: the set publishes its files together */
   ckptio_held held = {0};
   rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
   ckptio_lap(&w->timers.commit_ns, &t);
@@ -826,12 +827,7 @@ static int save_run(file_writer *w) {
   uint64_t size = compress ? 0 : w->layout.file_size;
   const ckptio_storage *st = NULL;
   if ((rc = ckptio_storages_find(w->ctx->storages, w->path, &st, w->base.err, sizeof(w->base.err))) < 0) return rc;
-  if (rc == 1) {
-    if (w->hold) /* a set's or a multi-rank checkpoint's file */
-      return ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,
-                            "%s: sharded sets and multi-rank checkpoints in a storage are not supported yet", w->path);
-    return save_object(w, st);
-  }
+  if (rc == 1) return save_object(w, st);
   rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   /* No space yet: the blocks of files that earlier saves replaced may still
    * be on their way back (release.h). */

@@ -12,6 +12,7 @@
  * the uploads of the same key that crashed saves left open. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,6 +213,43 @@ static void s3_abandon(void *self, void *obj) {
   upload_free(u);
 }
 
+/* ------------------------------------------------------------ listing */
+
+typedef struct walk {
+  const char *bucket;
+  int (*fn)(void *arg, const char *path, uint64_t size);
+  void *arg;
+} walk;
+
+static int walk_one(void *arg, const char *key, uint64_t size, const char *etag) {
+  walk *w = arg;
+  char path[CKPTIO_S3_BUCKET_MAX + CKPTIO_S3_KEY_MAX + 8];
+  (void)etag;
+  snprintf(path, sizeof(path), "s3://%s/%s", w->bucket, key);
+  return w->fn(w->arg, path, size);
+}
+
+static int s3_list(void *self, const char *prefix, int (*fn)(void *arg, const char *path, uint64_t size), void *arg,
+                   char *err, size_t errlen) {
+  ckptio_s3_url u;
+  int rc = ckptio_s3_url_parse(prefix, &u, err, errlen);
+  walk w = {u.bucket, fn, arg};
+  return rc < 0 ? rc : ckptio_s3_list_objects(self, u.bucket, u.key, walk_one, &w, err, errlen);
+}
+
+static int s3_remove(void *self, const char *path, char *err, size_t errlen) {
+  ckptio_s3_url u;
+  int rc = ckptio_s3_url_parse(path, &u, err, errlen);
+  return rc < 0 ? rc : ckptio_s3_delete_object(self, u.bucket, u.key, err, errlen);
+}
+
+static int s3_sweep(void *self, const char *prefix, char *err, size_t errlen) {
+  ckptio_s3_url u;
+  int rc = ckptio_s3_url_parse(prefix, &u, err, errlen);
+  rc = rc < 0 ? rc : ckptio_s3_abort_uploads(self, u.bucket, u.key, err, errlen);
+  return rc < 0 ? rc : 0;
+}
+
 const ckptio_storage_ops ckptio_s3_storage_ops = {
     .size = sizeof(ckptio_storage_ops),
     .open_read = s3_open_read,
@@ -221,4 +259,7 @@ const ckptio_storage_ops ckptio_s3_storage_ops = {
     .write = s3_write,
     .publish = s3_publish,
     .abandon = s3_abandon,
+    .list = s3_list,
+    .remove = s3_remove,
+    .sweep = s3_sweep,
 };

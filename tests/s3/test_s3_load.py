@@ -185,3 +185,35 @@ def test_sharded_set_in_s3_loads_as_a_set(s3, tmp_path):
     c.delete_object(Bucket=s3.bucket, Key=f"sets/a/{files[0] if files[0] != index else files[1]}")
     with pytest.raises(FileNotFoundError, match="shard"):
         ct.load_file(f"s3://{s3.bucket}/sets/a/{index}")
+
+
+def test_sharded_saves_to_s3_replace_the_set_whole(s3, tmp_path):
+    """save_torch_state_dict to an s3:// prefix: shards named after the save
+    (the old index's shards are never written over), the index last; a
+    second save with another shard count replaces the set, its older shards
+    are removed, and transformers-style loading through the index (boto3
+    downloads + safetensors) reads every tensor."""
+    c = client(s3)
+    prefix = f"s3://{s3.bucket}/sets/saved"
+    first = state()
+    ct.save_torch_state_dict(first, prefix, max_shard_size=3 << 20)
+    keys1 = sorted(o["Key"] for o in c.list_objects_v2(Bucket=s3.bucket, Prefix="sets/saved/")["Contents"])
+    assert len(keys1) > 3 and "sets/saved/model.safetensors.index.json" in keys1, keys1
+    got = ct.load_file(f"{prefix}/model.safetensors.index.json")
+    for name in first:
+        assert torch.equal(got[name], first[name]), name
+    second = {k: v + 1 if v.is_floating_point() else v for k, v in first.items()}
+    ct.save_torch_state_dict(second, prefix, max_shard_size=8 << 20)
+    keys2 = sorted(o["Key"] for o in c.list_objects_v2(Bucket=s3.bucket, Prefix="sets/saved/")["Contents"])
+    assert not set(keys2) & (set(keys1) - {"sets/saved/model.safetensors.index.json"}), "old shards removed"
+    assert not c.list_multipart_uploads(Bucket=s3.bucket, Prefix="sets/saved/").get("Uploads")
+    import json
+    import safetensors.torch
+    body = c.get_object(Bucket=s3.bucket, Key="sets/saved/model.safetensors.index.json")["Body"].read()
+    weight_map = json.loads(body)["weight_map"]
+    loaded = {}
+    for f in sorted(set(weight_map.values())):
+        c.download_file(s3.bucket, f"sets/saved/{f}", str(tmp_path / f))
+        loaded.update(safetensors.torch.load_file(str(tmp_path / f)))
+    for name in second:
+        assert torch.equal(loaded[name], second[name]), name

@@ -84,18 +84,19 @@ class S3Storage : public ::testing::Test {
   }
   void TearDown() override { ckptio_s3_client_free(client); }
 
-  // Uploads open under key (exactly that key).
-  int open_uploads(const std::string &key) {
+  // Uploads open under key (exactly that key; or, under, every key under it).
+  int open_uploads(const std::string &key, bool under = false) {
     struct Count {
       std::string key;
+      bool under;
       int n;
-    } c{key, 0};
+    } c{key, under, 0};
     char err[512] = "";
     int rc = ckptio_s3_list_uploads(
         client, bucket(), key.c_str(),
         [](void *arg, const char *k, const char *) {
           Count *c = static_cast<Count *>(arg);
-          c->n += c->key == k;
+          c->n += c->key == k || (c->under && !strncmp(k, c->key.c_str(), c->key.size()));
           return 0;
         },
         &c, err, sizeof(err));
@@ -179,6 +180,78 @@ TEST_F(S3Storage, AFailedSaveKeepsTheOldObjectAndLeavesNoUpload) {
   EXPECT_NE(err.find("cudaErrorIllegalAddress"), std::string::npos) << err;
   expect_object_loads(c.ctx, url(key), old);
   EXPECT_EQ(open_uploads(key), 0);
+}
+
+// A sharded set saved to a storage prefix; in the cuda-fake variant a second
+// save fails half way (an injected GPU copy failure after shards went up):
+// the old set still loads whole, and no new shard and no upload is left.
+TEST_F(S3Storage, ASetSaveIsWholeOrNotAtAll) {
+  ckptio_options o = small_options(8 << 20, 32 << 20, 4);
+  TestContext c(o);
+  std::string dir = url("sets/c"), index = dir + "/model.safetensors.index.json";
+  auto save_set = [&](const std::vector<Tensor> &ts, std::string *why) {
+    ckptio_writer *w = nullptr;
+    int rc = ckptio_writer_open_sharded(c.ctx, dir.c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 4 << 20,
+                                        CKPTIO_SHARD_ORDER_ADDED, nullptr, &w);
+    if (rc < 0) {
+      *why = ckptio_last_open_error();
+      return rc;
+    }
+    std::vector<void *> dev;
+    for (size_t i = 0; i < ts.size() && rc == 0; i++) {
+      ckptio_tensor d = host_desc(ts[i]);
+      if (on_gpu()) {
+        void *p = nullptr;
+        EXPECT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(0), ts[i].bytes.size(), &p), 0);
+        to_gpu(p, ts[i].bytes.data(), ts[i].bytes.size());
+        d.data = p, d.device = CKPTIO_DEVICE_CUDA(0);
+        dev.push_back(p);
+      }
+      rc = ckptio_writer_add(w, &d);
+    }
+    if (rc == 0) rc = ckptio_writer_commit(w);
+    *why = ckptio_writer_last_error(w);
+    ckptio_writer_close(w);
+    for (void *p : dev) ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(0), p);
+    return rc;
+  };
+  std::vector<Tensor> old = model(11, 30);
+  std::string why;
+  ASSERT_EQ(save_set(old, &why), 0) << why;
+  expect_object_loads(c.ctx, index, old);
+  int before = 0;
+  struct Count {
+    int n;
+  } objects{0};
+  auto count = [&]() {
+    objects.n = 0;
+    char err[512] = "";
+    EXPECT_EQ(ckptio_s3_list_objects(
+                  client, bucket(), "sets/c/",
+                  [](void *arg, const char *, uint64_t, const char *) {
+                    static_cast<Count *>(arg)->n++;
+                    return 0;
+                  },
+                  &objects, err, sizeof(err)),
+              0)
+        << err;
+    return objects.n;
+  };
+  before = count();
+  EXPECT_GT(before, 3);
+  if (fake_gpu()) {
+    sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")("cudaMemcpyAsync", 6, 700);
+    int rc = save_set(model(12, 30), &why);
+    sym<int (*)(const char *, long, int)>("fake_cudart_set_fail")(nullptr, 0, 0);
+    EXPECT_EQ(rc, CKPTIO_E_DEVICE) << why;
+    expect_object_loads(c.ctx, index, old);
+    EXPECT_EQ(count(), before) << "a failed set save left objects behind";
+    EXPECT_EQ(open_uploads("sets/c/", true), 0);
+  }
+  std::vector<Tensor> next = model(13, 5);
+  ASSERT_EQ(save_set(next, &why), 0) << why;
+  expect_object_loads(c.ctx, index, next);
+  EXPECT_LT(count(), before) << "the older save's shards are removed";
 }
 
 // What is not supported yet says so at open, before anything is sent.
