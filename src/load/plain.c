@@ -228,8 +228,12 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
   } else {
     unsigned char *to = host ? host : j->slot;
-    for (uint64_t o = 0; o < t->len; o += CKPTIO_CRC_STEP) {
-      size_t n = (size_t)(t->len - o < CKPTIO_CRC_STEP ? t->len - o : CKPTIO_CRC_STEP);
+    /* A file is read a CRC step at a time, checked while in cache; an
+     * object in one read, as each read is a request (an HTTP GET: 256 KiB
+     * steps sent 32x the requests and ran 2-3x slower, bench/RESULTS_S3.md). */
+    uint64_t step = p->f.store ? t->len : CKPTIO_CRC_STEP;
+    for (uint64_t o = 0; o < t->len; o += step) {
+      size_t n = (size_t)(t->len - o < step ? t->len - o : step);
       size_t len;
       char *msg = ckptio_run_msg(x, &len);
       if ((rc = ckptio_rfile_pread(&p->f, to + o, n, abs + o, msg, len)) < 0) return rc;
