@@ -26,9 +26,8 @@ def s3():
     if not BIN or not os.access(BIN, os.X_OK):
         pytest.skip("CKPTIO_TEST_S3 does not name the test_s3 binary")
     pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup.sh puts it in .venv)")
-    server = weed_server.WeedServer.attach()  # ctest runs this under weed_server.py
-    try:
-        server = server or weed_server.WeedServer(bucket="interop")
+    try:  # ctest runs this under weed_server.py: attached to, not started again
+        server = weed_server.WeedServer.attach_or_start(bucket="interop")
     except weed_server.Unavailable as e:
         pytest.skip(str(e))
     with server:

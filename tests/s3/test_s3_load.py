@@ -25,9 +25,8 @@ from ckptio.errors import CkptioError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def s3():
-    server = weed_server.WeedServer.attach()  # ctest runs this under weed_server.py
-    try:
-        server = server or weed_server.WeedServer(bucket="loads")
+    try:  # ctest runs this under weed_server.py: attached to, not started again
+        server = weed_server.WeedServer.attach_or_start(bucket="loads")
     except weed_server.Unavailable as e:
         pytest.skip(str(e))
     with server:

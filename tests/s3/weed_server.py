@@ -108,6 +108,12 @@ class WeedServer:
         return env
 
     @classmethod
+    def attach_or_start(cls, bucket):
+        """The server around the caller (attach), else a new one with this
+        bucket; Unavailable when weed is missing (the caller skips)."""
+        return cls.attach() or cls(bucket=bucket)
+
+    @classmethod
     def attach(cls, environ=None):
         """The server this file's command started around the caller (its
         settings from the environment), or None: a pytest run under

@@ -58,6 +58,18 @@ size_t resident_file_pages(const std::string &path, size_t *total) {
   return n;
 }
 
+// Drops path from the page cache; false where the filesystem keeps it
+// cached anyway (tmpfs), which a cold-file test must skip.
+bool dropped_from_cache(const std::string &path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  fdatasync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+  size_t total = 0;
+  return resident_file_pages(path, &total) <= total / 20;
+}
+
 // save() of the fixture writes safetensors; this writes either format.
 void save_as(ckptio_ctx *ctx, const std::string &path, ckptio_format f, const std::vector<Tensor> &ts) {
   ckptio_writer *w = nullptr;
@@ -183,18 +195,12 @@ TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
   std::vector<Tensor> ts;
   for (int k = 0; k < 64; k++) ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {65536}, k));
   save_as(c.ctx, path, CKPTIO_FORMAT_PYTORCH, ts);
-  int fd = open(path.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  fdatasync(fd);
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
-  size_t total = 0;
-  if (resident_file_pages(path, &total) > total / 20)
+  if (!dropped_from_cache(path))
     GTEST_SKIP() << "this filesystem keeps the file cached after POSIX_FADV_DONTNEED (tmpfs?)";
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
   EXPECT_EQ(ckptio_reader_count(r), ts.size());
-  size_t read = resident_file_pages(path, &total);
+  size_t total = 0, read = resident_file_pages(path, &total);
   EXPECT_LT(read, total / 10) << "opening read " << read << " of " << total << " pages";
   std::vector<uint8_t> got(ts[5].bytes.size());
   ASSERT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, "t5"), got.data(), got.size()), 0);
@@ -212,13 +218,7 @@ TEST(ReaderMap, ResidentShareDecidesAutoAndStatsShowIt) {
   std::vector<Tensor> ts;
   for (int k = 0; k < 16; k++) ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {1 << 18}, k));
   save_as(c.ctx, path, CKPTIO_FORMAT_SAFETENSORS, ts);
-  int fd = open(path.c_str(), O_RDONLY);
-  ASSERT_GE(fd, 0);
-  fdatasync(fd);
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
-  size_t total = 0;
-  if (resident_file_pages(path, &total) > total / 20)
+  if (!dropped_from_cache(path))
     GTEST_SKIP() << "this filesystem keeps the file cached after POSIX_FADV_DONTNEED (tmpfs?)";
   int dfd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (dfd < 0) GTEST_SKIP() << "this filesystem refuses O_DIRECT: AUTO reads it by pread";
@@ -244,7 +244,7 @@ TEST(ReaderMap, ResidentShareDecidesAutoAndStatsShowIt) {
 
   // Read through the page cache: now resident, and AUTO reads by pread.
   std::vector<uint8_t> all(4 << 20);
-  fd = open(path.c_str(), O_RDONLY);
+  int fd = open(path.c_str(), O_RDONLY);
   while (read(fd, all.data(), all.size()) > 0) {
   }
   close(fd);
