@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -374,11 +375,22 @@ def main():
     command = a.command or " ".join(sys.argv)
     machine = machine_line()
     cases = []
-    with server:
-        log(f"weed on {server.endpoint} ready in {server.startup_seconds:.1f} s; {machine}")
-        env = dict(server.env(), **RUNAI_ENV)
-        for size in sizes:
-            cases.append(run_size(server, size, a, env, log))
+
+    # A kill (or a nohup'd run, where SIGINT is ignored) still stops weed:
+    # SystemExit unwinds through the `with` below.
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        with server:
+            log(f"weed on {server.endpoint} ready in {server.startup_seconds:.1f} s; {machine}")
+            env = dict(server.env(), **RUNAI_ENV)
+            for size in sizes:
+                cases.append(run_size(server, size, a, env, log))
+    finally:
+        if own_tmp:
+            shutil.rmtree(a.workdir, ignore_errors=True)
     text = report(cases, a, command, machine)
     with open(os.path.join(a.out, "results.md"), "w") as fh:
         fh.write(text)
@@ -386,8 +398,6 @@ def main():
         json.dump({"command": command, "machine": machine, "runai_env": RUNAI_ENV, "cases": cases}, fh,
                   indent=1)
     print(text)
-    if own_tmp:
-        shutil.rmtree(a.workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
