@@ -12,7 +12,7 @@ VENV="$ROOT/.venv"
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev libzstd-dev zstd fio python3-venv
               clang libclang-rt-14-dev openmpi-bin libopenmpi-dev patchelf
-              fuse3 libfuse3-dev libcurl4-openssl-dev)
+              fuse3 libfuse3-dev libcurl4-openssl-dev strace)
 # pip name, or pip name:import name where they differ. torch is the real
 # PyTorch the .pt interop tests check against (a large download the first
 # time: the registry's wheel brings its CUDA libraries; nothing here uses a
@@ -23,7 +23,9 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # zstandard lets torch.distributed.checkpoint write its zstd stream extension,
 # which the DCP interop test reads back; boto3 is the real AWS SDK the S3
 # tests check interop against; runai-model-streamer with its S3 part (the
-# two versions must match) is the peer bench/s3 loads objects against.
+# two versions must match) is the peer bench/s3 loads objects against (its
+# --diagnose counts ckptio's HTTP requests with strace, among the Debian
+# packages above).
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
              mypy auditwheel zstandard boto3
              runai-model-streamer==0.17.0:runai_model_streamer
