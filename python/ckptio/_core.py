@@ -312,6 +312,51 @@ class OpenReader(Generic[_R]):
         return self._r
 
 
+# How much a cold file's get_tensor reads at once (ReadAhead).
+READ_AHEAD_BYTES = 256 << 20
+
+
+class ReadAhead:
+    """safe_open's get_tensor on a cold file. One tensor per call would have
+    one or two reads in flight (its pieces), a fraction of what the disk
+    takes; a miss instead loads the tensor and those after it in file order,
+    up to READ_AHEAD_BYTES, in one parallel load, and hands the others out
+    when they are asked for (each once: every call still returns a tensor of
+    its own). What the next miss finds not asked for is dropped, so memory
+    stays within the window. A resident file is read a tensor per call (a
+    copy from the page cache, nothing to wait for)."""
+
+    def __init__(self) -> None:
+        self._held: Dict[str, Any] = {}
+        self._cold: Optional[bool] = None
+
+    def take(self, name: str) -> Any:
+        """The tensor read ahead under name, handed out once; or None."""
+        return self._held.pop(name, None)
+
+    def window(self, reader: "Reader", i: int, sizes: List[Optional[int]]) -> List[int]:
+        """The indices a miss of tensor i loads: i, then on a cold file the
+        tensors after it (sizes: every tensor's bytes in file order, None
+        for one the caller cannot make, which is passed over)."""
+        if self._cold is None:
+            self._cold = not reader.shards() and reader.resident() < MAP_RESIDENT
+        out, total = [i], sizes[i] or 0
+        for k in range(i + 1, len(sizes) if self._cold else i + 1):
+            size = sizes[k]
+            if size is None:
+                continue
+            if total + size > READ_AHEAD_BYTES:
+                break
+            out.append(k)
+            total += size
+        return out
+
+    def keep(self, loaded: Dict[str, Any]) -> None:
+        """What a miss loaded besides the tensor asked for (replacing what
+        was held)."""
+        self._held = loaded
+
+
 def scratch_dir() -> Optional[str]:
     """Where save() writes before reading its bytes back: memory (/dev/shm)
     when the machine has it, else the default temporary directory."""

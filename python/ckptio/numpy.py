@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _lib, _mapped
-from ._core import (MemoryFile, OpenReader, PathLike, Reader, backend_choice, ctx, dtype_code, options,
+from ._core import (MemoryFile, OpenReader, PathLike, ReadAhead, Reader, backend_choice, ctx, dtype_code, options,
                     parse_slice_key, scratch_dir)
 from .errors import check, from_code
 
@@ -387,6 +387,7 @@ class safe_open(OpenReader[Reader]):
         if device != "cpu":
             raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
         self._mmap = backend_choice(backend, None)
+        self._ahead = ReadAhead()
         r = Reader(filename)
         try:
             self._infos = r.infos()
@@ -420,12 +421,20 @@ class safe_open(OpenReader[Reader]):
 
     def get_tensor(self, name: str) -> Array:
         """Loads one tensor (CRC-checked) into a new array;
-        TensorNotFoundError (a KeyError) when the file has none of that name."""
-        info = self._info(name)
+        TensorNotFoundError (a KeyError) when the file has none of that name.
+        From a cold file, the tensors after it are read with it (up to 256
+        MiB, ckptio._core.ReadAhead) and handed out as they are asked for."""
+        self._info(name)
+        held = self._ahead.take(name)
+        if held is not None:
+            return held  # type: ignore[no-any-return]
         r = self._reader()
         reqs: List[_lib.LoadRequest] = []
-        out = _array_of(r, self._by_name[name], info, None, reqs)
+        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs)
+                  for k in self._ahead.window(r, self._by_name[name], [x.nbytes for x in self._infos])}
         _load_many(r, reqs)
+        out = loaded.pop(name)
+        self._ahead.keep(loaded)
         return out
 
     def get_tensors(self) -> Dict[str, Array]:

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 import torch
 
 from . import _lib, _mapped
-from ._core import MemoryFile, OpenReader, PathLike, backend_choice, scratch_dir
+from ._core import MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, scratch_dir
 from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
@@ -322,6 +322,7 @@ class safe_open(OpenReader[TorchReader]):
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
                              f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
         self._mmap = backend_choice(backend, None)
+        self._ahead = ReadAhead()
         r = TorchReader(filename, device)
         try:
             r.index()
@@ -357,9 +358,20 @@ class safe_open(OpenReader[TorchReader]):
 
     def get_tensor(self, name: str) -> torch.Tensor:
         """Loads one tensor (CRC-checked) into a new tensor on the device;
-        TensorNotFoundError (a KeyError) when the file has none of that name."""
+        TensorNotFoundError (a KeyError) when the file has none of that name.
+        From a cold file, the tensors after it are read with it (up to 256
+        MiB, ckptio._core.ReadAhead) and handed out as they are asked for."""
         i = self._index(name)
-        return self._reader().load([i])[name]
+        held = self._ahead.take(name)
+        if held is not None:
+            return held  # type: ignore[no-any-return]
+        r = self._reader()
+        makeable = [info.nbytes if TORCH_DTYPES.get(r.dtype_name(info)) is not None else None
+                    for info in r.entries]
+        loaded = r.load(self._ahead.window(r, i, makeable))
+        tensor = loaded.pop(name)
+        self._ahead.keep(loaded)
+        return tensor
 
     def get_tensors(self) -> Dict[str, torch.Tensor]:
         """Every tensor, in file order, CRC-checked: as load_file with this

@@ -619,3 +619,48 @@ def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
     assert not _views_of_one_mapping(ct.load_file(path, backend="pread"), path)
     with pytest.raises(ValueError, match="auto"):
         ct.load_file(path, backend="mapped")
+
+
+def test_get_tensor_of_a_cold_file_reads_ahead(tmp_path):
+    """safe_open.get_tensor on a cold file loads the tensor and those after
+    it in one parallel load and hands them out as asked (each once, each a
+    tensor of its own); a resident file is read a tensor per call."""
+    t = {f"w{k:02d}": torch.full((1 << 18,), float(k)) for k in range(12)}  # 1 MiB each
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    _drop(path)
+    with ckptio._core.Reader(path) as r:
+        if r.resident() > 0.05:
+            pytest.skip("this filesystem keeps files cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    with ct.safe_open(path, "pt") as f:
+        names = f.offset_keys()
+        first = f.get_tensor(names[0])
+        read = f.stats()["bytes"]
+        assert read == 12 << 20, "the whole 12 MiB window in the first load"
+        second = f.get_tensor(names[1])
+        assert f.stats()["bytes"] == read, "the second tensor came from the read-ahead"
+        again = f.get_tensor(names[1])
+        assert again.data_ptr() != second.data_ptr(), "a second call makes a new tensor"
+        for name in names[2:]:
+            assert torch.equal(f.get_tensor(name), t[name])
+        assert torch.equal(first, t[names[0]]) and torch.equal(second, t[names[1]])
+    with open(path, "rb") as fh:  # resident now: one tensor per call
+        while fh.read(4 << 20):
+            pass
+    with ct.safe_open(path, "pt") as f:
+        f.get_tensor("w03")
+        assert f.stats()["bytes"] == 1 << 20
+
+
+def test_large_copied_tensors_sit_in_huge_pages(tmp_path):
+    """A copying load puts a large tensor at a 2 MiB boundary (plus its file
+    offset within the page, for O_DIRECT), asking for transparent huge pages:
+    a cold load into 4 KiB pages faults each one in."""
+    t = {"big": torch.arange(3 << 20, dtype=torch.float32), "small": torch.ones(10)}
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    got = ct.load_file(path, backend="pread")
+    with ckptio._core.Reader(path) as r:
+        offset = {i.name.decode(): i.offset for i in r.infos()}["big"]
+    assert (got["big"].data_ptr() - offset % 4096) % (2 << 20) == 0
+    assert torch.equal(got["big"], t["big"]) and torch.equal(got["small"], t["small"])

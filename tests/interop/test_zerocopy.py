@@ -410,4 +410,5 @@ def test_stats_of_saves_and_loads(tmp_path):
         assert f.stats()["bytes"] == 0  # nothing loaded yet
         f.get_tensor("w")
         s = f.stats()
-        assert s["bytes"] == 300_000 * 4 and s["copy_seconds"] > 0 and s["seconds"] > 0, s
+        # (a cold file: get_tensor reads the tensors after it too, ReadAhead)
+        assert s["bytes"] >= 300_000 * 4 and s["copy_seconds"] > 0 and s["seconds"] > 0, s
