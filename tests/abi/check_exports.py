@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The shared library exports exactly the public API: the functions
+include/ckptio.h declares, the list in src/ckptio.map, and the symbols
+libckptio.so defines are the same three sets, each under the version node
+of the map. Catches a function exported by accident (an internal ckptio_*
+that lost its `static` or hidden visibility), one declared but not built or
+not listed, and a listed one that no longer exists.
+
+usage: check_exports.py LIBCKPTIO_SO SOURCE_DIR [CC]
+Exit 0 when they agree, 1 with the differences. Python 3 standard library,
+nm and a C compiler (for the preprocessor).
+"""
+import os
+import re
+import subprocess
+import sys
+
+
+def header_functions(source, cc):
+    text = subprocess.run([cc, "-E", "-P", os.path.join(source, "include", "ckptio.h")], check=True,
+                          capture_output=True, text=True).stdout
+    text = re.sub(r"\s+", " ", text)
+    # A declaration names the function just before its parameter list; the
+    # struct fields of function type are "(*name)(", which this skips.
+    return set(re.findall(r"\b(ckptio_[a-z0-9_]+)\s*\(", text))
+
+
+def map_functions(source):
+    text = open(os.path.join(source, "src", "ckptio.map")).read()
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    node = re.search(r"(\w+)\s*\{\s*global:(.*?)local:", text, flags=re.S)
+    if not node:
+        sys.exit("src/ckptio.map: no 'NODE { global: ... local:' block")
+    names = [n.strip() for n in node.group(2).split(";") if n.strip()]
+    return node.group(1), set(names)
+
+
+def exported(lib):
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True, capture_output=True, text=True).stdout
+    names = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[1] in "TtWi":
+            name, _, version = f[2].partition("@")
+            names[name] = version.lstrip("@")
+    return names
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    lib, source = sys.argv[1], sys.argv[2]
+    cc = sys.argv[3] if len(sys.argv) > 3 else "cc"
+    header = header_functions(source, cc)
+    node, listed = map_functions(source)
+    built = exported(lib)
+    problems = []
+    for name in sorted(set(built) - header):
+        problems.append(f"{name}: exported by {os.path.basename(lib)} but not declared in ckptio.h")
+    for name in sorted(header - set(built)):
+        problems.append(f"{name}: declared in ckptio.h but not exported")
+    for name in sorted(header ^ listed):
+        where = "listed in src/ckptio.map but not declared" if name in listed else "declared but not listed"
+        problems.append(f"{name}: {where} in src/ckptio.map")
+    for name in sorted(header & set(built)):
+        if built[name] != node:
+            problems.append(f"{name}: exported under version '{built[name]}', not {node}")
+    for p in problems:
+        print("FAIL " + p)
+    print(f"check_exports: {len(header)} functions declared, {len(listed)} listed, {len(built)} exported "
+          f"(node {node}): {'OK' if not problems else str(len(problems)) + ' problems'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
