@@ -23,6 +23,7 @@
 typedef struct s3_object {
   ckptio_s3_url url;
   uint64_t size;
+  char etag[CKPTIO_S3_ETAG_MAX]; /* what was opened: every read asks for it */
 } s3_object;
 
 int ckptio_s3_storage_create(void **self, char *err, size_t errlen) {
@@ -50,6 +51,7 @@ static int s3_open_read(void *self, const char *path, void **obj, uint64_t *size
     return rc;
   }
   o->size = head.size;
+  memcpy(o->etag, head.etag, sizeof(o->etag));
   *obj = o;
   *size = head.size;
   return 0;
@@ -57,7 +59,9 @@ static int s3_open_read(void *self, const char *path, void **obj, uint64_t *size
 
 static int s3_read(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen) {
   s3_object *o = obj;
-  return ckptio_s3_get_range(self, o->url.bucket, o->url.key, offset, len, buf, err, errlen);
+  /* Only from the object opened: one replaced by a save meanwhile fails
+   * (-ESTALE) rather than mixing two versions' bytes under the CRCs. */
+  return ckptio_s3_get_range_if(self, o->url.bucket, o->url.key, o->etag, offset, len, buf, err, errlen);
 }
 
 static void s3_close_read(void *self, void *obj) {

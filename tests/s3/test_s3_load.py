@@ -216,3 +216,14 @@ def test_sharded_saves_to_s3_replace_the_set_whole(s3, tmp_path):
         loaded.update(safetensors.torch.load_file(str(tmp_path / f)))
     for name in second:
         assert torch.equal(loaded[name], second[name]), name
+
+
+def test_an_object_replaced_under_a_reader_fails_not_mixes(s3, tmp_path):
+    """A reader reads only the object it opened: a save over the key
+    meanwhile makes its next load fail (the server's 412 on the ETag it
+    opened), never a mix of the two versions."""
+    url = upload(s3, tmp_path, "replaced/model.safetensors", state())
+    with ct.safe_open(url, "pt") as f:
+        ct.save_file({k: v + 1 for k, v in state().items() if v.is_floating_point()}, url)
+        with pytest.raises(CkptioError, match="412|Precondition"):
+            f.get_tensor("layer0.weight")
