@@ -90,8 +90,8 @@ const char *ckptio_error_name(int code);
  *  The detail of the calling thread's last open-type call when it failed
  *  (there is no handle to keep it), else "". The open-type calls are
  *  ckptio_ctx_create, ckptio_reader_open, ckptio_writer_open,
- *  ckptio_writer_open_sharded, ckptio_writer_open_ranks and
- *  ckptio_manager_open: each clears it on entry and, when it fails (a NULL
+ *  ckptio_writer_open_sharded, ckptio_writer_open_ranks,
+ *  ckptio_manager_open and ckptio_ctx_storage_register: each clears it on entry and, when it fails (a NULL
  *  argument included), leaves a sentence naming the path or the call. No
  *  other call changes it (a set's commit opens its files without it; the
  *  manager's save_begin and latest put back what was there). Thread-local;
@@ -361,7 +361,9 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  *              replacing an older one of the path atomically (a reader sees
  *              the old object or the new, never a mix), durable when it
  *              returns (what "durable" means is the storage's: S3's
- *              CompleteMultipartUpload; a file's fsync and rename). Frees obj.
+ *              CompleteMultipartUpload; a file's fsync and rename). Frees
+ *              obj whether it succeeds or not (a failed publish leaves the
+ *              path as it was, and undoes what it started).
  *  abandon     nothing is published, the path keeps what it had (an S3
  *              multipart upload is aborted, so no part stays stored); frees
  *              obj. Called instead of publish after any failure.
