@@ -12,7 +12,7 @@ VENV="$ROOT/.venv"
 APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
               libhwloc-dev libgtest-dev libzstd-dev zstd fio python3-venv
               clang libclang-rt-14-dev openmpi-bin libopenmpi-dev patchelf
-              fuse3 libfuse3-dev libcurl4-openssl-dev strace)
+              fuse3 libfuse3-dev libcurl4-openssl-dev strace abigail-tools)
 # pip name, or pip name:import name where they differ. torch is the real
 # PyTorch the .pt interop tests check against (a large download the first
 # time: the registry's wheel brings its CUDA libraries; nothing here uses a
