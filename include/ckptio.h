@@ -192,8 +192,13 @@ typedef enum ckptio_format {
 
 typedef enum ckptio_load_method {
   CKPTIO_LOAD_AUTO = 0,  /* PREAD when the page cache holds most of the data,
-                            else DIRECT (a sample of pages, mincore); see
-                            bench/RESULTS.md */
+                            else DIRECT (a sample of pages, mincore:
+                            ckptio_reader_resident); see bench/RESULTS.md.
+                            A cold DIRECT load into fresh memory pays a
+                            fault per page it fills: destinations in
+                            transparent huge pages (MADV_HUGEPAGE, from a
+                            2 MiB boundary) load 1.5-2x faster here
+                            (bench/RESULTS_PEERS.md, issue 26) */
   CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
   CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping; pages the file
                             lost since it was opened give CKPTIO_E_SHORT_IO
