@@ -197,7 +197,7 @@ typedef enum ckptio_load_method {
                             A cold DIRECT load into fresh memory pays a
                             fault per page it fills: destinations in
                             transparent huge pages (MADV_HUGEPAGE, from a
-                            2 MiB boundary) load 1.5-2x faster here
+                            2 MiB boundary) loaded 1.4-1.6x faster here
                             (bench/RESULTS_PEERS.md, issue 26) */
   CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
   CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping; pages the file
