@@ -174,7 +174,9 @@ class Reader:
         self.lib: Any = _lib.lib()
         self.path: bytes = os.fsencode(os.fspath(path))
         self.handle: Optional[ctypes.c_void_p] = None
-        self.mapped = mapped is not False
+        # An object of a storage ("s3://...") is never mapped: "auto" copies
+        # it without opening it twice.
+        self.mapped = mapped is True or (mapped is None and b"://" not in self.path)
         self._open(map_ctx() if self.mapped else ctx(), crc)
         if self.mapped and (
                 self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1
