@@ -570,13 +570,18 @@ def test_versions_reported():
           f"ckptio {ckptio._lib.lib().ckptio_version_string().decode()}")
 
 
-def _drop(path):
+def _cold(path):
+    """Drops path from the page cache; skips the test where the filesystem
+    keeps it cached anyway (tmpfs)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fdatasync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+    with ckptio._core.Reader(path) as r:
+        if r.resident() > 0.05:
+            pytest.skip("this filesystem keeps files cached after POSIX_FADV_DONTNEED (tmpfs?)")
 
 
 def _views_of_one_mapping(sd, path):
@@ -594,10 +599,7 @@ def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
     t = {f"w{k}": torch.arange(1 << 18, dtype=torch.float32) * k for k in range(8)}
     path = tmp_path / "m.safetensors"
     ct.save_file(t, path)
-    _drop(path)
-    with ckptio._core.Reader(path) as r:
-        if r.resident() > 0.05:
-            pytest.skip("this filesystem keeps files cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    _cold(path)
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
     except OSError:
@@ -628,10 +630,7 @@ def test_get_tensor_of_a_cold_file_reads_ahead(tmp_path):
     t = {f"w{k:02d}": torch.full((1 << 18,), float(k)) for k in range(12)}  # 1 MiB each
     path = tmp_path / "m.safetensors"
     ct.save_file(t, path)
-    _drop(path)
-    with ckptio._core.Reader(path) as r:
-        if r.resident() > 0.05:
-            pytest.skip("this filesystem keeps files cached after POSIX_FADV_DONTNEED (tmpfs?)")
+    _cold(path)
     with ct.safe_open(path, "pt") as f:
         names = f.offset_keys()
         first = f.get_tensor(names[0])
