@@ -18,6 +18,7 @@
 #include "io/fault.h"
 
 int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
+  if (t->store) return 0; /* an object's bytes are the storage's until publish makes them durable */
   if (ftruncate(t->fd, (off_t)size) < 0)
     return ckptio_err_fmt(err, errlen, -errno, "%s: truncate to %llu bytes: %s", t->path,
                           (unsigned long long)size, ckptio_errno_text(errno));

@@ -22,7 +22,8 @@ typedef enum ckptio_swap {
 } ckptio_swap;
 
 /* Truncates the temp file to size and (if sync) fdatasyncs it; it stays
- * open and unrenamed. On failure nothing is removed (the caller aborts). */
+ * open and unrenamed. On failure nothing is removed (the caller aborts).
+ * An object of a storage has nothing to sync: publish makes it durable. */
 int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen);
 
 /* Moves the synced temp file to its final path: exchanged with the file

@@ -793,31 +793,10 @@ static int zsave_open(file_writer *w) {
   return rc;
 }
 
-/* A save to an object of a storage: the same chunks, written through its
- * verbs (never in place: fd_direct stays -1), the header's chunk last,
- * then published (held: left for the set's owner to publish). */
-static int save_object(file_writer *w, const ckptio_storage *st) {
-  int rc = ckptio_tmpfile_open_object(&w->file, w->path, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
-                                      &st->ops, st->self, w->base.err, sizeof(w->base.err));
-  if (rc < 0) return rc;
-  if ((rc = plan_chunks(w)) < 0 || (rc = queue_chunks(w)) < 0) goto fail;
-  uint64_t t = ckptio_now_ns();
-  if (w->layout.set_crc) combine_crcs(w);
-  rc = write_held(w);
-  release_held(w);
-  if (rc < 0) goto fail;
-  ckptio_lap(&w->timers.write_ns, &t);
-  if (w->hold) return 0; /* written, not published: the set publishes its files together */
-  ckptio_held held = {0};
-  rc = ckptio_tmpfile_commit(&w->file, w->layout.file_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
-  ckptio_lap(&w->timers.commit_ns, &t);
-  return rc;
-fail:
-  release_held(w);
-  ckptio_tmpfile_abort(&w->file);
-  return rc;
-}
-
+/* The file (or an object of a storage: the same chunks, written through
+ * its verbs, never in place, the header's chunk last) planned, its chunks
+ * queued, the CRCs put in, then synced and held for the set's owner, or
+ * committed. */
 static int save_run(file_writer *w) {
   int rc = make_layout(w);
   if (rc < 0) return rc;
@@ -826,12 +805,16 @@ static int save_run(file_writer *w) {
   int direct = compress ? 0 : w->opts.direct_io;
   uint64_t size = compress ? 0 : w->layout.file_size;
   const ckptio_storage *st = NULL;
-  if ((rc = ckptio_storages_find(w->ctx->storages, w->path, &st, w->base.err, sizeof(w->base.err))) < 0) return rc;
-  if (rc == 1) return save_object(w, st);
-  rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
+  int object = ckptio_storages_find(w->ctx->storages, w->path, &st, w->base.err, sizeof(w->base.err));
+  if (object < 0) return object;
+  if (object)
+    rc = ckptio_tmpfile_open_object(&w->file, w->path, size, ckptio_ring_slot_bytes(w->ctx->ring), &st->ops, st->self,
+                                    w->base.err, sizeof(w->base.err));
+  else
+    rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   /* No space yet: the blocks of files that earlier saves replaced may still
    * be on their way back (release.h). */
-  if (rc == -ENOSPC && ckptio_closes_wait())
+  if (rc == -ENOSPC && !object && ckptio_closes_wait())
     rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   if (rc < 0) return rc;
   if (compress && (rc = zsave_open(w)) < 0) goto fail;
@@ -840,22 +823,26 @@ static int save_run(file_writer *w) {
   uint64_t t = ckptio_now_ns();
   if (w->layout.set_crc) combine_crcs(w);
   if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->base.err, sizeof(w->base.err));
+  else if (object) rc = write_held(w);
   else if (w->layout.set_crc) rc = rewrite_crc_extents(w);
+  release_held(w);
   if (rc < 0) goto fail;
   ckptio_lap(&w->timers.write_ns, &t);
   if (w->hold) {
-    /* Synced, not renamed: the set's owner publishes all files together. */
+    /* Synced, not renamed (an object: written, not published): the set's
+     * owner publishes all files together. */
     if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err))) < 0)
       goto fail;
   } else {
     ckptio_held held = {0};
     rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
-    if (rc == 0) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
+    if (rc == 0 && !object) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
     ckptio_close_later(w->ctx->pool, &held);
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
 fail:
+  release_held(w);
   ckptio_tmpfile_abort(&w->file);
   return rc;
 }
