@@ -16,6 +16,7 @@
 #include "device/transfer.h"
 #include "formats/safetensors.h"
 #include "formats/torch_read.h"
+#include "formats/zstd_seekable.h"
 #include "io/file.h"
 #include "load/exec.h"
 #include "load/view.h"
@@ -41,28 +42,33 @@ typedef struct plain {
 
 /* ------------------------------------------------------------ open */
 
+/* Header bytes [off, off + len) into buf; a failure says why (a storage's
+ * own sentence for an object). */
+static int read_header(plain *p, void *buf, size_t len, uint64_t off) {
+  char why[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_rfile_pread(&p->f, buf, len, off, why, sizeof(why));
+  if (rc < 0 && why[0]) return ckptio_source_fail(&p->s, rc, "%s", why);
+  if (rc < 0) return ckptio_source_fail(&p->s, rc, "%s: reading the header: %s", p->s.path, ckptio_strerror(rc));
+  return 0;
+}
+
 static int parse_safetensors(plain *p) {
   ckptio_source *s = &p->s;
   uint8_t prefix[8] = {0};
   uint64_t n, size = p->f.size;
   char msg[CKPTIO_ERRLEN];
-  char why[CKPTIO_ERRLEN] = "";
-  int rc = ckptio_rfile_pread(&p->f, prefix, size < 8 ? (size_t)size : 8, 0, why, sizeof(why));
-  if (rc < 0)
-    return why[0] ? ckptio_source_fail(s, rc, "%s", why)
-                  : ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
+  int rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
+  if (rc < 0) return rc;
   if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
     return ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
   uint8_t *hdr = malloc(n ? n : 1);
   if (!hdr) return -ENOMEM;
   ckptio_st_index st;
   memset(&st, 0, sizeof(st));
-  if ((rc = ckptio_rfile_pread(&p->f, hdr, (size_t)n, 8, why, sizeof(why))) < 0)
-    why[0] ? ckptio_source_fail(s, rc, "%s", why)
-           : ckptio_source_fail(s, rc, "%s: reading the header: %s", s->path, ckptio_strerror(rc));
-  else if ((rc = ckptio_st_parse(hdr, n, size, &st, msg, sizeof(msg))) < 0)
+  rc = read_header(p, hdr, (size_t)n, 8);
+  if (rc == 0 && (rc = ckptio_st_parse(hdr, n, size, &st, msg, sizeof(msg))) < 0)
     ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
-  else
+  else if (rc == 0)
     rc = ckptio_st_to_index(&st, &s->idx);
   free(hdr);
   ckptio_st_index_free(&st);
@@ -78,14 +84,12 @@ static int parse_header(plain *p) {
      * parse reads the central directory and a header per tensor through
      * the map, which an object has none of. */
     unsigned char magic[4] = {0};
-    char why[CKPTIO_ERRLEN] = "";
-    int rc = ckptio_rfile_pread(&p->f, magic, p->f.size < 4 ? (size_t)p->f.size : 4, 0, why, sizeof(why));
-    if (rc < 0) return ckptio_source_fail(&p->s, rc, "%s", why[0] ? why : ckptio_strerror(rc));
-    if (!memcmp(magic, "PK\x03\x04", 4) || !memcmp(magic, "\x28\xb5\x2f\xfd", 4) ||
-        !memcmp(magic, "\x2a\x4d\x18", 3))
+    int rc = read_header(p, magic, p->f.size < 4 ? (size_t)p->f.size : 4, 0), zip = !memcmp(magic, "PK\x03\x04", 4);
+    if (rc < 0) return rc;
+    if (zip || ckptio_zs_detect(magic, p->f.size))
       return ckptio_source_fail(&p->s, CKPTIO_E_FORMAT,
                                 "%s: a %s in a storage is not supported yet (safetensors files are)", p->s.path,
-                                magic[0] == 'P' ? "PyTorch archive" : "compressed file");
+                                zip ? "PyTorch archive" : "compressed file");
     return parse_safetensors(p);
   }
   if (p->f.size >= 4 && memcmp(p->f.map, "PK\x03\x04", 4) == 0) {
