@@ -348,10 +348,10 @@ int ckptio_reader_resident(ckptio_reader *r, double *share) {
   double held = 0, total = 0;
   for (size_t k = 0; k < r->src->nfiles; k++) {
     ckptio_source *f = r->src->ops->file(r->src, k);
-    double bytes = 0;
-    for (size_t i = 0; i < f->idx.count; i++) bytes += (double)f->idx.entries[i].nbytes;
-    held += f->ops->resident ? f->ops->resident(f) * bytes : 0;
-    total += bytes;
+    uint64_t bytes = 0;
+    ckptio_reader_shard(r, k, NULL, NULL, &bytes);
+    held += f->ops->resident ? f->ops->resident(f) * (double)bytes : 0;
+    total += (double)bytes;
   }
   *share = total > 0 ? held / total : 1;
   return 0;

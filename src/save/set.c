@@ -202,11 +202,16 @@ static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
   else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
 }
 
+/* The path of shard k, malloc'd. */
+static char *shard_path(const set_writer *w, size_t k) {
+  char name[4096];
+  shard_name(w, k, name, sizeof(name));
+  return ckptio_path_join(w->dir, name);
+}
+
 /* Opens and fills shard k's writer. */
 static int open_shard(set_writer *w, size_t k) {
-  char name[4096], tag[64];
-  shard_name(w, k, name, sizeof(name));
-  char *path = ckptio_path_join(w->dir, name);
+  char tag[64], *path = shard_path(w, k);
   if (!path) return -ENOMEM;
   char msg[CKPTIO_ERRLEN] = "";
   int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub[k]);
@@ -243,13 +248,18 @@ out:
   return rc;
 }
 
+/* The index's path, malloc'd. */
+static char *index_path(const set_writer *w) {
+  char name[4096];
+  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
+  return ckptio_path_join(w->dir, name);
+}
+
 /* Writes the index to its temp file and syncs it; the rename is the caller's
  * (it is the moment the set is published). */
 static int write_index(set_writer *w, ckptio_tmpfile *t) {
   ckptio_json_out o = {0};
-  char name[4096];
-  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
-  char *path = ckptio_path_join(w->dir, name);
+  char *path = index_path(w);
   int rc = path ? index_json(w, &o) : -ENOMEM;
   if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->base.err, sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t->fd, o.data, o.len, 0)) < 0)
@@ -304,13 +314,6 @@ undo:
   return rc;
 }
 
-/* The path of shard k, malloc'd. */
-static char *shard_path(const set_writer *w, size_t k) {
-  char name[4096];
-  shard_name(w, k, name, sizeof(name));
-  return ckptio_path_join(w->dir, name);
-}
-
 /* Whether name is a shard of prefix: "<prefix>-NNNNN-of-NNNNN[-ID].safetensors". */
 static int is_shard_name(const char *name, const char *prefix) {
   size_t p = strlen(prefix), n = strlen(name);
@@ -348,7 +351,7 @@ static int remove_if_stale(void *arg, const char *path, uint64_t size) {
 static int publish_objects(set_writer *w) {
   const ckptio_storage_ops *ops = &w->store->ops;
   char **paths = calloc(w->nshards + 1, sizeof(char *)), ignored[256];
-  char *index = NULL, name[4096];
+  char *index = NULL;
   ckptio_json_out o = {0};
   ckptio_tmpfile t;
   memset(&t, 0, sizeof(t));
@@ -358,8 +361,7 @@ static int publish_objects(set_writer *w) {
     if (!(paths[k] = shard_path(w, k))) rc = -ENOMEM;
   for (; done < w->nshards && rc == 0; done++)
     rc = ckptio_tmpfile_commit(&w->files[done], 0, w->opts.fsync, NULL, w->base.err, sizeof(w->base.err));
-  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
-  if (rc == 0) rc = (index = ckptio_path_join(w->dir, name)) ? index_json(w, &o) : -ENOMEM;
+  if (rc == 0) rc = (index = index_path(w)) ? index_json(w, &o) : -ENOMEM;
   if (rc == 0) rc = ckptio_tmpfile_open_object(&t, index, o.len, o.len, ops, w->store->self, w->base.err,
                                                 sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_tmpfile_write(&t, o.data, o.len, 0, w->base.err, sizeof(w->base.err))) < 0)
