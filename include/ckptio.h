@@ -415,6 +415,24 @@ typedef struct ckptio_storage_ops {
  *          schemes); the reason in ckptio_last_open_error. */
 int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self);
 
+/*! ckptio_ctx_storage() : (experimental)
+ *  The storage that serves `path` on this context: its verbs and its
+ *  `self`, so that code built on the public API calls the very verbs the
+ *  library calls (the checkpoint manager lists, removes and sweeps a
+ *  storage's objects so). The built-in S3 storage is made here when `path`
+ *  is the context's first s3:// path. *ops is the context's copy of the
+ *  table (its size field is this library's); both are borrowed until the
+ *  context is freed or the scheme is registered again. Thread-safe against
+ *  opens on the same context.
+ *  @return 1 and *ops, *self; 0 when `path` is a local file (no
+ *          "SCHEME://"; *ops and *self NULL); or a negative code with a
+ *          sentence naming the path in err (errlen bytes; err may be NULL):
+ *          CKPTIO_E_INVALID_ARG (a NULL argument, no storage registered for
+ *          the scheme), CKPTIO_E_FORMAT (s3:// in a build without libcurl),
+ *          the S3 storage's own (no credentials), -ENOMEM. */
+int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_ops **ops, void **self, char *err,
+                       size_t errlen);
+
 /* ---------------------------------------------------------------- writer */
 
 /* One save: open, add tensors, commit, close. A writer is opened for one

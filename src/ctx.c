@@ -150,6 +150,21 @@ int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckpti
   return ckptio_open_error_end(rc, "ckptio_ctx_storage_register", why);
 }
 
+int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_ops **ops, void **self, char *err,
+                       size_t errlen) {
+  if (ops) *ops = NULL;
+  if (self) *self = NULL;
+  if (!ctx || !path || !ops || !self)
+    return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "ckptio_ctx_storage: a NULL argument");
+  const ckptio_storage *st = NULL;
+  int rc = ckptio_storages_find(ctx->storages, path, &st, err, errlen);
+  if (rc == 1) {
+    *ops = &st->ops;
+    *self = st->self;
+  }
+  return rc;
+}
+
 int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out) {
   const ckptio_options init = CKPTIO_OPTIONS_INIT; /* no context: nothing resolved */
   return ckptio_sized_out(out, ctx ? &ctx->opts : &init, sizeof(init), "ckptio_options", NULL, 0);
