@@ -340,9 +340,11 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  * its shards after the save ("model-00001-of-00003-<save id>.safetensors":
  * an object cannot be renamed, so a save never writes over the shards the
  * old index names), publishes them, then the index (the moment the set
- * changes), then removes the older saves' shards. A .pt archive, a
- * compressed file, a multi-rank checkpoint or the manager on a storage is
- * refused with CKPTIO_E_FORMAT naming what is not supported yet.
+ * changes), then removes the older saves' shards. The checkpoint manager
+ * takes a storage's prefix as its directory ("s3://bucket/ckpts": see
+ * "manager"). A .pt archive, a compressed file or a multi-rank checkpoint
+ * on a storage is refused with CKPTIO_E_FORMAT naming what is not
+ * supported yet.
  *
  * Contract of the verbs. Each returns 0 or a negative ckptio code or
  * -errno (-ENOENT: no such object), and on failure writes a sentence into
@@ -1174,6 +1176,29 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
  * may run in other processes, where a checkpoint removed by retention
  * meanwhile shows as incomplete.
  *
+ * On a storage. DIR may be a storage's prefix ("s3://bucket/ckpts", or any
+ * scheme registered with ckptio_ctx_storage_register whose storage has the
+ * list verb; saves also need create and remove). A step directory is then
+ * the objects under "DIR/step-N/" and `latest` the object "DIR/latest".
+ * Objects cannot be renamed, so a save writes its step's objects in place
+ * and the step exists once its checkpoint's object is published: a single
+ * file appears whole at its publish (S3: CompleteMultipartUpload), a set's
+ * index after every shard. Objects under a step's prefix that no published
+ * checkpoint names (a killed set's shards, an older save of the step) are
+ * not a step, and list and latest never show them. The same guarantees
+ * hold: `latest` is written after the step is published, retention runs
+ * after that (each step removed by its checkpoint's object first, so one
+ * cut short never leaves a step that opens damaged), a step saved again
+ * replaces the old one when the new one is published (and on another kind,
+ * the old set's index goes first), and save_begin first abandons the
+ * uploads killed saves left open under "DIR/step-" (the storage's sweep)
+ * and removes the objects no step uses. There is no lock: one saving
+ * process per prefix is the caller's to keep (a second one's save_begin
+ * would sweep the first one's uploads). Durability is the storage's
+ * publish. Failures name the URL and carry the storage's sentence (S3: the
+ * HTTP status and S3's error code); open fails when the storage cannot
+ * list DIR (a missing bucket, wrong credentials).
+ *
  * Thread safety: a manager is used by one thread at a time (its calls are
  * not concurrent); the writer from save_begin follows the writer's rules
  * (its waits and polls from any thread while the commit runs). Managers of
@@ -1208,7 +1233,9 @@ typedef void (*ckptio_manager_warn_fn)(void *arg, uint64_t step, int code, const
 /*! ckptio_manager_open() :
  *  @ctx   borrowed: must outlive the manager.
  *  @dir   the checkpoint directory; created (one level, mode 0777 less umask)
- *         when missing; copied.
+ *         when missing; copied. Or a storage's prefix (see "On a
+ *         storage"): nothing is created, and the storage is asked to list
+ *         it once.
  *  @mopts NULL for CKPTIO_MANAGER_OPTIONS_INIT; copied.
  *  @opts  NULL for the context's defaults; copied; used for every writer and
  *         reader the manager opens (crc, direct_io, fsync, load_method,

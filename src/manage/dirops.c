@@ -1,7 +1,8 @@
 /* The manager's directory operations: names of step directories and
  * temporaries, the `latest` record (replaced atomically), removal of a
  * whole step directory, warnings. Everything is relative to DIR's
- * descriptor, so a renamed or remounted path cannot redirect a removal. */
+ * descriptor, so a renamed or remounted path cannot redirect a removal.
+ * On a storage the record goes through objects.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -42,7 +43,7 @@ void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len) {
 }
 
 int mgr_sync_dir(ckptio_manager *m) {
-  if (!m->sync) return 0;
+  if (!m->sync || m->dirfd < 0) return 0; /* a storage's publish is durable */
   return fsync(m->dirfd) == 0 ? 0 : -errno;
 }
 
@@ -94,7 +95,8 @@ static int remove_at(int at, const char *name, int depth, ckptio_held *held) {
 
 int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held) { return remove_at(dirfd, name, 0, held); }
 
-int mgr_write_latest(ckptio_manager *m, const char *content) {
+/* DIR/latest replaced: temp file, fsync, rename, fsync DIR. */
+static int write_latest(ckptio_manager *m, const char *content) {
   char tmp[128];
   mgr_tmp_name(m, "latest", tmp, sizeof(tmp));
   int fd = openat(m->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -116,13 +118,24 @@ int mgr_write_latest(ckptio_manager *m, const char *content) {
   return mgr_sync_dir(m);
 }
 
+int mgr_write_latest(ckptio_manager *m, const char *content) {
+  if (m->st) return mgr_obj_write_latest(m, content);
+  int rc = write_latest(m, content);
+  if (rc < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-rc));
+  return rc;
+}
+
 int mgr_read_latest(ckptio_manager *m, char *buf, size_t len) {
+  if (m->st) return mgr_obj_read_latest(m, buf, len);
   int fd = openat(m->dirfd, MGR_LATEST, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? 0 : -errno;
   ssize_t n = read(fd, buf, len - 1);
   int rc = n < 0 ? -errno : 1;
   close(fd);
-  if (rc < 0) return rc;
+  if (rc < 0) {
+    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-rc));
+    return rc;
+  }
   buf[n] = '\0';
   buf[strcspn(buf, "\r\n")] = '\0';
   return 1;

@@ -1,6 +1,8 @@
 /* The checkpoint manager's private interface: the handle, the names it gives
  * step directories and temporaries, and the directory operations the save
- * and the scan share. Built on the public writer / reader API only. */
+ * and the scan share. Built on the public API only: a local directory
+ * through the system's calls, a storage's prefix ("s3://bucket/ckpts")
+ * through the verbs ckptio_ctx_storage hands out (objects.c). */
 #ifndef CKPTIO_MANAGE_MANAGE_H
 #define CKPTIO_MANAGE_MANAGE_H
 
@@ -21,6 +23,11 @@
 #define MGR_LATEST "latest"
 #define MGR_STEP_NAME_MAX 32
 
+/* The file a checkpoint is opened by, in this order of precedence (a step
+ * may hold checkpoints saved with other options): a set's index first. */
+extern const char *const mgr_files[];
+#define MGR_NFILES 4
+
 /* One step directory as checked by a scan. */
 typedef struct mgr_entry {
   uint64_t step;
@@ -35,7 +42,9 @@ typedef struct mgr_entry {
 struct ckptio_manager {
   ckptio_ctx *ctx;
   char *dir;
-  int dirfd;                 /* DIR, for the *at() calls and the save lock */
+  int dirfd;                 /* DIR, for the *at() calls and the save lock; -1 on a storage */
+  const ckptio_storage_ops *st; /* the storage DIR is a prefix of, or NULL: a local directory */
+  void *st_self;
   ckptio_manager_options mo;
   ckptio_options opts;
   int sync;                  /* fsync DIR after renames */
@@ -48,6 +57,7 @@ struct ckptio_manager {
   mgr_entry *list;           /* the last list */
   size_t nlist;
   char err[CKPTIO_ERRLEN];
+  char why[CKPTIO_ERRLEN];   /* the cause of the last failed directory or storage call */
   pthread_t closer;          /* closing `closing` while closer_running */
   int closer_running;
   ckptio_held closing;
@@ -59,7 +69,7 @@ void mgr_step_name(uint64_t step, char *buf, size_t len);
 int mgr_parse_step(const char *name, uint64_t *step);
 
 /* The steps of the published step directories of DIR, ascending (malloc'd;
- * free it). @return the count, or -errno. */
+ * free it). @return the count, or a negative code (the cause in m->why). */
 int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps);
 /* Checks step directory `step`: files, bytes, reader open, and with verify
  * every CRC. Fills *e (free with mgr_entry_free). @return 0 or -ENOMEM. */
@@ -84,16 +94,44 @@ void mgr_close_later(ckptio_manager *m, ckptio_held *h);
 void mgr_closes_join(ckptio_manager *m);
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
 void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);
-/* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR).
- * @return 0 or -errno. */
+/* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR; on
+ * a storage, one object published whole). @return 0 or a negative code
+ * (the cause in m->why). */
 int mgr_write_latest(ckptio_manager *m, const char *content);
 /* The step directory name in DIR/latest (first line), into buf. @return 1,
- * 0 when there is no record, or -errno. */
+ * 0 when there is no record, or a negative code (the cause in m->why). */
 int mgr_read_latest(ckptio_manager *m, char *buf, size_t len);
 /* Reports a warning to the callback, if any. */
 void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* fsync of DIR when the options ask for syncs. @return 0 or -errno. */
 int mgr_sync_dir(ckptio_manager *m);
+
+/* objects.c: the same on a storage, where a step directory is the prefix
+ * "DIR/step-N/" and a step exists once one of mgr_files is published under
+ * it (an object appears whole at publish, and a set's index goes last). Each
+ * returns 0 (or a count) or a negative code with the cause in m->why. */
+
+/* One listing request for DIR/latest: the storage answers (bucket,
+ * credentials) before the manager is handed out. */
+int mgr_obj_probe(ckptio_manager *m);
+int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps);
+/* Fills e->files and e->bytes from step's objects and puts the name of its
+ * checkpoint's object in file ("" with e->error and detail when none). */
+int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
+                   size_t dlen);
+int mgr_obj_write_latest(ckptio_manager *m, const char *content);
+int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len);
+/* Removes step's objects: its checkpoint's object first, so a removal cut
+ * short leaves leftovers (no step), never a step that opens damaged. */
+int mgr_obj_remove_step(ckptio_manager *m, uint64_t step);
+/* Before a save: abandons the uploads killed saves left open under
+ * DIR/step-, and removes every object no step's checkpoint uses (a killed
+ * set's shards, a removal cut short). */
+int mgr_obj_sweep(ckptio_manager *m);
+/* After step's save published `file`: removes what an older save of the
+ * step left that the new checkpoint does not use. A leftover that would
+ * still be opened instead of `file` (an older set's index) is an error. */
+int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file);
 
 #endif

@@ -49,29 +49,54 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
     return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set is safetensors only");
   if (mo.max_shard_bytes && o.compress_level)
     return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set cannot be compressed");
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
-    int rc = -errno;
-    return fail_open(rc, "%s: cannot create it: %s", dir, ckptio_errno_text(-rc));
-  }
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    int rc = -errno;
-    return fail_open(rc, "%s: %s", dir, ckptio_errno_text(-rc));
+  /* A storage's prefix ("s3://bucket/ckpts") is served by the storage's
+   * verbs (objects.c); anything else is a local directory. */
+  const ckptio_storage_ops *st = NULL;
+  void *st_self = NULL;
+  int object = ckptio_ctx_storage(ctx, dir, &st, &st_self, why, sizeof(why));
+  if (object < 0) return fail_open(object, "%s%s", why, "");
+  if (object && !st->list)
+    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir,
+                     "its storage has no list verb, which the manager finds checkpoints by");
+  int fd = -1;
+  if (!object) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+      int rc = -errno;
+      return fail_open(rc, "%s: cannot create it: %s", dir, ckptio_errno_text(-rc));
+    }
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+      int rc = -errno;
+      return fail_open(rc, "%s: %s", dir, ckptio_errno_text(-rc));
+    }
   }
   ckptio_manager *m = calloc(1, sizeof(*m));
   char *d = strdup(dir);
   if (!m || !d) {
     free(m);
     free(d);
-    close(fd);
+    if (fd >= 0) close(fd);
     return fail_open(-ENOMEM, "%s: %s", dir, "out of memory");
   }
+  /* "s3://b/ckpts/" and "s3://b/ckpts" are one prefix: step names are
+   * joined with one '/'. */
+  for (size_t n = strlen(d); object && n > 0 && d[n - 1] == '/' && !strstr(d + n - 3, "://"); n--) d[n - 1] = '\0';
   m->ctx = ctx;
   m->dir = d;
   m->dirfd = fd;
+  m->st = st;
+  m->st_self = st_self;
   m->mo = mo;
   m->opts = o;
   m->sync = o.fsync != 0;
+  /* A storage answers now (bucket, credentials), not at the first save. */
+  int rc = object ? mgr_obj_probe(m) : 0;
+  if (rc < 0) {
+    char cause[CKPTIO_ERRLEN];
+    snprintf(cause, sizeof(cause), "%s", m->why);
+    ckptio_manager_close(m);
+    return fail_open(rc, "%s: %s", dir, cause);
+  }
   *out = m;
   return 0;
 }
@@ -93,7 +118,7 @@ static void end_save(ckptio_manager *m, ckptio_held *held) {
   free(m->w_tmp);
   m->w_tmp = NULL;
   m->w = NULL;
-  flock(m->dirfd, LOCK_UN);
+  if (m->dirfd >= 0) flock(m->dirfd, LOCK_UN);
 }
 
 void ckptio_manager_close(ckptio_manager *m) {
@@ -105,7 +130,7 @@ void ckptio_manager_close(ckptio_manager *m) {
   mgr_closes_join(m);
   for (size_t i = 0; i < m->nlist; i++) mgr_entry_free(&m->list[i]);
   free(m->list);
-  close(m->dirfd);
+  if (m->dirfd >= 0) close(m->dirfd);
   free(m->dir);
   free(m);
 }
@@ -131,6 +156,62 @@ static int remove_strays(ckptio_manager *m) {
   return rc;
 }
 
+/* The file a single-file checkpoint is saved as. */
+static const char *single_file(const ckptio_manager *m) {
+  return m->mo.format == CKPTIO_FORMAT_PYTORCH ? "model.pt"
+         : m->opts.compress_level             ? "model.safetensors.zst"
+                                              : "model.safetensors";
+}
+
+/* Opens the save's writer in DIR/`sub` (the hidden temporary directory, or
+ * on a storage the step's own prefix): m->w, or a code in m->err. */
+static int open_writer(ckptio_manager *m, uint64_t step, const char *sub) {
+  int rc;
+  size_t pl = strlen(m->dir) + strlen(sub) + 64;
+  char *path = malloc(pl);
+  if (!path) return ckptio_err_fmt(m->err, sizeof(m->err), -ENOMEM, "%s: out of memory", m->dir);
+  ckptio_writer *w = NULL;
+  /* The caller's ckptio_last_open_error is not this call's to change. */
+  char keep[CKPTIO_ERRLEN];
+  snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
+  if (m->mo.max_shard_bytes) {
+    snprintf(path, pl, "%s/%s", m->dir, sub);
+    rc = ckptio_writer_open_sharded(m->ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
+                                    CKPTIO_SHARD_ORDER_ADDED, &m->opts, &w);
+  } else {
+    snprintf(path, pl, "%s/%s/%s", m->dir, sub, single_file(m));
+    rc = ckptio_writer_open(m->ctx, path, m->mo.format, &m->opts, &w);
+  }
+  free(path);
+  if (rc < 0) ckptio_err_fmt(m->err, sizeof(m->err), rc, "step %" PRIu64 ": %s", step, ckptio_last_open_error());
+  ckptio_set_open_error(keep);
+  if (rc < 0) return rc;
+  m->w = w;
+  m->w_step = step;
+  return 0;
+}
+
+/* save_begin on a storage. No lock (a storage has no flock: one saving
+ * process per prefix is the caller's to keep) and no temporary name (an
+ * object cannot be renamed): the writer saves under the step's own prefix,
+ * where its objects appear only when published, a set's index last; what
+ * killed saves left is swept first. */
+static int save_begin_object(ckptio_manager *m, uint64_t step, ckptio_writer **out) {
+  if (!m->st->create || !m->st->remove)
+    return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_INVALID_ARG,
+                          "%s: its storage has no %s verb, which saves through the manager need", m->dir,
+                          !m->st->create ? "create" : "remove");
+  int rc = mgr_obj_sweep(m);
+  if (rc < 0)
+    return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: before the save of step %" PRIu64 ": %s", m->dir, step,
+                          m->why);
+  char name[MGR_STEP_NAME_MAX];
+  mgr_step_name(step, name, sizeof(name));
+  rc = open_writer(m, step, name);
+  if (rc == 0) *out = m->w;
+  return rc;
+}
+
 int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **out) {
   if (out) *out = NULL;
   if (!m || !out) return CKPTIO_E_INVALID_ARG;
@@ -139,6 +220,7 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
     return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_STATE,
                           "%s: the save of step %" PRIu64 " is still open (ckptio_manager_save_end)", m->dir,
                           m->w_step);
+  if (m->st) return save_begin_object(m, step, out);
   if (flock(m->dirfd, LOCK_EX | LOCK_NB) != 0) {
     int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
     return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: another save holds the directory's lock (%s)",
@@ -153,36 +235,13 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
     rc = ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s/%s: cannot create: %s", m->dir, tmp, ckptio_errno_text(errno));
     goto fail;
   }
-  m->w_tmp = strdup(tmp);
-  size_t pl = strlen(m->dir) + strlen(tmp) + 64;
-  char *path = malloc(pl);
-  if (!m->w_tmp || !path) {
-    free(path);
+  if (!(m->w_tmp = strdup(tmp))) {
     rc = ckptio_err_fmt(m->err, sizeof(m->err), -ENOMEM, "%s: out of memory", m->dir);
     goto fail;
   }
-  ckptio_writer *w = NULL;
-  /* The caller's ckptio_last_open_error is not this call's to change. */
-  char keep[CKPTIO_ERRLEN];
-  snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
-  if (m->mo.max_shard_bytes) {
-    snprintf(path, pl, "%s/%s", m->dir, tmp);
-    rc = ckptio_writer_open_sharded(m->ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
-                                    CKPTIO_SHARD_ORDER_ADDED, &m->opts, &w);
-  } else {
-    const char *file = m->mo.format == CKPTIO_FORMAT_PYTORCH ? "model.pt"
-                       : m->opts.compress_level             ? "model.safetensors.zst"
-                                                            : "model.safetensors";
-    snprintf(path, pl, "%s/%s/%s", m->dir, tmp, file);
-    rc = ckptio_writer_open(m->ctx, path, m->mo.format, &m->opts, &w);
-  }
-  free(path);
-  if (rc < 0) ckptio_err_fmt(m->err, sizeof(m->err), rc, "step %" PRIu64 ": %s", step, ckptio_last_open_error());
-  ckptio_set_open_error(keep);
+  rc = open_writer(m, step, tmp);
   if (rc < 0) goto fail;
-  m->w = w;
-  m->w_step = step;
-  *out = w;
+  *out = m->w;
   return 0;
 fail:
   end_save(m, NULL);
@@ -225,6 +284,7 @@ published:
  * removed files are held in `held`. */
 static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
   if (m->mo.keep_last == 0) return 0;
+  m->why[0] = '\0';
   uint64_t *steps;
   int64_t n = mgr_scan_steps(m, &steps);
   if (n < 0) return (int)n;
@@ -254,15 +314,21 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
     if (unknown || s > step || (m->mo.keep_every && s % m->mo.keep_every == 0)) continue;
     char name[MGR_STEP_NAME_MAX], del[128], what[64];
     mgr_step_name(s, name, sizeof(name));
-    snprintf(what, sizeof(what), "del-step-%08" PRIu64, s);
-    mgr_tmp_name(m, what, del, sizeof(del));
-    /* Hidden first: a removal cut short leaves a stray, never a step
-     * directory with some files gone. The rename is made durable before the
-     * files go: a filesystem may persist their unlinks first. */
-    int r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_sync_dir(m) : -errno;
-    if (r == 0) r = mgr_remove_tree(m->dirfd, del, held);
+    int r;
+    if (m->st) {
+      r = mgr_obj_remove_step(m, s); /* its checkpoint's object first (objects.c) */
+    } else {
+      snprintf(what, sizeof(what), "del-step-%08" PRIu64, s);
+      mgr_tmp_name(m, what, del, sizeof(del));
+      /* Hidden first: a removal cut short leaves a stray, never a step
+       * directory with some files gone. The rename is made durable before
+       * the files go: a filesystem may persist their unlinks first. */
+      r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_sync_dir(m) : -errno;
+      if (r == 0) r = mgr_remove_tree(m->dirfd, del, held);
+      if (r < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-r));
+    }
     if (r < 0) {
-      mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, ckptio_errno_text(-r));
+      mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, m->why);
       if (rc == 0) rc = r;
     }
   }
@@ -291,20 +357,31 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
 
   char name[MGR_STEP_NAME_MAX], line[MGR_STEP_NAME_MAX + 2];
   mgr_step_name(step, name, sizeof(name));
-  rc = publish(m, name);
-  if (rc < 0) goto out;
+  if (m->st) {
+    /* The writer's commit published the step's objects (a set: its index
+     * last); what an older save of the step left goes now. */
+    const char *file = m->mo.max_shard_bytes ? mgr_files[0] : single_file(m);
+    rc = mgr_obj_published(m, step, file);
+    if (rc < 0) {
+      ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s/%s is published, but %s", m->dir, name, file, m->why);
+      goto out;
+    }
+  } else {
+    rc = publish(m, name);
+    if (rc < 0) goto out;
+  }
   /* Published: what follows cannot unpublish it, only be reported. */
   snprintf(line, sizeof(line), "%s\n", name);
   rc = mgr_write_latest(m, line);
   if (rc < 0) {
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but %s could not be replaced: %s", m->dir,
-                   name, MGR_LATEST, ckptio_errno_text(-rc));
+                   name, MGR_LATEST, m->why);
     goto out;
   }
   rc = retain(m, step, &held);
   if (rc < 0)
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but retention failed: %s", m->dir, name,
-                   ckptio_strerror(rc));
+                   m->why[0] ? m->why : ckptio_strerror(rc));
 out:
   end_save(m, &held);
   mgr_close_later(m, &held);

@@ -20,9 +20,13 @@ static int cmp_u64(const void *a, const void *b) {
 
 int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
   *steps = NULL;
+  if (m->st) return mgr_obj_scan_steps(m, steps);
   DIR *d;
   int orc = mgr_opendir(m->dirfd, ".", 0, &d);
-  if (orc < 0) return orc;
+  if (orc < 0) {
+    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-orc));
+    return orc;
+  }
   uint64_t *v = NULL;
   size_t n = 0, cap = 0;
   int64_t rc = 0;
@@ -46,6 +50,7 @@ int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
   }
   closedir(d);
   if (rc < 0) {
+    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text((int)-rc));
     free(v);
     return rc;
   }
@@ -68,8 +73,8 @@ void mgr_entry_free(mgr_entry *e) {
 
 /* The file a checkpoint is opened by, whatever the manager's options are
  * now (a directory may hold checkpoints saved with other options). */
-static const char *const kFiles[] = {"model.safetensors.index.json", "model.safetensors", "model.pt",
-                                     "model.safetensors.zst"};
+const char *const mgr_files[MGR_NFILES] = {"model.safetensors.index.json", "model.safetensors", "model.pt",
+                                           "model.safetensors.zst"};
 
 int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
   memset(e, 0, sizeof(*e));
@@ -82,9 +87,13 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
   if (!e->dir) goto fail;
   snprintf(e->dir, dl, "%s/%s", m->dir, name);
 
-  int fd = openat(m->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   const char *file = NULL;
-  if (fd < 0) {
+  char found[64] = "";
+  int fd = -1;
+  if (m->st) {
+    if (mgr_obj_locate(m, step, e, found, sizeof(found), detail, sizeof(detail)) < 0) goto fail;
+    if (found[0]) file = found;
+  } else if ((fd = openat(m->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
     e->error = -errno;
     snprintf(detail, sizeof(detail), "%s: %s", e->dir, ckptio_errno_text(errno));
   } else {
@@ -100,9 +109,9 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
       e->files++;
       e->bytes += (uint64_t)st.st_size;
     }
-    /* The first of kFiles present is the checkpoint's file. */
-    for (size_t i = 0; i < sizeof(kFiles) / sizeof(kFiles[0]) && !file; i++)
-      if (fstatat(fd, kFiles[i], &st, 0) == 0 && S_ISREG(st.st_mode)) file = kFiles[i];
+    /* The first of mgr_files present is the checkpoint's file. */
+    for (size_t i = 0; i < MGR_NFILES && !file; i++)
+      if (fstatat(fd, mgr_files[i], &st, 0) == 0 && S_ISREG(st.st_mode)) file = mgr_files[i];
     closedir(d);
     if (!file) {
       e->error = -ENOENT;
@@ -151,12 +160,13 @@ fail:
 }
 
 static void set_err(ckptio_manager *m, int code, const char *what) {
-  ckptio_err_fmt(m->err, sizeof(m->err), code, "%s: %s: %s", m->dir, what, ckptio_strerror(code));
+  ckptio_err_fmt(m->err, sizeof(m->err), code, "%s: %s: %s", m->dir, what,
+                 m->why[0] ? m->why : ckptio_strerror(code));
 }
 
 int ckptio_manager_latest(ckptio_manager *m, uint64_t *step, char *path, size_t len) {
   if (!m || (!path && len)) return CKPTIO_E_INVALID_ARG;
-  m->err[0] = '\0';
+  m->err[0] = m->why[0] = '\0';
   uint64_t *steps;
   int64_t n = mgr_scan_steps(m, &steps);
   if (n < 0) {
@@ -217,7 +227,7 @@ static void free_list(ckptio_manager *m) {
 
 int64_t ckptio_manager_list(ckptio_manager *m, int verify) {
   if (!m) return CKPTIO_E_INVALID_ARG;
-  m->err[0] = '\0';
+  m->err[0] = m->why[0] = '\0';
   free_list(m);
   uint64_t *steps;
   int64_t n = mgr_scan_steps(m, &steps);

@@ -1,0 +1,382 @@
+/* The checkpoint manager on a storage: DIR is a prefix ("s3://bucket/ckpts")
+ * and a step directory the objects under "DIR/step-N/". Objects cannot be
+ * renamed, so nothing is hidden first and published by a rename as on a
+ * local disk. Instead a step exists once its checkpoint's object is
+ * published (one of mgr_files: an object appears whole at publish, and a
+ * set publishes its index after every shard), and whatever else lies under
+ * a step's prefix is either what that checkpoint names or a leftover of a
+ * save that died (a killed set's shards, uploads never completed) or of a
+ * removal cut short, which the next save removes. The verbs are the
+ * storage's own (ckptio_storage_ops, from ckptio_ctx_storage): the same a
+ * user's storage implements. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "manage/manage.h"
+
+/* One object under DIR/step-N/: its step and its name below the step. */
+typedef struct mgr_obj {
+  uint64_t step;
+  char *name;
+  uint64_t size;
+} mgr_obj;
+
+typedef struct mgr_objs {
+  mgr_obj *v;
+  size_t n, cap;
+  const char *base; /* "DIR/" */
+  size_t blen;
+} mgr_objs;
+
+static void objs_free(mgr_objs *o) {
+  for (size_t i = 0; i < o->n; i++) free(o->v[i].name);
+  free(o->v);
+  memset(o, 0, sizeof(*o));
+}
+
+/* The list verb's callback: keeps objects named DIR/step-N/NAME. */
+static int collect(void *arg, const char *path, uint64_t size) {
+  mgr_objs *o = arg;
+  if (strncmp(path, o->base, o->blen) != 0) return 0;
+  const char *rest = path + o->blen, *slash = strchr(rest, '/');
+  if (!slash || (size_t)(slash - rest) >= MGR_STEP_NAME_MAX || !slash[1]) return 0;
+  char name[MGR_STEP_NAME_MAX];
+  memcpy(name, rest, (size_t)(slash - rest));
+  name[slash - rest] = '\0';
+  uint64_t step;
+  if (!mgr_parse_step(name, &step)) return 0;
+  if (o->n == o->cap) {
+    size_t nc = o->cap ? o->cap * 2 : 64;
+    mgr_obj *nv = realloc(o->v, nc * sizeof(*nv));
+    if (!nv) return -ENOMEM;
+    o->v = nv;
+    o->cap = nc;
+  }
+  char *n = strdup(slash + 1);
+  if (!n) return -ENOMEM;
+  o->v[o->n++] = (mgr_obj){step, n, size};
+  return 0;
+}
+
+static int cmp_obj(const void *a, const void *b) {
+  const mgr_obj *x = a, *y = b;
+  if (x->step != y->step) return x->step < y->step ? -1 : 1;
+  return strcmp(x->name, y->name);
+}
+
+/* m->why becomes "<what>: <the storage's sentence>". */
+static int why(ckptio_manager *m, int rc, const char *what) {
+  char cause[CKPTIO_ERRLEN];
+  snprintf(cause, sizeof(cause), "%s", m->why[0] ? m->why : ckptio_strerror(rc));
+  snprintf(m->why, sizeof(m->why), "%s: %s", what, cause);
+  return rc;
+}
+
+/* The end of the group of objects of one step that starts at i. */
+static size_t group_end(const mgr_objs *o, size_t i) {
+  size_t j = i;
+  while (j < o->n && o->v[j].step == o->v[i].step) j++;
+  return j;
+}
+
+/* The objects of every step (step ~0: all), sorted by step and name. */
+static int list_steps(ckptio_manager *m, uint64_t step, mgr_objs *o) {
+  memset(o, 0, sizeof(*o));
+  char base[4096], prefix[4096 + MGR_STEP_NAME_MAX];
+  snprintf(base, sizeof(base), "%s/", m->dir);
+  if (step == ~0ull) {
+    snprintf(prefix, sizeof(prefix), "%sstep-", base);
+  } else {
+    char name[MGR_STEP_NAME_MAX];
+    mgr_step_name(step, name, sizeof(name));
+    snprintf(prefix, sizeof(prefix), "%s%s/", base, name);
+  }
+  o->base = base;
+  o->blen = strlen(base);
+  m->why[0] = '\0';
+  int rc = m->st->list(m->st_self, prefix, collect, o, m->why, sizeof(m->why));
+  o->base = NULL;
+  if (rc < 0) {
+    char what[sizeof(prefix) + 32];
+    snprintf(what, sizeof(what), "cannot list %s*", prefix);
+    objs_free(o);
+    return why(m, rc, what);
+  }
+  if (o->n) qsort(o->v, o->n, sizeof(*o->v), cmp_obj);
+  return 0;
+}
+
+/* The name of the checkpoint's object among v[0..n) (one step's), or NULL. */
+static const char *main_of(const mgr_obj *v, size_t n) {
+  for (size_t f = 0; f < MGR_NFILES; f++)
+    for (size_t i = 0; i < n; i++)
+      if (!strcmp(v[i].name, mgr_files[f])) return mgr_files[f];
+  return NULL;
+}
+
+static void obj_path(const ckptio_manager *m, uint64_t step, const char *name, char *buf, size_t len) {
+  char sname[MGR_STEP_NAME_MAX];
+  mgr_step_name(step, sname, sizeof(sname));
+  snprintf(buf, len, "%s/%s/%s", m->dir, sname, name);
+}
+
+/* Removes DIR/step-N/name; a missing one is not an error (the verb's rule). */
+static int remove_obj(ckptio_manager *m, uint64_t step, const char *name) {
+  char path[8192];
+  obj_path(m, step, name, path, sizeof(path));
+  m->why[0] = '\0';
+  int rc = m->st->remove(m->st_self, path, m->why, sizeof(m->why));
+  if (rc < 0 && !m->why[0]) snprintf(m->why, sizeof(m->why), "%s: cannot remove it: %s", path, ckptio_strerror(rc));
+  return rc;
+}
+
+int mgr_obj_probe(ckptio_manager *m) {
+  char prefix[4096];
+  mgr_objs o = {0};
+  snprintf(prefix, sizeof(prefix), "%s/" MGR_LATEST, m->dir);
+  o.base = "";
+  m->why[0] = '\0';
+  int rc = m->st->list(m->st_self, prefix, collect, &o, m->why, sizeof(m->why));
+  objs_free(&o);
+  if (rc < 0 && !m->why[0]) snprintf(m->why, sizeof(m->why), "cannot list %s: %s", prefix, ckptio_strerror(rc));
+  return rc < 0 ? rc : 0;
+}
+
+int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
+  *steps = NULL;
+  mgr_objs o;
+  int rc = list_steps(m, ~0ull, &o);
+  if (rc < 0) return rc;
+  uint64_t *v = malloc((o.n ? o.n : 1) * sizeof(*v));
+  size_t n = 0;
+  if (!v) {
+    objs_free(&o);
+    snprintf(m->why, sizeof(m->why), "out of memory");
+    return -ENOMEM;
+  }
+  for (size_t i = 0, j; i < o.n; i = j) {
+    j = group_end(&o, i);
+    if (main_of(o.v + i, j - i)) v[n++] = o.v[i].step;
+  }
+  objs_free(&o);
+  *steps = v;
+  return (int64_t)n;
+}
+
+int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
+                   size_t dlen) {
+  file[0] = '\0';
+  mgr_objs o;
+  int rc = list_steps(m, step, &o);
+  if (rc == -ENOMEM) return rc;
+  if (rc < 0) {
+    e->error = rc;
+    snprintf(detail, dlen, "%s", m->why);
+    return 0;
+  }
+  e->files = (uint32_t)o.n;
+  for (size_t i = 0; i < o.n; i++) e->bytes += o.v[i].size;
+  const char *f = main_of(o.v, o.n);
+  if (f) {
+    snprintf(file, flen, "%s", f);
+  } else {
+    e->error = -ENOENT;
+    snprintf(detail, dlen, "%s: no model.safetensors[.index.json], model.pt or model.safetensors.zst in it", e->dir);
+  }
+  objs_free(&o);
+  return 0;
+}
+
+int mgr_obj_write_latest(ckptio_manager *m, const char *content) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/" MGR_LATEST, m->dir);
+  size_t n = strlen(content);
+  void *obj = NULL;
+  m->why[0] = '\0';
+  /* One object of one chunk: published whole, replacing the old record. */
+  int rc = m->st->create(m->st_self, path, n, n, &obj, m->why, sizeof(m->why));
+  if (rc == 0) {
+    rc = m->st->write(m->st_self, obj, content, n, 0, m->why, sizeof(m->why));
+    if (rc < 0)
+      m->st->abandon(m->st_self, obj);
+    else
+      rc = m->st->publish(m->st_self, obj, m->why, sizeof(m->why));
+  }
+  if (rc < 0 && !m->why[0]) snprintf(m->why, sizeof(m->why), "%s: %s", path, ckptio_strerror(rc));
+  return rc;
+}
+
+int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len) {
+  char path[4096];
+  snprintf(path, sizeof(path), "%s/" MGR_LATEST, m->dir);
+  void *obj = NULL;
+  uint64_t size = 0;
+  m->why[0] = '\0';
+  int rc = m->st->open_read(m->st_self, path, &obj, &size, m->why, sizeof(m->why));
+  if (rc == -ENOENT) return 0;
+  if (rc == 0) {
+    size_t n = size < len - 1 ? (size_t)size : len - 1;
+    rc = n ? m->st->read(m->st_self, obj, buf, n, 0, m->why, sizeof(m->why)) : 0;
+    m->st->close_read(m->st_self, obj);
+    if (rc == 0) {
+      buf[n] = '\0';
+      buf[strcspn(buf, "\r\n")] = '\0';
+      return 1;
+    }
+  }
+  if (!m->why[0]) snprintf(m->why, sizeof(m->why), "%s: %s", path, ckptio_strerror(rc));
+  return rc;
+}
+
+/* Removes the objects of one step's listing v[0..n) for which keep() is 0,
+ * `first` (when not NULL) before the rest. @return the first failure. */
+static int remove_all_but(ckptio_manager *m, const mgr_obj *v, size_t n, const char *first,
+                          int (*keep)(const char *name, void *arg), void *arg) {
+  int rc = 0;
+  for (int pass = first ? 0 : 1; pass < 2; pass++)
+    for (size_t i = 0; i < n; i++) {
+      int is_first = first && !strcmp(v[i].name, first);
+      if ((pass == 0) != is_first || (keep && keep(v[i].name, arg))) continue;
+      int r = remove_obj(m, v[i].step, v[i].name);
+      if (r < 0 && rc == 0) rc = r;
+      if (r < 0 && pass == 0) return r; /* the rest stays a step's until it goes */
+    }
+  return rc;
+}
+
+static int is_checkpoint_file(const char *name, void *arg) {
+  (void)arg;
+  for (size_t f = 0; f < MGR_NFILES; f++)
+    if (!strcmp(name, mgr_files[f])) return 1;
+  return 0;
+}
+
+int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
+  mgr_objs o;
+  int rc = list_steps(m, step, &o);
+  if (rc < 0) return rc;
+  /* Every object that could be the checkpoint's goes before the rest (in
+   * the order a reader would pick them): once the first has gone the step
+   * no longer opens, so a removal cut short leaves leftovers, never a
+   * damaged checkpoint. */
+  for (size_t f = 0; f < MGR_NFILES && rc == 0; f++)
+    for (size_t i = 0; i < o.n && rc == 0; i++)
+      if (!strcmp(o.v[i].name, mgr_files[f])) rc = remove_obj(m, step, o.v[i].name);
+  if (rc == 0) rc = remove_all_but(m, o.v, o.n, NULL, is_checkpoint_file, NULL);
+  objs_free(&o);
+  return rc;
+}
+
+/* ------------------------------------------------------------ leftovers */
+
+/* "model-00001-of-00003-<save id>.safetensors", a set's shard in a storage
+ * (the save id makes each save's shards its own): 1 and the id. */
+static int shard_id(const char *name, const char **id, size_t *idlen) {
+  static const char ext[] = ".safetensors";
+  size_t n = strlen(name), e = sizeof(ext) - 1;
+  if (strncmp(name, "model-", 6) != 0 || !strstr(name, "-of-") || n < e || strcmp(name + n - e, ext) != 0) return 0;
+  const char *end = name + n - e, *dash = end;
+  while (dash > name && dash[-1] != '-') dash--;
+  *id = dash;
+  *idlen = (size_t)(end - dash);
+  return dash > name + 6;
+}
+
+typedef struct named {
+  const char *index;   /* the set's index, kept */
+  const char **paths;  /* what its reader names */
+  size_t n;
+  char base[4096];     /* DIR/step-N/ */
+} named;
+
+static int keep_named(const char *name, void *arg) {
+  named *k = arg;
+  if (!strcmp(name, k->index)) return 1;
+  size_t bl = strlen(k->base);
+  for (size_t i = 0; i < k->n; i++)
+    if (!strncmp(k->paths[i], k->base, bl) && !strcmp(k->paths[i] + bl, name)) return 1;
+  return 0;
+}
+
+static int keep_only(const char *name, void *arg) { return !strcmp(name, arg); }
+
+/* One step's objects v[0..n) whose checkpoint is `main`: removes what it
+ * does not use. A single file uses only itself. A set's index names its
+ * shards: when every other object is a shard of one save (the usual case)
+ * there is nothing to do; else the index is opened to learn which shards
+ * are its, and when it does not open nothing is removed (what it names
+ * cannot be told from what it does not). */
+static int tidy_step(ckptio_manager *m, const mgr_obj *v, size_t n, const char *main) {
+  if (!main) return remove_all_but(m, v, n, NULL, NULL, NULL);
+  if (strcmp(main, mgr_files[0]) != 0) return remove_all_but(m, v, n, mgr_files[0], keep_only, (void *)main);
+  const char *id0 = NULL, *id;
+  size_t len0 = 0, len;
+  int mixed = 0;
+  for (size_t i = 0; i < n && !mixed; i++) {
+    if (!strcmp(v[i].name, main)) continue;
+    if (!shard_id(v[i].name, &id, &len)) mixed = 1;
+    else if (!id0) id0 = id, len0 = len;
+    else mixed = len != len0 || strncmp(id, id0, len) != 0;
+  }
+  if (!mixed) return 0;
+  named k = {.index = main};
+  char sname[MGR_STEP_NAME_MAX], path[8192];
+  mgr_step_name(v[0].step, sname, sizeof(sname));
+  snprintf(k.base, sizeof(k.base), "%s/%s/", m->dir, sname);
+  obj_path(m, v[0].step, main, path, sizeof(path));
+  /* The caller's ckptio_last_open_error is not this call's to change. */
+  char keep[CKPTIO_ERRLEN];
+  snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
+  ckptio_reader *r = NULL;
+  int rc = ckptio_reader_open(m->ctx, path, &m->opts, &r);
+  ckptio_set_open_error(keep);
+  if (rc < 0) return 0;
+  k.n = ckptio_reader_shard_count(r);
+  k.paths = calloc(k.n ? k.n : 1, sizeof(*k.paths));
+  if (!k.paths) {
+    ckptio_reader_close(r);
+    snprintf(m->why, sizeof(m->why), "out of memory");
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < k.n; i++) ckptio_reader_shard(r, i, &k.paths[i], NULL, NULL);
+  rc = remove_all_but(m, v, n, NULL, keep_named, &k);
+  free(k.paths);
+  ckptio_reader_close(r);
+  return rc;
+}
+
+int mgr_obj_sweep(ckptio_manager *m) {
+  char prefix[4096];
+  snprintf(prefix, sizeof(prefix), "%s/step-", m->dir);
+  m->why[0] = '\0';
+  /* Uploads only a killed save leaves open (a live one completes or aborts
+   * its own): one saving process per DIR, as on a local disk. */
+  int rc = m->st->sweep ? m->st->sweep(m->st_self, prefix, m->why, sizeof(m->why)) : 0;
+  if (rc < 0) {
+    char what[sizeof(prefix) + 64];
+    snprintf(what, sizeof(what), "cannot abandon the uploads killed saves left under %s*", prefix);
+    return why(m, rc, what);
+  }
+  mgr_objs o;
+  if ((rc = list_steps(m, ~0ull, &o)) < 0) return rc;
+  for (size_t i = 0, j; i < o.n && rc == 0; i = j) {
+    j = group_end(&o, i);
+    rc = tidy_step(m, o.v + i, j - i, main_of(o.v + i, j - i));
+  }
+  objs_free(&o);
+  return rc;
+}
+
+int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file) {
+  mgr_objs o;
+  int rc = list_steps(m, step, &o);
+  if (rc < 0) return rc;
+  /* A single file saved over a set: the old index would still be opened
+   * first, so it goes first, and failing that the save has not taken. */
+  rc = tidy_step(m, o.v, o.n, file);
+  objs_free(&o);
+  return rc < 0 ? why(m, rc, "what an older save of the step left could not be removed") : 0;
+}
