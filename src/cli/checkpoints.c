@@ -2,7 +2,8 @@
  * `ckptio checkpoints DIR`: a checkpoint manager's directory (one step
  * directory per checkpoint, see ckptio_manager_* in ckptio.h) as a table:
  * step, size, files, complete or not, verified or not (with --verify), and
- * the checkpoint a resume would pick. Reads only; changes nothing.
+ * the checkpoint a resume would pick. DIR may be a storage's prefix
+ * ("s3://bucket/ckpts"). Reads only; changes nothing.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -18,12 +19,14 @@ void cli_checkpoints_usage(FILE *out) {
   fprintf(out,
           "usage: ckptio checkpoints DIR [--verify] [--json]\n\n"
           "Lists the checkpoints of a checkpoint manager's directory (DIR/step-NNNNNNNN/,\n"
-          "oldest first): step, bytes on disk, files, and its state: \"complete\" (it\n"
-          "opens: every header checked, every shard of a set present), \"verified\"\n"
-          "(--verify: every CRC32 read and checked too), or INCOMPLETE / CORRUPT with\n"
-          "the reason. Then the checkpoint a resume would pick (the newest complete\n"
-          "one; with --verify, the newest verified one). Hidden temporaries of a save\n"
-          "in progress or killed are not listed. Nothing in DIR is changed.\n\n"
+          "oldest first; DIR may be an object storage prefix, s3://bucket/ckpts): step,\n"
+          "bytes stored, files, and its state: \"complete\" (it opens: every header\n"
+          "checked, every shard of a set present), \"verified\" (--verify: every CRC32\n"
+          "read and checked too), or INCOMPLETE / CORRUPT with the reason. Then the\n"
+          "checkpoint a resume would pick (the newest complete one; with --verify, the\n"
+          "newest verified one). Hidden temporaries of a save in progress or killed\n"
+          "(on a storage: objects no published checkpoint names) are not listed.\n"
+          "Nothing in DIR is changed.\n\n"
           "  --verify  read every checkpoint whole and check its CRC32s\n"
           "  --json    one JSON object: {\"dir\", \"checkpoints\": [...], \"resume\"}\n\n"
           "exit codes: 0 every checkpoint complete (and verified); 1 some are not;\n"
@@ -59,9 +62,12 @@ int cli_checkpoints_main(int argc, char **argv) {
     cli_checkpoints_usage(stderr);
     return CLI_EXIT_USAGE;
   }
-  /* The manager creates a missing directory; a listing must not. */
+  /* The manager creates a missing directory; a listing must not. A
+   * storage's prefix is never created (the manager asks the storage to
+   * list it, and fails naming the URL when it cannot). */
+  int object = strstr(dir, "://") != NULL;
   struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (!object && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
     fprintf(stderr, "ckptio checkpoints: %s: not a directory\n", dir);
     return CLI_EXIT_USAGE;
   }
@@ -73,6 +79,13 @@ int cli_checkpoints_main(int argc, char **argv) {
   o.load_method = CKPTIO_LOAD_MMAP; /* as verify: CRCs from the mapping, a tiny ring */
   o.chunk_bytes = 2u << 20;
   o.staging_bytes = 4u << 20;
+  if (object) {
+    /* An object has no mapping: each read is a request, so 8 MiB ones,
+     * 8 in flight. */
+    o.load_method = CKPTIO_LOAD_AUTO;
+    o.chunk_bytes = 8u << 20;
+    o.staging_bytes = 64u << 20;
+  }
   o.cuda = 0;
   int rc = ckptio_ctx_create(&o, &ctx);
   if (rc < 0) {

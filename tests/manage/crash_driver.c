@@ -12,8 +12,8 @@
 #include "ckptio.h"
 
 #define NTENSORS 3
-static const int64_t kRows[NTENSORS] = {256, 384, 40};
-#define COLS 1024 /* F32: 1 MiB, 1.5 MiB, 160 KiB per checkpoint */
+static int64_t kRows[NTENSORS] = {256, 384, 40};
+#define COLS 1024 /* F32: 1 MiB, 1.5 MiB, 160 KiB per checkpoint (times --scale) */
 
 /* The value of element i of tensor k at `step`: every byte depends on all
  * three, so bytes of another step or tensor never pass for these. */
@@ -30,8 +30,10 @@ static void fill(float *buf, uint64_t step, int k) {
 
 static int usage(void) {
   fprintf(stderr,
-          "usage: crash_driver save DIR [--sharded] [--keep K] [--every N] [--steps N]\n"
-          "       crash_driver check DIR\n");
+          "usage: crash_driver save DIR [--sharded] [--keep K] [--every N] [--steps N] [--scale S]\n"
+          "       crash_driver check DIR [--scale S]\n"
+          "DIR may be a storage's prefix (s3://bucket/ckpts); --scale multiplies the\n"
+          "tensors' rows (a save long enough to be killed mid-upload).\n");
   return 2;
 }
 
@@ -175,12 +177,15 @@ static int check(const char *dir) {
 
 int main(int argc, char **argv) {
   if (argc < 3) return usage();
-  if (!strcmp(argv[1], "check")) return check(argv[2]);
-  if (strcmp(argv[1], "save") != 0) return usage();
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   long steps = -1;
   for (int i = 3; i < argc; i++) {
-    if (!strcmp(argv[i], "--sharded"))
+    if (!strcmp(argv[i], "--scale") && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+      int scale = atoi(argv[++i]);
+      for (int k = 0; k < NTENSORS; k++) kRows[k] *= scale;
+    } else if (!strcmp(argv[1], "check")) {
+      return usage();
+    } else if (!strcmp(argv[i], "--sharded"))
       mo.max_shard_bytes = 1 << 20;
     else if (!strcmp(argv[i], "--keep") && i + 1 < argc)
       mo.keep_last = atoi(argv[++i]);
@@ -191,5 +196,7 @@ int main(int argc, char **argv) {
     else
       return usage();
   }
+  if (!strcmp(argv[1], "check")) return check(argv[2]);
+  if (strcmp(argv[1], "save") != 0) return usage();
   return save_loop(argv[2], &mo, steps);
 }
