@@ -1,6 +1,8 @@
 """A checkpoint directory for a training loop (ckptio_manager_* in ckptio.h):
 one step directory per checkpoint, published only once durable, a "latest"
 record, keep-last-K / keep-every-N, and resume from the newest complete one.
+The directory may be an object storage prefix ("s3://bucket/ckpts"), with
+the same guarantees (the manager section of ckptio.h, "On a storage").
 
     mgr = CheckpointManager("ckpts", keep_last=3)
     step, _ = mgr.load_latest(into=model)          # (None, None) on a fresh run
@@ -94,7 +96,9 @@ class CheckpointManager:
     """A directory of checkpoints, one per step (see the module docstring and
     the manager section of ckptio.h for the crash-safety rules).
 
-    directory: created (one level) when missing.
+    directory: created (one level) when missing; or an object storage
+        prefix, "s3://bucket/ckpts" (nothing created; a missing bucket or
+        wrong credentials fail here, naming the URL).
     keep_last: keep this many newest complete checkpoints; None keeps all.
         Older ones are removed only after a new one is durable, never the
         newest complete one.
@@ -109,7 +113,8 @@ class CheckpointManager:
 
     Warnings (CheckpointWarning) name every checkpoint skipped on resume.
     One thread at a time; the SaveHandle's methods from any thread. One
-    saving process per directory (a second one gets -EBUSY on save)."""
+    saving process per directory (a second one gets -EBUSY on save; on a
+    storage there is no lock, and keeping to one is the caller's)."""
 
     def __init__(self, directory: PathLike, keep_last: Optional[int] = 3,
                  keep_every: Optional[int] = None,
