@@ -56,12 +56,12 @@ static int check_box(const ckptio_tensor *t, const int64_t *global, const int64_
 }
 
 int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets,
-                       char *err) {
+                       ckptio_fill fill, char *err) {
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
   if (nbytes < 0)
     return ckptio_err_fmt(err, CKPTIO_ERRLEN, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
                           ckptio_strerror((int)nbytes));
-  if (!t->data && nbytes)
+  if (!t->data && !fill.fn && nbytes)
     return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_INVALID_ARG, "tensor '%s': NULL data for a non-empty tensor", t->name);
   if (strcmp(t->name, "__metadata__") == 0)
     return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors", t->name);
@@ -76,6 +76,7 @@ int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t 
   memset(s, 0, sizeof(*s));
   s->t = *t;
   s->t.name = name;
+  s->fill = fill;
   for (int d = 0; d < t->ndim; d++) {
     s->global[d] = global ? global[d] : t->shape[d];
     s->offsets[d] = global ? offsets[d] : 0;

@@ -16,6 +16,7 @@ typedef struct ckptio_ctensor {
   uint64_t nbytes;
   int64_t global[CKPTIO_MAX_DIMS]; /* the tensor's shape (t.shape when whole) */
   int64_t offsets[CKPTIO_MAX_DIMS];
+  ckptio_fill fill;       /* where the bytes come from, for the file writer */
 } ckptio_ctensor;
 
 typedef struct ckptio_collect {
@@ -35,7 +36,7 @@ int ckptio_collect_stream(ckptio_collect *c, ckptio_ctx *ctx, int device, void *
 int ckptio_collect_metadata(ckptio_collect *c, const char *key, const char *value, char *err);
 /* A box of a tensor: global / offsets NULL for the whole tensor. */
 int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets,
-                       char *err);
+                       ckptio_fill fill, char *err);
 /* The metadata and streams, onto a file writer about to be filled. */
 int ckptio_collect_apply(const ckptio_collect *c, ckptio_writer *sub);
 void ckptio_collect_free(ckptio_collect *c);

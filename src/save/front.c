@@ -44,7 +44,17 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
 }
 
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
-  return w ? w->verbs->add(w, t) : CKPTIO_E_INVALID_ARG;
+  return w ? w->verbs->add(w, t, (ckptio_fill){NULL, NULL}) : CKPTIO_E_INVALID_ARG;
+}
+
+int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill_fn fill, void *arg) {
+  if (!w || !t || !t->name || !fill) return CKPTIO_E_INVALID_ARG;
+  if (t->data || t->device != CKPTIO_DEVICE_HOST)
+    return ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_INVALID_ARG,
+                          "tensor '%s': a filled tensor has no data pointer and lives on the host "
+                          "(data NULL, device CKPTIO_DEVICE_HOST)",
+                          t->name);
+  return w->verbs->add(w, t, (ckptio_fill){fill, arg});
 }
 
 int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
@@ -58,7 +68,7 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
                             "tensor '%s': a part of a tensor needs a multi-rank writer (ckptio_writer_open_ranks); "
                             "this writer stores tensors whole",
                             t->name);
-  return w->verbs->add(w, t);
+  return w->verbs->add(w, t, (ckptio_fill){NULL, NULL});
 }
 
 int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {

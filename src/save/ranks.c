@@ -139,15 +139,21 @@ static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
-static int ranks_add_part(ckptio_writer *base, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets) {
-  ranks_writer *w = (ranks_writer *)base;
+static int ranks_add_box(ranks_writer *w, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets,
+                         ckptio_fill fill) {
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == R_ABORTED) return aborted(w);
   if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
-  return ckptio_collect_add(&w->c, t, global, offsets, w->base.err);
+  return ckptio_collect_add(&w->c, t, global, offsets, fill, w->base.err);
 }
 
-static int ranks_add(ckptio_writer *base, const ckptio_tensor *t) { return ranks_add_part(base, t, NULL, NULL); }
+static int ranks_add_part(ckptio_writer *base, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets) {
+  return ranks_add_box((ranks_writer *)base, t, global, offsets, (ckptio_fill){NULL, NULL});
+}
+
+static int ranks_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill) {
+  return ranks_add_box((ranks_writer *)base, t, NULL, NULL, fill);
+}
 
 /* The file name of file k (0-based) of the plan. */
 static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
@@ -175,7 +181,10 @@ static int start_file(ranks_writer *w) {
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.rank", rank);
   for (size_t i = 0; i < w->plan.nboxes && rc == 0; i++)
-    if (w->plan.boxes[i].writer == w->comm.rank) rc = s->verbs->add(s, &w->c.tensors[w->plan.boxes[i].local].t);
+    if (w->plan.boxes[i].writer == w->comm.rank) {
+      const ckptio_ctensor *ct = &w->c.tensors[w->plan.boxes[i].local];
+      rc = s->verbs->add(s, &ct->t, ct->fill);
+    }
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   s->sync = w->base.sync;
   if (rc == 0) rc = s->verbs->commit_async(s);

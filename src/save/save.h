@@ -11,10 +11,18 @@
 
 /* Every verb gets a non-NULL writer of its own kind; the public contract of
  * each is the one in ckptio.h for ckptio_writer_<verb>. */
+/* Where an added tensor's bytes come from: fn NULL, the memory at t->data
+ * (ckptio_writer_add); else fn(arg, ...) as the save runs
+ * (ckptio_writer_add_fill). */
+typedef struct ckptio_fill {
+  ckptio_fill_fn fn;
+  void *arg;
+} ckptio_fill;
+
 typedef struct ckptio_writer_verbs {
   int (*set_metadata)(ckptio_writer *w, const char *key, const char *value);
   int (*set_stream)(ckptio_writer *w, int device, void *stream);
-  int (*add)(ckptio_writer *w, const ckptio_tensor *t);
+  int (*add)(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill fill); /* add and add_fill */
   int (*commit_async)(ckptio_writer *w);
   int (*wait_snapshot)(ckptio_writer *w);
   int (*wait_durable)(ckptio_writer *w);

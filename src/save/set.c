@@ -142,12 +142,12 @@ static int set_set_metadata(ckptio_writer *base, const char *key, const char *va
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
-static int set_add(ckptio_writer *base, const ckptio_tensor *t) {
+static int set_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill) {
   set_writer *w = (set_writer *)base;
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == S_ABORTED) return aborted(w);
   if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
-  return ckptio_collect_add(&w->c, t, NULL, NULL, w->base.err);
+  return ckptio_collect_add(&w->c, t, NULL, NULL, fill, w->base.err);
 }
 
 /* Shards are runs of tensors: a new shard starts when the next tensor
@@ -222,7 +222,7 @@ static int open_shard(set_writer *w, size_t k) {
   rc = ckptio_collect_apply(&w->c, s);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
-  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t);
+  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t, placed(w, i)->fill);
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
   return 0;

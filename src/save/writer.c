@@ -32,6 +32,7 @@ typedef struct wtensor {
   char *name;
   ckptio_tensor t;
   uint64_t nbytes;
+  ckptio_fill fill;       /* fill.fn: the bytes come from it, not t.data */
 } wtensor;
 
 typedef struct chunk_job {
@@ -230,7 +231,7 @@ static int file_set_stream(ckptio_writer *base, int device, void *stream) {
 
 static const char *wtensor_name(const void *items, size_t i) { return ((const wtensor *)items)[i].name; }
 
-static int file_add(ckptio_writer *base, const ckptio_tensor *t) {
+static int file_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill) {
   file_writer *w = (file_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == W_ABORTED) return aborted(w);
@@ -239,9 +240,9 @@ static int file_add(ckptio_writer *base, const ckptio_tensor *t) {
   if (nbytes < 0)
     return fail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
                 ckptio_strerror((int)nbytes));
-  int rc = check_pointer(w, t, nbytes);
+  int rc = fill.fn ? 0 : check_pointer(w, t, nbytes);
   if (rc < 0) return rc;
-  if (!t->data && nbytes)
+  if (!t->data && !fill.fn && nbytes)
     return fail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': %s", t->name, "NULL data for a non-empty tensor");
   if (strcmp(t->name, "__metadata__") == 0)
     return fail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors%s", t->name, "");
@@ -256,6 +257,7 @@ static int file_add(ckptio_writer *base, const ckptio_tensor *t) {
   wt->t = *t;
   wt->t.name = wt->name;
   wt->nbytes = (uint64_t)nbytes;
+  wt->fill = fill;
   if (t->device != CKPTIO_DEVICE_HOST) w->gpus_used |= 1ull << (t->device - CKPTIO_DEVICE_CUDA(0));
   w->count++;
   w->total_bytes += (uint64_t)nbytes;
@@ -383,11 +385,20 @@ static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end
   piece_iter it;
   pieces_begin(&it, w, start, end);
   while (pieces_next(&it)) {
+    const wtensor *wt = tensor_at(w, it.k);
+    unsigned char *dst = j->slot + (it.a - start);
     *tensor_bytes += it.b - it.a;
     uint32_t *crc = piece_crc(w, j, &it);
     if (crc) *crc = 0;
-    if (tensor_at(w, it.k)->t.device == CKPTIO_DEVICE_HOST)
-      ckptio_copy_crc(j->slot + (it.a - start), piece_src(&it), it.b - it.a, crc);
+    if (wt->fill.fn) {
+      char why[CKPTIO_ERRLEN] = "";
+      int rc = wt->fill.fn(wt->fill.arg, it.a - offset_at(w, it.k), dst, it.b - it.a, why, sizeof(why));
+      if (rc < 0)
+        return ckptio_err_fmt(msg, len, rc, "%s: tensor '%s': %s", w->path, wt->name, *why ? why : ckptio_strerror(rc));
+      if (crc) *crc = ckptio_crc32(0, dst, it.b - it.a);
+    } else if (wt->t.device == CKPTIO_DEVICE_HOST) {
+      ckptio_copy_crc(dst, piece_src(&it), it.b - it.a, crc);
+    }
   }
   copy_extents(w, j->slot, start, end);
   chunk_copied(w);
@@ -469,7 +480,7 @@ static int in_place(const file_writer *w, uint64_t c, uint64_t touched, uint64_t
   uint64_t at = start;
   pieces_begin(&it, w, start, end);
   while (pieces_next(&it)) {
-    if (it.a != at || tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST ||
+    if (it.a != at || tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST || tensor_at(w, it.k)->fill.fn ||
         ((uintptr_t)piece_src(&it) | (it.b - it.a)) % CKPTIO_IO_ALIGN)
       return 0;
     at = it.b;

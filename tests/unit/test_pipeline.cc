@@ -5,7 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "ckpt_fixture.h"
@@ -464,4 +467,113 @@ TEST(Pipeline, OptionsOfNoContextAreTheInitValues) {
   ASSERT_EQ(ckptio_ctx_create(nullptr, &ctx), 0);
   ckptio_ctx_options(ctx, nullptr);
   ckptio_ctx_free(ctx);
+}
+
+namespace {
+
+// A fill serving a Tensor's bytes, counting how often each byte was asked
+// for; fails with -EIO at byte `fail_at` of the tensor when set.
+struct Filled {
+  const Tensor *t;
+  std::mutex mu;
+  std::vector<int> asked;
+  int64_t fail_at = -1;
+};
+
+int fill_from(void *arg, uint64_t offset, void *dst, uint64_t nbytes, char *why, size_t why_len) {
+  auto *f = static_cast<Filled *>(arg);
+  std::lock_guard<std::mutex> lock(f->mu);
+  if (f->fail_at >= 0 && (uint64_t)f->fail_at >= offset && (uint64_t)f->fail_at < offset + nbytes) {
+    snprintf(why, why_len, "the source went away");
+    return -EIO;
+  }
+  for (uint64_t i = offset; i < offset + nbytes; i++) f->asked.at(i)++;
+  memcpy(dst, f->t->bytes.data() + offset, nbytes);
+  return 0;
+}
+
+// Every other tensor of ts added with a fill; *fills keeps their state.
+void add_half_filled(ckptio_writer *w, const std::vector<Tensor> &ts, std::vector<std::unique_ptr<Filled>> *fills) {
+  for (size_t i = 0; i < ts.size(); i++) {
+    ckptio_tensor d = host_desc(ts[i]);
+    if (i % 2 == 0) {
+      ASSERT_EQ(ckptio_writer_add(w, &d), 0) << ckptio_writer_last_error(w);
+      continue;
+    }
+    fills->push_back(std::make_unique<Filled>());
+    Filled *f = fills->back().get();
+    f->t = &ts[i];
+    f->asked.assign(ts[i].bytes.size(), 0);
+    d.data = nullptr;
+    ASSERT_EQ(ckptio_writer_add_fill(w, &d, fill_from, f), 0) << ckptio_writer_last_error(w);
+  }
+}
+
+}  // namespace
+
+// ckptio_writer_add_fill: the bytes come from the callback, every byte asked
+// for exactly once, through a single file, a compressed one (frames may cut
+// elements) and a sharded set; a failing fill fails the save and publishes
+// nothing; a filled tensor with a data pointer or on a GPU is refused.
+TEST(Pipeline, FilledTensorsComeFromTheirFillOnce) {
+  std::vector<Tensor> ts = every_dtype_model();
+  ts.push_back(make_tensor("rows", CKPTIO_F32, {300, 129}, 7));  // ~151 KiB: many 64 KiB chunks
+  ts.push_back(make_tensor("more.rows", CKPTIO_BF16, {77, 1001}, 8));
+  struct Kind { const char *name; int level; uint64_t shard; };
+  for (Kind k : {Kind{"file", 0, 0}, Kind{"zstd", 3, 0}, Kind{"set", 0, 100 << 10}}) {
+    SCOPED_TRACE(k.name);
+    TempDir dir;
+    TestContext c(small_options());
+    ckptio_options o = small_options();
+    o.compress_level = k.level;
+    std::string path = k.shard ? dir.path() : dir.file("m.safetensors");
+    ckptio_writer *w;
+    ASSERT_EQ(k.shard ? ckptio_writer_open_sharded(c.ctx, path.c_str(), "m", CKPTIO_FORMAT_SAFETENSORS, k.shard,
+                                                   CKPTIO_SHARD_ORDER_ADDED, nullptr, &w)
+                      : ckptio_writer_open(c.ctx, path.c_str(), CKPTIO_FORMAT_SAFETENSORS, &o, &w),
+              0);
+    std::vector<std::unique_ptr<Filled>> fills;
+    add_half_filled(w, ts, &fills);
+    ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+    ckptio_writer_close(w);
+    for (auto &f : fills)
+      for (size_t i = 0; i < f->asked.size(); i++) ASSERT_EQ(f->asked[i], 1) << f->t->name << " byte " << i;
+    if (k.level) {  // no views of a compressed file: loads only
+      ckptio_reader *r;
+      ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0);
+      for (const Tensor &t : ts) {
+        std::vector<uint8_t> got(t.bytes.size() + 1);
+        EXPECT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, t.name.c_str()), got.data(), got.size()), 0);
+        EXPECT_EQ(0, memcmp(got.data(), t.bytes.data(), t.bytes.size())) << t.name;
+      }
+      ckptio_reader_close(r);
+    } else {
+      expect_loads(c.ctx, path, ts);
+    }
+  }
+
+  TempDir dir;
+  TestContext c(small_options());
+  ckptio_writer *w;
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("m.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  std::vector<std::unique_ptr<Filled>> fills;
+  add_half_filled(w, ts, &fills);
+  fills.back()->fail_at = 30000;  // past the first 64 KiB chunk of the file
+  EXPECT_EQ(ckptio_writer_commit(w), -EIO);
+  std::string err = ckptio_writer_last_error(w);
+  EXPECT_NE(err.find("'" + fills.back()->t->name + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("the source went away"), std::string::npos) << err;
+  ckptio_writer_close(w);
+  EXPECT_TRUE(dir.list().empty());
+
+  ASSERT_EQ(ckptio_writer_open(c.ctx, dir.file("n.safetensors").c_str(), CKPTIO_FORMAT_SAFETENSORS, nullptr, &w), 0);
+  uint8_t buf[4] = {};
+  ckptio_tensor with_data{"d", CKPTIO_U8, 1, {4}, buf, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add_fill(w, &with_data, fill_from, nullptr), CKPTIO_E_INVALID_ARG);
+  ckptio_tensor on_gpu{"g", CKPTIO_U8, 1, {4}, nullptr, CKPTIO_DEVICE_CUDA(0)};
+  EXPECT_EQ(ckptio_writer_add_fill(w, &on_gpu, fill_from, nullptr), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_writer_last_error(w)).find("'g'"), std::string::npos);
+  ckptio_tensor no_fill{"n", CKPTIO_U8, 1, {4}, nullptr, CKPTIO_DEVICE_HOST};
+  EXPECT_EQ(ckptio_writer_add_fill(w, &no_fill, nullptr, nullptr), CKPTIO_E_INVALID_ARG);
+  ckptio_writer_close(w);
 }
