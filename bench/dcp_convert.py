@@ -19,8 +19,8 @@ The checkpoint: 8 F32 tensors [rows, 4096] (rows set by --gib), half
 DTensor Shard(0) and half Shard(1), so every tensor is split in --world
 chunks. Reported per contender: the median wall time of the whole process
 (the torch contenders' import of torch included, and their time after it
-in parentheses), the spread, peak RSS (ru_maxrss: file pages mapped count
-too) and peak anonymous memory (RssAnon sampled every 10 ms), both as a
+in parentheses), the spread, peak RSS (VmHWM, sampled every 10 ms: file
+pages mapped count too) and peak anonymous memory (RssAnon sampled every 10 ms), both as a
 fraction of the model's bytes; every output is checked to hold the model.
 """
 
@@ -107,9 +107,13 @@ print(time.monotonic() - t0)
 
 def run(cmd, ckpt):
     """Runs cmd with the checkpoint cold; returns (wall seconds, its own
-    printed seconds or None, peak RSS bytes, peak RssAnon bytes)."""
+    printed seconds or None, peak RSS bytes, peak RssAnon bytes). The peak
+    RSS is the child's VmHWM, sampled: its ru_maxrss would count this
+    process's RSS too (Linux keeps the larger of the pre-exec and the new
+    image's high-water mark, and the pre-exec image is a copy of this one)."""
     evict(ckpt)
     peak_anon = [0]
+    peak_rss = [0]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
@@ -122,13 +126,15 @@ def run(cmd, ckpt):
                     for line in f:
                         if line.startswith("RssAnon:"):
                             peak_anon[0] = max(peak_anon[0], int(line.split()[1]) * 1024)
+                        elif line.startswith("VmHWM:"):
+                            peak_rss[0] = max(peak_rss[0], int(line.split()[1]) * 1024)
             except OSError:
                 pass
             stop.wait(0.01)
 
     th = threading.Thread(target=sample)
     th.start()
-    _, status, ru = os.wait4(p.pid, 0)
+    _, status, _ = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
     stop.set()
     th.join()
@@ -141,7 +147,7 @@ def run(cmd, ckpt):
         own = float(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         pass
-    return wall, own, ru.ru_maxrss * 1024, peak_anon[0]
+    return wall, own, peak_rss[0], peak_anon[0]
 
 
 def check_output(path, ckpt_tensors):

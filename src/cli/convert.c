@@ -1,20 +1,20 @@
 /*
  * `ckptio convert IN OUT`: safetensors <-> PyTorch .pt through the pipeline.
  * Contiguous little-endian tensors are handed to the writer as zero-copy
- * views of the input's mapping, so memory stays bounded by the staging ring
- * (plus the page cache); strided or big-endian PyTorch tensors and the
- * tensors of a compressed input are materialised in a mapped, unlinked temp
- * file next to the output (see spill) and held there until the commit (the
- * writer borrows them).
+ * views of the input's mapping; every other tensor (split across a DCP or
+ * multi-rank checkpoint's files, strided or big-endian in a .pt, in a
+ * compressed file) is pulled from the input by the writer's workers as they
+ * write it (pull.c). Either way memory stays bounded by the staging rings
+ * (plus the page cache), whatever the model's size.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/pull.h"
 
 void cli_convert_usage(FILE *out) {
   fprintf(out,
@@ -24,10 +24,10 @@ void cli_convert_usage(FILE *out) {
           "input's format is detected; the output's comes from --format or OUT's\n"
           "extension (.pt / .pth: PyTorch, anything else: safetensors). Tensor names,\n"
           "dtypes, shapes and string metadata carry over (a .pt's non-tensor values\n"
-          "become metadata strings). Input CRCs are verified on the way; the output\n"
+          "become metadata strings). Input CRCs are verified first; the output\n"
           "gets fresh ones (unless --no-crc) and appears atomically.\n\n"
-          "IN may be a sharded checkpoint (its *.safetensors.index.json or its\n"
-          "directory). With --max-shard-size (e.g. 2GiB, 500MB) OUT is a directory\n"
+          "IN may be a sharded or multi-rank checkpoint (its *.safetensors.index.json\n"
+          "or its directory) or a torch.distributed.checkpoint directory. With --max-shard-size (e.g. 2GiB, 500MB) OUT is a directory\n"
           "(created if missing) that receives a Hugging Face sharded set:\n"
           "model-00001-of-0000N.safetensors ... and model.safetensors.index.json,\n"
           "published atomically as a set.\n\n"
@@ -35,8 +35,8 @@ void cli_convert_usage(FILE *out) {
           "level N (`zstd -d` restores the plain file); --shuffle adds the byte-shuffle\n"
           "filter (better ratio on float weights; only ckptio undoes it). A compressed\n"
           "input is detected; converting it without --compress writes a plain file.\n"
-          "Tensors of a compressed or strided input are copied to an unlinked temp file\n"
-          "next to OUT (page cache, not process memory) until the commit.\n"
+          "Tensors are read from IN as OUT is written: memory stays bounded whatever\n"
+          "the model's size.\n"
           "Shards are never compressed (other tools read them directly).\n\n"
           "exit codes: 0 ok; 1 invalid or corrupt input; 2 usage or I/O error\n");
 }
@@ -46,93 +46,32 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Bytes of input tensors that cannot be handed over as views (strided or
- * big-endian PyTorch storages, compressed files): loaded into one mapping of
- * an unlinked temp file next to the output, so the kernel can write them
- * back and drop them under memory pressure instead of holding the whole
- * model in anonymous memory until the commit. */
-typedef struct spill {
-  unsigned char *base;
-  size_t size;
-} spill;
-
-static int spill_map(spill *sp, const char *dir, uint64_t size, const char **why) {
-  static char msg[512];
-  char path[4096];
-  snprintf(path, sizeof(path), "%s/.ckptio-convert-XXXXXX", dir);
-  int fd = mkstemp(path), rc = 0;
-  if (fd < 0) rc = -errno;
-  else {
-    unlink(path);
-    if (ftruncate(fd, (off_t)size) < 0) rc = -errno;
-    else if ((sp->base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED)
-      rc = -errno, sp->base = NULL;
-    else sp->size = (size_t)size;
-    close(fd);
-  }
-  if (rc < 0) {
-    snprintf(msg, sizeof(msg), "%s: a %llu-byte temp file for tensors that need a copy: %s", dir,
-             (unsigned long long)size, ckptio_strerror(rc));
-    *why = msg;
-  }
-  return rc;
-}
-
-/* Whether some tensor of r has no view: it must be copied (a split tensor,
- * a strided or big-endian view, a compressed file). */
-static int needs_copy(ckptio_reader *r) {
-  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
-    const void *p;
-    if (ckptio_reader_view(r, i, &p, NULL) < 0) return 1;
-  }
-  return 0;
-}
-
 /* Adds every tensor of r to w: a view of the input's map when its bytes are
- * the tensor's as they are (and copy_all is 0), else a copy in the spill
- * mapping. */
-static int add_tensors(ckptio_reader *r, ckptio_writer *w, int copy_all, const char *spill_dir, spill *sp,
+ * the tensor's as they are, else pulled from the input as the writer writes
+ * (pull.c). */
+static int add_tensors(ckptio_reader *r, const char *in, ckptio_writer *w, int threads, cli_pull **pull,
                        const char **why) {
-  size_t n = ckptio_reader_count(r), nload = 0;
-  const void **views = calloc(n + 1, sizeof(*views));
-  uint64_t *at = calloc(n + 1, sizeof(*at)), total = 0;
-  ckptio_load_request *reqs = calloc(n + 1, sizeof(*reqs));
-  int rc = 0;
-  if (!views || !at || !reqs) {
-    rc = -ENOMEM;
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
     ckptio_tensor_info info;
+    const void *view;
+    int rc;
     ckptio_reader_info(r, i, &info);
-    if (!copy_all && ckptio_reader_view(r, i, &views[i], NULL) == 0) continue;
-    views[i] = NULL;
-    at[i] = total;
-    total += (info.nbytes + 63) & ~(uint64_t)63;
-    reqs[nload++] = (ckptio_load_request){i, NULL, info.nbytes, CKPTIO_DEVICE_HOST};
-  }
-  if (total && (rc = spill_map(sp, spill_dir, total, why)) < 0) goto out;
-  for (size_t k = 0; k < nload; k++) reqs[k].dst = sp->base + at[reqs[k].index];
-  if (nload && (rc = ckptio_reader_load_many(r, reqs, nload)) < 0) {
-    *why = ckptio_reader_last_error(r);
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) {
-    ckptio_tensor_info info;
-    ckptio_reader_info(r, i, &info);
-    ckptio_tensor t = {info.name, info.dtype, info.ndim, {0}, NULL, CKPTIO_DEVICE_HOST};
-    memcpy(t.shape, info.shape, sizeof(t.shape));
-    t.data = views[i] ? views[i] : sp->base + at[i];
-    if ((rc = ckptio_writer_add(w, &t)) < 0) {
+    if (ckptio_reader_view(r, i, &view, NULL) == 0) {
+      ckptio_tensor t = {info.name, info.dtype, info.ndim, {0}, view, CKPTIO_DEVICE_HOST};
+      memcpy(t.shape, info.shape, sizeof(t.shape));
+      rc = ckptio_writer_add(w, &t);
+    } else if (!*pull && (rc = cli_pull_open(in, threads, pull)) < 0) {
+      *why = cli_open_error(rc);
+      return rc;
+    } else {
+      rc = cli_pull_add(*pull, w, i);
+    }
+    if (rc < 0) {
       *why = ckptio_writer_last_error(w);
-      goto out;
+      return rc;
     }
   }
-out:
-  free(views);
-  free(at);
-  free(reqs);
-  return rc;
+  return 0;
 }
 
 int cli_convert_main(int argc, char **argv) {
@@ -185,11 +124,11 @@ int cli_convert_main(int argc, char **argv) {
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
   ckptio_writer *w = NULL; /* one file, or a sharded set */
-  spill sp = {NULL, 0};
+  cli_pull *pull = NULL; /* the input's tensors without a view */
   const char *why = "";
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   o.crc = crc;
-  o.load_method = CKPTIO_LOAD_MMAP;
+  o.load_method = CKPTIO_LOAD_AUTO; /* verify reads a cold input by O_DIRECT: no page cache mapped into the process */
   if ((rc = ckptio_ctx_create(&o, &ctx)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     goto fail;
@@ -201,12 +140,8 @@ int cli_convert_main(int argc, char **argv) {
   }
   /* The input's CRCs are checked before anything is written: a conversion
    * must not launder a corrupt file into one with fresh, matching CRCs.
-   * When some tensor must be copied anyway (a DCP or multi-rank
-   * checkpoint's split tensors), every tensor is copied, its CRCs checked
-   * as it loads: one pass over the input instead of a verify pass and then
-   * the loads (bench/RESULTS.md, issue 31). */
-  int copy_all = crc && needs_copy(r);
-  if (crc && !copy_all && (rc = ckptio_reader_verify(r, NULL)) < 0) {
+   * (A DCP checkpoint records none: nothing to read here.) */
+  if (crc && (rc = ckptio_reader_verify(r, NULL)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", ckptio_reader_last_error(r));
     ret = cli_exit_for_read_error(rc);
     goto fail;
@@ -234,12 +169,9 @@ int cli_convert_main(int argc, char **argv) {
       goto fail;
     }
   }
-  char *slash = strrchr(out, '/');
-  char spill_dir[4096];
-  if (max_shard) snprintf(spill_dir, sizeof(spill_dir), "%s", out);
-  else if (slash) snprintf(spill_dir, sizeof(spill_dir), "%.*s", (int)(slash == out ? 1 : slash - out), out);
-  else snprintf(spill_dir, sizeof(spill_dir), ".");
-  if ((rc = add_tensors(r, w, copy_all, spill_dir, &sp, &why)) < 0) {
+  ckptio_options used;
+  ckptio_ctx_options(ctx, &used);
+  if ((rc = add_tensors(r, in, w, used.threads, &pull, &why)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", *why ? why : ckptio_strerror(rc));
     ret = cli_exit_for_read_error(rc);
     goto fail;
@@ -266,7 +198,7 @@ int cli_convert_main(int argc, char **argv) {
   ret = CLI_EXIT_OK;
 fail:
   ckptio_writer_close(w);
-  if (sp.base) munmap(sp.base, sp.size);
+  cli_pull_close(pull);
   ckptio_reader_close(r);
   ckptio_ctx_free(ctx);
   return ret;
