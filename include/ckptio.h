@@ -211,7 +211,24 @@ typedef enum ckptio_load_method {
 
 /* Options of a context, and per save or load. Versioned (see above): start
  * from CKPTIO_OPTIONS_INIT (which sets `size` and the defaults), then change
- * fields. Zero threads, chunk_bytes or staging_bytes means the default. */
+ * fields. Zero threads, chunk_bytes or staging_bytes means the default.
+ *
+ * Context and per call. The fields marked "context only" (threads,
+ * chunk_bytes, staging_bytes, cuda, numa, snapshot_bytes) build what a
+ * context's saves and loads share: its pool, its ring, its GPU state. They
+ * are set once, at ckptio_ctx_create. The others (crc, direct_io, fsync,
+ * load_method, compress_level, shuffle) are per call: given to
+ * ckptio_ctx_create they are the defaults of the context's saves and
+ * loads, given to an open (ckptio_writer_open, _open_sharded, _open_ranks,
+ * ckptio_reader_open, ckptio_manager_open) they are that save's or load's.
+ * A struct given to an open may hold the context-only fields only as
+ * CKPTIO_OPTIONS_INIT leaves them or as the context has them (the struct
+ * the context was created from, or what ckptio_ctx_options gives): any
+ * other value is refused with CKPTIO_E_INVALID_ARG and
+ * ckptio_last_open_error naming the field, both values and where to set
+ * it, never ignored. One struct may serve saves and loads: a load does not
+ * use the fields marked "save only" nor direct_io and fsync (writes), a
+ * save does not use load_method. */
 typedef struct ckptio_options {
   size_t size;              /* sizeof(ckptio_options) */
   int threads;              /* worker threads (context only), each holding one read
@@ -281,8 +298,9 @@ typedef struct ckptio_options {
 typedef struct ckptio_ctx ckptio_ctx;
 
 /*! ckptio_ctx_create() :
- *  @opts  may be NULL for the defaults; copied. Its crc, direct_io, fsync and
- *         load_method become the defaults of this context's saves and loads.
+ *  @opts  may be NULL for the defaults; copied. Its per-call fields (see
+ *         ckptio_options) become the defaults of this context's saves and
+ *         loads.
  *  @return 0 and *out, or a negative code (*out is then NULL). */
 int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
 /*! Joins the workers and frees the ring. Every writer and reader of this

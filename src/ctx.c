@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/options.h"
 #include "core/sized.h"
@@ -86,11 +85,7 @@ static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   }
   if ((rc = ckptio_pool_create(o->threads, &ctx->pool)) < 0) goto fail;
   if ((rc = ckptio_storages_create(&ctx->storages)) < 0) goto fail;
-  if (o->snapshot_bytes == CKPTIO_SNAPSHOT_AUTO) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    o->snapshot_bytes = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : 0;
-  }
-  o->snapshot_bytes = o->snapshot_bytes / o->chunk_bytes * o->chunk_bytes;
+  o->snapshot_bytes = ckptio_options_snapshot_bytes(o->snapshot_bytes, o->chunk_bytes);
   /* Snapshot memory is more slots of the same ring: a save takes slots in
    * file order, copies into every one it gets at once and writes behind
    * (save/writer.c), so the slots beyond staging_bytes are what lets a
@@ -210,7 +205,11 @@ int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, c
   if (!call) return 0;
   ckptio_options c;
   int rc = copy_options(call, &c, err);
+  if (rc == 0) rc = ckptio_options_check_call(&ctx->opts, &c, err, CKPTIO_ERRLEN);
   if (rc < 0) return rc;
+  /* The per-call fields; the context-only ones were just found to be the
+   * context's (or left at their initial values): a call shares the pool,
+   * the ring and the GPU state, it does not choose them. */
   out->crc = c.crc;
   out->direct_io = c.direct_io;
   out->fsync = c.fsync;

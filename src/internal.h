@@ -41,10 +41,11 @@ static inline int ckptio_codec_jobs(const ckptio_ctx *ctx) {
   return t < 1 ? 1 : t < CKPTIO_CODEC_JOBS ? t : CKPTIO_CODEC_JOBS;
 }
 
-/* The options of one save or load: the context's, overridden by the
- * per-call fields that make sense per call (crc, direct_io, fsync, load).
- * A refused struct (core/sized.h, core/options.h) is said in err
- * (CKPTIO_ERRLEN bytes). */
+/* The options of one save or load: the context's, with the per-call
+ * fields (crc, direct_io, fsync, load_method, compress_level, shuffle) of
+ * `call` when not NULL. A refused struct (core/sized.h), value or
+ * context-only field that differs from the context's (core/options.h) is
+ * said in err (CKPTIO_ERRLEN bytes). */
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out, char *err);
 
 /* 0 and the GPU ordinal of a CKPTIO_DEVICE_CUDA(n) value, or

@@ -1,6 +1,8 @@
 /* See options.h. */
 #include "core/options.h"
 
+#include <unistd.h>
+
 #include "core/error.h"
 
 static int out_of(char *err, size_t errlen, const char *field, int v, const char *allowed) {
@@ -16,5 +18,42 @@ int ckptio_options_check(const ckptio_options *o, char *err, size_t errlen) {
     return out_of(err, errlen, "load_method", (int)o->load_method, "CKPTIO_LOAD_AUTO to CKPTIO_LOAD_DIRECT");
   if (o->threads < 0) return out_of(err, errlen, "threads", o->threads, "0 (the default) or more");
   if (o->shuffle < 0 || o->shuffle > 1) return out_of(err, errlen, "shuffle", o->shuffle, "0 or 1");
+  return 0;
+}
+
+size_t ckptio_options_snapshot_bytes(size_t asked, size_t chunk_bytes) {
+  if (asked == CKPTIO_SNAPSHOT_AUTO) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    asked = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : 0;
+  }
+  return chunk_bytes ? asked / chunk_bytes * chunk_bytes : asked;
+}
+
+/* Sizes print as signed: CKPTIO_SNAPSHOT_AUTO is -1, as CKPTIO_AUTO. */
+static int not_per_call(char *err, size_t errlen, const char *field, long long call, long long ctx) {
+  return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG,
+                        "ckptio_options: %s is %lld here but %lld on the context: a context option, set once at "
+                        "ckptio_ctx_create (per call, leave it at CKPTIO_OPTIONS_INIT's value)",
+                        field, call, ctx);
+}
+
+int ckptio_options_check_call(const ckptio_options *ctx, const ckptio_options *call, char *err, size_t errlen) {
+  const ckptio_options init = CKPTIO_OPTIONS_INIT;
+  /* A field left at its initial value is "the context's": every caller
+   * starts from CKPTIO_OPTIONS_INIT and sets what it means to set. */
+#define SAME(f) (call->f == init.f || call->f == ctx->f)
+#define REFUSE(f) not_per_call(err, errlen, #f, (long long)call->f, (long long)ctx->f)
+  if (!SAME(threads)) return REFUSE(threads);
+  if (!SAME(chunk_bytes)) return REFUSE(chunk_bytes);
+  if (!SAME(staging_bytes)) return REFUSE(staging_bytes);
+  if (!SAME(cuda)) return REFUSE(cuda);
+  if (!SAME(numa)) return REFUSE(numa);
+  /* The struct the context was created with asked for AUTO or a size that
+   * was rounded down to whole chunks: the same request is the same. */
+  if (!SAME(snapshot_bytes) &&
+      ckptio_options_snapshot_bytes(call->snapshot_bytes, ctx->chunk_bytes) != ctx->snapshot_bytes)
+    return REFUSE(snapshot_bytes);
+#undef REFUSE
+#undef SAME
   return 0;
 }

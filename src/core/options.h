@@ -1,6 +1,7 @@
-/* The fields of ckptio_options that take a fixed set of values, checked in
- * one place wherever options come in: the context, every writer and reader
- * (per call), the manager (at open, not at its first save). */
+/* The rules of ckptio_options in one place: the fields that take a fixed
+ * set of values, checked wherever options come in (the context, every
+ * writer and reader per call, the manager at open, not at its first save),
+ * and the context-only fields, which a per-call struct may not change. */
 #ifndef CKPTIO_CORE_OPTIONS_H
 #define CKPTIO_CORE_OPTIONS_H
 
@@ -11,5 +12,19 @@
 /* 0, or CKPTIO_E_INVALID_ARG with err (if not NULL) naming the field and
  * its allowed values. */
 int ckptio_options_check(const ckptio_options *o, char *err, size_t errlen);
+
+/* The snapshot memory a context asked for `asked` (CKPTIO_SNAPSHOT_AUTO:
+ * a quarter of physical memory) holds, in whole chunks of chunk_bytes. */
+size_t ckptio_options_snapshot_bytes(size_t asked, size_t chunk_bytes);
+
+/* A per-call struct against the options of its context (`ctx`, defaults
+ * resolved, as ckptio_ctx_options gives them): each context-only field
+ * (threads, chunk_bytes, staging_bytes, cuda, numa, snapshot_bytes) must
+ * be left at CKPTIO_OPTIONS_INIT's value or say what the context has
+ * (asked as the context was, or as resolved), since a call cannot change
+ * the pool, the ring or the GPU state it shares. 0, or
+ * CKPTIO_E_INVALID_ARG with err (if not NULL) naming the first field that
+ * differs, both values and where to set it: never ignored. */
+int ckptio_options_check_call(const ckptio_options *ctx, const ckptio_options *call, char *err, size_t errlen);
 
 #endif

@@ -34,13 +34,17 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   if (ckptio_sized_in(mopts, &mo, sizeof(mo), "ckptio_manager_options", why, sizeof(why)) < 0)
     return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  ckptio_options o = CKPTIO_OPTIONS_INIT, in_force = CKPTIO_OPTIONS_INIT;
+  ckptio_ctx_options(ctx, &in_force);
   if (opts) {
+    /* The writers' and readers' own check, at open rather than at the
+     * first save: the context-only fields must be the context's. */
     if (ckptio_sized_in(opts, &o, sizeof(o), "ckptio_options", why, sizeof(why)) < 0 ||
-        ckptio_options_check(&o, why, sizeof(why)) < 0)
+        ckptio_options_check(&o, why, sizeof(why)) < 0 ||
+        ckptio_options_check_call(&in_force, &o, why, sizeof(why)) < 0)
       return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
   } else {
-    ckptio_ctx_options(ctx, &o);
+    o = in_force;
   }
   if (mo.keep_last < 0) return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "keep_last < 0");
   if (mo.format != CKPTIO_FORMAT_SAFETENSORS && mo.format != CKPTIO_FORMAT_PYTORCH)
