@@ -77,8 +77,9 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e);
 void mgr_entry_free(mgr_entry *e);
 /* 1 when a failed check says something about the checkpoint itself (a
  * library code, a missing file), 0 when it may be the machine's (memory,
- * descriptors): such a checkpoint is never removed. */
-int mgr_content_error(int code);
+ * descriptors) or, on a storage, the network's: such a checkpoint is never
+ * removed. */
+int mgr_content_error(const ckptio_manager *m, int code);
 
 /* fdopendir of name under dirfd (O_DIRECTORY | O_CLOEXEC | flags); @return 0 or -errno. */
 int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);

@@ -308,7 +308,7 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
         break;
       }
       complete = e.complete;
-      unknown = !e.complete && !mgr_content_error(e.error);
+      unknown = !e.complete && !mgr_content_error(m, e.error);
       mgr_entry_free(&e);
     }
     if (complete && kept < m->mo.keep_last) {

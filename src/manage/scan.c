@@ -59,7 +59,11 @@ int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
   return (int64_t)n;
 }
 
-int mgr_content_error(int code) {
+int mgr_content_error(const ckptio_manager *m, int code) {
+  /* On a storage a short read or a refused request may be the network's or
+   * the server's (a connection dropped past the retries, a 4xx answered to
+   * a passing state), not the checkpoint's: only what its bytes say is. */
+  if (m->st && (code == CKPTIO_E_SHORT_IO || code == CKPTIO_E_INVALID_ARG)) return 0;
   return code <= CKPTIO_E_INVALID_ARG || code == -ENOENT || code == -ENOTDIR || code == -EISDIR ||
          code == -ELOOP;
 }

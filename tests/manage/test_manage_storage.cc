@@ -40,6 +40,10 @@ namespace {
 // writer's publish then fails, as an aborted S3 upload's does).
 struct MemStore {
   using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
+  struct ReadObj {
+    std::string path;
+    Bytes bytes;
+  };
   struct Upload {
     std::string path;
     std::vector<uint8_t> bytes;
@@ -48,6 +52,7 @@ struct MemStore {
   std::mutex mu;
   std::map<std::string, Bytes> objects;
   std::set<Upload *> open;
+  std::string drop_reads_under;  // reads of objects under it fail as a dropped connection would
 
   size_t open_under(const std::string &prefix) {
     std::lock_guard<std::mutex> g(mu);
@@ -65,15 +70,23 @@ struct MemStore {
       snprintf(err, errlen, "%s: no such object in the memory store", path);
       return -ENOENT;
     }
-    *obj = new Bytes(it->second);  // a reader keeps the version it opened
+    *obj = new ReadObj{path, it->second};  // a reader keeps the version it opened
     *size = it->second->size();
     return 0;
   }
-  static int read(void *, void *obj, void *buf, size_t len, uint64_t offset, char *, size_t) {
-    memcpy(buf, (*static_cast<Bytes *>(obj))->data() + offset, len);
+  static int read(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen) {
+    MemStore *s = of(self);
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (!s->drop_reads_under.empty() && static_cast<ReadObj *>(obj)->path.rfind(s->drop_reads_under, 0) == 0) {
+        snprintf(err, errlen, "%s: the connection dropped (injected)", static_cast<ReadObj *>(obj)->path.c_str());
+        return CKPTIO_E_SHORT_IO;
+      }
+    }
+    memcpy(buf, static_cast<ReadObj *>(obj)->bytes->data() + offset, len);
     return 0;
   }
-  static void close_read(void *, void *obj) { delete static_cast<Bytes *>(obj); }
+  static void close_read(void *, void *obj) { delete static_cast<ReadObj *>(obj); }
   static int create(void *self, const char *path, uint64_t size, uint64_t, void **obj, char *, size_t) {
     MemStore *s = of(self);
     Upload *u = new Upload{path, std::vector<uint8_t>(size), false};
@@ -517,6 +530,33 @@ TEST_P(ManageStorage, AStepSavedAgainAsAnotherKindReplacesIt) {
   EXPECT_EQ(std::count(objs.begin(), objs.end(), "model.safetensors.index.json"), 1);
   EXPECT_EQ(latest(&path), 5u);
   expect_step(path, 5, 3);
+}
+
+// On a storage a check that fails for the network's sake (a connection
+// dropped past the retries: CKPTIO_E_SHORT_IO) says nothing about the
+// checkpoint: retention keeps the step, as it keeps one it could not check
+// for lack of memory. (The in-memory storage injects the failure.)
+TEST_P(ManageStorage, RetentionKeepsAStepItCouldNotReadForTheNetworksSake) {
+  if (s3_) GTEST_SKIP() << "the failure is injected by the in-memory storage";
+  ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
+  mo.keep_last = 2;
+  open(mo);
+  ASSERT_EQ(save_step(1), 0) << ckptio_manager_last_error(m_);
+  ASSERT_EQ(save_step(2), 0) << ckptio_manager_last_error(m_);
+  {
+    std::lock_guard<std::mutex> g(mem_.mu);
+    mem_.drop_reads_under = root_ + "/" + step_name(2) + "/";
+  }
+  ASSERT_EQ(save_step(3), 0) << ckptio_manager_last_error(m_);
+  std::vector<int> complete;
+  EXPECT_EQ(listed(&complete), (std::vector<uint64_t>{1, 2, 3})) << "a step unread for the network's sake went";
+  EXPECT_EQ(complete, (std::vector<int>{1, 0, 1}));
+  {
+    std::lock_guard<std::mutex> g(mem_.mu);
+    mem_.drop_reads_under.clear();
+  }
+  ASSERT_EQ(save_step(4), 0) << ckptio_manager_last_error(m_);
+  EXPECT_EQ(listed(), (std::vector<uint64_t>{3, 4})) << "once readable, it is retained by the rules";
 }
 
 // Errors name the URL: a storage nobody registered, a storage that cannot

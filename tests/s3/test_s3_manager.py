@@ -95,7 +95,9 @@ def test_the_c_manager_tests_on_s3(s3):
     """tests/manage/test_manage_storage.cc's S3 instance, on this server
     (its in-memory instance runs alone, as manage_storage)."""
     env = dict(os.environ, CKPTIO_S3_BUCKET=s3.bucket)
-    r = subprocess.run([GTESTS, "--gtest_filter=*/s3"], capture_output=True, text=True, timeout=120, env=env)
+    # (less the one whose failure only the in-memory storage can inject)
+    r = subprocess.run([GTESTS, "--gtest_filter=*/s3-*NetworksSake*"], capture_output=True, text=True, timeout=120,
+                       env=env)
     ok = r.returncode == 0 and "[  PASSED  ]" in r.stdout and "[  SKIPPED ]" not in r.stdout
     assert ok, r.stdout[-4000:] + r.stderr[-2000:]
 
