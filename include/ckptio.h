@@ -412,26 +412,6 @@ typedef struct ckptio_storage_ops {
   size_t size;
   int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
   int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
-/* Supplies bytes of a tensor added by ckptio_writer_add_fill: writes the
- * `nbytes` bytes that start `offset` bytes into the tensor's stored bytes
- * (row-major, little-endian, as the file holds them) to `dst`, host memory
- * of the save's pipeline. Called on the context's workers, several at once
- * (so it must be thread-safe), each byte range once, in no set order, after
- * commit_async and before the snapshot point. It must not wait for work of
- * the same context (e.g. load with a reader of that context): the workers
- * it would wait for may all be in fills. @return 0, or a negative code: the
- * save fails with it, and with the message written to why (why_len bytes),
- * naming the tensor. */
-typedef int (*ckptio_fill_fn)(void *arg, uint64_t offset, void *dst, uint64_t nbytes, char *why, size_t why_len);
-
-/*! ckptio_writer_add_fill() :
- *  Adds one tensor whose bytes `fill` supplies while the save runs, instead
- *  of memory the save reads: a tensor assembled from other sources (another
- *  checkpoint's chunks, a stream) is written without a copy of it in
- *  memory. `t->data` must be NULL and `t->device` CKPTIO_DEVICE_HOST; `arg`
- *  is passed to every call and borrowed until the snapshot point. Otherwise
- *  as ckptio_writer_add (every writer kind takes it). */
-int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill_fn fill, void *arg);
 
   void (*close_read)(void *self, void *obj);
   int (*create)(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err, size_t errlen);
@@ -514,6 +494,27 @@ int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *va
  *  @return 0, or CKPTIO_E_DUPLICATE / CKPTIO_E_SHAPE / CKPTIO_E_DTYPE /
  *          CKPTIO_E_OVERFLOW / CKPTIO_E_DEVICE / CKPTIO_E_STATE. */
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t);
+
+/* Supplies bytes of a tensor added by ckptio_writer_add_fill: writes the
+ * `nbytes` bytes that start `offset` bytes into the tensor's stored bytes
+ * (row-major, little-endian, as the file holds them) to `dst`, host memory
+ * of the save's pipeline. Called on the context's workers, several at once
+ * (so it must be thread-safe), each byte range once, in no set order, after
+ * commit_async and before the snapshot point. It must not wait for work of
+ * the same context (e.g. load with a reader of that context): the workers
+ * it would wait for may all be in fills. @return 0, or a negative code: the
+ * save fails with it, and with the message written to why (why_len bytes),
+ * naming the tensor. */
+typedef int (*ckptio_fill_fn)(void *arg, uint64_t offset, void *dst, uint64_t nbytes, char *why, size_t why_len);
+
+/*! ckptio_writer_add_fill() :
+ *  Adds one tensor whose bytes `fill` supplies while the save runs, instead
+ *  of memory the save reads: a tensor assembled from other sources (another
+ *  checkpoint's chunks, a stream) is written without a copy of it in
+ *  memory. `t->data` must be NULL and `t->device` CKPTIO_DEVICE_HOST; `arg`
+ *  is passed to every call and borrowed until the snapshot point. Otherwise
+ *  as ckptio_writer_add (every writer kind takes it). */
+int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill_fn fill, void *arg);
 
 /*! ckptio_writer_set_stream() :
  *  The CUDA stream (a cudaStream_t) on which the training loop produces the
