@@ -1,4 +1,5 @@
-/* The generic reader index: only its release lives here; formats fill it. */
+/* The generic reader index: its release and its format's name; formats
+ * fill it. */
 #include "formats/index.h"
 
 #include <stdlib.h>
@@ -14,4 +15,9 @@ void ckptio_index_free(ckptio_index *idx) {
   free(idx->entries);
   free(idx->meta);
   memset(idx, 0, sizeof(*idx));
+}
+
+const char *ckptio_index_format_name(ckptio_index_format f) {
+  static const char *const names[] = {"", "safetensors", "pytorch", "safetensors-sharded", "dcp"};
+  return (unsigned)f < sizeof(names) / sizeof(*names) ? names[f] : "";
 }

@@ -31,9 +31,17 @@ typedef struct ckptio_meta {
   char *key, *value;       /* owned by the index */
 } ckptio_meta;
 
+/* What the bytes are: a file's format, or for sources made of files the
+ * set's. 0 until a format fills the index. */
+typedef enum ckptio_index_format {
+  CKPTIO_INDEX_SAFETENSORS = 1,
+  CKPTIO_INDEX_PYTORCH,
+  CKPTIO_INDEX_SHARDED,  /* a Hugging Face set of safetensors files */
+  CKPTIO_INDEX_DCP,
+} ckptio_index_format;
+
 typedef struct ckptio_index {
-  const char *format;      /* "safetensors", "pytorch", and for sources made of
-                            * files "safetensors-sharded", "dcp" (static) */
+  ckptio_index_format format;
   ckptio_entry *entries;   /* sorted by offset */
   size_t count;
   ckptio_meta *meta;
@@ -42,5 +50,8 @@ typedef struct ckptio_index {
 } ckptio_index;
 
 void ckptio_index_free(ckptio_index *idx);
+/* The name ckptio_reader_format reports: "safetensors", "pytorch",
+ * "safetensors-sharded", "dcp", or "" for 0. */
+const char *ckptio_index_format_name(ckptio_index_format f);
 
 #endif

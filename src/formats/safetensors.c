@@ -643,7 +643,7 @@ void ckptio_st_plan_free(ckptio_st_plan *p) {
 }
 
 int ckptio_st_to_index(ckptio_st_index *st, ckptio_index *idx) {
-  idx->format = "safetensors";
+  idx->format = CKPTIO_INDEX_SAFETENSORS;
   idx->header_bytes = st->data_start;
   if (!(idx->entries = calloc(st->count + 1, sizeof(ckptio_entry)))) return -ENOMEM;
   for (size_t i = 0; i < st->count; i++) {

@@ -540,7 +540,7 @@ int ckptio_torch_parse(const uint8_t *map, uint64_t size, ckptio_index *out, cha
   if ((rc = walk_value(&b, b.pk.root, 0)) < 0 || (rc = read_meta_record(&b, map)) < 0) goto fail;
   if ((rc = check_unique(&b)) < 0) goto fail;
   if (out->count) qsort(out->entries, out->count, sizeof(*out->entries), cmp_entry);
-  out->format = "pytorch";
+  out->format = CKPTIO_INDEX_PYTORCH;
   out->header_bytes = out->count ? out->entries[0].offset : size;
   free(b.path);
   free(b.st);

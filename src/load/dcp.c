@@ -308,7 +308,7 @@ static int open_file(dcp *x, uint32_t k) {
     else x->parts[i][st[j].chunk].local = j;
   }
   idx.count = n;
-  idx.format = "pytorch";
+  idx.format = CKPTIO_INDEX_PYTORCH;
   idx.header_bytes = n ? idx.entries[0].offset : f.size;
   free(st);
   if ((rc = ckptio_plain_with_index(x->s.ctx, x->s.opts, &f, &idx, x->s.err, &x->sub[k])) < 0) return rc;
@@ -359,7 +359,7 @@ static int build(dcp *x) {
     e->name = it->name;
   }
   idx->count = n;
-  idx->format = "dcp";
+  idx->format = CKPTIO_INDEX_DCP;
   for (uint32_t k = 0; k < x->m.nfiles; k++) idx->header_bytes += x->sub[k]->idx.header_bytes;
   return 0;
 }
@@ -411,7 +411,7 @@ static void dcp_close(ckptio_source *s) {
 }
 
 static const ckptio_source_ops dcp_ops = {
-    .kind = "dcp",
+    .noun = "DCP checkpoint",
     .view = dcp_view,
     .ranges = ckptio_source_ranges_of_member,
     .member = dcp_member,

@@ -429,7 +429,7 @@ static void plain_close(ckptio_source *s) {
 }
 
 static const ckptio_source_ops plain_ops = {
-    .kind = "file",
+    .noun = "file",
     .plan = plain_plan,
     .run = plain_run,
     .finish = plain_finish,

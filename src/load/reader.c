@@ -82,7 +82,7 @@ void ckptio_reader_close(ckptio_reader *r) {
 size_t ckptio_reader_count(const ckptio_reader *r) { return r ? r->src->idx.count : 0; }
 
 const char *ckptio_reader_format(const ckptio_reader *r) {
-  return r && r->src->idx.format ? r->src->idx.format : "";
+  return r ? ckptio_index_format_name(r->src->idx.format) : "";
 }
 
 uint64_t ckptio_reader_header_bytes(const ckptio_reader *r) { return r ? r->src->idx.header_bytes : 0; }
@@ -172,19 +172,18 @@ int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out) {
 
 int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,
                               uint64_t *decompressed_bytes) {
-  int z = r && !strcmp(r->src->ops->kind, "zstd");
-  if (frames) *frames = z ? r->src->frames : 0;
-  if (compressed_bytes) *compressed_bytes = z ? r->src->compressed : 0;
-  if (decompressed_bytes) *decompressed_bytes = z ? r->src->plain : 0;
+  uint64_t f = 0, c = 0, d = 0;
+  int z = r && r->src->ops->compression;
+  if (z) r->src->ops->compression(r->src, &f, &c, &d);
+  if (frames) *frames = f;
+  if (compressed_bytes) *compressed_bytes = c;
+  if (decompressed_bytes) *decompressed_bytes = d;
   return z;
 }
 
 /* ------------------------------------------------------------ sets */
 
-/* A DCP checkpoint is no set: its files are not shards that open alone. */
-static int is_set(const ckptio_reader *r) { return !strcmp(r->src->ops->kind, "set"); }
-
-size_t ckptio_reader_shard_count(const ckptio_reader *r) { return r && is_set(r) ? r->src->nfiles : 0; }
+size_t ckptio_reader_shard_count(const ckptio_reader *r) { return r && r->src->ops->shards ? r->src->nfiles : 0; }
 
 int ckptio_reader_shard(const ckptio_reader *r, size_t k, const char **path, size_t *tensors, uint64_t *bytes) {
   if (!r || k >= r->src->nfiles) return CKPTIO_E_INVALID_ARG;
@@ -336,9 +335,7 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
   /* One mapping holds one file whose bytes are the tensors' own. */
   if (!r->src->ops->map_private)
     return rfail(r, CKPTIO_E_FORMAT, "%s: a %s has no file holding the tensors' bytes as they are; load them",
-                 rpath(r), is_set(r)                           ? "sharded set"
-                           : r->src->ops->file(r->src, 0) != r->src ? "DCP checkpoint"
-                                                                    : "compressed file");
+                 rpath(r), r->src->ops->noun);
   ckptio_exec_out out = {r->err, &r->done_bytes, &r->total_bytes, &r->timers, r->user_stream, 0};
   return r->src->ops->map_private(r->src, &out, base, size);
 }

@@ -117,9 +117,9 @@ static int open_shards(set *x) {
       return ckptio_source_fail(&x->s, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k],
                                 msg[0] ? msg : ckptio_strerror(rc));
     x->sub[k]->err = x->s.err; /* a member's failures are the set's */
-    if (strcmp(x->sub[k]->idx.format, "safetensors"))
+    if (x->sub[k]->idx.format != CKPTIO_INDEX_SAFETENSORS)
       return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' is a %s file, not safetensors", x->s.path,
-                                x->hf.files[k], x->sub[k]->idx.format);
+                                x->hf.files[k], ckptio_index_format_name(x->sub[k]->idx.format));
   }
   return 0;
 }
@@ -217,7 +217,7 @@ static int old_shard_in_temp(set *x, size_t k, const char *id, const char *want_
     }
     if (ckptio_source_open_file(x->s.ctx, x->s.opts, p, msg, &c) == 0) {
       const char *sid = meta_get(&c->idx, "ckptio.save_id"), *tag = meta_get(&c->idx, "ckptio.shard");
-      if (sid && !strcmp(sid, id) && tag && !strcmp(tag, want_tag) && !strcmp(c->idx.format, "safetensors")) {
+      if (sid && !strcmp(sid, id) && tag && !strcmp(tag, want_tag) && c->idx.format == CKPTIO_INDEX_SAFETENSORS) {
         ckptio_source_close(x->sub[k]);
         free(x->paths[k]);
         x->sub[k] = c, x->paths[k] = p, c->err = x->s.err;
@@ -359,7 +359,7 @@ static int merge(set *x) {
     }
   }
   idx->count = total + x->hf.nsplit;
-  idx->format = "safetensors-sharded";
+  idx->format = CKPTIO_INDEX_SHARDED;
   meta_ref *refs = calloc(nmeta + 1, sizeof(*refs));
   if (!refs || !(idx->meta = calloc(nmeta + 1, sizeof(ckptio_meta)))) {
     free(refs);
@@ -449,7 +449,8 @@ static void set_close(ckptio_source *s) {
 }
 
 static const ckptio_source_ops set_ops = {
-    .kind = "set",
+    .noun = "sharded set",
+    .shards = 1,
     .view = set_view,
     .ranges = ckptio_source_ranges_of_member,
     .member = set_member,

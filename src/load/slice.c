@@ -21,10 +21,8 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
   memset(g, 0, sizeof(*g));
   const char *path = r->src->path;
   if (index >= r->src->idx.count)
-    return !strcmp(r->src->ops->kind, "set")
-               ? rfail(r, CKPTIO_E_INVALID_ARG, "%s: no tensor %zu (the set has %zu)", path, index, r->src->idx.count)
-               : rfail(r, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (the file has %zu)", path, index,
-                       r->src->idx.count);
+    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (the %s has %zu)", path, index,
+                 r->src->ops->noun, r->src->idx.count);
   const ckptio_entry *e = ckptio_reader_entry(r, index);
   if (dim < 0 || dim >= e->ndim)
     return rfail(r, CKPTIO_E_INVALID_ARG, "%s: tensor '%s' has %d dims: there is no dim %d to slice", path, e->name,

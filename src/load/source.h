@@ -124,7 +124,11 @@ char *ckptio_run_msg(ckptio_run *x, size_t *len);
 uint64_t ckptio_run_slot_bytes(ckptio_run *x);
 
 typedef struct ckptio_source_ops {
-  const char *kind;
+  /* What the kind is called in messages: "file", "compressed file", ... */
+  const char *noun;
+  /* 1: its files are shards, each a checkpoint that opens alone (a set;
+   * a DCP checkpoint's files are not). */
+  int shards;
   /* Appends the jobs and parts of requests qs[0..n) (validated, all of
    * this source). May choose a read method, open O_DIRECT, pin memory. */
   int (*plan)(ckptio_source *s, ckptio_plan *p, ckptio_xreq **qs, size_t n);
@@ -153,6 +157,9 @@ typedef struct ckptio_source_ops {
   /* The share (0 to 1) of this file's stored bytes the page cache holds
    * (a sample: no I/O). NULL on kinds of several files: ask file(k). */
   double (*resident)(ckptio_source *s);
+  /* A compressed file's frames and its stored and decompressed bytes.
+   * NULL on kinds that store bytes as they are. */
+  void (*compression)(ckptio_source *s, uint64_t *frames, uint64_t *stored, uint64_t *plain);
   /* File k of the source (0 <= k < nfiles): itself, or a set's member. */
   ckptio_source *(*file)(ckptio_source *s, size_t k);
   void (*close)(ckptio_source *s);
@@ -166,7 +173,6 @@ struct ckptio_source {
   ckptio_index idx;
   char *err;                   /* the reader's message buffer (CKPTIO_ERRLEN) */
   size_t nfiles;               /* files holding the tensors: 1, or a set's */
-  uint64_t frames, compressed, plain; /* a zstd file's, else 0 */
 };
 
 /* One file, zstd seekable or plain (a set's members, or what the reader

@@ -137,9 +137,6 @@ static int parse(zsrc *z) {
     }
     z->shuffle = 1;
   }
-  z->s.frames = z->t.count;
-  z->s.compressed = z->t.csize_total + z->t.table_bytes;
-  z->s.plain = z->t.dsize_total;
 out:
   ckptio_st_index_free(&st);
   free(hdr);
@@ -417,8 +414,15 @@ static double zstd_resident(ckptio_source *s) {
   return ckptio_rfile_resident(f, &off, &len, 1);
 }
 
+static void zstd_compression(ckptio_source *s, uint64_t *frames, uint64_t *stored, uint64_t *plain) {
+  const ckptio_zs_table *t = &((zsrc *)s)->t;
+  *frames = t->count;
+  *stored = t->csize_total + t->table_bytes;
+  *plain = t->dsize_total;
+}
+
 static const ckptio_source_ops zstd_ops = {
-    .kind = "zstd",
+    .noun = "compressed file",
     .plan = zstd_plan,
     .run = zstd_run,
     .view = zstd_view,
@@ -426,6 +430,7 @@ static const ckptio_source_ops zstd_ops = {
     .member = ckptio_source_member_self,
     .file = ckptio_source_file_self,
     .resident = zstd_resident,
+    .compression = zstd_compression,
     .close = zstd_close,
 };
 

@@ -34,7 +34,7 @@ static void put_i64s(const int64_t *v, int n) {
 
 static void dump(const ckptio_index *ix) {
   printf("{\"ok\":true,\"format\":");
-  put_string(ix->format);
+  put_string(ckptio_index_format_name(ix->format));
   printf(",\"header_bytes\":%" PRIu64 ",\"tensors\":[", ix->header_bytes);
   for (size_t i = 0; i < ix->count; i++) {
     const ckptio_entry *e = &ix->entries[i];

@@ -217,7 +217,7 @@ TEST(TorchRead, FlatStateDict) {
   Zip z = archive(state_dict({w, b}), {{"0", d0}, {"1", d1}}, "weights");
   Idx ix;
   ASSERT_EQ(parse(z.bytes, &ix), 0);
-  EXPECT_STREQ(ix.v.format, "pytorch");
+  EXPECT_STREQ(ckptio_index_format_name(ix.v.format), "pytorch");
   ASSERT_EQ(ix.v.count, 2u);
   const ckptio_entry *e = &ix.v.entries[0];  // sorted by offset: data/0 first
   EXPECT_STREQ(e->name, "w");
