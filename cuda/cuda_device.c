@@ -6,6 +6,7 @@
  * This is the only file of the library that includes a CUDA header. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,11 +41,15 @@ static struct {
   CUDART_SYMBOLS(X)
 #undef X
   const char *(*cudaGetErrorName)(cudaError_t);
+  /* Optional (a GPU's name only): CUDA 12's headers rename the call to
+   * _v2, 13 has the plain name alone. */
+  cudaError_t (*cudaGetDeviceProperties)(void *, int);
 } rt;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static void *handle;
 static char why_buf[512];
+static char runtime_path[512]; /* the file loaded, for reports */
 
 static int try_open(const char *name) {
   handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
@@ -87,6 +92,13 @@ static void load(void) {
   CUDART_SYMBOLS(X)
   X(cudaGetErrorName, ())
 #undef X
+  if (!(*(void **)&rt.cudaGetDeviceProperties = dlsym(handle, "cudaGetDeviceProperties_v2")))
+    *(void **)&rt.cudaGetDeviceProperties = dlsym(handle, "cudaGetDeviceProperties");
+  struct link_map *lm = NULL;
+  snprintf(runtime_path, sizeof(runtime_path), "%s",
+           dlinfo(handle, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name[0] ? lm->l_name
+           : env && *env                                                     ? env
+                                                                             : "libcudart");
   int n = 0;
   cudaError_t e = rt.cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -188,12 +200,32 @@ static int pci_bus_id(int ordinal, char *buf, int len) { return CALL(cudaDeviceG
 
 static const char *error_name(int e) { return rt.cudaGetErrorName ? rt.cudaGetErrorName(e) : "cudaError?"; }
 
+static int device_name(int ordinal, char *buf, int len) {
+  /* The properties struct grows with every CUDA version and the runtime
+   * fills its own version's whole: a buffer larger than any (about 1 KiB
+   * today) rather than this header's sizeof. Its first field is the name,
+   * char[256], in every version. */
+  enum { PROP_BYTES = 16384, NAME_BYTES = 256 };
+  if (!rt.cudaGetDeviceProperties) return note("cudaGetDeviceProperties", (int)cudaErrorNotSupported);
+  char *prop = calloc(1, PROP_BYTES);
+  if (!prop) return note("cudaGetDeviceProperties", (int)cudaErrorMemoryAllocation);
+  int e = CALL(cudaGetDeviceProperties, (prop, ordinal));
+  if (!e) {
+    prop[NAME_BYTES - 1] = '\0';
+    snprintf(buf, (size_t)len, "%s", prop);
+  }
+  free(prop);
+  return e;
+}
+
+static const char *runtime_file(void) { return runtime_path; }
+
 static const ckptio_device_ops cuda_ops = {
     "cuda",         count,          set_device,   get_device,        host_register,     host_unregister,
     mem_alloc,      mem_free,       stream_create, stream_destroy,   event_create,
     event_destroy,  event_record,   event_sync,   stream_wait_event, stream_sync,
     copy_d2h,       copy_h2d,       pointer_device, pci_bus_id,      error_name,
-    failed_call,
+    failed_call,    device_name,    runtime_file,
 };
 
 const ckptio_device_ops *ckptio_cuda_ops(const char **why) {

@@ -91,7 +91,9 @@ const char *ckptio_error_name(int code);
  *  (there is no handle to keep it), else "". The open-type calls are
  *  ckptio_ctx_create, ckptio_reader_open, ckptio_writer_open,
  *  ckptio_writer_open_sharded, ckptio_writer_open_ranks,
- *  ckptio_manager_open and ckptio_ctx_storage_register: each clears it on entry and, when it fails (a NULL
+ *  ckptio_manager_open, ckptio_ctx_storage_register and the experimental
+ *  device calls (ckptio_device_describe, ckptio_device_copy,
+ *  ckptio_host_pin, ckptio_host_unpin): each clears it on entry and, when it fails (a NULL
  *  argument included), leaves a sentence naming the path or the call. No
  *  other call changes it (a set's commit opens its files without it; the
  *  manager's save_begin and latest put back what was there). Thread-local;
@@ -162,7 +164,8 @@ int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape)
 /* ---------------------------------------------------------------- options */
 
 /* Versioned structs. ckptio_options, ckptio_stats, ckptio_comm,
- * ckptio_manager_options and ckptio_checkpoint_info begin with `size_t size`,
+ * ckptio_manager_options, ckptio_checkpoint_info and (experimental)
+ * ckptio_device_info begin with `size_t size`,
  * which the caller sets to sizeof the struct as its ckptio.h declares it
  * (the _INIT macros do; ckptio_comm_single fills a whole ckptio_comm).
  * New fields are only ever appended, and every call that takes one of
@@ -329,6 +332,55 @@ const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
  *  memory with ckptio_device_free on the same context. */
 int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr);
 int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
+
+/* Experimental: the calls below may change before they are declared
+ * stable. They let a program that measures or stages GPU memory itself (the
+ * `ckptio bench` command) do it through the context's CUDA runtime instead
+ * of loading one of its own. Each is open-type: it fails with the detail
+ * (the call, the GPU, the runtime's call and error) in
+ * ckptio_last_open_error. */
+
+/* A GPU as the context's CUDA runtime describes it. Versioned (see
+ * "Versioned structs"): start from CKPTIO_DEVICE_INFO_INIT. */
+typedef struct ckptio_device_info {
+  size_t size;          /* sizeof(ckptio_device_info) */
+  char name[256];       /* "NVIDIA H100 80GB HBM3"; "" when the runtime cannot say */
+  char pci_bus_id[32];  /* "0000:17:00.0" */
+  char runtime[256];    /* the file the CUDA runtime was loaded from */
+} ckptio_device_info;
+
+#define CKPTIO_DEVICE_INFO_INIT { sizeof(ckptio_device_info), "", "", "" }
+
+/*! ckptio_device_describe() : (experimental)
+ *  GPU `device` (CKPTIO_DEVICE_CUDA(n)) into *out.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL, or out's size refused), or
+ *          CKPTIO_E_DEVICE (CUDA unavailable on this context, no such GPU). */
+int ckptio_device_describe(const ckptio_ctx *ctx, int device, ckptio_device_info *out);
+
+/*! ckptio_device_copy() : (experimental)
+ *  Copies nbytes from src to dst, one of them host memory
+ *  (CKPTIO_DEVICE_HOST) and the other memory of a GPU of this context
+ *  (CKPTIO_DEVICE_CUDA(n)), and returns when the bytes are there. It runs on
+ *  the context's copy stream of that direction, after the copies saves and
+ *  loads of this context queued there, and is not ordered after the
+ *  caller's streams: synchronize them first. Host memory pinned (by
+ *  ckptio_host_pin or the caller's runtime) copies at the copy engines'
+ *  speed, other host memory at a fraction of it. The calling thread's
+ *  current GPU is kept.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL pointers, two host or two GPU
+ *          sides), CKPTIO_E_OVERFLOW, or CKPTIO_E_DEVICE. */
+int ckptio_device_copy(ckptio_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
+                       uint64_t nbytes);
+
+/*! ckptio_host_pin() / ckptio_host_unpin() : (experimental)
+ *  Pins nbytes of host memory at ptr for DMA with every GPU
+ *  (cudaHostRegister, portable), and unpins it: ptr must be what was pinned,
+ *  and memory is unpinned before it is freed.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL, 0 bytes), or CKPTIO_E_DEVICE (CUDA
+ *          unavailable on this context, or the runtime refused: memory
+ *          already pinned, or not pinned when unpinning). */
+int ckptio_host_pin(ckptio_ctx *ctx, void *ptr, uint64_t nbytes);
+int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
 
 /* ---------------------------------------------------------------- storage */
 

@@ -47,6 +47,12 @@ typedef struct ckptio_device_ops {
    * failure had another number. Lets a message name the call even when the
    * failure surfaced through a helper that made several. */
   const char *(*failed_call)(int err);
+  /* The runtime's name for a GPU ("NVIDIA H100 80GB HBM3"), what a report
+   * labels its figures with. */
+  int (*device_name)(int ordinal, char *buf, int len);
+  /* The file the runtime was loaded from (its name when the loader cannot
+   * say): which of several installed runtimes a report's figures are of. */
+  const char *(*runtime_file)(void);
 } ckptio_device_ops;
 
 /* The CUDA table, loaded once (dlopen of $CKPTIO_CUDART, libcudart.so.13,

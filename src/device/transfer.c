@@ -74,7 +74,12 @@ int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, c
   return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaHostRegister") : 0;
 }
 
-void ckptio_gpu_unregister(ckptio_gpu *g, const void *p) { g->ops->host_unregister((void *)p); }
+int ckptio_gpu_unregister_checked(ckptio_gpu *g, const void *p, char *err, size_t errlen) {
+  int e = g->ops->host_unregister((void *)p);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaHostUnregister") : 0;
+}
+
+void ckptio_gpu_unregister(ckptio_gpu *g, const void *p) { (void)ckptio_gpu_unregister_checked(g, p, NULL, 0); }
 
 int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen) {
   int e = g->ops->pointer_device(p, ordinal);
@@ -121,6 +126,32 @@ void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask) {
   for (int ord = 0; ord < CKPTIO_GPU_MAX && ord < g->ndev; ord++)
     if (mask >> ord & 1 && g->dev[ord].d2h) g->ops->set_device(ord), g->ops->stream_sync(g->dev[ord].d2h);
 }
+
+int ckptio_gpu_copy_sync(ckptio_gpu *g, int gpu, ckptio_gpu_dir dir, void *dst, const void *src, size_t n,
+                         char *err, size_t errlen) {
+  int current = 0, e = g->ops->get_device(&current);
+  if (e) return ckptio_gpu_fail(g, e, err, errlen, "cudaGetDevice");
+  ckptio_gpu_dev *v;
+  int rc = ckptio_gpu_select(g, gpu, &v, err, errlen);
+  if (rc == 0) {
+    void *stream = dir == CKPTIO_GPU_H2D ? v->h2d : v->d2h;
+    e = dir == CKPTIO_GPU_H2D ? g->ops->copy_h2d(dst, src, n, stream) : g->ops->copy_d2h(dst, src, n, stream);
+    if (e)
+      rc = ckptio_gpu_fail(g, e, err, errlen,
+                           dir == CKPTIO_GPU_H2D ? "cudaMemcpyAsync (host to device)" : "cudaMemcpyAsync (device to host)");
+    else if ((e = g->ops->stream_sync(stream)))
+      rc = ckptio_gpu_fail(g, e, err, errlen, "cudaStreamSynchronize");
+  }
+  g->ops->set_device(current);
+  return rc;
+}
+
+int ckptio_gpu_name(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen) {
+  int e = g->ops->device_name(gpu, buf, len > 0x7fffffff ? 0x7fffffff : (int)len);
+  return e ? ckptio_gpu_fail(g, e, err, errlen, "cudaGetDeviceProperties") : 0;
+}
+
+const char *ckptio_gpu_runtime_file(const ckptio_gpu *g) { return g->ops->runtime_file(); }
 
 int ckptio_gpu_pci_bus_id(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen) {
   int e = g->ops->pci_bus_id(gpu, buf, len > 0x7fffffff ? 0x7fffffff : (int)len);

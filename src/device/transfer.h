@@ -52,9 +52,12 @@ int ckptio_gpu_h2d_slot(ckptio_gpu *g, int gpu, size_t slot, void *dst, const vo
  * "GPU <n>: cudaEventSynchronize ...". */
 int ckptio_gpu_wait_slot(ckptio_gpu *g, uint64_t mask, size_t slot, char *err, size_t errlen);
 
-/* Pins / unpins an existing host range for async DMA. */
+/* Pins / unpins an existing host range for async DMA. The pipelines unpin
+ * best effort; the checked form says why an unpin failed (a range never
+ * pinned). */
 int ckptio_gpu_register(ckptio_gpu *g, const void *p, size_t n, int read_only, char *err, size_t errlen);
 void ckptio_gpu_unregister(ckptio_gpu *g, const void *p);
+int ckptio_gpu_unregister_checked(ckptio_gpu *g, const void *p, char *err, size_t errlen);
 
 /* *ordinal: -1 for host memory (pinned or not), else the GPU holding p. */
 int ckptio_gpu_where(ckptio_gpu *g, const void *p, int *ordinal, char *err, size_t errlen);
@@ -75,6 +78,19 @@ void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask);
 
 /* The PCI bus id "dddd:bb:dd.f" of a GPU (NUMA placement). */
 int ckptio_gpu_pci_bus_id(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen);
+/* ---- the public device calls (src/device_api.c) ---- */
+
+/* Copies n bytes between host memory and GPU `gpu` on that GPU's copy
+ * stream of direction `dir` (CKPTIO_GPU_H2D: src on the host), after the
+ * copies saves and loads queued there, and waits for them. The calling
+ * thread's current GPU is restored. */
+int ckptio_gpu_copy_sync(ckptio_gpu *g, int gpu, ckptio_gpu_dir dir, void *dst, const void *src, size_t n,
+                         char *err, size_t errlen);
+/* The runtime's name for GPU `gpu` into buf. */
+int ckptio_gpu_name(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen);
+/* The file the runtime was loaded from. */
+const char *ckptio_gpu_runtime_file(const ckptio_gpu *g);
+
 /* Device memory on GPU `gpu`, and its release. */
 int ckptio_gpu_alloc(ckptio_gpu *g, int gpu, size_t n, void **p, char *err, size_t errlen);
 int ckptio_gpu_free(ckptio_gpu *g, int gpu, void *p, char *err, size_t errlen);

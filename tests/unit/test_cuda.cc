@@ -380,3 +380,102 @@ TEST_F(Cuda, LoadWaitsForWorkQueuedOnTheCallersStream) {
   sym<int (*)(void *)>("cudaStreamDestroy")(stream);
   ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), dst);
 }
+
+// The experimental device calls (what `ckptio bench` uses instead of a CUDA
+// runtime of its own): a GPU described, a pinned host buffer copied to a
+// GPU and back through the context's runtime, every refusal said.
+TEST_F(Cuda, DeviceCallsDescribeCopyAndPin) {
+  const int gpu = CKPTIO_DEVICE_CUDA(last_gpu());
+  ckptio_device_info info = CKPTIO_DEVICE_INFO_INIT;
+  ASSERT_EQ(ckptio_device_describe(ctx_, gpu, &info), 0) << ckptio_last_open_error();
+  EXPECT_NE(info.pci_bus_id[0], '\0');
+  EXPECT_NE(std::string(info.runtime).find("libcudart"), std::string::npos) << info.runtime;
+  if (fake_gpu()) {
+    EXPECT_NE(std::string(info.name).find("not a GPU"), std::string::npos) << info.name;
+  }
+  if (fake_gpu() && gpu_count() > 1) {  // the fake numbers its GPUs up the PCI bus
+    ckptio_device_info first = CKPTIO_DEVICE_INFO_INIT;
+    ASSERT_EQ(ckptio_device_describe(ctx_, CKPTIO_DEVICE_CUDA(0), &first), 0) << ckptio_last_open_error();
+    EXPECT_STRNE(first.pci_bus_id, info.pci_bus_id);
+  }
+
+  const size_t n = 3 << 20;  // more than one staging chunk of the fixture's ring
+  std::vector<uint8_t> want(n);
+  for (size_t i = 0; i < n; i++) want[i] = (uint8_t)(i * 7 + 3);
+  // Page-aligned, as a program's staging would be; pinned through the context.
+  uint8_t *host = static_cast<uint8_t *>(aligned_alloc(4096, n));
+  ASSERT_NE(host, nullptr);
+  void *dev = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, gpu, n, &dev), 0);
+  ASSERT_EQ(ckptio_host_pin(ctx_, host, n), 0) << ckptio_last_open_error();
+  struct fake_cudart_stats before = FAKE_CUDART_STATS_INIT;
+  if (fake_gpu()) before = stats();
+  memcpy(host, want.data(), n);
+  ASSERT_EQ(ckptio_device_copy(ctx_, dev, gpu, host, CKPTIO_DEVICE_HOST, n), 0) << ckptio_last_open_error();
+  memset(host, 0, n);
+  ASSERT_EQ(ckptio_device_copy(ctx_, host, CKPTIO_DEVICE_HOST, dev, gpu, n), 0) << ckptio_last_open_error();
+  EXPECT_EQ(memcmp(host, want.data(), n), 0) << "the bytes did not come back from the GPU";
+  if (fake_gpu()) {
+    struct fake_cudart_stats after = stats();
+    EXPECT_EQ(after.pageable_copies, before.pageable_copies) << "a copy from pinned memory ran as a pageable one";
+    EXPECT_GE(after.async_copies, before.async_copies + 2);
+  }
+  std::vector<uint8_t> direct(n);  // through the runtime's own cudaMemcpy (pageable: after the counts)
+  from_gpu(direct.data(), dev, n);
+  EXPECT_EQ(direct, want) << "the upload did not land in the GPU's memory";
+  EXPECT_EQ(ckptio_device_copy(ctx_, dev, gpu, host, CKPTIO_DEVICE_HOST, 0), 0) << "0 bytes is a copy of nothing";
+
+  // Refusals, each with a sentence naming the call.
+  auto said = [](const char *what) { return std::string(ckptio_last_open_error()).find(what) != std::string::npos; };
+  EXPECT_EQ(ckptio_device_copy(ctx_, host, CKPTIO_DEVICE_HOST, want.data(), CKPTIO_DEVICE_HOST, n),
+            CKPTIO_E_INVALID_ARG);
+  EXPECT_TRUE(said("ckptio_device_copy: one side must be the host")) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_device_copy(ctx_, dev, CKPTIO_DEVICE_CUDA(gpu_count()), host, CKPTIO_DEVICE_HOST, n),
+            CKPTIO_E_DEVICE);
+  EXPECT_TRUE(said("no GPU")) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_device_describe(ctx_, CKPTIO_DEVICE_CUDA(gpu_count()), &info), CKPTIO_E_DEVICE);
+  EXPECT_TRUE(said("ckptio_device_describe: no GPU")) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_host_pin(ctx_, host, n), CKPTIO_E_DEVICE) << "pinned twice";
+  EXPECT_TRUE(said("ckptio_host_pin: cudaHostRegister")) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_host_unpin(ctx_, want.data()), CKPTIO_E_DEVICE) << "never pinned";
+  EXPECT_TRUE(said("cudaHostUnregister")) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_device_copy(nullptr, dev, gpu, host, CKPTIO_DEVICE_HOST, n), CKPTIO_E_INVALID_ARG);
+  EXPECT_TRUE(said("ctx is NULL")) << ckptio_last_open_error();
+
+  ASSERT_EQ(ckptio_host_unpin(ctx_, host), 0) << ckptio_last_open_error();
+  EXPECT_STREQ(ckptio_last_open_error(), "") << "a call that succeeds leaves no detail";
+  ckptio_device_free(ctx_, gpu, dev);
+  free(host);
+}
+
+// A runtime failure of the copy is CKPTIO_E_DEVICE naming the GPU, the
+// runtime's call and its error; the caller's current GPU is kept.
+TEST_F(Cuda, DeviceCopyFailureIsNamedAndKeepsTheCurrentGpu) {
+  CKPTIO_SKIP_ON_REAL_GPU("injected failures");
+  const size_t n = 1 << 16;
+  std::vector<uint8_t> host(n, 0x3C);
+  void *dev = nullptr;
+  ASSERT_EQ(ckptio_device_alloc(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), n, &dev), 0);
+  auto set_device = sym<int (*)(int)>("cudaSetDevice");
+  auto get_device = sym<int (*)(int *)>("cudaGetDevice");
+  ASSERT_EQ(set_device(0), 0);
+  // Pageable memory is allowed (the copy is slower, not wrong).
+  ASSERT_EQ(ckptio_device_copy(ctx_, dev, CKPTIO_DEVICE_CUDA(last_gpu()), host.data(), CKPTIO_DEVICE_HOST, n), 0)
+      << ckptio_last_open_error();
+  int current = -1;
+  ASSERT_EQ(get_device(&current), 0);
+  EXPECT_EQ(current, 0) << "the copy left another GPU current in the caller's thread";
+  fail_nth("cudaMemcpyAsync", 1, 2);  // cudaErrorMemoryAllocation
+  int rc = ckptio_device_copy(ctx_, host.data(), CKPTIO_DEVICE_HOST, dev, CKPTIO_DEVICE_CUDA(last_gpu()), n);
+  long calls = sym<long (*)(const char *)>("fake_cudart_calls")("cudaMemcpyAsync");
+  fail_nth(nullptr, 0, 0);
+  ASSERT_GE(calls, 1) << "the fault was never reached: this case tests nothing";
+  EXPECT_EQ(rc, CKPTIO_E_DEVICE);
+  std::string msg = ckptio_last_open_error();
+  EXPECT_NE(msg.find("ckptio_device_copy: GPU " + std::to_string(last_gpu())), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cudaMemcpyAsync (device to host)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cudaErrorMemoryAllocation"), std::string::npos) << msg;
+  ASSERT_EQ(get_device(&current), 0);
+  EXPECT_EQ(current, 0);
+  ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), dev);
+}
