@@ -351,9 +351,10 @@ def _candidates() -> List[str]:
     if env:
         return [env]  # an explicit choice is never second-guessed
     here = pathlib.Path(__file__).resolve().parent
-    # The wheel's copy inside the package (pyproject.toml), then the build of
-    # the source tree the package sits in, then the loader path.
-    return [str(here / "libckptio.so"), str(here.parent.parent / "build" / "libckptio.so"),
+    # The wheel's copy inside the package (named by its SONAME, which the
+    # wheel's ckptio command loads too: CMakeLists.txt), then the build of the
+    # source tree the package sits in, then the loader path.
+    return [str(here / "libckptio.so.0"), str(here.parent.parent / "build" / "libckptio.so"),
             "libckptio.so.0"]
 
 

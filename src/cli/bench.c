@@ -355,10 +355,6 @@ static int bench_save(bench_state *s, bench_run *out) {
     goto fail;
   for (size_t i = 0; i < s->m->count; i++)
     if ((rc = ckptio_writer_add(w, &s->m->tensors[i])) < 0) goto fail;
-  /* As a training loop would: the snapshot follows the work queued on the
-   * stream that produced the tensors (here, the upload), by an event. */
-  if (s->gpu && (rc = ckptio_writer_set_stream(w, CKPTIO_DEVICE_CUDA(s->gpu->ordinal), s->gpu->stream)) < 0)
-    goto fail;
   if ((rc = ckptio_writer_commit_async(w)) < 0) goto fail;
   cli_progress_start(&bar, label, cli_progress_writer, w);
   rc = ckptio_writer_wait_snapshot(w);
@@ -677,7 +673,7 @@ int cli_bench_main(int argc, char **argv) {
   ret = fflush(stdout) == 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
 fail:
   remove_scratch();
-  bench_gpu_close(&gpu, s.ctx);
+  bench_gpu_close(&gpu);
   ckptio_ctx_free(s.ctx);
   free(s.reqs);
   cli_buffer_free(s.dst, model.arena_bytes);

@@ -7,7 +7,6 @@
 #define CKPTIO_CLI_BENCH_H
 
 #include "cli/cli.h"
-#include "cli/cudart.h"
 
 typedef struct bench_opts {
   const char *argv0;
@@ -51,30 +50,28 @@ typedef struct bench_run {
 } bench_run;
 
 /* The GPU side of a --device cuda:N run (synth.c): the model's bytes in the
- * memory of one GPU, a stream of the bench's own for uploads, downloads and
- * the raw copy limits, and what the runtime says the GPU is. */
+ * memory of one GPU, and what the runtime says the GPU is. Every GPU call
+ * goes through the context (its CUDA runtime, its copy streams): the
+ * uploads, the downloads and the raw copy limits. */
 typedef struct bench_gpu {
-  cli_cudart rt;
+  ckptio_ctx *ctx;      /* the bench's context (not owned); NULL: nothing opened */
   int ordinal;
-  void *stream;
   uint8_t *src, *dst;   /* device arenas laid out like the model's: saved from, loaded into */
   uint64_t bytes;       /* of each */
-  uint8_t *pinned;      /* the host buffer the bench registered (not owned) */
+  uint8_t *pinned;      /* the host buffer the bench pinned (not owned) */
   uint64_t pinned_bytes;
-  char runtime[256];    /* the file of the loaded runtime, or its name */
-  char busid[32];
-  char name[256];       /* the runtime's name for the GPU, or "?" */
+  ckptio_device_info info; /* name ("?" when the runtime cannot say), PCI bus id, runtime file */
 } bench_gpu;
 
 /* Allocates the two device arenas on GPU `ordinal` through the context,
- * registers `pinned` (n bytes, page-aligned) and uploads the model's arena
+ * pins `pinned` (n bytes, page-aligned) and uploads the model's arena
  * through it. @return 0, or a negative code with the reason printed. */
 int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *m, uint8_t *pinned,
                    uint64_t n);
-/* Frees what open made. Safe on a zeroed struct. */
-void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx);
-/* One copy of n bytes on the bench's stream, then a stream sync; *secs (may
- * be NULL) is the time of both. @return 0, or CKPTIO_E_DEVICE, printed. */
+/* Frees what open made, before its context is freed. Safe on a zeroed struct. */
+void bench_gpu_close(bench_gpu *g);
+/* One synchronous copy of n bytes between the host and the GPU; *secs (may
+ * be NULL) is its time. @return 0, or a negative code, printed. */
 int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_device,
                    double *secs);
 

@@ -194,7 +194,7 @@ void bench_report_table(FILE *out, const bench_result *r) {
           ckptio_version_string(), r->runs_done, r->runs_done == 1 ? "" : "s");
   /* First, where it cannot be missed: what the runtime says the GPU is (a
    * stand-in such as the test runtime says so in its name). */
-  if (r->gpu) fprintf(out, "on GPU    cuda:%d: %s\n", r->gpu->ordinal, r->gpu->name);
+  if (r->gpu) fprintf(out, "on GPU    cuda:%d: %s\n", r->gpu->ordinal, r->gpu->info.name);
   fputc('\n', out);
   fputs("command   ", out);
   bench_print_command(out, r->opts, f);
@@ -217,8 +217,8 @@ void bench_report_table(FILE *out, const bench_result *r) {
           f->fsync ? "on" : "off", bench_direct_name(f->direct_io), bench_load_name(f->load_method),
           r->opts->verify ? "on (every byte compared, every CRC checked)" : "off");
   if (r->gpu)
-    fprintf(out, "gpu       cuda:%d %s (PCI %s), runtime %s; %s\n", r->gpu->ordinal, r->gpu->name,
-            r->gpu->busid, r->gpu->runtime, r->numa && *r->numa ? r->numa : "NUMA: -");
+    fprintf(out, "gpu       cuda:%d %s (PCI %s), runtime %s; %s\n", r->gpu->ordinal, r->gpu->info.name,
+            r->gpu->info.pci_bus_id, r->gpu->info.runtime, r->numa && *r->numa ? r->numa : "NUMA: -");
   fprintf(out, "format    %s\n", bench_format_name(r->opts->format));
   fputs("model     ", out);
   model_line(out, r);
@@ -315,11 +315,11 @@ void bench_report_json(FILE *out, const bench_result *r) {
           bench_format_name(r->opts->format));
   if (r->gpu) {
     fprintf(out, ",\"device\":\"cuda:%d\",\"cuda_runtime\":", r->gpu->ordinal);
-    cli_json_string(out, r->gpu->runtime);
+    cli_json_string(out, r->gpu->info.runtime);
     fputs(",\"gpu_name\":", out);
-    cli_json_string(out, r->gpu->name);
+    cli_json_string(out, r->gpu->info.name);
     fputs(",\"pci_bus_id\":", out);
-    cli_json_string(out, r->gpu->busid);
+    cli_json_string(out, r->gpu->info.pci_bus_id);
   } else {
     fputs(",\"device\":\"host\"", out);
   }

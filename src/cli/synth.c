@@ -3,7 +3,8 @@
  * to a requested size, or the 10 x Linear(10000, 10000) model of the
  * torch.save comparison. Memory is allocated, filled and touched here, once,
  * so no page fault lands inside a timed region; with --device cuda:N the
- * model is then uploaded to the GPU from pinned memory (cli/cudart.h).
+ * model is then uploaded to the GPU from pinned memory, through the
+ * context's CUDA runtime (the experimental device calls of ckptio.h).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -211,9 +212,11 @@ void cli_model_free(cli_model *m) {
 
 /* ------------------------------------------------------------ on a GPU */
 
-static int gpu_fail(const bench_gpu *g, const char *what, int e) {
-  fprintf(stderr, "ckptio bench: GPU %d: %s: %s\n", g->ordinal, what, g->rt.GetErrorName(e));
-  return CKPTIO_E_DEVICE;
+/* A failed device call of the library: its detail names the call, the GPU
+ * and the runtime's error. */
+static int gpu_fail(const bench_gpu *g, const char *what, int rc) {
+  fprintf(stderr, "ckptio bench: GPU %d: %s: %s\n", g->ordinal, what, cli_open_error(rc));
+  return rc;
 }
 
 /* host -> device through the pinned buffer, a pinned-sized piece at a time,
@@ -235,32 +238,17 @@ static int upload(bench_gpu *g, uint8_t *dst, const uint8_t *src, uint64_t n) {
 
 int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *m, uint8_t *pinned,
                    uint64_t n) {
-  char why[512];
   memset(g, 0, sizeof(*g));
+  g->ctx = ctx;
   g->ordinal = ordinal;
-  if (cli_cudart_open(&g->rt, why, sizeof(why)) < 0) {
-    fprintf(stderr, "ckptio bench: --device cuda:%d: CUDA unavailable: %s\n", ordinal, why);
-    return CKPTIO_E_DEVICE;
+  g->info = (ckptio_device_info)CKPTIO_DEVICE_INFO_INIT;
+  int rc, dev = CKPTIO_DEVICE_CUDA(ordinal);
+  if ((rc = ckptio_device_describe(ctx, dev, &g->info)) < 0) {
+    fprintf(stderr, "ckptio bench: --device cuda:%d: %s\n", ordinal, cli_open_error(rc));
+    return rc;
   }
-  snprintf(g->runtime, sizeof(g->runtime), "%s", g->rt.file);
-  int e, rc, ndev = 0;
-  if ((e = g->rt.GetDeviceCount(&ndev))) return gpu_fail(g, "cudaGetDeviceCount", e);
-  if (ordinal >= ndev) {
-    fprintf(stderr, "ckptio bench: --device cuda:%d: no GPU %d (the runtime sees %d)\n", ordinal,
-            ordinal, ndev);
-    return CKPTIO_E_DEVICE;
-  }
-  if ((e = g->rt.SetDevice(ordinal))) return gpu_fail(g, "cudaSetDevice", e);
-  if (g->rt.DeviceGetPCIBusId(g->busid, (int)sizeof(g->busid), ordinal)) snprintf(g->busid, sizeof(g->busid), "?");
-  cli_cudart_gpu_name(&g->rt, ordinal, g->name, sizeof(g->name));
-  /* Non-blocking, as frameworks make theirs: the library must be told of it
-   * (set_stream), the legacy default stream would not order it. */
-  if ((e = g->rt.StreamCreateWithFlags(&g->stream, 1 /* cudaStreamNonBlocking */))) {
-    g->stream = NULL;
-    return gpu_fail(g, "cudaStreamCreateWithFlags", e);
-  }
+  if (!g->info.name[0]) snprintf(g->info.name, sizeof(g->info.name), "?");
   g->bytes = m->arena_bytes;
-  int dev = CKPTIO_DEVICE_CUDA(ordinal);
   if ((rc = ckptio_device_alloc(ctx, dev, g->bytes, (void **)&g->src)) < 0 ||
       (rc = ckptio_device_alloc(ctx, dev, g->bytes, (void **)&g->dst)) < 0) {
     fprintf(stderr, "ckptio bench: GPU %d: allocating 2 x %llu bytes: %s\n", ordinal,
@@ -269,7 +257,7 @@ int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *
   }
   /* Pinned, as a training loop's own staging would be: the raw copies, the
    * uploads and the downloads of --verify run at the DMA engines' speed. */
-  if ((e = g->rt.HostRegister(pinned, (size_t)n, 0))) return gpu_fail(g, "cudaHostRegister", e);
+  if ((rc = ckptio_host_pin(ctx, pinned, n)) < 0) return gpu_fail(g, "pinning the host buffer", rc);
   g->pinned = pinned;
   g->pinned_bytes = n;
   /* Both arenas written once, untimed: the fake's device memory is host
@@ -278,30 +266,21 @@ int bench_gpu_open(bench_gpu *g, ckptio_ctx *ctx, int ordinal, const cli_model *
   return rc < 0 ? rc : upload(g, g->src, m->arena, m->arena_bytes);
 }
 
-void bench_gpu_close(bench_gpu *g, ckptio_ctx *ctx) {
-  if (!g->rt.handle) return;
-  if (g->stream) {
-    g->rt.SetDevice(g->ordinal);
-    g->rt.StreamSynchronize(g->stream);
-    g->rt.StreamDestroy(g->stream);
-  }
-  if (g->pinned) g->rt.HostUnregister(g->pinned);
-  ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->dst);
-  ckptio_device_free(ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->src);
-  cli_cudart_close(&g->rt);
+void bench_gpu_close(bench_gpu *g) {
+  if (!g->ctx) return;
+  if (g->pinned) ckptio_host_unpin(g->ctx, g->pinned);
+  ckptio_device_free(g->ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->dst);
+  ckptio_device_free(g->ctx, CKPTIO_DEVICE_CUDA(g->ordinal), g->src);
   memset(g, 0, sizeof(*g));
 }
 
 int bench_gpu_copy(bench_gpu *g, void *dst, const void *src, uint64_t n, int to_device,
                    double *secs) {
-  int e = g->rt.SetDevice(g->ordinal);
-  if (e) return gpu_fail(g, "cudaSetDevice", e);
+  int gpu = CKPTIO_DEVICE_CUDA(g->ordinal);
   double t0 = cli_now();
-  e = g->rt.MemcpyAsync(dst, src, (size_t)n, to_device ? CLI_CUDA_H2D : CLI_CUDA_D2H, g->stream);
-  if (e)
-    return gpu_fail(g, to_device ? "cudaMemcpyAsync (host to device)" : "cudaMemcpyAsync (device to host)",
-                    e);
-  if ((e = g->rt.StreamSynchronize(g->stream))) return gpu_fail(g, "cudaStreamSynchronize", e);
+  int rc = to_device ? ckptio_device_copy(g->ctx, dst, gpu, src, CKPTIO_DEVICE_HOST, n)
+                     : ckptio_device_copy(g->ctx, dst, CKPTIO_DEVICE_HOST, src, gpu, n);
+  if (rc < 0) return gpu_fail(g, to_device ? "copying host to device" : "copying device to host", rc);
   if (secs) *secs = cli_now() - t0;
   return 0;
 }

@@ -22,7 +22,13 @@ for f in include/ckptio.h "$libdir/libckptio.a" "$libdir/libckptio.so" "$libdir/
 done
 soname=$(readelf -d "$PREFIX/$libdir/libckptio.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [[ "$soname" == libckptio.so.0 ]] || fail "SONAME is '$soname', want libckptio.so.0"
-version=$("$PREFIX/bin/ckptio" --version) || fail "the installed ckptio command does not run"
+version=$(env -u LD_LIBRARY_PATH "$PREFIX/bin/ckptio" --version) || fail "the installed ckptio command does not run"
+# The command links the shared library and finds the installed one by its
+# RPATH ($ORIGIN/../lib), not the build tree's.
+deps=$(env -u LD_LIBRARY_PATH ldd "$PREFIX/bin/ckptio")
+lib=$(awk '$1 == "libckptio.so.0" && $2 == "=>" {print $3}' <<<"$deps")
+[[ -n "$lib" && "$(readlink -f "$lib")" == "$(readlink -f "$PREFIX/$libdir/libckptio.so.0")" ]] ||
+  fail "the installed ckptio command does not load $PREFIX/$libdir/libckptio.so.0: $deps"
 echo "test_install: installed $version, SONAME $soname"
 # Only ckptio_* is exported by the shared library.
 exported=$(nm -D --defined-only "$PREFIX/$libdir/libckptio.so" | awk '$2 ~ /[TDB]/ {print $3}')
