@@ -15,7 +15,11 @@
       that is not thread-safe (strerror and kin, UNSAFE_LIBC below): the
       library's workers, commit threads and the manager's closer run
       beside the caller's threads (core/error.h's ckptio_errno_text names
-      an errno safely).
+      an errno safely);
+  (f) an object of a room held to the public API (PUBLIC_ONLY: the command,
+      src/cli, and the manager, src/manage) uses a function another room
+      defines that include/ckptio.h does not declare, outside the rooms
+      docs/ARCHITECTURE.md lets it call besides (core, for the manager).
 
 Prints the room graph, every cycle with the symbols that make each of its
 edges, and every (b) and (c) finding. Exit 1 on any finding, 0 when clean,
@@ -45,6 +49,10 @@ UNSAFE_LIBC = ("strerror", "strsignal", "strtok", "localtime", "gmtime", "ctime"
 # table), and libraries (by symbol prefix) only one room may call.
 ALLOWED = {"src/s3": ("src/core",), "src/storage": ("src/core", "src/s3")}
 LIBRARY_OWNER = {"curl_": "src/s3"}
+# Rooms that are users of the library: every function of another room they
+# use must be one ckptio.h declares, except in the rooms listed (the "may
+# call" column of docs/ARCHITECTURE.md: the manager may also call core).
+PUBLIC_ONLY = {"src/cli": (), "src/manage": ("src/core",)}
 
 
 def room_of(rel):
@@ -213,6 +221,20 @@ def forbidden_calls(edges, objects, nm):
     return hits
 
 
+def non_public_uses(edges, public):
+    """(f): functions of another room, not declared by include/ckptio.h,
+    used by a room of PUBLIC_ONLY outside the rooms it lists."""
+    hits = []
+    for (a, b), syms in sorted(edges.items()):
+        if a not in PUBLIC_ONLY or b in PUBLIC_ONLY[a]:
+            continue
+        for s in sorted(set(syms) - public):
+            hits.append("%s uses %s (defined in %s), which include/ckptio.h does not declare: %s may call "
+                        "only the public API%s (docs/ARCHITECTURE.md); used by %s"
+                        % (a, s, b, a, "".join(" and " + r for r in PUBLIC_ONLY[a]), ", ".join(sorted(syms[s]))))
+    return hits
+
+
 def public_api(source):
     """Names of the functions include/ckptio.h declares."""
     try:
@@ -280,7 +302,13 @@ def main():
     for h in forbidden:
         print("  " + h)
 
-    bad = bool(cycles or cuda or table or unsafe or forbidden)
+    internal = non_public_uses(edges, public) if public else ["include/ckptio.h not found: cannot tell the public API"]
+    print("\n(f) functions outside include/ckptio.h used by %s: %d"
+          % (", ".join(sorted(PUBLIC_ONLY)), len(internal)))
+    for h in internal:
+        print("  " + h)
+
+    bad = bool(cycles or cuda or table or unsafe or forbidden or internal)
     print("\ncheck_rooms: %s" % ("FAIL" if bad else "ok"))
     return 1 if bad and not args.report else 0
 
