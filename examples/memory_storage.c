@@ -18,6 +18,9 @@
  * Exit status: 0 every byte came back, 1 not, 2 an error.
  */
 #define _POSIX_C_SOURCE 200809L
+/* Uses the storage interface, of ckptio.h's experimental section. */
+#define CKPTIO_EXPERIMENTAL
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>

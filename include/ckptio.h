@@ -9,6 +9,13 @@
  *     rule) of the last failure on that handle.
  *   - Handles are opaque. Every close/free function accepts NULL.
  *   - Strings passed in are copied unless a function says "borrowed".
+ *   - Stable and experimental. Everything declared before the section
+ *     "experimental" at the end of this header is stable: its name,
+ *     signature and meaning hold for every release of this major version
+ *     (versioned structs grow by their rule, below). The calls of that
+ *     section are still moving and are declared only when the program
+ *     defines CKPTIO_EXPERIMENTAL before it includes this header (as
+ *     zstd's ZSTD_STATIC_LINKING_ONLY); what they promise is said there.
  */
 #ifndef CKPTIO_H
 #define CKPTIO_H
@@ -323,64 +330,11 @@ int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
  *          "CUDA unavailable: <reason>" (static or context-owned string). */
 int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why);
 
-/*! What NUMA placement did for this context ("NUMA: one node on this
- *  machine; nothing to place", ...), or "" when CUDA is off. Borrowed. */
-const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
-
 /*! Device memory for load destinations, when the caller has none of its own.
  *  ckptio_device_alloc returns 0 and *ptr, or CKPTIO_E_DEVICE; free the
  *  memory with ckptio_device_free on the same context. */
 int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr);
 int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
-
-/* Experimental: the calls below may change before they are declared
- * stable. They let a program that measures or stages GPU memory itself (the
- * `ckptio bench` command) do it through the context's CUDA runtime instead
- * of loading one of its own. Each is open-type: it fails with the detail
- * (the call, the GPU, the runtime's call and error) in
- * ckptio_last_open_error. */
-
-/* A GPU as the context's CUDA runtime describes it. Versioned (see
- * "Versioned structs"): start from CKPTIO_DEVICE_INFO_INIT. */
-typedef struct ckptio_device_info {
-  size_t size;          /* sizeof(ckptio_device_info) */
-  char name[256];       /* "NVIDIA H100 80GB HBM3"; "" when the runtime cannot say */
-  char pci_bus_id[32];  /* "0000:17:00.0" */
-  char runtime[256];    /* the file the CUDA runtime was loaded from */
-} ckptio_device_info;
-
-#define CKPTIO_DEVICE_INFO_INIT { sizeof(ckptio_device_info), "", "", "" }
-
-/*! ckptio_device_describe() : (experimental)
- *  GPU `device` (CKPTIO_DEVICE_CUDA(n)) into *out.
- *  @return 0, CKPTIO_E_INVALID_ARG (NULL, or out's size refused), or
- *          CKPTIO_E_DEVICE (CUDA unavailable on this context, no such GPU). */
-int ckptio_device_describe(const ckptio_ctx *ctx, int device, ckptio_device_info *out);
-
-/*! ckptio_device_copy() : (experimental)
- *  Copies nbytes from src to dst, one of them host memory
- *  (CKPTIO_DEVICE_HOST) and the other memory of a GPU of this context
- *  (CKPTIO_DEVICE_CUDA(n)), and returns when the bytes are there. It runs on
- *  the context's copy stream of that direction, after the copies saves and
- *  loads of this context queued there, and is not ordered after the
- *  caller's streams: synchronize them first. Host memory pinned (by
- *  ckptio_host_pin or the caller's runtime) copies at the copy engines'
- *  speed, other host memory at a fraction of it. The calling thread's
- *  current GPU is kept.
- *  @return 0, CKPTIO_E_INVALID_ARG (NULL pointers, two host or two GPU
- *          sides), CKPTIO_E_OVERFLOW, or CKPTIO_E_DEVICE. */
-int ckptio_device_copy(ckptio_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
-                       uint64_t nbytes);
-
-/*! ckptio_host_pin() / ckptio_host_unpin() : (experimental)
- *  Pins nbytes of host memory at ptr for DMA with every GPU
- *  (cudaHostRegister, portable), and unpins it: ptr must be what was pinned,
- *  and memory is unpinned before it is freed.
- *  @return 0, CKPTIO_E_INVALID_ARG (NULL, 0 bytes), or CKPTIO_E_DEVICE (CUDA
- *          unavailable on this context, or the runtime refused: memory
- *          already pinned, or not pinned when unpinning). */
-int ckptio_host_pin(ckptio_ctx *ctx, void *ptr, uint64_t nbytes);
-int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
 
 /* ---------------------------------------------------------------- storage */
 
@@ -394,10 +348,11 @@ int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
  * AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (or
  * AWS_DEFAULT_REGION) and AWS_ENDPOINT_URL (path-style addressing for a
  * custom endpoint), read when the context first opens an s3:// path.
+ * Other schemes are served by storages a program registers: the storage
+ * interface (ckptio_storage_ops, ckptio_ctx_storage_register) is in the
+ * experimental section.
  *
- * A storage is a table of verbs and the caller's `self` handed back to
- * each. The pipelines use them for every byte they move to or from an
- * object. Loads read the header with one small read and the tensors with
+ * On a storage, loads read the header with one small read and the tensors with
  * many reads in flight at once (one per worker, each at most a staging
  * chunk), into the staging ring or straight into host destinations, every
  * CRC checked as for a file. Objects are never mapped and never read with
@@ -414,97 +369,7 @@ int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
  * takes a storage's prefix as its directory ("s3://bucket/ckpts": see
  * "manager"). A .pt archive, a compressed file or a multi-rank checkpoint
  * on a storage is refused with CKPTIO_E_FORMAT naming what is not
- * supported yet.
- *
- * Contract of the verbs. Each returns 0 or a negative ckptio code or
- * -errno (-ENOENT: no such object), and on failure writes a sentence into
- * err (errlen bytes) naming the object and the cause.
- *  open_read   the object `path` (the whole string, scheme included):
- *              *obj (the storage's handle) and its size in bytes. Called
- *              from the thread opening a reader.
- *  read        exactly len bytes at offset into buf (the caller's memory,
- *              len bytes); anything short is an error. Called from many
- *              workers at once on one obj, for ranges inside its size:
- *              must be thread-safe.
- *  close_read  releases obj; called once, after every read has returned.
- *  create      a new object `path` of exactly `size` bytes (known before
- *              any byte is written), invisible until publish: *obj. The
- *              bytes come in chunks of `chunk` bytes: ranges
- *              [k * chunk, min((k + 1) * chunk, size)).
- *  write       one such chunk at offset, len bytes from buf (borrowed for
- *              the call); each chunk exactly once, in any order, from many
- *              workers at once: must be thread-safe.
- *  publish     every chunk written: make the object visible whole,
- *              replacing an older one of the path atomically (a reader sees
- *              the old object or the new, never a mix), durable when it
- *              returns (what "durable" means is the storage's: S3's
- *              CompleteMultipartUpload; a file's fsync and rename). Frees
- *              obj whether it succeeds or not (a failed publish leaves the
- *              path as it was, and undoes what it started).
- *  abandon     nothing is published, the path keeps what it had (an S3
- *              multipart upload is aborted, so no part stays stored); frees
- *              obj. Called instead of publish after any failure.
- *  list        calls fn(arg, path, size) for every published object whose
- *              path starts with `prefix` (a whole path, scheme included),
- *              in any order; fn's nonzero return stops the walk and is
- *              returned. What a sharded save cleans up by.
- *  remove      deletes the published object `path`; a path that is not
- *              there is not an error.
- *  sweep       abandons every unpublished object under `prefix` (what saves
- *              that died before publish or abandon left stored): called by
- *              a save after its own publish, so it must not touch what is
- *              published. Saves of the same set or file from two processes
- *              at once are not supported: one may sweep the other's.
- * The write verbs (create, write, publish, abandon) may all be NULL for a
- * read-only storage (saves to it are refused); list, remove and sweep may
- * be NULL (a sharded save then leaves the files of older saves and
- * crashed ones in place). The table is versioned (its `size` first, the
- * rule above): set size = sizeof(ckptio_storage_ops). */
-typedef struct ckptio_storage_ops {
-  size_t size;
-  int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
-  int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
-
-  void (*close_read)(void *self, void *obj);
-  int (*create)(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err, size_t errlen);
-  int (*write)(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
-  int (*publish)(void *self, void *obj, char *err, size_t errlen);
-  void (*abandon)(void *self, void *obj);
-  int (*list)(void *self, const char *prefix, int (*fn)(void *arg, const char *path, uint64_t size), void *arg,
-              char *err, size_t errlen);
-  int (*remove)(void *self, const char *path, char *err, size_t errlen);
-  int (*sweep)(void *self, const char *prefix, char *err, size_t errlen);
-} ckptio_storage_ops;
-
-/*! ckptio_ctx_storage_register() :
- *  Routes paths "SCHEME://..." opened on this context to `ops` (copied) and
- *  `self` (borrowed: it must outlive the context). Replaces a storage
- *  registered before for the scheme, "s3" included. Not thread-safe
- *  against opens on the same context: register first.
- *  @return 0, or CKPTIO_E_INVALID_ARG (a scheme not of letters, digits,
- *          '+', '-', '.' or longer than 31 bytes, "file", ops NULL or
- *          missing a read verb, some but not all write verbs, ops->size
- *          refused), -ENOMEM (more than 16
- *          schemes); the reason in ckptio_last_open_error. */
-int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self);
-
-/*! ckptio_ctx_storage() : (experimental)
- *  The storage that serves `path` on this context: its verbs and its
- *  `self`, so that code built on the public API calls the very verbs the
- *  library calls (the checkpoint manager lists, removes and sweeps a
- *  storage's objects so). The built-in S3 storage is made here when `path`
- *  is the context's first s3:// path. *ops is the context's copy of the
- *  table (its size field is this library's); both are borrowed until the
- *  context is freed or the scheme is registered again. Thread-safe against
- *  opens on the same context.
- *  @return 1 and *ops, *self; 0 when `path` is a local file (no
- *          "SCHEME://"; *ops and *self NULL); or a negative code with a
- *          sentence naming the path in err (errlen bytes; err may be NULL):
- *          CKPTIO_E_INVALID_ARG (a NULL argument, no storage registered for
- *          the scheme), CKPTIO_E_FORMAT (s3:// in a build without libcurl),
- *          the S3 storage's own (no credentials), -ENOMEM. */
-int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_ops **ops, void **self, char *err,
-                       size_t errlen);
+ * supported yet. */
 
 /* ---------------------------------------------------------------- writer */
 
@@ -627,11 +492,14 @@ typedef struct ckptio_stats {
   double commit_seconds;    /* save: fdatasync, rename, directory fsync */
   int threads;              /* workers of the context */
   uint64_t staging_bytes;   /* pinned / staging memory of the context (its peak) */
-  uint64_t direct_bytes;    /* of `bytes`, moved by O_DIRECT straight between the
-                               file and the caller's memory, with no staging
-                               copy (memory that agrees with the file offset
-                               in O_DIRECT's alignment; see README) */
-  uint32_t load_methods;    /* load: the ways its bytes were read, as bits
+  uint64_t direct_bytes;    /* (experimental: what it counts may change, see
+                               the end of this header) of `bytes`, moved by
+                               O_DIRECT straight between the file and the
+                               caller's memory, with no staging copy (memory
+                               that agrees with the file offset in O_DIRECT's
+                               alignment; see README) */
+  uint32_t load_methods;    /* (experimental, as direct_bytes) load: the ways
+                               its bytes were read, as bits
                                1u << CKPTIO_LOAD_PREAD / _MMAP / _DIRECT (what
                                CKPTIO_LOAD_AUTO chose; a set may mix them;
                                ckptio_reader_map_private reads with MMAP);
@@ -681,8 +549,6 @@ void ckptio_reader_close(ckptio_reader *r);
 size_t ckptio_reader_count(const ckptio_reader *r);
 /*! @return "safetensors", "pytorch", "safetensors-sharded" or "dcp" (static). */
 const char *ckptio_reader_format(const ckptio_reader *r);
-/*! @return bytes before the first tensor's data (header, zip records). */
-uint64_t ckptio_reader_header_bytes(const ckptio_reader *r);
 /*! Fills *out for tensor `index` (file order, by offset). */
 int ckptio_reader_info(const ckptio_reader *r, size_t index, ckptio_tensor_info *out);
 /*! @return the index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */
@@ -718,41 +584,6 @@ int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_b
  *  ckptio_reader_verify). Valid until ckptio_reader_close. A compressed file
  *  has no plain bytes to point at: CKPTIO_E_FORMAT (load the tensor). */
 int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64_t *nbytes);
-
-/*! ckptio_reader_map_private() :
- *  Maps the whole file copy-on-write (MAP_PRIVATE, readable and writable):
- *  a tensor's bytes are at *base + ckptio_tensor_info.offset (not for
- *  strided or big-endian entries: load those). Pages stay the page cache's
- *  until written; a write copies that page into this process and never
- *  reaches the file. With the reader's crc option on, every recorded CRC32
- *  is checked over this mapping, in parallel on the pool, before it is
- *  returned (which also maps the pages in; the reader's load_method does
- *  not apply); a mismatch returns CKPTIO_E_CHECKSUM naming the tensor, and
- *  no mapping. Tensors without a recorded CRC are not checked.
- *  It maps the file the reader opened: a file renamed over the path later
- *  (as every ckptio save does) does not change it. A file truncated in place
- *  under it raises SIGBUS on access to the lost pages, as any file mapping
- *  does, and bytes written in place by another program show through the
- *  pages not yet written here.
- *  @base @size  owned by the caller after return and independent of the
- *         reader (it may be closed first); release with ckptio_map_free.
- *         An empty file gives NULL and 0.
- *  @return 0, CKPTIO_E_CHECKSUM, CKPTIO_E_FORMAT (a sharded set or a
- *          compressed file: no single mapping holds the tensors' bytes; load
- *          them instead), or -errno (mmap). */
-int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
-/*! ckptio_reader_resident() :
- *  The share (0 to 1) of the checkpoint's stored tensor bytes that the page
- *  cache holds now, from a sample of up to 64 pages of each file (mincore:
- *  no I/O; a compressed file's share of its compressed bytes). What
- *  CKPTIO_LOAD_AUTO decides by (PREAD from a half on, else DIRECT), and what
- *  a caller choosing between ckptio_reader_map_private and a copying load
- *  asks: a mapping of a resident file reads nothing, while a cold one fills
- *  the page cache, slower than O_DIRECT reads on many disks
- *  (bench/RESULTS_PEERS.md). @return 0, or CKPTIO_E_INVALID_ARG. */
-int ckptio_reader_resident(ckptio_reader *r, double *share);
-/*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
-int ckptio_map_free(void *base, uint64_t size);
 
 /*! ckptio_reader_set_stream() :
  *  The CUDA stream (a cudaStream_t) on which the caller queues work that
@@ -871,14 +702,6 @@ int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size
 int ckptio_reader_load_slice(ckptio_reader *r, size_t index, int dim, int64_t start, int64_t stop,
                              void *dst, uint64_t dst_bytes, int *verified);
 
-/* A range of bytes of a checkpoint's file. */
-typedef struct ckptio_byte_range {
-  uint32_t file;       /* which file: 0 for a single file, else the shard number
-                          (ckptio_reader_shard gives its path) */
-  uint64_t offset;     /* absolute offset in that file */
-  uint64_t length;
-} ckptio_byte_range;
-
 /*! ckptio_split_rank() :
  *  The range of a dimension of `size` that rank `rank` of `nranks` owns, by
  *  torch.chunk's rule: chunks of ceil(size / nranks), in rank order, so that
@@ -889,32 +712,6 @@ typedef struct ckptio_byte_range {
  *  @return 0, or CKPTIO_E_INVALID_ARG (size < 0, nranks < 1, rank outside
  *          0 .. nranks - 1, NULL pointer). */
 int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_t *stop);
-
-/*! ckptio_reader_slice_ranges() :
- *  The bytes of the file that the slice start:stop of `dim` of tensor
- *  `index` is read from: (file, offset, length) ranges in the order of the
- *  slice's bytes, adjacent ones merged. For a plain tensor they are sorted
- *  and disjoint; for a PyTorch view they are the storage bytes its elements
- *  live in (several ranks of a broadcast view may share them). The first
- *  min(count, cap) ranges go to `ranges`; ask the count first with cap 0
- *  (ranges may then be NULL).
- *  For a compressed file the ranges are the zstd frames holding the slice
- *  (each frame is read and decompressed whole, so neighbouring ranks may
- *  share a frame).
- *  @return the number of ranges (>= 0), or the codes of
- *          ckptio_reader_slice_nbytes. */
-int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start,
-                                   int64_t stop, ckptio_byte_range *ranges, size_t cap);
-
-/*! ckptio_reader_plan_rank() :
- *  What rank `rank` of `nranks` reads of tensor `index` split on `dim`:
- *  ckptio_split_rank on shape[dim] gives *start / *stop (either may be
- *  NULL), then ckptio_reader_slice_ranges of that slice. Loading that slice
- *  with ckptio_reader_load_slices reads exactly these ranges (PREAD).
- *  @return the number of ranges, or a negative code. */
-int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int rank, int nranks,
-                                int64_t *start, int64_t *stop, ckptio_byte_range *ranges,
-                                size_t cap);
 
 /* ---------------------------------------------------------------- shards */
 
@@ -1441,3 +1238,289 @@ const char *ckptio_manager_last_error(const ckptio_manager *m);
 }
 #endif
 #endif /* CKPTIO_H */
+
+/* ================================================================
+ * experimental
+ *
+ * Calls still moving, declared only for a program that defines
+ * CKPTIO_EXPERIMENTAL before it includes this header (#define
+ * CKPTIO_EXPERIMENTAL, or -DCKPTIO_EXPERIMENTAL), as zstd declares its
+ * ZSTD_STATIC_LINKING_ONLY section: using one is a choice made in the
+ * source, where a reader sees it. What they promise, against the stable
+ * calls above:
+ *  - An experimental call may change its signature or meaning, or go
+ *    away, in any minor release; the release's notes say which. One that
+ *    changes takes a new name, so that a program built against the old
+ *    one fails to start, naming the symbol it misses, instead of calling
+ *    it wrongly.
+ *  - Until then it is exported as every other call: by name in
+ *    src/ckptio.map, under the same version node (not one of its own: a
+ *    node per stability level would rename symbols that programs already
+ *    link the day a call becomes stable), and the ABI check of the tests
+ *    covers it. A call leaves this section for the stable part once its
+ *    shape has held through a release.
+ *  - The fields direct_bytes and load_methods of ckptio_stats are
+ *    experimental in the same way: where they are is stable (the struct's
+ *    layout is), what they count may change (a new read method).
+ * This section has its own guard, so a file that includes ckptio.h again
+ * after defining CKPTIO_EXPERIMENTAL gets it.
+ * ================================================================ */
+#if defined(CKPTIO_EXPERIMENTAL) && !defined(CKPTIO_H_EXPERIMENTAL)
+#define CKPTIO_H_EXPERIMENTAL
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma GCC visibility push(default)
+
+/* ---------------------------------------------------------------- context */
+
+/* Why experimental: free text for a benchmark's report; what NUMA
+ * placement does, and when (at ckptio_ctx_create, near GPU 0), is not
+ * settled. */
+/*! What NUMA placement did for this context ("NUMA: one node on this
+ *  machine; nothing to place", ...), or "" when CUDA is off. Borrowed. */
+const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
+
+/* Experimental: the calls below may change before they are declared
+ * stable. They let a program that measures or stages GPU memory itself (the
+ * `ckptio bench` command) do it through the context's CUDA runtime instead
+ * of loading one of its own. Each is open-type: it fails with the detail
+ * (the call, the GPU, the runtime's call and error) in
+ * ckptio_last_open_error. */
+
+/* A GPU as the context's CUDA runtime describes it. Versioned (see
+ * "Versioned structs"): start from CKPTIO_DEVICE_INFO_INIT. */
+typedef struct ckptio_device_info {
+  size_t size;          /* sizeof(ckptio_device_info) */
+  char name[256];       /* "NVIDIA H100 80GB HBM3"; "" when the runtime cannot say */
+  char pci_bus_id[32];  /* "0000:17:00.0" */
+  char runtime[256];    /* the file the CUDA runtime was loaded from */
+} ckptio_device_info;
+
+#define CKPTIO_DEVICE_INFO_INIT { sizeof(ckptio_device_info), "", "", "" }
+
+/*! ckptio_device_describe() : (experimental)
+ *  GPU `device` (CKPTIO_DEVICE_CUDA(n)) into *out.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL, or out's size refused), or
+ *          CKPTIO_E_DEVICE (CUDA unavailable on this context, no such GPU). */
+int ckptio_device_describe(const ckptio_ctx *ctx, int device, ckptio_device_info *out);
+
+/*! ckptio_device_copy() : (experimental)
+ *  Copies nbytes from src to dst, one of them host memory
+ *  (CKPTIO_DEVICE_HOST) and the other memory of a GPU of this context
+ *  (CKPTIO_DEVICE_CUDA(n)), and returns when the bytes are there. It runs on
+ *  the context's copy stream of that direction, after the copies saves and
+ *  loads of this context queued there, and is not ordered after the
+ *  caller's streams: synchronize them first. Host memory pinned (by
+ *  ckptio_host_pin or the caller's runtime) copies at the copy engines'
+ *  speed, other host memory at a fraction of it. The calling thread's
+ *  current GPU is kept.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL pointers, two host or two GPU
+ *          sides), CKPTIO_E_OVERFLOW, or CKPTIO_E_DEVICE. */
+int ckptio_device_copy(ckptio_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
+                       uint64_t nbytes);
+
+/*! ckptio_host_pin() / ckptio_host_unpin() : (experimental)
+ *  Pins nbytes of host memory at ptr for DMA with every GPU
+ *  (cudaHostRegister, portable), and unpins it: ptr must be what was pinned,
+ *  and memory is unpinned before it is freed.
+ *  @return 0, CKPTIO_E_INVALID_ARG (NULL, 0 bytes), or CKPTIO_E_DEVICE (CUDA
+ *          unavailable on this context, or the runtime refused: memory
+ *          already pinned, or not pinned when unpinning). */
+int ckptio_host_pin(ckptio_ctx *ctx, void *ptr, uint64_t nbytes);
+int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
+
+/* ---------------------------------------------------------------- reader */
+
+/* Why experimental: a figure for tools (`ckptio inspect`); what it counts
+ * for a set, a compressed file or a DCP directory is not settled. */
+/*! @return bytes before the first tensor's data (header, zip records). */
+uint64_t ckptio_reader_header_bytes(const ckptio_reader *r);
+
+/* Why experimental: zero-copy loads hand the caller a mapping that
+ * outlives the reader, refuse sets and compressed files, and choose by a
+ * page-cache sample whose size and threshold follow measurements. */
+/*! ckptio_reader_map_private() :
+ *  Maps the whole file copy-on-write (MAP_PRIVATE, readable and writable):
+ *  a tensor's bytes are at *base + ckptio_tensor_info.offset (not for
+ *  strided or big-endian entries: load those). Pages stay the page cache's
+ *  until written; a write copies that page into this process and never
+ *  reaches the file. With the reader's crc option on, every recorded CRC32
+ *  is checked over this mapping, in parallel on the pool, before it is
+ *  returned (which also maps the pages in; the reader's load_method does
+ *  not apply); a mismatch returns CKPTIO_E_CHECKSUM naming the tensor, and
+ *  no mapping. Tensors without a recorded CRC are not checked.
+ *  It maps the file the reader opened: a file renamed over the path later
+ *  (as every ckptio save does) does not change it. A file truncated in place
+ *  under it raises SIGBUS on access to the lost pages, as any file mapping
+ *  does, and bytes written in place by another program show through the
+ *  pages not yet written here.
+ *  @base @size  owned by the caller after return and independent of the
+ *         reader (it may be closed first); release with ckptio_map_free.
+ *         An empty file gives NULL and 0.
+ *  @return 0, CKPTIO_E_CHECKSUM, CKPTIO_E_FORMAT (a sharded set or a
+ *          compressed file: no single mapping holds the tensors' bytes; load
+ *          them instead), or -errno (mmap). */
+int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
+/*! ckptio_reader_resident() :
+ *  The share (0 to 1) of the checkpoint's stored tensor bytes that the page
+ *  cache holds now, from a sample of up to 64 pages of each file (mincore:
+ *  no I/O; a compressed file's share of its compressed bytes). What
+ *  CKPTIO_LOAD_AUTO decides by (PREAD from a half on, else DIRECT), and what
+ *  a caller choosing between ckptio_reader_map_private and a copying load
+ *  asks: a mapping of a resident file reads nothing, while a cold one fills
+ *  the page cache, slower than O_DIRECT reads on many disks
+ *  (bench/RESULTS_PEERS.md). @return 0, or CKPTIO_E_INVALID_ARG. */
+int ckptio_reader_resident(ckptio_reader *r, double *share);
+/*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
+int ckptio_map_free(void *base, uint64_t size);
+
+/* ---------------------------------------------------------------- slices */
+
+/* Why experimental: the file bytes behind a slice, for loaders that
+ * schedule their own reads, expose the layout (shard numbers, compressed
+ * frames, PyTorch storages), refuse the split tensors of a multi-rank
+ * checkpoint and take one dimension where loads take boxes. */
+/* A range of bytes of a checkpoint's file. */
+typedef struct ckptio_byte_range {
+  uint32_t file;       /* which file: 0 for a single file, else the shard number
+                          (ckptio_reader_shard gives its path) */
+  uint64_t offset;     /* absolute offset in that file */
+  uint64_t length;
+} ckptio_byte_range;
+
+/*! ckptio_reader_slice_ranges() :
+ *  The bytes of the file that the slice start:stop of `dim` of tensor
+ *  `index` is read from: (file, offset, length) ranges in the order of the
+ *  slice's bytes, adjacent ones merged. For a plain tensor they are sorted
+ *  and disjoint; for a PyTorch view they are the storage bytes its elements
+ *  live in (several ranks of a broadcast view may share them). The first
+ *  min(count, cap) ranges go to `ranges`; ask the count first with cap 0
+ *  (ranges may then be NULL).
+ *  For a compressed file the ranges are the zstd frames holding the slice
+ *  (each frame is read and decompressed whole, so neighbouring ranks may
+ *  share a frame).
+ *  @return the number of ranges (>= 0), or the codes of
+ *          ckptio_reader_slice_nbytes. */
+int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int64_t start,
+                                   int64_t stop, ckptio_byte_range *ranges, size_t cap);
+
+/*! ckptio_reader_plan_rank() :
+ *  What rank `rank` of `nranks` reads of tensor `index` split on `dim`:
+ *  ckptio_split_rank on shape[dim] gives *start / *stop (either may be
+ *  NULL), then ckptio_reader_slice_ranges of that slice. Loading that slice
+ *  with ckptio_reader_load_slices reads exactly these ranges (PREAD).
+ *  @return the number of ranges, or a negative code. */
+int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int rank, int nranks,
+                                int64_t *start, int64_t *stop, ckptio_byte_range *ranges,
+                                size_t cap);
+
+/* ---------------------------------------------------------------- storage */
+
+/* Why experimental: the table is code the caller writes, a week old, and
+ * what the library asks of it is still growing (list, remove and sweep
+ * came after the rest; the manager on a storage is being added): a verb
+ * added or a contract changed (what sweep may touch, which verb runs on
+ * which thread) breaks a storage in a way its size field cannot catch. */
+/* A storage is a table of verbs and the caller's `self` handed back to
+ * each. The pipelines use them for every byte they move to or from an
+ * object (the paths it serves: see "storage" above).
+ *
+ * Contract of the verbs. Each returns 0 or a negative ckptio code or
+ * -errno (-ENOENT: no such object), and on failure writes a sentence into
+ * err (errlen bytes) naming the object and the cause.
+ *  open_read   the object `path` (the whole string, scheme included):
+ *              *obj (the storage's handle) and its size in bytes. Called
+ *              from the thread opening a reader.
+ *  read        exactly len bytes at offset into buf (the caller's memory,
+ *              len bytes); anything short is an error. Called from many
+ *              workers at once on one obj, for ranges inside its size:
+ *              must be thread-safe.
+ *  close_read  releases obj; called once, after every read has returned.
+ *  create      a new object `path` of exactly `size` bytes (known before
+ *              any byte is written), invisible until publish: *obj. The
+ *              bytes come in chunks of `chunk` bytes: ranges
+ *              [k * chunk, min((k + 1) * chunk, size)).
+ *  write       one such chunk at offset, len bytes from buf (borrowed for
+ *              the call); each chunk exactly once, in any order, from many
+ *              workers at once: must be thread-safe.
+ *  publish     every chunk written: make the object visible whole,
+ *              replacing an older one of the path atomically (a reader sees
+ *              the old object or the new, never a mix), durable when it
+ *              returns (what "durable" means is the storage's: S3's
+ *              CompleteMultipartUpload; a file's fsync and rename). Frees
+ *              obj whether it succeeds or not (a failed publish leaves the
+ *              path as it was, and undoes what it started).
+ *  abandon     nothing is published, the path keeps what it had (an S3
+ *              multipart upload is aborted, so no part stays stored); frees
+ *              obj. Called instead of publish after any failure.
+ *  list        calls fn(arg, path, size) for every published object whose
+ *              path starts with `prefix` (a whole path, scheme included),
+ *              in any order; fn's nonzero return stops the walk and is
+ *              returned. What a sharded save cleans up by.
+ *  remove      deletes the published object `path`; a path that is not
+ *              there is not an error.
+ *  sweep       abandons every unpublished object under `prefix` (what saves
+ *              that died before publish or abandon left stored): called by
+ *              a save after its own publish, so it must not touch what is
+ *              published. Saves of the same set or file from two processes
+ *              at once are not supported: one may sweep the other's.
+ * The write verbs (create, write, publish, abandon) may all be NULL for a
+ * read-only storage (saves to it are refused); list, remove and sweep may
+ * be NULL (a sharded save then leaves the files of older saves and
+ * crashed ones in place). The table is versioned (its `size` first, the
+ * rule above): set size = sizeof(ckptio_storage_ops). */
+typedef struct ckptio_storage_ops {
+  size_t size;
+  int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
+  int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
+
+  void (*close_read)(void *self, void *obj);
+  int (*create)(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err, size_t errlen);
+  int (*write)(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
+  int (*publish)(void *self, void *obj, char *err, size_t errlen);
+  void (*abandon)(void *self, void *obj);
+  int (*list)(void *self, const char *prefix, int (*fn)(void *arg, const char *path, uint64_t size), void *arg,
+              char *err, size_t errlen);
+  int (*remove)(void *self, const char *path, char *err, size_t errlen);
+  int (*sweep)(void *self, const char *prefix, char *err, size_t errlen);
+} ckptio_storage_ops;
+
+/*! ckptio_ctx_storage_register() :
+ *  Routes paths "SCHEME://..." opened on this context to `ops` (copied) and
+ *  `self` (borrowed: it must outlive the context). Replaces a storage
+ *  registered before for the scheme, "s3" included. Not thread-safe
+ *  against opens on the same context: register first.
+ *  @return 0, or CKPTIO_E_INVALID_ARG (a scheme not of letters, digits,
+ *          '+', '-', '.' or longer than 31 bytes, "file", ops NULL or
+ *          missing a read verb, some but not all write verbs, ops->size
+ *          refused), -ENOMEM (more than 16
+ *          schemes); the reason in ckptio_last_open_error. */
+int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckptio_storage_ops *ops, void *self);
+
+/*! ckptio_ctx_storage() : (experimental)
+ *  The storage that serves `path` on this context: its verbs and its
+ *  `self`, so that code built on the public API calls the very verbs the
+ *  library calls (the checkpoint manager lists, removes and sweeps a
+ *  storage's objects so). The built-in S3 storage is made here when `path`
+ *  is the context's first s3:// path. *ops is the context's copy of the
+ *  table (its size field is this library's); both are borrowed until the
+ *  context is freed or the scheme is registered again. Thread-safe against
+ *  opens on the same context.
+ *  @return 1 and *ops, *self; 0 when `path` is a local file (no
+ *          "SCHEME://"; *ops and *self NULL); or a negative code with a
+ *          sentence naming the path in err (errlen bytes; err may be NULL):
+ *          CKPTIO_E_INVALID_ARG (a NULL argument, no storage registered for
+ *          the scheme), CKPTIO_E_FORMAT (s3:// in a build without libcurl),
+ *          the S3 storage's own (no credentials), -ENOMEM. */
+int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_ops **ops, void **self, char *err,
+                       size_t errlen);
+
+#pragma GCC visibility pop
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CKPTIO_EXPERIMENTAL */

@@ -250,7 +250,11 @@ _PP = ctypes.POINTER(ctypes.c_void_p)
 _I = ctypes.c_int
 _S = ctypes.c_char_p
 
-# The one table of signatures: name -> (restype, argtypes).
+# The one table of signatures: name -> (restype, argtypes). ctypes reads no
+# header, so CKPTIO_EXPERIMENTAL means nothing here; the calls marked
+# "experimental" below are those of ckptio.h's experimental section, which
+# may change in a minor release (README, "The ABI"): the package ships with
+# its library and moves with it.
 _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_version_number": (ctypes.c_uint, []),
     "ckptio_version_string": (_S, []),
@@ -303,6 +307,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                                     ctypes.c_int64]),
     "ckptio_reader_load_slices": (_I, [_P, ctypes.POINTER(SliceRequest), ctypes.c_size_t]),
     "ckptio_split_rank": (_I, [ctypes.c_int64, _I, _I, c_int64_p, c_int64_p]),
+    # experimental: slice_ranges, plan_rank (and ByteRange)
     "ckptio_reader_slice_ranges": (ctypes.c_int64, [_P, ctypes.c_size_t, _I, ctypes.c_int64,
                                                     ctypes.c_int64, ctypes.POINTER(ByteRange),
                                                     ctypes.c_size_t]),
@@ -311,6 +316,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                                  ctypes.c_size_t]),
     # Zero-copy loads and stage timings.
     "ckptio_reader_view": (_I, [_P, ctypes.c_size_t, _PP, ctypes.POINTER(ctypes.c_uint64)]),
+    # experimental: map_private, map_free, resident
     "ckptio_reader_map_private": (_I, [_P, _PP, ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
     "ckptio_reader_resident": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),

@@ -7,6 +7,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Objects of a storage (ckptio_storage_ops) come from ckptio.h's
+ * experimental section, whoever includes this header. */
+#ifndef CKPTIO_EXPERIMENTAL
+#define CKPTIO_EXPERIMENTAL
+#endif
 #include "ckptio.h"
 #include "core/hold.h"
 

@@ -9,6 +9,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Objects of a storage (ckptio_storage_ops) come from ckptio.h's
+ * experimental section, whoever includes this header. */
+#ifndef CKPTIO_EXPERIMENTAL
+#define CKPTIO_EXPERIMENTAL
+#endif
 #include "ckptio.h"
 
 typedef struct ckptio_rfile {

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The shared library exports exactly the public API: the functions
-include/ckptio.h declares, the list in src/ckptio.map, and the symbols
-libckptio.so defines are the same three sets, each under the version node
-of the map. Catches a function exported by accident (an internal ckptio_*
+include/ckptio.h declares (its stable part and its experimental section,
+declared where CKPTIO_EXPERIMENTAL is defined), the list in src/ckptio.map,
+and the symbols libckptio.so defines are the same three sets, each under the
+version node of the map. Catches a function exported by accident (an internal ckptio_*
 that lost its `static` or hidden visibility), one declared but not built or
 not listed, and a listed one that no longer exists.
 
@@ -16,13 +17,23 @@ import subprocess
 import sys
 
 
-def header_functions(source, cc):
-    text = subprocess.run([cc, "-E", "-P", os.path.join(source, "include", "ckptio.h")], check=True,
-                          capture_output=True, text=True).stdout
+def header_functions(source, cc, program):
+    """The functions a translation unit of `program` (C text) sees declared."""
+    text = subprocess.run([cc, "-E", "-P", "-I", os.path.join(source, "include"), "-x", "c", "-"], input=program,
+                          check=True, capture_output=True, text=True).stdout
     text = re.sub(r"\s+", " ", text)
     # A declaration names the function just before its parameter list; the
     # struct fields of function type are "(*name)(", which this skips.
     return set(re.findall(r"\b(ckptio_[a-z0-9_]+)\s*\(", text))
+
+
+# Every declaration, stable and experimental: the experimental section is
+# exported like the rest (ckptio.h, "experimental").
+ALL = "#define CKPTIO_EXPERIMENTAL\n#include \"ckptio.h\"\n"
+STABLE = "#include \"ckptio.h\"\n"
+# The section's own guard: a file that included the header before defining
+# the macro gets the section from a second include.
+AGAIN = "#include \"ckptio.h\"\n#define CKPTIO_EXPERIMENTAL\n#include \"ckptio.h\"\n"
 
 
 def map_functions(source):
@@ -51,23 +62,37 @@ def main():
         sys.exit(__doc__)
     lib, source = sys.argv[1], sys.argv[2]
     cc = sys.argv[3] if len(sys.argv) > 3 else "cc"
-    header = header_functions(source, cc)
+    header = header_functions(source, cc, ALL)
+    stable = header_functions(source, cc, STABLE)
     node, listed = map_functions(source)
     built = exported(lib)
     problems = []
+    for what, program in (("without", STABLE), ("with", ALL)):
+        # The stable part must stand alone: none of its declarations may
+        # need a type of the experimental section.
+        done = subprocess.run([cc, "-fsyntax-only", "-I", os.path.join(source, "include"), "-x", "c", "-"],
+                              input=program, capture_output=True, text=True)
+        if done.returncode != 0:
+            problems.append(f"ckptio.h does not compile {what} CKPTIO_EXPERIMENTAL:\n{done.stderr.strip()}")
+    if not stable < header:
+        problems.append("ckptio.h: CKPTIO_EXPERIMENTAL declares nothing more: no experimental section, or no guard")
+    for name in sorted(header ^ header_functions(source, cc, AGAIN)):
+        problems.append(f"{name}: not declared when ckptio.h is included again after defining CKPTIO_EXPERIMENTAL")
     for name in sorted(set(built) - header):
         problems.append(f"{name}: exported by {os.path.basename(lib)} but not declared in ckptio.h")
     for name in sorted(header - set(built)):
         problems.append(f"{name}: declared in ckptio.h but not exported")
     for name in sorted(header ^ listed):
-        where = "listed in src/ckptio.map but not declared" if name in listed else "declared but not listed"
-        problems.append(f"{name}: {where} in src/ckptio.map")
+        where = ("listed in src/ckptio.map but not declared in ckptio.h" if name in listed
+                 else "declared in ckptio.h but not listed in src/ckptio.map")
+        problems.append(f"{name}: {where}")
     for name in sorted(header & set(built)):
         if built[name] != node:
             problems.append(f"{name}: exported under version '{built[name]}', not {node}")
     for p in problems:
         print("FAIL " + p)
-    print(f"check_exports: {len(header)} functions declared, {len(listed)} listed, {len(built)} exported "
+    print(f"check_exports: {len(header)} functions declared ({len(stable)} stable, {len(header - stable)} "
+          f"experimental), {len(listed)} listed, {len(built)} exported "
           f"(node {node}): {'OK' if not problems else str(len(problems)) + ' problems'}")
     return 1 if problems else 0
 

@@ -4,6 +4,10 @@
  * views of the small tensors. The last byte picks the load method and whether
  * loads check CRCs, so every executor path sees hostile files. One small context serves every input; everything else is
  * freed per input, so a leak shows in LeakSanitizer. */
+
+/* Uses ckptio_reader_header_bytes, of ckptio.h's experimental section. */
+#define CKPTIO_EXPERIMENTAL
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,6 +4,10 @@
  * them; the interop tests compare the binding against this (and the error
  * names against the header's text, so this file need not list every code).
  */
+
+/* Uses ckptio_byte_range, of ckptio.h's experimental section. */
+#define CKPTIO_EXPERIMENTAL
+
 #include <stddef.h>
 #include <stdio.h>
 

@@ -6,6 +6,11 @@
 // On the real runtime (label gpu) the same tests run except those that need
 // the fake's controls (injected failures, its statistics); the stream
 // ordering ones use the last GPU, which is GPU 1 of the fake's two.
+
+// Uses the device calls (ckptio_device_copy, ...), of ckptio.h's experimental
+// section.
+#define CKPTIO_EXPERIMENTAL
+
 #include <cstring>
 
 #include "ckpt_fixture.h"

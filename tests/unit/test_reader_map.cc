@@ -2,6 +2,11 @@
 // reader's file, CRC-checked over its own pages; writes stay private, it
 // outlives the reader, a file renamed over the path does not change it, and
 // a flipped byte returns CKPTIO_E_CHECKSUM with no mapping.
+
+// Uses ckptio_reader_map_private, ckptio_map_free and ckptio_reader_resident,
+// of ckptio.h's experimental section.
+#define CKPTIO_EXPERIMENTAL
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -3,6 +3,10 @@
 // back as one checkpoint through the index or the directory, and hostile
 // indexes (escaping names, missing files and tensors, wrong types, huge
 // files, mixed saves, and thousands of mutations) refused with clear errors.
+
+// Uses ckptio_reader_plan_rank, of ckptio.h's experimental section.
+#define CKPTIO_EXPERIMENTAL
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>

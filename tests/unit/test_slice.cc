@@ -6,6 +6,11 @@
 // plan's ranges for all ranks tile the tensor and hold each rank's slice;
 // PyTorch views and big-endian files; and, in the cuda-fake variant, slices
 // loaded straight onto fake GPUs.
+
+// Uses ckptio_reader_slice_ranges and ckptio_reader_plan_rank, of ckptio.h's
+// experimental section.
+#define CKPTIO_EXPERIMENTAL
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>

@@ -2,6 +2,11 @@
 // shuffle filter, the real `zstd -d` restoring the plain file byte for byte,
 // refusals at open, every lie a seek table or frame can tell, a fuzz pass
 // over mutated and truncated files, and a load onto a (fake) GPU.
+
+// Uses ckptio_reader_map_private and ckptio_reader_plan_rank, of ckptio.h's
+// experimental section.
+#define CKPTIO_EXPERIMENTAL
+
 #include <gtest/gtest.h>
 
 #include <cmath>
