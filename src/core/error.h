@@ -11,6 +11,10 @@
  * is one line: `return ckptio_err_fmt(err, len, CKPTIO_E_X, "...", ...);` */
 int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The same into a message buffer of CKPTIO_ERRLEN bytes: a reader's, a
+ * writer's, or a source's (its reader's): the one way the pipelines report
+ * a failure, `return ckptio_fail(r->err, CKPTIO_E_X, "%s: ...", path);` */
+#define ckptio_fail(buf, code, ...) ckptio_err_fmt((buf), CKPTIO_ERRLEN, (code), __VA_ARGS__)
 
 /* The text of errno value errnum ("No space left on device"), static, or
  * "unknown error". Thread-safe, unlike strerror: the one way the library

@@ -9,8 +9,6 @@
 
 #include "load/box.h"
 
-#define rfail ckptio_reader_fail
-
 int ckptio_xreqs_push(ckptio_xreqs *v, const ckptio_xreq *q) {
   if (v->n == v->cap) {
     size_t cap = v->cap ? 2 * v->cap : 16;
@@ -114,9 +112,9 @@ static int emit_cut(ckptio_reader *r, const cut *c, const ckptio_spart *p, const
     g.src0 = to_bytes(src, bits, &bad);
     uint64_t dst_off = to_bytes(at, bits, &bad);
     if (bad)
-      return rfail(r, CKPTIO_E_MISALIGNED,
-                   "%s: tensor '%s': the box cuts %s elements (%d bits) off a byte boundary", r->src->path, e->name,
-                   ckptio_dtype_name(e->dtype), bits);
+      return ckptio_fail(r->err, CKPTIO_E_MISALIGNED,
+                         "%s: tensor '%s': the box cuts %s elements (%d bits) off a byte boundary", r->src->path,
+                         e->name, ckptio_dtype_name(e->dtype), bits);
     ckptio_xreq q = {.src = p->src, .e = e, .dst = dst ? dst + dst_off : NULL, .gpu = gpu, .g = g, .dpitch = dp,
                      .drun = drun,
                      .check = check && g.full && outer == 1 && e->has_crc && !e->strided};
@@ -132,21 +130,22 @@ static int emit_cut(ckptio_reader *r, const cut *c, const ckptio_spart *p, const
 
 int ckptio_box_check(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop, uint64_t *nbytes) {
   if (index >= r->src->idx.count)
-    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (there are %zu)", r->src->path, index,
-                 r->src->idx.count);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (there are %zu)", r->src->path, index,
+                       r->src->idx.count);
   const ckptio_entry *e = ckptio_reader_entry(r, index);
   int64_t shape[CKPTIO_MAX_DIMS];
   if (!start || !stop) return CKPTIO_E_INVALID_ARG;
   for (int d = 0; d < e->ndim; d++) {
     if (start[d] < 0 || start[d] > stop[d] || stop[d] > e->shape[d])
-      return rfail(r, CKPTIO_E_INVALID_ARG,
-                   "%s: tensor '%s': box %lld:%lld of dim %d is outside the tensor (0 <= start <= stop <= %lld)",
-                   r->src->path, e->name, (long long)start[d], (long long)stop[d], d, (long long)e->shape[d]);
+      return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG,
+                         "%s: tensor '%s': box %lld:%lld of dim %d is outside the tensor (0 <= start <= stop <= %lld)",
+                         r->src->path, e->name, (long long)start[d], (long long)stop[d], d, (long long)e->shape[d]);
     shape[d] = stop[d] - start[d];
   }
   int64_t nb = ckptio_tensor_nbytes(e->dtype, e->ndim, shape);
   if (nb < 0)
-    return rfail(r, (int)nb, "%s: tensor '%s': the box's bytes: %s", r->src->path, e->name, ckptio_strerror((int)nb));
+    return ckptio_fail(r->err, (int)nb, "%s: tensor '%s': the box's bytes: %s", r->src->path, e->name,
+                       ckptio_strerror((int)nb));
   *nbytes = (uint64_t)nb;
   return 0;
 }
@@ -205,8 +204,9 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
     if ((rc = ckptio_box_check(r, q->index, q->start, q->stop, &nb)) < 0) break;
     const ckptio_entry *e = ckptio_reader_entry(r, q->index);
     if (q->dst_bytes < nb || (!q->dst && nb)) {
-      rc = rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s': the box needs %llu bytes, the destination has %llu",
-                 r->src->path, e->name, (unsigned long long)nb, (unsigned long long)(q->dst ? q->dst_bytes : 0));
+      rc = ckptio_fail(r->err, CKPTIO_E_BUFFER_TOO_SMALL,
+                       "%s: tensor '%s': the box needs %llu bytes, the destination has %llu", r->src->path, e->name,
+                       (unsigned long long)nb, (unsigned long long)(q->dst ? q->dst_bytes : 0));
       break;
     }
     if ((rc = ckptio_reader_check_device(r, e, q->dst, q->device, nb, "box destination", &gpu)) < 0) break;

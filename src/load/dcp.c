@@ -65,20 +65,20 @@ static int read_metadata(dcp *x, const char *path) {
   if (fd < 0 || fstat(fd, &st) < 0) {
     int e = errno;
     if (fd >= 0) close(fd);
-    return ckptio_source_fail(&x->s, -e, "%s: %s", path, ckptio_errno_text(e));
+    return ckptio_fail(x->s.err, -e, "%s: %s", path, ckptio_errno_text(e));
   }
   char msg[CKPTIO_ERRLEN];
   if (!S_ISREG(st.st_mode)) {
-    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: not a regular file", path);
+    rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: not a regular file", path);
   } else if ((uint64_t)st.st_size > DCP_META_MAX) {
-    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: %llu bytes, over the %llu-byte limit of a .metadata", path,
-                            (unsigned long long)st.st_size, DCP_META_MAX);
+    rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: %llu bytes, over the %llu-byte limit of a .metadata", path,
+                     (unsigned long long)st.st_size, DCP_META_MAX);
   } else if (!(buf = malloc((size_t)st.st_size + 1))) {
     rc = -ENOMEM;
   } else if ((rc = ckptio_pread_full(fd, buf, (size_t)st.st_size, 0)) < 0) {
-    ckptio_source_fail(&x->s, rc, "%s: reading it: %s", path, ckptio_strerror(rc));
+    ckptio_fail(x->s.err, rc, "%s: reading it: %s", path, ckptio_strerror(rc));
   } else if ((rc = ckptio_dcp_meta_parse(buf, (size_t)st.st_size, &x->m, msg, sizeof(msg))) < 0) {
-    ckptio_source_fail(&x->s, rc, "%s: %s", x->dir, msg);
+    ckptio_fail(x->s.err, rc, "%s: %s", x->dir, msg);
   }
   free(buf);
   close(fd);
@@ -95,22 +95,24 @@ static int chunk_entry(dcp *x, const ckptio_rfile *f, int inflated, const ckptio
   ckptio_index idx;
   int rc = ckptio_torch_parse(f->map + ch->at.offset, ch->at.length, &idx, msg, sizeof(msg));
   if (rc < 0)
-    return ckptio_source_fail(&x->s, rc, "%s: chunk %s of '%s' (bytes %llu-%llu of '%s'%s): %s", x->dir, a, it->name,
-                              (unsigned long long)ch->at.offset, (unsigned long long)(ch->at.offset + ch->at.length),
-                              fname, inflated ? " decompressed" : "", msg);
+    return ckptio_fail(x->s.err, rc, "%s: chunk %s of '%s' (bytes %llu-%llu of '%s'%s): %s", x->dir, a, it->name,
+                       (unsigned long long)ch->at.offset, (unsigned long long)(ch->at.offset + ch->at.length), fname,
+                       inflated ? " decompressed" : "", msg);
   const ckptio_entry *e = idx.count == 1 ? &idx.entries[0] : NULL;
   if (!e || e->name[0]) {
-    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: chunk %s of '%s' in '%s' is not the torch.save of one tensor "
-                            "(%zu tensors, the first named '%s')", x->dir, a, it->name, fname, idx.count,
-                            idx.count ? idx.entries[0].name : "");
+    rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                     "%s: chunk %s of '%s' in '%s' is not the torch.save of one tensor "
+                     "(%zu tensors, the first named '%s')",
+                     x->dir, a, it->name, fname, idx.count, idx.count ? idx.entries[0].name : "");
   } else if (e->dtype != it->dtype || e->ndim != it->ndim ||
              memcmp(e->shape, ch->sizes, (size_t)it->ndim * sizeof(int64_t))) {
     char b[256], s[256];
     ckptio_dcp_dims_text(e->shape, e->ndim, b, sizeof(b));
     ckptio_dcp_dims_text(ch->sizes, it->ndim, s, sizeof(s));
-    rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: chunk %s of '%s' in '%s' holds a %s tensor of shape %s; the "
-                            ".metadata says %s %s", x->dir, a, it->name, fname, ckptio_dtype_name(e->dtype), b,
-                            ckptio_dtype_name(it->dtype), s);
+    rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                     "%s: chunk %s of '%s' in '%s' holds a %s tensor of shape %s; the "
+                     ".metadata says %s %s",
+                     x->dir, a, it->name, fname, ckptio_dtype_name(e->dtype), b, ckptio_dtype_name(it->dtype), s);
   } else {
     out->e = *e;
     out->e.offset += ch->at.offset;
@@ -131,9 +133,9 @@ static int chunk_entry(dcp *x, const ckptio_rfile *f, int inflated, const ckptio
 #define CKPTIO_DCP_ZSTD_MAX_BYTES (1ull << 30)
 
 static int out_of_range(dcp *x, uint32_t k, const ckptio_dcp_item *it, const ckptio_dcp_storage *at, uint64_t size) {
-  return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: '%s' is stored at bytes %llu-%llu of '%s', which has %llu",
-                            x->dir, it->name, (unsigned long long)at->offset,
-                            (unsigned long long)(at->offset + at->length), x->m.files[k], (unsigned long long)size);
+  return ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: '%s' is stored at bytes %llu-%llu of '%s', which has %llu", x->dir,
+                     it->name, (unsigned long long)at->offset, (unsigned long long)(at->offset + at->length),
+                     x->m.files[k], (unsigned long long)size);
 }
 
 /* Writes the zstd stream in[0, len) to fd at pos, decompressed: at most
@@ -149,16 +151,16 @@ static int64_t inflate_to(dcp *x, ZSTD_DCtx *d, int fd, uint64_t pos, const uint
     size_t before = ib.pos;
     ret = ZSTD_decompressStream(d, &ob, &ib);
     if (ZSTD_isError(ret))
-      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream is corrupt: %s", x->dir, name,
-                                ZSTD_getErrorName(ret));
+      return ckptio_fail(x->s.err, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream is corrupt: %s", x->dir, name,
+                         ZSTD_getErrorName(ret));
     if (ob.pos == 0 && ib.pos == before)
-      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream ends inside a frame", x->dir, name);
+      return ckptio_fail(x->s.err, CKPTIO_E_ZSTD, "%s: '%s': its zstd stream ends inside a frame", x->dir, name);
     if (total + ob.pos > max)
-      return ckptio_source_fail(&x->s, CKPTIO_E_ZSTD, "%s: '%s' decompresses to more than %llu bytes, more than it "
-                                "can hold", x->dir, name, (unsigned long long)max);
+      return ckptio_fail(x->s.err, CKPTIO_E_ZSTD,
+                         "%s: '%s' decompresses to more than %llu bytes, more than it can hold", x->dir, name,
+                         (unsigned long long)max);
     int rc = ckptio_pwrite_full(fd, buf, ob.pos, pos + total);
-    if (rc < 0)
-      return ckptio_source_fail(&x->s, rc, "%s: decompressing '%s': %s", x->dir, name, ckptio_strerror(rc));
+    if (rc < 0) return ckptio_fail(x->s.err, rc, "%s: decompressing '%s': %s", x->dir, name, ckptio_strerror(rc));
     total += ob.pos;
   }
   return (int64_t)total;
@@ -175,8 +177,9 @@ static int inflate_file(dcp *x, uint32_t k, ckptio_rfile *f) {
   unsigned char *buf = malloc(cap);
   ZSTD_DCtx *d = ZSTD_createDCtx();
   uint64_t pos = 0;
-  if (fd < 0) rc = ckptio_source_fail(&x->s, -errno, "%s: a memory file for '%s': %s", x->dir, x->m.files[k],
-                                      ckptio_errno_text(errno));
+  if (fd < 0)
+    rc = ckptio_fail(x->s.err, -errno, "%s: a memory file for '%s': %s", x->dir, x->m.files[k],
+                     ckptio_errno_text(errno));
   else if (!buf || !d) rc = -ENOMEM;
   for (size_t i = 0; i < x->m.nitems && rc == 0; i++) {
     ckptio_dcp_item *it = &x->m.items[i];
@@ -193,7 +196,7 @@ static int inflate_file(dcp *x, uint32_t k, ckptio_rfile *f) {
       if (at->zstd) {
         got = inflate_to(x, d, fd, pos, f->map + at->offset, at->length, max, it->name, buf, cap);
       } else if ((rc = ckptio_pwrite_full(fd, f->map + at->offset, (size_t)at->length, pos)) < 0) {
-        got = ckptio_source_fail(&x->s, rc, "%s: copying '%s' to memory: %s", x->dir, it->name, ckptio_strerror(rc));
+        got = ckptio_fail(x->s.err, rc, "%s: copying '%s' to memory: %s", x->dir, it->name, ckptio_strerror(rc));
       }
       if (got < 0) {
         rc = (int)got;
@@ -332,8 +335,10 @@ static int build(dcp *x) {
   for (size_t i = 0; i < n; i++) {
     const ckptio_dcp_item *it = &x->m.items[i];
     if (!it->is_bytes && !strncmp(it->name, CKPTIO_DCP_BYTES_PREFIX, plen))
-      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' has a name that starts with '%s', which names "
-                                "byte items here", x->dir, it->name, CKPTIO_DCP_BYTES_PREFIX);
+      return ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                         "%s: tensor '%s' has a name that starts with '%s', which names "
+                         "byte items here",
+                         x->dir, it->name, CKPTIO_DCP_BYTES_PREFIX);
     x->file[i] = it->is_bytes ? it->bytes.file : it->chunks[0].at.file;
     if (whole(it)) continue;
     if (!(x->parts[i] = calloc(it->nchunks, sizeof(ckptio_spart)))) return -ENOMEM;
@@ -388,8 +393,8 @@ static size_t dcp_parts(ckptio_source *s, size_t index, const ckptio_spart **out
 static int dcp_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   dcp *x = D(s);
   if (x->parts[index])
-    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu chunks, not in one place: load it",
-                              s->path, s->idx.entries[index].name, x->m.items[index].nchunks);
+    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu chunks, not in one place: load it",
+                       s->path, s->idx.entries[index].name, x->m.items[index].nchunks);
   size_t local;
   ckptio_source *m = dcp_member(s, index, &local, NULL);
   return m->ops->view(m, local, data, nbytes);

@@ -47,8 +47,8 @@ typedef struct plain {
 static int read_header(plain *p, void *buf, size_t len, uint64_t off) {
   char why[CKPTIO_ERRLEN] = "";
   int rc = ckptio_rfile_pread(&p->f, buf, len, off, why, sizeof(why));
-  if (rc < 0 && why[0]) return ckptio_source_fail(&p->s, rc, "%s", why);
-  if (rc < 0) return ckptio_source_fail(&p->s, rc, "%s: reading the header: %s", p->s.path, ckptio_strerror(rc));
+  if (rc < 0 && why[0]) return ckptio_fail(p->s.err, rc, "%s", why);
+  if (rc < 0) return ckptio_fail(p->s.err, rc, "%s: reading the header: %s", p->s.path, ckptio_strerror(rc));
   return 0;
 }
 
@@ -60,14 +60,14 @@ static int parse_safetensors(plain *p) {
   int rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
   if (rc < 0) return rc;
   if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
-    return ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
+    return ckptio_fail(s->err, rc, "%s: %s", s->path, msg);
   uint8_t *hdr = malloc(n ? n : 1);
   if (!hdr) return -ENOMEM;
   ckptio_st_index st;
   memset(&st, 0, sizeof(st));
   rc = read_header(p, hdr, (size_t)n, 8);
   if (rc == 0 && (rc = ckptio_st_parse(hdr, n, size, &st, msg, sizeof(msg))) < 0)
-    ckptio_source_fail(s, rc, "%s: %s", s->path, msg);
+    ckptio_fail(s->err, rc, "%s: %s", s->path, msg);
   else if (rc == 0)
     rc = ckptio_st_to_index(&st, &s->idx);
   free(hdr);
@@ -87,15 +87,15 @@ static int parse_header(plain *p) {
     int rc = read_header(p, magic, p->f.size < 4 ? (size_t)p->f.size : 4, 0), zip = !memcmp(magic, "PK\x03\x04", 4);
     if (rc < 0) return rc;
     if (zip || ckptio_zs_detect(magic, p->f.size))
-      return ckptio_source_fail(&p->s, CKPTIO_E_FORMAT,
-                                "%s: a %s in a storage is not supported yet (safetensors files are)", p->s.path,
-                                zip ? "PyTorch archive" : "compressed file");
+      return ckptio_fail(p->s.err, CKPTIO_E_FORMAT,
+                         "%s: a %s in a storage is not supported yet (safetensors files are)", p->s.path,
+                         zip ? "PyTorch archive" : "compressed file");
     return parse_safetensors(p);
   }
   if (p->f.size >= 4 && memcmp(p->f.map, "PK\x03\x04", 4) == 0) {
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_torch_parse(p->f.map, p->f.size, &p->s.idx, msg, sizeof(msg));
-    return rc < 0 ? ckptio_source_fail(&p->s, rc, "%s: %s", p->s.path, msg) : 0;
+    return rc < 0 ? ckptio_fail(p->s.err, rc, "%s: %s", p->s.path, msg) : 0;
   }
   return parse_safetensors(p);
 }
@@ -155,7 +155,7 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
     /* GPU copies read the file's pages directly: pin the whole mapping. */
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_gpu_register(s->ctx->gpu, p->f.map, (size_t)PAGE_UP(p->f.size), 1, msg, sizeof(msg));
-    if (rc < 0) return ckptio_source_fail(s, rc, "%s: %s of the file mapping", s->path, msg);
+    if (rc < 0) return ckptio_fail(s->err, rc, "%s: %s of the file mapping", s->path, msg);
     p->registered = 1;
   }
   for (size_t i = 0; i < n; i++) {
@@ -337,11 +337,11 @@ static int plain_run(ckptio_source *s, ckptio_run *x) {
 static int plain_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   const ckptio_entry *e = &s->idx.entries[index];
   if (e->strided || e->byteswap)
-    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
-                              s->path, e->name, e->strided ? "a strided view" : "big-endian");
+    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is %s in the file: load it instead of viewing it",
+                       s->path, e->name, e->strided ? "a strided view" : "big-endian");
   if (P(s)->f.store)
-    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: an object in a storage has no view of its bytes: load them",
-                              s->path);
+    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: an object in a storage has no view of its bytes: load them",
+                       s->path);
   *data = P(s)->f.map ? P(s)->f.map + e->offset : NULL;
   if (nbytes) *nbytes = e->nbytes;
   return 0;
@@ -377,8 +377,8 @@ static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void 
   plain *p = P(s);
   if (!p->f.size) return 0;
   if ((uint64_t)(size_t)p->f.size != p->f.size)
-    return ckptio_source_fail(s, CKPTIO_E_OVERFLOW, "%s: %llu bytes cannot be mapped in this address space",
-                              s->path, (unsigned long long)p->f.size);
+    return ckptio_fail(s->err, CKPTIO_E_OVERFLOW, "%s: %llu bytes cannot be mapped in this address space", s->path,
+                       (unsigned long long)p->f.size);
   void *m;
   int rc = ckptio_rfile_map_private(&p->f, &m, s->err, CKPTIO_ERRLEN);
   if (rc < 0) return rc;

@@ -5,8 +5,6 @@
  * file the frames holding them (a frame is read whole). */
 #include "load/slice.h"
 
-#define rfail ckptio_reader_fail
-
 int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_t *stop) {
   if (!start || !stop || size < 0 || nranks < 1 || rank < 0 || rank >= nranks) return CKPTIO_E_INVALID_ARG;
   int64_t chunk = size / nranks + (size % nranks != 0), a, b;
@@ -55,10 +53,10 @@ int64_t ckptio_reader_slice_ranges(ckptio_reader *r, size_t index, int dim, int6
   int rc = ckptio_slice_geom_of(r, index, dim, start, stop, &g);
   if (rc < 0) return rc;
   if (ckptio_reader_part_count(r, index) > 1)
-    return rfail(r, CKPTIO_E_FORMAT,
-                 "%s: tensor '%s' is stored in %zu parts: list them with ckptio_reader_part, load with "
-                 "ckptio_reader_load_boxes",
-                 r->src->path, ckptio_reader_entry(r, index)->name, ckptio_reader_part_count(r, index));
+    return ckptio_fail(r->err, CKPTIO_E_FORMAT,
+                       "%s: tensor '%s' is stored in %zu parts: list them with ckptio_reader_part, load with "
+                       "ckptio_reader_load_boxes",
+                       r->src->path, ckptio_reader_entry(r, index)->name, ckptio_reader_part_count(r, index));
   emitter m = {.out = ranges, .cap = cap};
   r->src->ops->ranges(r->src, index, &g, emit, &m);
   close_range(&m);
@@ -74,8 +72,9 @@ int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int ran
   const ckptio_entry *e = ckptio_reader_entry(r, index);
   int64_t a, b;
   if (ckptio_split_rank(e->shape[dim], rank, nranks, &a, &b) < 0)
-    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: tensor '%s': no rank %d of %d (ranks count from 0, nranks >= 1)",
-                 r->src->path, e->name, rank, nranks);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG,
+                       "%s: tensor '%s': no rank %d of %d (ranks count from 0, nranks >= 1)", r->src->path, e->name,
+                       rank, nranks);
   if (start) *start = a;
   if (stop) *stop = b;
   return ckptio_reader_slice_ranges(r, index, dim, a, b, ranges, cap);

@@ -6,19 +6,9 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int ckptio_reader_fail(ckptio_reader *r, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->err, sizeof(r->err), fmt, ap);
-  va_end(ap);
-  return code;
-}
-#define rfail ckptio_reader_fail
 
 static const char *rpath(const ckptio_reader *r) { return r->src->path; }
 
@@ -146,11 +136,11 @@ const char *ckptio_reader_last_error(const ckptio_reader *r) { return r ? r->err
 static int gpu_ordinal(ckptio_reader *r, int device, int *ord, const char *name) {
   char msg[CKPTIO_ERRLEN];
   if (ckptio_ctx_gpu_ordinal(r->ctx, device, ord, msg, sizeof(msg)) < 0)
-    return name ? rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", rpath(r), name, msg)
-                : rfail(r, CKPTIO_E_DEVICE, "%s: %s", rpath(r), msg);
+    return name ? ckptio_fail(r->err, CKPTIO_E_DEVICE, "%s: tensor '%s': %s", rpath(r), name, msg)
+                : ckptio_fail(r->err, CKPTIO_E_DEVICE, "%s: %s", rpath(r), msg);
   if (*ord >= CKPTIO_GPU_MAX)
-    return name ? rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': ckptio handles GPUs 0 to 63", rpath(r), name)
-                : rfail(r, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", rpath(r));
+    return name ? ckptio_fail(r->err, CKPTIO_E_DEVICE, "%s: tensor '%s': ckptio handles GPUs 0 to 63", rpath(r), name)
+                : ckptio_fail(r->err, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", rpath(r));
   return 0;
 }
 
@@ -223,10 +213,10 @@ int ckptio_reader_check_device(ckptio_reader *r, const ckptio_entry *e, const vo
   if (!r->ctx->gpu || !need) return 0;
   char msg[CKPTIO_ERRLEN], a[32], b[32];
   int rc = ckptio_gpu_where(r->ctx->gpu, dst, &where, msg, sizeof(msg));
-  if (rc < 0) return rfail(r, rc, "%s: tensor '%s': %s", rpath(r), e->name, msg);
+  if (rc < 0) return ckptio_fail(r->err, rc, "%s: tensor '%s': %s", rpath(r), e->name, msg);
   if (where != ord)
-    return rfail(r, CKPTIO_E_DEVICE, "%s: tensor '%s': %s is %s but the request says %s", rpath(r), e->name, what,
-                 memory_name(where, a, sizeof(a)), memory_name(ord, b, sizeof(b)));
+    return ckptio_fail(r->err, CKPTIO_E_DEVICE, "%s: tensor '%s': %s is %s but the request says %s", rpath(r), e->name,
+                       what, memory_name(where, a, sizeof(a)), memory_name(ord, b, sizeof(b)));
   return 0;
 }
 
@@ -273,12 +263,12 @@ int ckptio_reader_exec(ckptio_reader *r, ckptio_xreq *qs, size_t n, int keep_sta
  * request names. */
 static int check_request(ckptio_reader *r, const ckptio_load_request *q, size_t i, int *gpu) {
   if (q->index >= r->src->idx.count)
-    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", rpath(r), i, q->index);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG, "%s: request %zu: no tensor at index %zu", rpath(r), i, q->index);
   const ckptio_entry *e = ckptio_reader_entry(r, q->index);
   uint64_t need = ckptio_entry_view_bytes(e);
   if (q->dst_bytes < need || (!q->dst && need))
-    return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu", rpath(r),
-                 e->name, (unsigned long long)need, (unsigned long long)(q->dst ? q->dst_bytes : 0));
+    return ckptio_fail(r->err, CKPTIO_E_BUFFER_TOO_SMALL, "%s: tensor '%s' needs %llu bytes, destination has %llu",
+                       rpath(r), e->name, (unsigned long long)need, (unsigned long long)(q->dst ? q->dst_bytes : 0));
   return ckptio_reader_check_device(r, e, q->dst, q->device, need, "destination", gpu);
 }
 
@@ -334,8 +324,9 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size) {
   if (!r) return CKPTIO_E_INVALID_ARG;
   /* One mapping holds one file whose bytes are the tensors' own. */
   if (!r->src->ops->map_private)
-    return rfail(r, CKPTIO_E_FORMAT, "%s: a %s has no file holding the tensors' bytes as they are; load them",
-                 rpath(r), r->src->ops->noun);
+    return ckptio_fail(r->err, CKPTIO_E_FORMAT,
+                       "%s: a %s has no file holding the tensors' bytes as they are; load them", rpath(r),
+                       r->src->ops->noun);
   ckptio_exec_out out = {r->err, &r->done_bytes, &r->total_bytes, &r->timers, r->user_stream, 0};
   return r->src->ops->map_private(r->src, &out, base, size);
 }

@@ -26,9 +26,6 @@ struct ckptio_reader {
   char err[CKPTIO_ERRLEN];
 };
 
-/* Sets the reader's message; @return code. */
-int ckptio_reader_fail(ckptio_reader *r, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* Entry `index` of the checkpoint (validated by the caller). */
 static inline const ckptio_entry *ckptio_reader_entry(const ckptio_reader *r, size_t index) {
   return &r->src->idx.entries[index];

@@ -79,14 +79,14 @@ static int read_index(ckptio_source *s, uint8_t **buf, size_t *len) {
   ckptio_rfile f;
   char why[CKPTIO_ERRLEN] = "";
   int rc = ckptio_rfile_open_path(s->ctx, &f, s->path, why);
-  if (rc < 0) return ckptio_source_fail(s, rc, "%s", why);
+  if (rc < 0) return ckptio_fail(s->err, rc, "%s", why);
   if (f.size > CKPTIO_HF_INDEX_MAX) {
-    rc = ckptio_source_fail(s, CKPTIO_E_SHARD, "%s: index of %llu bytes is larger than the %u-byte limit", s->path,
-                            (unsigned long long)f.size, CKPTIO_HF_INDEX_MAX);
+    rc = ckptio_fail(s->err, CKPTIO_E_SHARD, "%s: index of %llu bytes is larger than the %u-byte limit", s->path,
+                     (unsigned long long)f.size, CKPTIO_HF_INDEX_MAX);
   } else if (!(*buf = malloc((size_t)f.size + 1))) {
     rc = -ENOMEM;
   } else if ((rc = ckptio_rfile_pread(&f, *buf, (size_t)f.size, 0, why, sizeof(why))) < 0) {
-    ckptio_source_fail(s, rc, "%s: reading the index: %s", s->path, why[0] ? why : ckptio_strerror(rc));
+    ckptio_fail(s->err, rc, "%s: reading the index: %s", s->path, why[0] ? why : ckptio_strerror(rc));
   }
   *len = (size_t)f.size;
   ckptio_rfile_close(&f);
@@ -98,8 +98,10 @@ static int parse_index(set *x) {
   size_t len = 0;
   int rc = read_index(&x->s, &buf, &len);
   if (rc == 0 && (rc = ckptio_hf_index_parse(buf, len, &x->hf)) < 0) {
-    if (x->hf.err[0]) ckptio_source_fail(&x->s, rc, "%s: %s", x->s.path, x->hf.err);
-    else if (rc == -ENOMEM) ckptio_source_fail(&x->s, rc, "%s: out of memory reading the index", x->s.path);
+    if (x->hf.err[0])
+      ckptio_fail(x->s.err, rc, "%s: %s", x->s.path, x->hf.err);
+    else if (rc == -ENOMEM)
+      ckptio_fail(x->s.err, rc, "%s: out of memory reading the index", x->s.path);
   }
   free(buf);
   return rc;
@@ -114,12 +116,12 @@ static int open_shards(set *x) {
     if (!(x->paths[k] = ckptio_path_join(x->dir, x->hf.files[k]))) return -ENOMEM;
     int rc = ckptio_source_open_file(x->s.ctx, x->s.opts, x->paths[k], msg, &x->sub[k]);
     if (rc < 0)
-      return ckptio_source_fail(&x->s, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k],
-                                msg[0] ? msg : ckptio_strerror(rc));
+      return ckptio_fail(x->s.err, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k],
+                         msg[0] ? msg : ckptio_strerror(rc));
     x->sub[k]->err = x->s.err; /* a member's failures are the set's */
     if (x->sub[k]->idx.format != CKPTIO_INDEX_SAFETENSORS)
-      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' is a %s file, not safetensors", x->s.path,
-                                x->hf.files[k], ckptio_index_format_name(x->sub[k]->idx.format));
+      return ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: shard '%s' is a %s file, not safetensors", x->s.path,
+                         x->hf.files[k], ckptio_index_format_name(x->sub[k]->idx.format));
   }
   return 0;
 }
@@ -164,17 +166,17 @@ static int check_part_entry(set *x, const ckptio_split_tensor *sp, size_t k, con
     if (sp->parts[i].file == k) p = &sp->parts[i];
   char a[256], b[256];
   if (!p)
-    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: file '%s' holds tensor '%s', but no part of it is placed there",
-                              x->s.path, x->hf.files[k], e->name);
+    return ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: file '%s' holds tensor '%s', but no part of it is placed there",
+                       x->s.path, x->hf.files[k], e->name);
   dims_text(p->offsets, sp->ndim, a, sizeof(a));
   if (e->dtype != sp->dtype || e->ndim != sp->ndim || memcmp(e->shape, p->shape, (size_t)sp->ndim * sizeof(int64_t))) {
     dims_text(e->shape, e->ndim, b, sizeof(b));
     char c[256];
     dims_text(p->shape, sp->ndim, c, sizeof(c));
-    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
-                              "%s: part %s of '%s' in file '%s' is %s %s there, the index says %s %s", x->s.path, a,
-                              sp->name, x->hf.files[k], ckptio_dtype_name(e->dtype) ? ckptio_dtype_name(e->dtype) : "?",
-                              b, ckptio_dtype_name(sp->dtype) ? ckptio_dtype_name(sp->dtype) : "?", c);
+    return ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                       "%s: part %s of '%s' in file '%s' is %s %s there, the index says %s %s", x->s.path, a, sp->name,
+                       x->hf.files[k], ckptio_dtype_name(e->dtype) ? ckptio_dtype_name(e->dtype) : "?", b,
+                       ckptio_dtype_name(sp->dtype) ? ckptio_dtype_name(sp->dtype) : "?", c);
   }
   return 0;
 }
@@ -187,8 +189,9 @@ static int parts_present(set *x, const named *all, size_t n) {
       if (!holds(all, n, sp->name, sp->parts[i].file)) {
         char a[256];
         dims_text(sp->parts[i].offsets, sp->ndim, a, sizeof(a));
-        return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: part %s of '%s' is placed in file '%s', which does not hold it",
-                                  x->s.path, a, sp->name, x->hf.files[sp->parts[i].file]);
+        return ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                           "%s: part %s of '%s' is placed in file '%s', which does not hold it", x->s.path, a, sp->name,
+                           x->hf.files[sp->parts[i].file]);
       }
   }
   return 0;
@@ -249,12 +252,12 @@ static int check_save_ids(set *x) {
     if (rc < 0) return rc;
     if (rc == 1) continue;
     if (!sid || strcmp(sid, id))
-      return ckptio_source_fail(&x->s, CKPTIO_E_SHARD,
-                                "%s: shard '%s' belongs to another save (save id %s, the index says %s): a save was "
-                                "interrupted while publishing, or files of two saves are mixed",
-                                x->s.path, hf->files[k], sid ? sid : "missing", id);
-    return ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: shard '%s' says it is shard %s, the index makes it %s",
-                              x->s.path, hf->files[k], tag ? tag : "(missing)", want_tag);
+      return ckptio_fail(x->s.err, CKPTIO_E_SHARD,
+                         "%s: shard '%s' belongs to another save (save id %s, the index says %s): a save was "
+                         "interrupted while publishing, or files of two saves are mixed",
+                         x->s.path, hf->files[k], sid ? sid : "missing", id);
+    return ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: shard '%s' says it is shard %s, the index makes it %s", x->s.path,
+                       hf->files[k], tag ? tag : "(missing)", want_tag);
   }
   return 0;
 }
@@ -278,8 +281,8 @@ static int cross_check(set *x) {
   for (size_t i = 0; i < hf->nmap && rc == 0; i++) {
     const ckptio_hf_entry *e = &hf->map[i];
     if (!holds(all, n, e->tensor, e->file))
-      rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' is mapped to shard '%s', which does not hold it",
-                              path, e->tensor, hf->files[e->file]);
+      rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: tensor '%s' is mapped to shard '%s', which does not hold it",
+                       path, e->tensor, hf->files[e->file]);
   }
   if (rc == 0) rc = parts_present(x, all, n);
   free(all);
@@ -291,11 +294,11 @@ static int cross_check(set *x) {
       if (sp) {
         rc = check_part_entry(x, sp, k, &ix->entries[t]);
       } else if (!e)
-        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' of shard '%s' is not in the index's weight_map",
-                                path, ix->entries[t].name, hf->files[k]);
+        rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: tensor '%s' of shard '%s' is not in the index's weight_map",
+                         path, ix->entries[t].name, hf->files[k]);
       else if (e->file != k)
-        rc = ckptio_source_fail(&x->s, CKPTIO_E_SHARD, "%s: tensor '%s' is in shard '%s' but the index maps it to '%s'",
-                                path, ix->entries[t].name, hf->files[k], hf->files[e->file]);
+        rc = ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: tensor '%s' is in shard '%s' but the index maps it to '%s'",
+                         path, ix->entries[t].name, hf->files[k], hf->files[e->file]);
     }
   }
   if (rc < 0) return rc;
@@ -421,8 +424,8 @@ static size_t set_parts(ckptio_source *s, size_t index, const ckptio_spart **out
 static int set_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   set *x = S(s);
   if (index >= x->nwhole)
-    return ckptio_source_fail(s, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu parts, not in one place: load it",
-                              s->path, s->idx.entries[index].name, x->hf.split[index - x->nwhole].nparts);
+    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu parts, not in one place: load it",
+                       s->path, s->idx.entries[index].name, x->hf.split[index - x->nwhole].nparts);
   size_t local;
   ckptio_source *m = set_member(s, index, &local, NULL);
   return m->ops->view(m, local, data, nbytes);

@@ -10,8 +10,6 @@
 #include "load/reader.h"
 #include "load/slice.h"
 
-#define rfail ckptio_reader_fail
-
 /* Bytes of elems elements of `bits` bits without the product overflowing. */
 static uint64_t bytes_of(uint64_t elems, int bits) {
   return elems / 8 * (uint64_t)bits + elems % 8 * (uint64_t)bits / 8;
@@ -21,18 +19,18 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
   memset(g, 0, sizeof(*g));
   const char *path = r->src->path;
   if (index >= r->src->idx.count)
-    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (the %s has %zu)", path, index,
-                 r->src->ops->noun, r->src->idx.count);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG, "%s: no tensor at index %zu (the %s has %zu)", path, index,
+                       r->src->ops->noun, r->src->idx.count);
   const ckptio_entry *e = ckptio_reader_entry(r, index);
   if (dim < 0 || dim >= e->ndim)
-    return rfail(r, CKPTIO_E_INVALID_ARG, "%s: tensor '%s' has %d dims: there is no dim %d to slice", path, e->name,
-                 e->ndim, dim);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG, "%s: tensor '%s' has %d dims: there is no dim %d to slice", path,
+                       e->name, e->ndim, dim);
   int64_t size = e->shape[dim];
   if (start < 0 || start > stop || stop > size)
-    return rfail(r, CKPTIO_E_INVALID_ARG,
-                 "%s: tensor '%s': slice %lld:%lld of dim %d is outside the tensor (a slice needs "
-                 "0 <= start <= stop <= %lld)",
-                 path, e->name, (long long)start, (long long)stop, dim, (long long)size);
+    return ckptio_fail(r->err, CKPTIO_E_INVALID_ARG,
+                       "%s: tensor '%s': slice %lld:%lld of dim %d is outside the tensor (a slice needs "
+                       "0 <= start <= stop <= %lld)",
+                       path, e->name, (long long)start, (long long)stop, dim, (long long)size);
   g->full = start == 0 && stop == size;
   for (int d = 0; d < e->ndim; d++)
     if (e->shape[d] == 0) return 0; /* no elements: nothing to read, whatever the other dims */
@@ -44,18 +42,19 @@ int ckptio_slice_geom_of(ckptio_reader *r, size_t index, int dim, int64_t start,
   over |= __builtin_mul_overflow(inner, (uint64_t)size, &whole);
   over |= __builtin_mul_overflow(inner, (uint64_t)start, &first);
   if (over) /* cannot happen: a tensor's numel x bits was checked at open; kept for a format that forgets */
-    return rfail(r, CKPTIO_E_OVERFLOW, "%s: tensor '%s': the shape's element counts overflow 64 bits", path, e->name);
+    return ckptio_fail(r->err, CKPTIO_E_OVERFLOW, "%s: tensor '%s': the shape's element counts overflow 64 bits", path,
+                       e->name);
   /* Every run starts at first + k * whole elements and holds len * inner:
    * all of them on byte boundaries, or the slice cannot be cut from bytes. */
   if (bits % 8 && ((first % 8) * (uint64_t)bits % 8 || (len % 8) * (inner % 8) * (uint64_t)bits % 8 ||
                    (outer > 1 && (whole % 8) * (uint64_t)bits % 8)))
-    return rfail(r, CKPTIO_E_MISALIGNED,
-                 "%s: tensor '%s': slice %lld:%lld of dim %d does not start and end on byte boundaries "
-                 "(%s has %d bits per element)",
-                 path, e->name, (long long)start, (long long)stop, dim, ckptio_dtype_name(e->dtype), bits);
+    return ckptio_fail(r->err, CKPTIO_E_MISALIGNED,
+                       "%s: tensor '%s': slice %lld:%lld of dim %d does not start and end on byte boundaries "
+                       "(%s has %d bits per element)",
+                       path, e->name, (long long)start, (long long)stop, dim, ckptio_dtype_name(e->dtype), bits);
   if (e->strided && bits % 8)
-    return rfail(r, CKPTIO_E_MISALIGNED, "%s: tensor '%s': a view of a sub-byte dtype cannot be sliced", path,
-                 e->name);
+    return ckptio_fail(r->err, CKPTIO_E_MISALIGNED, "%s: tensor '%s': a view of a sub-byte dtype cannot be sliced",
+                       path, e->name);
   g->src0 = bytes_of(first, bits);
   g->run = bytes_of(len * inner, bits);
   g->pitch = bytes_of(whole, bits);
@@ -82,10 +81,10 @@ static int check_slice(ckptio_reader *r, const ckptio_slice_request *q, ckptio_g
   if (rc < 0) return rc;
   const ckptio_entry *e = ckptio_reader_entry(r, q->index);
   if (q->dst_bytes < g->nbytes || (!q->dst && g->nbytes))
-    return rfail(r, CKPTIO_E_BUFFER_TOO_SMALL,
-                 "%s: tensor '%s': slice %lld:%lld of dim %d needs %llu bytes, destination has %llu", r->src->path,
-                 e->name, (long long)q->start, (long long)q->stop, q->dim, (unsigned long long)g->nbytes,
-                 (unsigned long long)(q->dst ? q->dst_bytes : 0));
+    return ckptio_fail(r->err, CKPTIO_E_BUFFER_TOO_SMALL,
+                       "%s: tensor '%s': slice %lld:%lld of dim %d needs %llu bytes, destination has %llu",
+                       r->src->path, e->name, (long long)q->start, (long long)q->stop, q->dim,
+                       (unsigned long long)g->nbytes, (unsigned long long)(q->dst ? q->dst_bytes : 0));
   return ckptio_reader_check_device(r, e, q->dst, q->device, g->nbytes, "slice destination", gpu);
 }
 

@@ -2,19 +2,9 @@
 #include "load/source.h"
 
 #include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-
-int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(s->err, CKPTIO_ERRLEN, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 int ckptio_source_init(ckptio_source *s, const ckptio_source_ops *ops, ckptio_ctx *ctx, const ckptio_options *opts,
                        const char *path, char *err) {

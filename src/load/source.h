@@ -206,9 +206,6 @@ int ckptio_dcp_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *pat
 int ckptio_source_init(ckptio_source *s, const ckptio_source_ops *ops, ckptio_ctx *ctx, const ckptio_options *opts,
                        const char *path, char *err);
 
-/* Sets *err from a format; @return code. */
-int ckptio_source_fail(ckptio_source *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* member and file of a source that is one file: itself. */
 ckptio_source *ckptio_source_member_self(ckptio_source *s, size_t index, size_t *local, size_t *k);
 ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k);

@@ -63,30 +63,29 @@ static int decode_prefix(zsrc *z, ZSTD_DCtx *d, uint8_t *out, uint64_t want) {
       size_t rc = ZSTD_decompressStream(d, &o, &in);
       got += o.pos;
       if (ZSTD_isError(rc))
-        return ckptio_source_fail(&z->s, CKPTIO_E_ZSTD, "%s: zstd frame %zu (header): %s", path, i,
-                                  ZSTD_getErrorName(rc));
+        return ckptio_fail(z->s.err, CKPTIO_E_ZSTD, "%s: zstd frame %zu (header): %s", path, i, ZSTD_getErrorName(rc));
       if (got - start > f->dsize)
-        return ckptio_source_fail(&z->s, CKPTIO_E_ZSTD,
-                                  "%s: zstd frame %zu decompresses to more than its %u-byte seek table entry", path,
-                                  i, f->dsize);
+        return ckptio_fail(z->s.err, CKPTIO_E_ZSTD,
+                           "%s: zstd frame %zu decompresses to more than its %u-byte seek table entry", path, i,
+                           f->dsize);
       if (rc == 0) {
         if (in.pos != in.size || got - start != f->dsize)
-          return ckptio_source_fail(&z->s, CKPTIO_E_ZSTD,
-                                    "%s: zstd frame %zu holds %llu bytes (%zu of %u compressed bytes used), its "
-                                    "seek table entry says %u",
-                                    path, i, (unsigned long long)(got - start), in.pos, f->csize, f->dsize);
+          return ckptio_fail(z->s.err, CKPTIO_E_ZSTD,
+                             "%s: zstd frame %zu holds %llu bytes (%zu of %u compressed bytes used), its "
+                             "seek table entry says %u",
+                             path, i, (unsigned long long)(got - start), in.pos, f->csize, f->dsize);
         break;
       }
       if (got == want) break;
       if (in.pos == in.size)
-        return ckptio_source_fail(&z->s, CKPTIO_E_ZSTD,
-                                  "%s: zstd frame %zu is truncated (its %u compressed bytes end mid-frame)", path, i,
-                                  f->csize);
+        return ckptio_fail(z->s.err, CKPTIO_E_ZSTD,
+                           "%s: zstd frame %zu is truncated (its %u compressed bytes end mid-frame)", path, i,
+                           f->csize);
     }
   }
   if (got < want)
-    return ckptio_source_fail(&z->s, CKPTIO_E_ZSTD, "%s: zstd stream ends after %llu bytes, the header needs %llu",
-                              path, (unsigned long long)got, (unsigned long long)want);
+    return ckptio_fail(z->s.err, CKPTIO_E_ZSTD, "%s: zstd stream ends after %llu bytes, the header needs %llu", path,
+                       (unsigned long long)got, (unsigned long long)want);
   return 0;
 }
 
@@ -96,7 +95,7 @@ static int parse(zsrc *z) {
   char msg[CKPTIO_ERRLEN];
   const char *path = z->s.path;
   int rc = ckptio_zs_table_parse(z->f.map, z->f.size, &z->t, msg, sizeof(msg));
-  if (rc < 0) return ckptio_source_fail(&z->s, rc, "%s: %s", path, msg);
+  if (rc < 0) return ckptio_fail(z->s.err, rc, "%s: %s", path, msg);
   z->nws = ckptio_codec_jobs(z->s.ctx);
   z->ws = calloc((size_t)z->nws, sizeof(workspace));
   z->stack = calloc((size_t)z->nws, sizeof(int));
@@ -113,7 +112,7 @@ static int parse(zsrc *z) {
   z->free_ws = z->nws;
   if ((rc = decode_prefix(z, d, prefix, plain < 8 ? plain : 8)) < 0) goto out;
   if ((rc = ckptio_st_header_length(prefix, plain, &n, msg, sizeof(msg))) < 0) {
-    ckptio_source_fail(&z->s, rc, "%s: decompressed: %s", path, msg);
+    ckptio_fail(z->s.err, rc, "%s: decompressed: %s", path, msg);
     goto out;
   }
   /* n <= 100,000,000 and 8 + n <= the decompressed size: bounded. */
@@ -123,7 +122,7 @@ static int parse(zsrc *z) {
   }
   if ((rc = decode_prefix(z, d, hdr, 8 + n)) < 0) goto out;
   if ((rc = ckptio_st_parse(hdr + 8, n, plain, &st, msg, sizeof(msg))) < 0) {
-    ckptio_source_fail(&z->s, rc, "%s: decompressed: %s", path, msg);
+    ckptio_fail(z->s.err, rc, "%s: decompressed: %s", path, msg);
     goto out;
   }
   if ((rc = ckptio_st_to_index(&st, &z->s.idx)) < 0) goto out;
@@ -131,8 +130,8 @@ static int parse(zsrc *z) {
     const ckptio_meta *m = &z->s.idx.meta[i];
     if (strcmp(m->key, CKPTIO_FILTER_KEY)) continue;
     if (strcmp(m->value, CKPTIO_FILTER_SHUFFLE) != 0) {
-      rc = ckptio_source_fail(&z->s, CKPTIO_E_FORMAT, "%s: unknown filter '%s' in %s (this build knows '%s')", path,
-                              m->value, CKPTIO_FILTER_KEY, CKPTIO_FILTER_SHUFFLE);
+      rc = ckptio_fail(z->s.err, CKPTIO_E_FORMAT, "%s: unknown filter '%s' in %s (this build knows '%s')", path,
+                       m->value, CKPTIO_FILTER_KEY, CKPTIO_FILTER_SHUFFLE);
       goto out;
     }
     z->shuffle = 1;
@@ -219,11 +218,11 @@ static int zstd_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t
     int direct = k - i == 1 && pairs[i].len == f->dsize && plain_at(q, pairs[i].off) == f->doff &&
                  ckptio_xreq_host(q) && !(z->shuffle && ckptio_shuffle_applies(q->e->offset, pa, pb, elem_of(q->e)));
     if (!direct && f->dsize > slot_bytes && (gpu || f->dsize > BIG_FRAME_MAX)) {
-      rc = ckptio_source_fail(s, CKPTIO_E_ZSTD,
-                              "%s: zstd frame %zu holds %u bytes, more than a staging slot (%zu)%s: load it with a "
-                              "larger chunk_bytes",
-                              s->path, pairs[i].frame, f->dsize, slot_bytes,
-                              gpu ? " for a GPU load" : " and the 256 MiB limit");
+      rc = ckptio_fail(s->err, CKPTIO_E_ZSTD,
+                       "%s: zstd frame %zu holds %u bytes, more than a staging slot (%zu)%s: load it with a "
+                       "larger chunk_bytes",
+                       s->path, pairs[i].frame, f->dsize, slot_bytes,
+                       gpu ? " for a GPU load" : " and the 256 MiB limit");
       break;
     }
     ckptio_job *j = ckptio_plan_job(pl, s, k - i);
@@ -373,9 +372,8 @@ static int zstd_run(ckptio_source *s, ckptio_run *x) {
 
 static int zstd_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   (void)data, (void)nbytes;
-  return ckptio_source_fail(s, CKPTIO_E_FORMAT,
-                            "%s: tensor '%s': a compressed file has no plain bytes to view: load it", s->path,
-                            s->idx.entries[index].name);
+  return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s': a compressed file has no plain bytes to view: load it",
+                     s->path, s->idx.entries[index].name);
 }
 
 /* The frames holding the runs (a frame is read whole), each once. */

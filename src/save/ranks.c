@@ -5,7 +5,6 @@
  * undoing this rank's swap if any rank fails before the index is in place.
  * See ckptio.h ("ranks") and docs/FORMATS.md for the guarantees. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,19 +40,10 @@ typedef struct ranks_writer {
   uint64_t start_ns, end_ns, publish_ns;
 } ranks_writer;
 
-static int rfail(ranks_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int rfail(ranks_writer *w, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 /* Every verb but close after ckptio_writer_abort. */
 static int aborted(ranks_writer *w) {
-  return rfail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed",
-               w->dir);
+  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
+                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->dir);
 }
 
 static const ckptio_writer_verbs ranks_verbs;
@@ -127,7 +117,7 @@ fail:
 static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
+  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
 
@@ -135,7 +125,7 @@ static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *
   ranks_writer *w = (ranks_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
+  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
@@ -143,7 +133,8 @@ static int ranks_add_box(ranks_writer *w, const ckptio_tensor *t, const int64_t 
                          ckptio_fill fill) {
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
+  if (w->state != R_OPEN)
+    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, global, offsets, fill, w->base.err);
 }
 
@@ -172,7 +163,8 @@ static int start_file(ranks_writer *w) {
   char msg[CKPTIO_ERRLEN] = "";
   int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub);
   free(path);
-  if (rc < 0) return rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, *msg ? msg : ckptio_strerror(rc));
+  if (rc < 0)
+    return ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, *msg ? msg : ckptio_strerror(rc));
   ckptio_writer *s = w->sub;
   snprintf(tag, sizeof(tag), "%d/%zu", k + 1, w->plan.nfiles);
   snprintf(rank, sizeof(rank), "%d", w->comm.rank);
@@ -188,14 +180,14 @@ static int start_file(ranks_writer *w) {
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   s->sync = w->base.sync;
   if (rc == 0) rc = s->verbs->commit_async(s);
-  if (rc < 0) return rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
+  if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
   return 0;
 }
 
 static int ranks_commit_async(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
+  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   char id[33];
   ckptio_save_id_make(id);
@@ -212,7 +204,8 @@ static int ranks_commit_async(ckptio_writer *base) {
   }
   if (w->plan.nboxes == 0) {
     w->state = R_DONE;
-    return w->result = rfail(w, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor", w->dir);
+    return w->result = ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor",
+                                   w->dir);
   }
   w->state = R_RUNNING;
   /* A failure from here on is this rank's alone: the others learn it at the
@@ -226,7 +219,7 @@ static int ranks_commit_async(ckptio_writer *base) {
 static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return rfail(w, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
+  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
   char id[33];
   ckptio_save_id_make(id);
   if (code >= 0) code = CKPTIO_E_RANK;
@@ -236,7 +229,7 @@ static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   ckptio_rplan_free(&w->plan);
   w->state = R_ABORTED;
   if (rc == -ENOMEM || rc == CKPTIO_E_RANK) rc = code; /* this rank's own failure stands */
-  w->result = rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
+  w->result = ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
   return w->result;
 }
 
@@ -291,15 +284,17 @@ static int publish_index(ranks_writer *w, int *late) {
   char *path = ckptio_path_join(w->dir, name);
   int rc = path ? 0 : -ENOMEM;
   if (rc == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    rfail(w, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
-  if (rc == 0 && (rc = index_json(w, &o)) < 0) rfail(w, rc, "%s: the index: %s", path, ckptio_strerror(rc));
+    ckptio_fail(w->base.err, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
+  if (rc == 0 && (rc = index_json(w, &o)) < 0)
+    ckptio_fail(w->base.err, rc, "%s: the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_open(&t, path, 0, o.len, w->base.err, sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t.fd, o.data, o.len, 0)) < 0)
-    rfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
+    ckptio_fail(w->base.err, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
   if (rc == 0 && w->opts.fsync && (*late = ckptio_dir_sync(w->dir)) < 0)
-    rfail(w, *late, "%s: fsync of the directory after publishing the index: %s", w->dir, ckptio_errno_text(-*late));
+    ckptio_fail(w->base.err, *late, "%s: fsync of the directory after publishing the index: %s", w->dir,
+                ckptio_errno_text(-*late));
   /* Not known durable: the old index keeps its temp name (as if renamed). */
   if (rc == 0) ckptio_tmpfile_release(&t, *late < 0 ? CKPTIO_SWAP_NONE : how, NULL);
   else ckptio_tmpfile_abort(&t);
@@ -313,9 +308,9 @@ static int agree_and_publish(ranks_writer *w) {
   char *err = w->base.err;
   int rc = w->local_rc;
   if (rc == 0 && w->sub && (rc = w->sub->verbs->wait_durable(w->sub)) < 0)
-    rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
+    ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
   if (rc == 0 && w->sub && (rc = ckptio_file_writer_take_file(w->sub, &w->file)) < 0)
-    rfail(w, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
+    ckptio_fail(w->base.err, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
   rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   uint64_t t0 = ckptio_now_ns();
@@ -338,7 +333,8 @@ static int agree_and_publish(ranks_writer *w) {
   }
   ckptio_close_later(w->ctx->pool, &held);
   if (rc == 0 && w->comm.rank == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    rfail(w, rc, "%s: fsync of the directory after removing the old files: %s", w->dir, ckptio_errno_text(-rc));
+    ckptio_fail(w->base.err, rc, "%s: fsync of the directory after removing the old files: %s", w->dir,
+                ckptio_errno_text(-rc));
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;
 undo:
@@ -363,7 +359,7 @@ static int ranks_wait_snapshot(ckptio_writer *base) {
   if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   int rc = w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
   /* This rank's own failure, named; the others learn it at wait_durable. */
-  return rc < 0 ? rfail(w, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
+  return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
 }
 
 static int ranks_poll_durable(ckptio_writer *base) {

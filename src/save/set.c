@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,19 +54,10 @@ typedef struct set_writer {
   _Atomic uint64_t publish_ns;    /* renames, index write, directory syncs */
 } set_writer;
 
-static int sfail(set_writer *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int sfail(set_writer *w, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(w->base.err, sizeof(w->base.err), fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 /* Every verb but close after ckptio_writer_abort. */
 static int aborted(set_writer *w) {
-  return sfail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed",
-               w->dir);
+  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
+                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->dir);
 }
 
 static const ckptio_writer_verbs set_verbs;
@@ -130,7 +120,7 @@ fail:
 static int set_set_stream(ckptio_writer *base, int device, void *stream) {
   set_writer *w = (set_writer *)base;
   if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
+  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
 
@@ -138,7 +128,7 @@ static int set_set_metadata(ckptio_writer *base, const char *key, const char *va
   set_writer *w = (set_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
+  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
@@ -146,7 +136,8 @@ static int set_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill
   set_writer *w = (set_writer *)base;
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
+  if (w->state != S_OPEN)
+    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, NULL, NULL, fill, w->base.err);
 }
 
@@ -216,7 +207,9 @@ static int open_shard(set_writer *w, size_t k) {
   char msg[CKPTIO_ERRLEN] = "";
   int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub[k]);
   free(path);
-  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, *msg ? msg : ckptio_strerror(rc));
+  if (rc < 0)
+    return ckptio_fail(w->base.err, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards,
+                       *msg ? msg : ckptio_strerror(rc));
   ckptio_writer *s = w->sub[k];
   snprintf(tag, sizeof(tag), "%zu/%zu", k + 1, w->nshards);
   rc = ckptio_collect_apply(&w->c, s);
@@ -224,7 +217,7 @@ static int open_shard(set_writer *w, size_t k) {
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
   for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t, placed(w, i)->fill);
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
-  if (rc < 0) return sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
+  if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
   return 0;
 }
 
@@ -263,7 +256,7 @@ static int write_index(set_writer *w, ckptio_tmpfile *t) {
   int rc = path ? index_json(w, &o) : -ENOMEM;
   if (rc == 0) rc = ckptio_tmpfile_open(t, path, 0, o.len, w->base.err, sizeof(w->base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t->fd, o.data, o.len, 0)) < 0)
-    sfail(w, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
+    ckptio_fail(w->base.err, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
   if (rc == 0) rc = ckptio_tmpfile_sync(t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   free(o.data);
   free(path);
@@ -281,7 +274,7 @@ static int publish(set_writer *w) {
   for (size_t k = 0; k < w->nshards; k++)
     if ((rc = ckptio_tmpfile_swap_in(&w->files[k], &w->how[k], w->base.err, sizeof(w->base.err))) < 0) goto undo;
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0) {
-    sfail(w, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
+    ckptio_fail(w->base.err, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
     goto undo;
   }
   if ((rc = write_index(w, &index)) < 0) goto undo;
@@ -295,8 +288,8 @@ static int publish(set_writer *w) {
      * the descriptors close. */
     ckptio_tmpfile_release(&index, CKPTIO_SWAP_NONE, NULL);
     for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], CKPTIO_SWAP_NONE, NULL);
-    return sfail(w, rc, "%s: fsync of the directory after publishing the index: %s", w->dir,
-                 ckptio_errno_text(-rc));
+    return ckptio_fail(w->base.err, rc, "%s: fsync of the directory after publishing the index: %s", w->dir,
+                       ckptio_errno_text(-rc));
   }
   /* What remains only frees the old files' space. */
   ckptio_tmpfile_release(&index, index_how, NULL);
@@ -306,7 +299,8 @@ static int publish(set_writer *w) {
   ckptio_close_later(w->ctx->pool, &held);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    sfail(w, rc, "%s: fsync of the directory after removing the old shards: %s", w->dir, ckptio_errno_text(-rc));
+    ckptio_fail(w->base.err, rc, "%s: fsync of the directory after removing the old shards: %s", w->dir,
+                ckptio_errno_text(-rc));
   return rc;
 undo:
   ckptio_tmpfile_abort(&index);
@@ -392,14 +386,16 @@ static void *shard_main(void *arg) {
     int r = w->sub[k]->verbs->wait_durable(w->sub[k]);
     if (r < 0 && rc == 0) {
       rc = r;
-      sfail(w, r, "%s", w->sub[k]->err);
+      ckptio_fail(w->base.err, r, "%s", w->sub[k]->err);
     }
   }
   /* The shards that did finish hold synced temp files: take them all, so a
    * failed set leaves no temp file behind when the commit returns. */
   for (size_t k = 0; k < w->nshards; k++) {
     int r = ckptio_file_writer_take_file(w->sub[k], &w->files[k]);
-    if (r < 0 && rc == 0) rc = sfail(w, r, "%s: shard %zu/%zu: internal error: no synced temp file", w->dir, k + 1, w->nshards);
+    if (r < 0 && rc == 0)
+      rc = ckptio_fail(w->base.err, r, "%s: shard %zu/%zu: internal error: no synced temp file", w->dir, k + 1,
+                       w->nshards);
   }
   if (rc == 0) {
     uint64_t t = ckptio_now_ns();
@@ -407,7 +403,8 @@ static void *shard_main(void *arg) {
     atomic_store(&w->publish_ns, ckptio_now_ns() - t);
   } else
     for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
-  if (rc < 0 && !w->base.err[0]) sfail(w, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
+  if (rc < 0 && !w->base.err[0])
+    ckptio_fail(w->base.err, rc, "%s: sharded save failed: %s", w->dir, ckptio_strerror(rc));
   atomic_store(&w->end_ns, ckptio_now_ns());
   pthread_mutex_lock(&w->mu);
   w->result = rc;
@@ -437,10 +434,11 @@ static int set_commit_async(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
+  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   /* An index maps tensors to files: with none there is no set to index. */
-  if (w->c.count == 0) return sfail(w, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
+  if (w->c.count == 0)
+    return ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "%s: a sharded save needs at least one tensor", w->dir);
   int rc = assign_shards(w);
   if (rc < 0) goto fail;
   rc = -ENOMEM;
@@ -457,14 +455,14 @@ static int set_commit_async(ckptio_writer *base) {
   for (size_t k = 0; k < w->nshards; k++) {
     w->sub[k]->sync = w->base.sync;
     if ((rc = w->sub[k]->verbs->commit_async(w->sub[k])) < 0) {
-      sfail(w, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, w->sub[k]->err);
+      ckptio_fail(w->base.err, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, w->sub[k]->err);
       goto fail; /* close_subs waits for the shards already started */
     }
   }
   w->state = S_RUNNING;
   if ((rc = pthread_create(&w->thread, NULL, shard_main, w)) != 0) {
     w->state = S_OPEN;
-    rc = sfail(w, -rc, "%s: cannot start the save thread: %s", w->dir, ckptio_errno_text(rc));
+    rc = ckptio_fail(w->base.err, -rc, "%s: cannot start the save thread: %s", w->dir, ckptio_errno_text(rc));
     goto fail;
   }
   return 0;
@@ -479,9 +477,9 @@ fail:
 static int set_abort(ckptio_writer *base, int code, const char *why) {
   set_writer *w = (set_writer *)base;
   if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return sfail(w, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
+  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
   w->state = S_ABORTED;
-  return sfail(w, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
+  return ckptio_fail(w->base.err, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
 }
 
 static int set_wait_durable(ckptio_writer *base) {
