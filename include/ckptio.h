@@ -12,7 +12,8 @@
  *   - Stable and experimental. Everything declared before the section
  *     "experimental" at the end of this header is stable: its name,
  *     signature and meaning hold for every release of this major version
- *     (versioned structs grow by their rule, below). The calls of that
+ *     (versioned structs grow by their rule, below; two fields of
+ *     ckptio_stats say they are experimental). The calls of that
  *     section are still moving and are declared only when the program
  *     defines CKPTIO_EXPERIMENTAL before it includes this header (as
  *     zstd's ZSTD_STATIC_LINKING_ONLY); what they promise is said there.
@@ -1419,11 +1420,11 @@ int64_t ckptio_reader_plan_rank(ckptio_reader *r, size_t index, int dim, int ran
 
 /* ---------------------------------------------------------------- storage */
 
-/* Why experimental: the table is code the caller writes, a week old, and
- * what the library asks of it is still growing (list, remove and sweep
- * came after the rest; the manager on a storage is being added): a verb
- * added or a contract changed (what sweep may touch, which verb runs on
- * which thread) breaks a storage in a way its size field cannot catch. */
+/* Why experimental: the table is code the caller writes, new since 0.2.0,
+ * and what the library asks of it is still growing (list, remove and sweep
+ * came after the rest, for sharded saves and the manager): a verb added or
+ * a contract changed (what sweep may touch, which verb runs on which
+ * thread) breaks a storage in a way its size field cannot catch. */
 /* A storage is a table of verbs and the caller's `self` handed back to
  * each. The pipelines use them for every byte they move to or from an
  * object (the paths it serves: see "storage" above).
