@@ -1053,7 +1053,8 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
  * and ckptio_manager_close wait for it). The new checkpoint is
  * never removed, so a complete checkpoint always exists once one was
  * published. A directory whose check fails for a reason other than its
- * content (out of memory, too many open files) is kept.
+ * content (out of memory, too many open files; on a storage also a short
+ * read or a refused request, which may be the network's) is kept.
  *
  * "Complete" means: published under its step name and opened by
  * ckptio_reader_open (every header parsed and checked; for a set, every
