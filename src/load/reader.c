@@ -5,18 +5,14 @@
 #include "load/box.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *rpath(const ckptio_reader *r) { return r->src->path; }
 
-static const ckptio_reader *sort_reader; /* qsort has no context argument */
-static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
-static int cmp_by_name(const void *a, const void *b) {
-  return strcmp(ckptio_reader_entry(sort_reader, *(const size_t *)a)->name,
-                ckptio_reader_entry(sort_reader, *(const size_t *)b)->name);
+static int cmp_by_name(const void *a, const void *b, void *r) {
+  return strcmp(ckptio_reader_entry(r, *(const size_t *)a)->name, ckptio_reader_entry(r, *(const size_t *)b)->name);
 }
 
 /* A DCP checkpoint when the path names one (a directory holding .metadata),
@@ -50,10 +46,7 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
     goto fail;
   }
   for (size_t i = 0; i < n; i++) r->by_name[i] = i;
-  pthread_mutex_lock(&sort_mu);
-  sort_reader = r;
-  qsort(r->by_name, n, sizeof(size_t), cmp_by_name);
-  pthread_mutex_unlock(&sort_mu);
+  qsort_r(r->by_name, n, sizeof(size_t), cmp_by_name, r);
   *out = r;
   return 0;
 fail:
