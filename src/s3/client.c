@@ -1,6 +1,5 @@
 /* The S3 client object: its settings (from a config struct or the
  * environment, as AWS tools take them) and its pool of libcurl handles. */
-#include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -9,14 +8,9 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "s3/curl_api.h"
 #include "s3/request.h"
 #include "s3/s3.h"
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc;
-/* curl_global_init is not thread-safe on every libcurl: once per process,
- * never cleaned up (another library in the process may use libcurl). */
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 static const char *pick(const char *given, const char *env1, const char *env2) {
   if (given) return given;
@@ -37,17 +31,11 @@ int ckptio_s3_client_create(const ckptio_s3_config *cfg, ckptio_s3_client **out,
   if (!out) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 client: NULL out");
   *out = NULL;
   if (!cfg) cfg = &none;
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_rc != CURLE_OK)
-    return ckptio_err_fmt(err, errlen, -EIO, "S3 client: libcurl failed to start: %s",
-                          curl_easy_strerror(curl_init_rc));
-  /* The library loaded may be older than the headers built against:
-   * SigV4 signing came in 7.75.0. */
-  const curl_version_info_data *v = curl_version_info(CURLVERSION_NOW);
-  if (!v || v->version_num < 0x074B00)
-    return ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT,
-                          "S3 client: libcurl %s has no AWS SigV4 signing (7.75.0 or newer is needed)",
-                          v ? v->version : "?");
+  /* libcurl is loaded here, at the first client: a process that never
+   * opens an s3:// path never needs it. */
+  const ckptio_curl_api *curl = NULL;
+  int lrc = ckptio_curl_load(&curl, err, errlen);
+  if (lrc < 0) return lrc;
   const char *endpoint = pick(cfg->endpoint, "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
   const char *region = pick(cfg->region, "AWS_REGION", "AWS_DEFAULT_REGION");
   const char *access = pick(cfg->access_key, "AWS_ACCESS_KEY_ID", NULL);
@@ -69,6 +57,7 @@ int ckptio_s3_client_create(const ckptio_s3_config *cfg, ckptio_s3_client **out,
   }
   ckptio_s3_client *c = calloc(1, sizeof(*c));
   if (!c) return ckptio_err_fmt(err, errlen, -ENOMEM, "S3 client: out of memory");
+  c->curl = curl;
   int rc = -ENOMEM;
   if (dup_into(&c->endpoint, endpoint) || dup_into(&c->region, region) || dup_into(&c->access_key, access) ||
       dup_into(&c->secret_key, secret) || dup_into(&c->session_token, token)) {
@@ -109,7 +98,7 @@ void ckptio_s3_client_free(ckptio_s3_client *c) {
   while (c->idle) {
     ckptio_s3_handle *h = c->idle;
     c->idle = h->next;
-    curl_easy_cleanup(h->curl);
+    c->curl->easy_cleanup(h->curl);
     free(h);
   }
   pthread_mutex_destroy(&c->lock);
@@ -140,7 +129,7 @@ ckptio_s3_handle *ckptio_s3_handle_take(ckptio_s3_client *c) {
   if (h) return h;
   h = calloc(1, sizeof(*h));
   if (!h) return NULL;
-  h->curl = curl_easy_init();
+  h->curl = c->curl->easy_init();
   if (!h->curl) {
     free(h);
     return NULL;

@@ -1,7 +1,6 @@
 /* One S3 request over libcurl: the URL, SigV4 signing by libcurl
  * (CURLOPT_AWS_SIGV4), the reply's status, headers and body, the check of
  * a ranged GET, retries with backoff, and the message a user can act on. */
-#include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +11,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "s3/curl_api.h"
 #include "s3/request.h"
 #include "s3/s3.h"
 
@@ -175,75 +175,76 @@ static void reset_reply(ckptio_s3_req *r) {
 
 static CURLcode attempt(ckptio_s3_client *c, CURL *h, ckptio_s3_req *r, const char *url, xfer *x,
                         char *curl_err, long *os_errno) {
+  const ckptio_curl_api *cu = c->curl;
   struct curl_slist *hdr = NULL, *t;
   char token[4096 + 32], range[64], match[CKPTIO_S3_ETAG_MAX + 16];
   CURLcode cc = CURLE_OUT_OF_MEMORY;
-  curl_easy_reset(h); /* keeps the connection and the DNS cache */
+  cu->easy_reset(h); /* keeps the connection and the DNS cache */
   curl_err[0] = '\0';
   /* curl 7.88 signs the payload's SHA-256 only for bodies it holds itself;
    * UNSIGNED-PAYLOAD (a signed header) is what S3 takes for any body. */
-  if (!(t = curl_slist_append(hdr, "x-amz-content-sha256: UNSIGNED-PAYLOAD"))) goto done;
+  if (!(t = cu->slist_append(hdr, "x-amz-content-sha256: UNSIGNED-PAYLOAD"))) goto done;
   hdr = t;
   if (c->session_token) {
     snprintf(token, sizeof(token), "x-amz-security-token: %s", c->session_token);
-    if (!(t = curl_slist_append(hdr, token))) goto done;
+    if (!(t = cu->slist_append(hdr, token))) goto done;
     hdr = t;
   }
   if (r->if_match && *r->if_match) {
     snprintf(match, sizeof(match), "If-Match: \"%s\"", r->if_match);
-    if (!(t = curl_slist_append(hdr, match))) goto done;
+    if (!(t = cu->slist_append(hdr, match))) goto done;
     hdr = t;
   }
   if (r->body && strcmp(r->method, "POST") == 0) {
-    if (!(t = curl_slist_append(hdr, "Content-Type: application/xml"))) goto done;
+    if (!(t = cu->slist_append(hdr, "Content-Type: application/xml"))) goto done;
     hdr = t;
   }
-  curl_easy_setopt(h, CURLOPT_URL, url);
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
-  curl_easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);
-  curl_easy_setopt(h, CURLOPT_USERNAME, c->access_key);
-  curl_easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for timeouts */
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, curl_err);
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, (long)c->low_speed_bytes);
-  curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)c->low_speed_seconds);
-  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
-  curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
+  cu->easy_setopt(h, CURLOPT_URL, url);
+  cu->easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+  cu->easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);
+  cu->easy_setopt(h, CURLOPT_USERNAME, c->access_key);
+  cu->easy_setopt(h, CURLOPT_PASSWORD, c->secret_key);
+  cu->easy_setopt(h, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for timeouts */
+  cu->easy_setopt(h, CURLOPT_ERRORBUFFER, curl_err);
+  cu->easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
+  cu->easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, (long)c->low_speed_bytes);
+  cu->easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)c->low_speed_seconds);
+  cu->easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+  cu->easy_setopt(h, CURLOPT_HEADERDATA, x);
+  cu->easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+  cu->easy_setopt(h, CURLOPT_WRITEDATA, x);
+  cu->easy_setopt(h, CURLOPT_BUFFERSIZE, 512L * 1024);
   if (strcmp(r->method, "HEAD") == 0) {
-    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    cu->easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else if (strcmp(r->method, "PUT") == 0) {
-    curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
-    curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
-    curl_easy_setopt(h, CURLOPT_READDATA, x);
-    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
-    curl_easy_setopt(h, CURLOPT_SEEKDATA, x);
-    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 2L * 1024 * 1024);
+    cu->easy_setopt(h, CURLOPT_UPLOAD, 1L);
+    cu->easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
+    cu->easy_setopt(h, CURLOPT_READFUNCTION, on_read);
+    cu->easy_setopt(h, CURLOPT_READDATA, x);
+    cu->easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
+    cu->easy_setopt(h, CURLOPT_SEEKDATA, x);
+    cu->easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 2L * 1024 * 1024);
   } else if (strcmp(r->method, "POST") == 0) {
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, r->body ? (const char *)r->body : "");
+    cu->easy_setopt(h, CURLOPT_POST, 1L);
+    cu->easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
+    cu->easy_setopt(h, CURLOPT_POSTFIELDS, r->body ? (const char *)r->body : "");
   } else if (strcmp(r->method, "GET") != 0) {
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+    cu->easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
   }
   if (r->dst) {
     snprintf(range, sizeof(range), "%" PRIu64 "-%" PRIu64, r->range_off, r->range_off + r->dst_len - 1);
-    curl_easy_setopt(h, CURLOPT_RANGE, range);
+    cu->easy_setopt(h, CURLOPT_RANGE, range);
   }
-  cc = curl_easy_perform(h);
+  cc = cu->easy_perform(h);
   *os_errno = 0;
-  if (cc != CURLE_OK) curl_easy_getinfo(h, CURLINFO_OS_ERRNO, os_errno);
+  if (cc != CURLE_OK) cu->easy_getinfo(h, CURLINFO_OS_ERRNO, os_errno);
   long connects = 0;
-  if (curl_easy_getinfo(h, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
+  if (cu->easy_getinfo(h, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0)
     atomic_fetch_add(&c->connects, (uint64_t)connects);
 done:
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
-  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
-  curl_slist_free_all(hdr);
+  cu->easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+  cu->easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+  cu->slist_free_all(hdr);
   return cc;
 }
 
@@ -349,7 +350,8 @@ static int check_range(const ckptio_s3_req *r, outcome *o) {
   return 0;
 }
 
-static int judge(ckptio_s3_req *r, CURLcode cc, long os_errno, const char *curl_err, const xfer *x, outcome *o) {
+static int judge(const ckptio_curl_api *cu, ckptio_s3_req *r, CURLcode cc, long os_errno, const char *curl_err,
+                 const xfer *x, outcome *o) {
   o->msg[0] = '\0';
   if (r->overflow) {
     o->code = CKPTIO_E_SHORT_IO;
@@ -364,7 +366,7 @@ static int judge(ckptio_s3_req *r, CURLcode cc, long os_errno, const char *curl_
   }
   if (cc != CURLE_OK) {
     o->code = transport_code(cc, os_errno);
-    snprintf(o->msg, sizeof(o->msg), "%s%s%s: %s", curl_easy_strerror(cc), os_errno ? ", " : "",
+    snprintf(o->msg, sizeof(o->msg), "%s%s%s: %s", cu->easy_strerror(cc), os_errno ? ", " : "",
              os_errno ? ckptio_errno_text((int)os_errno) : "", curl_err[0] ? curl_err : "no detail");
     return transport_retryable(cc) ? RETRY : FAIL;
   }
@@ -424,7 +426,7 @@ int ckptio_s3_request(ckptio_s3_client *c, ckptio_s3_req *r, char *err, size_t e
     atomic_fetch_add(&c->attempts, 1);
     long os_errno = 0;
     CURLcode cc = attempt(c, h->curl, r, url, &x, curl_err, &os_errno);
-    verdict = judge(r, cc, os_errno, curl_err, &x, &last);
+    verdict = judge(c->curl, r, cc, os_errno, curl_err, &x, &last);
     if (cc == CURLE_OK) {
       atomic_fetch_add(&c->bytes_out, x.sent + (r->body && !strcmp(r->method, "POST") ? r->body_len : 0));
       atomic_fetch_add(&c->bytes_in, r->dst ? r->dst_got : r->resp.len);

@@ -19,6 +19,7 @@ typedef struct ckptio_s3_handle {
 } ckptio_s3_handle;
 
 struct ckptio_s3_client {
+  const struct ckptio_curl_api *curl; /* libcurl's functions (curl_api.h) */
   char *endpoint; /* without a trailing '/'; NULL: AWS, virtual-host */
   char *region, *access_key, *secret_key, *session_token;
   char sigv4[128]; /* CURLOPT_AWS_SIGV4: "aws:amz:REGION:s3" */

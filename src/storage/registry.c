@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,7 +107,13 @@ int ckptio_storages_find(ckptio_storages *t, const char *path, const ckptio_stor
   if (!e && len == 2 && !strncmp(path, "s3", 2)) {
     void *self = NULL;
     if (t->n == SCHEMES_MAX) rc = ckptio_err_fmt(err, errlen, -ENOMEM, "%s: no room for the S3 storage", path);
-    else if ((rc = ckptio_s3_storage_create(&self, err, errlen)) == 0) {
+    else if ((rc = ckptio_s3_storage_create(&self, err, errlen)) < 0) {
+      /* The client's sentence (no libcurl, no credentials) names no path:
+       * say which open it failed. */
+      char why[CKPTIO_ERRLEN];
+      snprintf(why, sizeof(why), "%s", err ? err : "");
+      ckptio_err_fmt(err, errlen, rc, "%s: %s", path, why);
+    } else {
       e = &t->e[t->n++];
       memset(e, 0, sizeof(*e));
       memcpy(e->scheme, "s3", 2);

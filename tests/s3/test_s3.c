@@ -5,6 +5,8 @@
  *
  *   test_s3 GROUP            run one group: url retry server kill freeze
  *   test_s3 has-s3           exit 0 in a build with S3, else 77 saying why
+ *   test_s3 no-libcurl EXPECT  with CKPTIO_FAULT_LIBCURL set: the error every
+ *                            s3:// open gives when libcurl cannot be loaded
  *   test_s3 cat KEY          the object's bytes to stdout (interop tests)
  *   test_s3 put KEY FILE     one PUT
  *   test_s3 upload KEY FILE THREADS  a multipart upload (5 MiB parts)
@@ -790,6 +792,61 @@ static void test_freeze(void) {
   free(data);
 }
 
+/* ------------------------------------------------------------ no libcurl */
+
+/* What a machine without a usable libcurl gets. Run with
+ * CKPTIO_FAULT_LIBCURL naming a library that is not one (a build with fault
+ * injection tries it instead of libcurl.so.4): the client, and every
+ * s3:// open through the public API, fail with one sentence saying libcurl
+ * 4 is needed, why it did not load (`expect`) and how to install it, the
+ * same every time; the process never maps a libcurl (the library does not
+ * link it). */
+static void test_no_libcurl(const char *expect) {
+  const char *fault = getenv("CKPTIO_FAULT_LIBCURL");
+  if (!fault || !*fault) {
+    fprintf(stderr, "FAIL: test_s3 no-libcurl runs with CKPTIO_FAULT_LIBCURL set\n");
+    failures++;
+    return;
+  }
+  char err[CKPTIO_ERRLEN];
+  ckptio_s3_config creds = {.access_key = "k", .secret_key = "s"};
+  for (int i = 1; i <= 2; i++) { /* the second answer is the first one, kept */
+    ckptio_s3_client *c = NULL;
+    err[0] = '\0';
+    int rc = ckptio_s3_client_create(&creds, &c, err, sizeof(err));
+    printf("client #%d: rc %d: %s\n", i, rc, err);
+    CHECK(rc == CKPTIO_E_FORMAT && !c, "client #%d: rc %d", i, rc);
+    CHECK(strstr(err, "needs libcurl 4") && strstr(err, fault) && strstr(err, expect), "%s", err);
+    CHECK(strstr(err, "apt-get install libcurl4") && strstr(err, "dnf install libcurl"), "no install hint: %s", err);
+    if (c) ckptio_s3_client_free(c);
+  }
+  ckptio_ctx *ctx = NULL;
+  CHECK(ckptio_ctx_create(NULL, &ctx) == 0, "ckptio_ctx_create: %s", ckptio_last_open_error());
+  if (!ctx) return;
+  ckptio_reader *r = NULL;
+  int rc = ckptio_reader_open(ctx, "s3://ckptio-test/m.safetensors", NULL, &r);
+  const char *msg = ckptio_last_open_error();
+  printf("reader open: rc %d: %s\n", rc, msg);
+  CHECK(rc == CKPTIO_E_FORMAT && !r && strstr(msg, "s3://ckptio-test/m.safetensors: ") &&
+            strstr(msg, "needs libcurl 4") && strstr(msg, expect) && strstr(msg, "apt-get install libcurl4"),
+        "reader open: rc %d: %s", rc, msg);
+  if (r) ckptio_reader_close(r);
+  ckptio_writer *w = NULL;
+  rc = ckptio_writer_open(ctx, "s3://ckptio-test/w.safetensors", CKPTIO_FORMAT_SAFETENSORS, NULL, &w);
+  msg = ckptio_last_open_error();
+  printf("writer open: rc %d: %s\n", rc, msg);
+  CHECK(rc == CKPTIO_E_FORMAT && !w && strstr(msg, "s3://ckptio-test/w.safetensors: ") &&
+            strstr(msg, "needs libcurl 4") && strstr(msg, expect),
+        "writer open: rc %d: %s", rc, msg);
+  if (w) ckptio_writer_close(w);
+  ckptio_ctx_free(ctx);
+  FILE *maps = fopen("/proc/self/maps", "r");
+  CHECK(maps != NULL, "/proc/self/maps: %s", strerror(errno));
+  char line[4096];
+  while (maps && fgets(line, sizeof(line), maps)) CHECK(!strstr(line, "/libcurl"), "libcurl is mapped: %s", line);
+  if (maps) fclose(maps);
+}
+
 /* ------------------------------------------------------------ tools */
 
 static unsigned char *slurp(const char *path, size_t *size) {
@@ -910,7 +967,7 @@ static int tool(int argc, char **argv) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2) {
-    fprintf(stderr, "usage: test_s3 url|retry|server|kill|freeze, or a tool (see the file's head)\n");
+    fprintf(stderr, "usage: test_s3 url|retry|server|kill|freeze|no-libcurl EXPECT, or a tool (see the file's head)\n");
     return 2;
   }
   if (!strcmp(argv[1], "has-s3")) {
@@ -933,6 +990,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(argv[1], "server")) test_server();
   else if (!strcmp(argv[1], "kill")) test_kill();
   else if (!strcmp(argv[1], "freeze")) test_freeze();
+  else if (!strcmp(argv[1], "no-libcurl") && argc == 3) test_no_libcurl(argv[2]);
   else {
     fprintf(stderr, "unknown group %s\n", argv[1]);
     return 2;
