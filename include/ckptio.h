@@ -1083,7 +1083,9 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
  * replaces the old one when the new one is published (and on another kind,
  * the old set's index goes first), and save_begin first abandons the
  * uploads killed saves left open under "DIR/step-" (the storage's sweep)
- * and removes the objects no step uses. There is no lock: one saving
+ * and removes the checkpoint files and shards no step uses (other objects
+ * under a step's prefix are the caller's: only retention, removing the
+ * whole step as on a disk, touches them). There is no lock: one saving
  * process per prefix is the caller's to keep (a second one's save_begin
  * would sweep the first one's uploads). Durability is the storage's
  * publish. Failures name the URL and carry the storage's sentence (S3: the

@@ -231,20 +231,17 @@ int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len) {
   return rc;
 }
 
-/* Removes the objects of one step's listing v[0..n) for which keep() is 0,
- * `first` (when not NULL) before the rest. @return the first failure. */
-static int remove_all_but(ckptio_manager *m, const mgr_obj *v, size_t n, const char *first,
-                          int (*keep)(const char *name, void *arg), void *arg) {
-  int rc = 0;
-  for (int pass = first ? 0 : 1; pass < 2; pass++)
-    for (size_t i = 0; i < n; i++) {
-      int is_first = first && !strcmp(v[i].name, first);
-      if ((pass == 0) != is_first || (keep && keep(v[i].name, arg))) continue;
-      int r = remove_obj(m, v[i].step, v[i].name);
-      if (r < 0 && rc == 0) rc = r;
-      if (r < 0 && pass == 0) return r; /* the rest stays a step's until it goes */
-    }
-  return rc;
+/* "model-00001-of-00003-<save id>.safetensors", a set's shard in a storage
+ * (the save id makes each save's shards its own): 1 and the id. */
+static int shard_id(const char *name, const char **id, size_t *idlen) {
+  static const char ext[] = ".safetensors";
+  size_t n = strlen(name), e = sizeof(ext) - 1;
+  if (strncmp(name, "model-", 6) != 0 || !strstr(name, "-of-") || n < e || strcmp(name + n - e, ext) != 0) return 0;
+  const char *end = name + n - e, *dash = end;
+  while (dash > name && dash[-1] != '-') dash--;
+  *id = dash;
+  *idlen = (size_t)(end - dash);
+  return dash > name + 6;
 }
 
 static int is_checkpoint_file(const char *name, void *arg) {
@@ -252,6 +249,33 @@ static int is_checkpoint_file(const char *name, void *arg) {
   for (size_t f = 0; f < MGR_NFILES; f++)
     if (!strcmp(name, mgr_files[f])) return 1;
   return 0;
+}
+
+/* An object a save of the manager writes (a checkpoint file or a shard):
+ * what a step's prefix holds besides them is the caller's, and only
+ * retention, which removes the whole step as on a disk, touches it. */
+static int is_ours(const char *name) {
+  const char *id;
+  size_t len;
+  return is_checkpoint_file(name, NULL) || shard_id(name, &id, &len);
+}
+
+/* Removes the objects of one step's listing v[0..n) for which keep() is 0
+ * (with ours_only, only is_ours ones), `first` (when not NULL) before the
+ * rest. @return the first failure. */
+static int remove_all_but(ckptio_manager *m, const mgr_obj *v, size_t n, const char *first, int ours_only,
+                          int (*keep)(const char *name, void *arg), void *arg) {
+  int rc = 0;
+  for (int pass = first ? 0 : 1; pass < 2; pass++)
+    for (size_t i = 0; i < n; i++) {
+      int is_first = first && !strcmp(v[i].name, first);
+      if ((pass == 0) != is_first || (ours_only && !is_ours(v[i].name)) || (keep && keep(v[i].name, arg)))
+        continue;
+      int r = remove_obj(m, v[i].step, v[i].name);
+      if (r < 0 && rc == 0) rc = r;
+      if (r < 0 && pass == 0) return r; /* the rest stays a step's until it goes */
+    }
+  return rc;
 }
 
 int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
@@ -265,25 +289,12 @@ int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
   for (size_t f = 0; f < MGR_NFILES && rc == 0; f++)
     for (size_t i = 0; i < o.n && rc == 0; i++)
       if (!strcmp(o.v[i].name, mgr_files[f])) rc = remove_obj(m, step, o.v[i].name);
-  if (rc == 0) rc = remove_all_but(m, o.v, o.n, NULL, is_checkpoint_file, NULL);
+  if (rc == 0) rc = remove_all_but(m, o.v, o.n, NULL, 0, is_checkpoint_file, NULL);
   objs_free(&o);
   return rc;
 }
 
 /* ------------------------------------------------------------ leftovers */
-
-/* "model-00001-of-00003-<save id>.safetensors", a set's shard in a storage
- * (the save id makes each save's shards its own): 1 and the id. */
-static int shard_id(const char *name, const char **id, size_t *idlen) {
-  static const char ext[] = ".safetensors";
-  size_t n = strlen(name), e = sizeof(ext) - 1;
-  if (strncmp(name, "model-", 6) != 0 || !strstr(name, "-of-") || n < e || strcmp(name + n - e, ext) != 0) return 0;
-  const char *end = name + n - e, *dash = end;
-  while (dash > name && dash[-1] != '-') dash--;
-  *id = dash;
-  *idlen = (size_t)(end - dash);
-  return dash > name + 6;
-}
 
 typedef struct named {
   const char *index;   /* the set's index, kept */
@@ -303,20 +314,20 @@ static int keep_named(const char *name, void *arg) {
 
 static int keep_only(const char *name, void *arg) { return !strcmp(name, arg); }
 
-/* One step's objects v[0..n) whose checkpoint is `main`: removes what it
- * does not use. A single file uses only itself. A set's index names its
- * shards: when every other object is a shard of one save (the usual case)
- * there is nothing to do; else the index is opened to learn which shards
- * are its, and when it does not open nothing is removed (what it names
- * cannot be told from what it does not). */
+/* One step's objects v[0..n) whose checkpoint is `main`: removes what of
+ * the manager's kind (is_ours) it does not use. A single file uses only
+ * itself. A set's index names its shards: when every other object is a
+ * shard of one save (the usual case) there is nothing to do; else the
+ * index is opened to learn which shards are its, and when it does not open
+ * nothing is removed (what it names cannot be told from what it does not). */
 static int tidy_step(ckptio_manager *m, const mgr_obj *v, size_t n, const char *main) {
-  if (!main) return remove_all_but(m, v, n, NULL, NULL, NULL);
-  if (strcmp(main, mgr_files[0]) != 0) return remove_all_but(m, v, n, mgr_files[0], keep_only, (void *)main);
+  if (!main) return remove_all_but(m, v, n, NULL, 1, NULL, NULL);
+  if (strcmp(main, mgr_files[0]) != 0) return remove_all_but(m, v, n, mgr_files[0], 1, keep_only, (void *)main);
   const char *id0 = NULL, *id;
   size_t len0 = 0, len;
   int mixed = 0;
   for (size_t i = 0; i < n && !mixed; i++) {
-    if (!strcmp(v[i].name, main)) continue;
+    if (!strcmp(v[i].name, main) || !is_ours(v[i].name)) continue;
     if (!shard_id(v[i].name, &id, &len)) mixed = 1;
     else if (!id0) id0 = id, len0 = len;
     else mixed = len != len0 || strncmp(id, id0, len) != 0;
@@ -342,7 +353,7 @@ static int tidy_step(ckptio_manager *m, const mgr_obj *v, size_t n, const char *
     return -ENOMEM;
   }
   for (size_t i = 0; i < k.n; i++) ckptio_reader_shard(r, i, &k.paths[i], NULL, NULL);
-  rc = remove_all_but(m, v, n, NULL, keep_named, &k);
+  rc = remove_all_but(m, v, n, NULL, 1, keep_named, &k);
   free(k.paths);
   ckptio_reader_close(r);
   return rc;
