@@ -327,7 +327,8 @@ int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
 
 /*! ckptio_ctx_cuda() :
  *  @return 1 when this context drives GPUs (CUDA runtime loaded, at least one
- *          GPU, staging pinned), else 0 with *why (if not NULL) set to
+ *          GPU; the ring is pinned later, by the first save or load that
+ *          copies to or from a GPU), else 0 with *why (if not NULL) set to
  *          "CUDA unavailable: <reason>" (static or context-owned string). */
 int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why);
 

@@ -1,4 +1,5 @@
-/* The public writer: one handle for a single file or a sharded set. The
+/* The public writer: one handle for a single file, a sharded set or a
+ * rank's side of a multi-rank checkpoint (the three kinds of save.h). The
  * front checks the handle and hands every call to its kind's verbs
  * (save.h); what the kinds share (commit = commit_async + wait, the error
  * text) is here once. */

@@ -1,6 +1,7 @@
-/* The kinds of writer behind the one public ckptio_writer: a single file
- * (writer.c) and a sharded set of files (set.c). Each kind fills a table of
- * verbs; front.c checks the handle and dispatches, and a set holds its
+/* The three kinds of writer behind the one public ckptio_writer: a single
+ * file (writer.c), a sharded set of files (set.c) and one rank's side of a
+ * multi-rank checkpoint (ranks.c). Each kind fills a table of verbs;
+ * front.c checks the handle and dispatches, and a set and a rank hold their
  * files' writers by this same table, never through the public front. */
 #ifndef CKPTIO_SAVE_SAVE_H
 #define CKPTIO_SAVE_SAVE_H
