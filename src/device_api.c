@@ -36,6 +36,9 @@ int ckptio_device_describe(const ckptio_ctx *ctx, int device, ckptio_device_info
   int ord = 0, rc;
   if (!ctx || !out) {
     rc = ckptio_err_fmt(err, sizeof(err), CKPTIO_E_INVALID_ARG, "%s: %s is NULL", call, ctx ? "out" : "ctx");
+  } else if ((rc = ckptio_sized_check(out, sizeof(ckptio_device_info), "ckptio_device_info", why, sizeof(why))) < 0) {
+    /* A size never set is said as such, before any GPU question. */
+    ckptio_err_fmt(err, sizeof(err), rc, "%s: %s", call, why);
   } else if ((rc = gpu_of(ctx, call, device, &ord, err, sizeof(err))) == 0) {
     ckptio_device_info info = CKPTIO_DEVICE_INFO_INIT;
     /* A runtime without cudaGetDeviceProperties leaves the name ""; the bus

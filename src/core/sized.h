@@ -1,7 +1,8 @@
 /* The one rule for the public structs whose first field is `size_t size`
  * (ckptio_options, ckptio_stats, ckptio_comm, ckptio_manager_options,
- * ckptio_checkpoint_info), stated at "Versioned structs" in
- * include/ckptio.h: every call that takes one goes through these three. */
+ * ckptio_checkpoint_info, ckptio_device_info), stated at "Versioned
+ * structs" in include/ckptio.h: every call that takes one goes through
+ * these three. */
 #ifndef CKPTIO_CORE_SIZED_H
 #define CKPTIO_CORE_SIZED_H
 

@@ -484,3 +484,37 @@ TEST_F(Cuda, DeviceCopyFailureIsNamedAndKeepsTheCurrentGpu) {
   EXPECT_EQ(current, 0);
   ckptio_device_free(ctx_, CKPTIO_DEVICE_CUDA(last_gpu()), dev);
 }
+
+// ckptio_device_info follows the rule of versioned structs: an older,
+// shorter struct gets only its fields, a larger one with a zero tail is
+// filled, and a size never set is refused naming the struct, untouched.
+TEST_F(Cuda, DeviceInfoFollowsTheVersionedStructRule) {
+  const int gpu = CKPTIO_DEVICE_CUDA(0);
+  ckptio_device_info older = CKPTIO_DEVICE_INFO_INIT;
+  older.size = offsetof(ckptio_device_info, runtime);
+  strcpy(older.runtime, "the caller's memory");
+  ASSERT_EQ(ckptio_device_describe(ctx_, gpu, &older), 0) << ckptio_last_open_error();
+  EXPECT_NE(older.pci_bus_id[0], '\0');
+  EXPECT_STREQ(older.runtime, "the caller's memory") << "wrote past the caller's size";
+  EXPECT_EQ(older.size, offsetof(ckptio_device_info, runtime));
+
+  struct {
+    ckptio_device_info s;
+    unsigned char extra[64];
+  } larger;
+  memset(&larger, 0, sizeof(larger));
+  larger.s.size = sizeof(larger);
+  ASSERT_EQ(ckptio_device_describe(ctx_, gpu, &larger.s), 0) << ckptio_last_open_error();
+  EXPECT_NE(larger.s.runtime[0], '\0');
+  for (unsigned char c : larger.extra) EXPECT_EQ(c, 0) << "wrote past the struct it knows";
+  larger.extra[0] = 1;
+  larger.s.pci_bus_id[0] = '\0';
+  EXPECT_EQ(ckptio_device_describe(ctx_, gpu, &larger.s), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("ckptio_device_info"), std::string::npos)
+      << ckptio_last_open_error();
+  EXPECT_EQ(larger.s.pci_bus_id[0], '\0') << "a refused struct is not written";
+  ckptio_device_info unset = CKPTIO_DEVICE_INFO_INIT;
+  unset.size = 0;
+  EXPECT_EQ(ckptio_device_describe(ctx_, CKPTIO_DEVICE_CUDA(gpu_count()), &unset), CKPTIO_E_INVALID_ARG)
+      << "the size is checked before the GPU";
+}
