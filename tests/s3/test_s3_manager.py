@@ -173,6 +173,10 @@ def test_cli_lists_a_prefix(s3):
     r = subprocess.run([CLI, "checkpoints", "s3://no-such-bucket-ckptio/x"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "no-such-bucket-ckptio" in r.stderr, r.stderr
+    # A wrong secret: refused by the server at open, the URL and S3's answer named.
+    env = dict(os.environ, AWS_SECRET_ACCESS_KEY="not-the-secret")
+    r = subprocess.run([CLI, "checkpoints", url], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and url in r.stderr and "403" in r.stderr, r.stderr
 
 
 def driver(*args, **kw):
