@@ -35,8 +35,14 @@ static void *open_first(const char *const *names, int n, char *why, size_t whyle
       *name = names[i];
       return h;
     }
+    /* dlerror names the file that failed, which may be a library libcurl
+     * needs rather than libcurl: say which name it was loading. */
     const char *e = dlerror();
-    int k = snprintf(why + used, whylen - used, "%s%s", used ? "; " : "", e ? e : names[i]);
+    if (!e) e = "not loaded";
+    size_t nl = strlen(names[i]);
+    int named = strncmp(e, names[i], nl) == 0 && e[nl] == ':';
+    int k = snprintf(why + used, whylen - used, "%s%s%s%s", used ? "; " : "", named ? "" : names[i],
+                     named ? "" : ": ", e);
     if (k > 0) used += (size_t)k < whylen - used ? (size_t)k : whylen - used - 1;
   }
   return NULL;
@@ -59,7 +65,8 @@ static void load(void) {
   void *h = open_first(names, n, why, sizeof(why), &name);
   if (!h) {
     load_rc = ckptio_err_fmt(load_err, sizeof(load_err), CKPTIO_E_FORMAT,
-                             "S3 (s3://) needs libcurl 4 at run time, and it was not found (%s): " INSTALL_HINT, why);
+                             "S3 (s3://) needs libcurl 4 at run time, which could not be loaded (%s): " INSTALL_HINT,
+                             why);
     return;
   }
   char path[512];
