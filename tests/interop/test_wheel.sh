@@ -8,8 +8,14 @@
 # inside the installed wheel; then, with the system's ISA-L, hwloc, zstd and
 # udev hidden from the loader (/dev/null bound over them in a mount
 # namespace of the test's own), `import ckptio` saves, loads and verifies a
-# file and the `ckptio` command inspects and verifies it.
-# Exit 77 (skip) when the venv lacks what the build needs.
+# file and the `ckptio` command inspects and verifies it. libcurl is hidden
+# there too: the wheel carries none (auditwheel grafts none: the library
+# loads the system's at the first s3:// open), everything but s3:// works
+# without it, and an s3:// load says libcurl 4 is needed and how to get it.
+# Last, with libcurl visible, the installed wheel loads from and saves to a
+# real S3 server (tests/interop/wheel_s3.py, SeaweedFS on 127.0.0.1).
+# Exit 77 (skip) when the venv lacks what the build needs, or when the S3
+# server cannot start (after every other check passed, saying so).
 # Usage: test_wheel.sh <project venv python> <scratch dir>
 set -u
 
@@ -48,6 +54,7 @@ echo "$show"
 flat="$(tr -s ' \n' '  ' <<< "$show")"   # (auditwheel wraps its lines)
 [[ "$flat" == *"consistent with the following platform tag: \"$tag\""* ]] ||
   fail "auditwheel show does not report the wheel's tag $tag"
+[[ "$flat" != *libcurl* ]] || fail "auditwheel show lists libcurl: the library links it instead of loading it"
 
 # The wheel holds the package, the library, the program and the libraries
 # they need; nothing from the tree that is not the package.
@@ -63,9 +70,13 @@ for lib in ("libisal", "libhwloc", "libzstd"):
         missing.add(f"ckptio.libs/{lib}-*.so")
 stray = [n for n in names if not n.startswith(("ckptio/", "ckptio.libs/", "ckptio-"))
          or "__pycache__" in n]
+# libcurl is loaded from the system at the first s3:// open: neither it nor
+# what it links (TLS, SSH, Kerberos, LDAP, HTTP/2, IDN) may be grafted.
+grafted = [n for n in names if re.match(r"ckptio\.libs/lib(curl|ssl|crypto|gnutls|nettle|ssh|nghttp|gssapi|krb5"
+                                        r"|k5crypto|ldap|lber|sasl|psl|idn|rtmp|brotli)", n)]
 print("wheel: contents:", " ".join(sorted(names)))
-if missing or stray:
-    sys.exit(f"missing {sorted(missing)}, stray {sorted(stray)}")
+if missing or stray or grafted:
+    sys.exit(f"missing {sorted(missing)}, stray {sorted(stray)}, grafted {sorted(grafted)}")
 EOF
 
 VENV="$TMP/venv"
@@ -115,16 +126,27 @@ for so in libisal.so.2 libhwloc.so.15 libzstd.so.1 libudev.so.1; do
   p="$(ldconfig -p | awk -v so="$so" '$1 == so && $NF ~ /^\// {print $NF; exit}')"
   [[ -n "$p" ]] && HIDE+=("$(readlink -f "$p")")
 done
+# libcurl (libcurl.so and libcurl.so.4 are links to one file) too, but for
+# the S3 step.
+CURL="$(ldconfig -p | awk '$1 == "libcurl.so.4" && $NF ~ /^\// {print $NF; exit}')"
+[[ -n "$CURL" ]] && CURL="$(readlink -f "$CURL")"
 RUN=()
+CURL_HIDDEN=""
 if ((${#HIDE[@]})) && unshare -m --propagation private true 2>/dev/null; then
   RUN=(unshare -m --propagation private sh -c
        'for f in $HIDDEN; do mount --bind /dev/null "$f" || exit 97; done; exec "$@"' sh)
-  export HIDDEN="${HIDE[*]}"
-  step "system copies hidden in a mount namespace: ${HIDE[*]}"
+  export HIDDEN="${HIDE[*]}${CURL:+ $CURL}"
+  CURL_HIDDEN="${CURL:+1}"
+  step "system copies hidden in a mount namespace: $HIDDEN"
   # The hiding itself works: the first hidden library cannot be opened in there.
   out="$("${RUN[@]}" "$VPY" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "${HIDE[0]}" 2>&1)" &&
     fail "the hidden ${HIDE[0]} still loads in the namespace"
   echo "wheel: as expected, in the namespace: $(tail -n 1 <<< "$out")"
+  if [[ -n "$CURL_HIDDEN" ]]; then
+    out="$("${RUN[@]}" "$VPY" -c 'import ctypes; ctypes.CDLL("libcurl.so.4")' 2>&1)" &&
+      fail "the hidden $CURL still loads in the namespace"
+    echo "wheel: as expected, in the namespace: $(tail -n 1 <<< "$out")"
+  fi
 else
   echo "wheel: NOTE: cannot hide the system libraries here (no mount namespace): ldd above is the check"
 fi
@@ -132,13 +154,14 @@ fi
 # Run from a directory with no ckptio in it, so only the installed one imports.
 cd "$TMP/work" || fail "cd $TMP/work"
 step "save / load / verify in the fresh venv"
-"${RUN[@]}" "$VPY" - "$VENV" "$TMP/work" <<'EOF' || fail "the round trip in the fresh venv failed"
+"${RUN[@]}" "$VPY" - "$VENV" "$TMP/work" "$CURL_HIDDEN" <<'EOF' || fail "the round trip in the fresh venv failed"
 import importlib.metadata, os, pathlib, sys
 import numpy as np
 import ckptio
 from ckptio import _lib
 
 venv, work = (pathlib.Path(p).resolve() for p in sys.argv[1:3])
+curl_hidden = sys.argv[3] == "1"
 assert "CKPTIO_LIB" not in os.environ and "PYTHONPATH" not in os.environ
 pkg = pathlib.Path(ckptio.__file__).resolve().parent
 assert venv in pkg.parents, f"ckptio imported from {pkg}, not from {venv}"
@@ -180,6 +203,21 @@ except ckptio.ChecksumError as e:
 else:
     raise AssertionError("verify passed a flipped byte")
 print("wheel: save / load / verify round trip OK")
+
+# Without libcurl all the above works, and s3:// says what is missing.
+if curl_hidden:
+    maps = pathlib.Path("/proc/self/maps").read_text()
+    assert "/libcurl" not in maps, "libcurl is mapped though hidden"
+    url = "s3://ckptio-test/m.safetensors"
+    try:
+        ckptio.load_file(url)
+    except ckptio.CkptioError as e:
+        msg = str(e)
+        assert e.name == "FORMAT" and url in msg and "needs libcurl 4" in msg, msg
+        assert "apt-get install libcurl4" in msg and "dnf install libcurl" in msg, msg
+        print(f"wheel: as expected, without libcurl: {msg}")
+    else:
+        raise AssertionError("an s3:// load worked with libcurl hidden")
 EOF
 
 step "the ckptio command"
@@ -196,5 +234,25 @@ done
 rc=$?
 ((rc == 1)) || fail "ckptio verify of a flipped file exited $rc, not 1"
 
+# The system's libcurl visible again, and the system libraries it links
+# itself (libzstd, on Debian): the wheel's copies of those have other names,
+# so what stays hidden can still only come from the wheel.
+S3_HIDE=()
+if [[ -n "$CURL" ]]; then
+  curl_deps="$(ldd "$CURL" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r readlink -f)"
+  for f in "${HIDE[@]}"; do grep -qxF "$f" <<< "$curl_deps" || S3_HIDE+=("$f"); done
+fi
+step "s3:// load and save in the fresh venv against SeaweedFS${RUN[*]:+ (hidden: ${S3_HIDE[*]})}"
+HIDDEN="${S3_HIDE[*]}" "$PY" "$ROOT/tests/interop/wheel_s3.py" "$TMP/s3" -- "${RUN[@]}" "$VPY" > "$TMP/s3.log" 2>&1
+rc=$?
+cat "$TMP/s3.log"
+S3_SKIP=""
+case $rc in
+  0) ;;
+  77) S3_SKIP="$(grep -m1 '^SKIP' "$TMP/s3.log")" ;;
+  *) fail "the s3:// step exited $rc (log above)" ;;
+esac
+
 step "done"
+[[ -z "$S3_SKIP" ]] || skip "every other check passed, but the s3:// step did not run: $S3_SKIP"
 echo "wheel: OK"
