@@ -17,6 +17,7 @@
 #include "io/file.h"
 #include "io/publish.h"
 #include "save/collect.h"
+#include "save/objects.h"
 #include "save/ranks.h"
 #include "save/release.h"
 #include "save/save.h"
@@ -36,6 +37,7 @@ typedef struct ranks_writer {
   ckptio_writer *sub;     /* this rank's file, or NULL when it writes none */
   ckptio_tmpfile file;
   ckptio_swap how;
+  const ckptio_storage *store; /* dir is a storage's prefix: the files are objects (save/objects.h) */
   int result;             /* once R_DONE */
   uint64_t start_ns, end_ns, publish_ns;
 } ranks_writer;
@@ -82,12 +84,9 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
              dir, comm->size);
     goto fail;
   }
-  if (strstr(dir, "://")) {
-    rc = CKPTIO_E_FORMAT;
-    snprintf(msg, sizeof(msg), "%s: multi-rank checkpoints in a storage are not supported yet", dir);
-    goto fail;
-  }
-  if ((rc = ckptio_collect_check_dir(dir, prefix, 0, msg, sizeof(msg))) < 0) goto fail;
+  const ckptio_storage *store = NULL;
+  int object = ckptio_storages_find(ctx->storages, dir, &store, msg, sizeof(msg));
+  if ((rc = object) < 0 || (rc = ckptio_collect_check_dir(dir, prefix, object, msg, sizeof(msg))) < 0) goto fail;
   rc = -ENOMEM;
   if (!(w = calloc(1, sizeof(*w)))) goto fail;
   if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;
@@ -101,6 +100,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   w->base.verbs = &ranks_verbs;
   w->ctx = ctx;
   w->comm = c;
+  w->store = object ? store : NULL;
   w->file.fd = w->file.fd_direct = -1;
   *out = &w->base;
   return 0;
@@ -148,7 +148,15 @@ static int ranks_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fi
 
 /* The file name of file k (0-based) of the plan. */
 static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
-  snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->plan.nfiles);
+  if (w->store) ckptio_objects_name(w->prefix, k, w->plan.nfiles, w->plan.save_id, buf, len);
+  else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->plan.nfiles);
+}
+
+/* The path of file k, malloc'd. */
+static char *file_path(const ranks_writer *w, size_t k) {
+  char name[4096];
+  file_name(w, k, name, sizeof(name));
+  return ckptio_path_join(w->dir, name);
 }
 
 /* Opens this rank's file writer with the boxes the plan gives it, and
@@ -156,9 +164,7 @@ static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
 static int start_file(ranks_writer *w) {
   int k = w->plan.file_of[w->comm.rank];
   if (k < 0) return 0;
-  char name[4096], tag[64], rank[32];
-  file_name(w, (size_t)k, name, sizeof(name));
-  char *path = ckptio_path_join(w->dir, name);
+  char tag[64], rank[32], *path = file_path(w, (size_t)k);
   if (!path) return -ENOMEM;
   char msg[CKPTIO_ERRLEN] = "";
   int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub);
@@ -303,6 +309,37 @@ static int publish_index(ranks_writer *w, int *late) {
   return rc;
 }
 
+/* In a storage: every rank publishes its object, then rank 0 the index,
+ * the moment the checkpoint changes (save/objects.h); before that, a
+ * failure anywhere takes back what this save published. After it, rank 0
+ * removes the older saves' objects and the uploads crashed saves left. */
+static int publish_objects(ranks_writer *w) {
+  char *err = w->base.err;
+  int mine = w->file.obj != NULL, rc = 0;
+  if (mine) rc = ckptio_tmpfile_commit(&w->file, 0, w->opts.fsync, NULL, err, CKPTIO_ERRLEN);
+  int published = mine && rc == 0;
+  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  if (rc == 0 && w->comm.rank == 0) {
+    ckptio_json_out o = {0};
+    char name[4096], *path;
+    snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
+    rc = (path = ckptio_path_join(w->dir, name)) ? index_json(w, &o) : -ENOMEM;
+    if (rc == 0) rc = ckptio_objects_put(w->store, path, o.data, o.len, w->opts.fsync, err, CKPTIO_ERRLEN);
+    else ckptio_fail(err, rc, "%s: the index: %s", w->dir, ckptio_strerror(rc));
+    free(o.data);
+    free(path);
+  }
+  rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  char **paths = calloc(w->plan.nfiles + 1, sizeof(char *));
+  for (size_t k = 0; paths && k < w->plan.nfiles; k++) paths[k] = file_path(w, k);
+  if (rc < 0 && published && paths && paths[w->plan.file_of[w->comm.rank]])
+    ckptio_objects_remove(w->store, paths[w->plan.file_of[w->comm.rank]]);
+  if (rc == 0 && w->comm.rank == 0 && paths) ckptio_objects_sweep(w->store, w->dir, w->prefix, paths, w->plan.nfiles);
+  for (size_t k = 0; paths && k < w->plan.nfiles; k++) free(paths[k]);
+  free(paths);
+  return rc;
+}
+
 /* This rank's part of the commit, every step agreed with the others. */
 static int agree_and_publish(ranks_writer *w) {
   char *err = w->base.err;
@@ -314,6 +351,11 @@ static int agree_and_publish(ranks_writer *w) {
   rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   uint64_t t0 = ckptio_now_ns();
+  if (w->store) {
+    rc = publish_objects(w);
+    w->publish_ns = ckptio_now_ns() - t0;
+    return rc;
+  }
   if (w->file.tmp) rc = ckptio_tmpfile_swap_in(&w->file, &w->how, err, CKPTIO_ERRLEN);
   rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
@@ -338,6 +380,7 @@ static int agree_and_publish(ranks_writer *w) {
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;
 undo:
+  if (w->store) ckptio_tmpfile_abort(&w->file); /* the upload, abandoned */
   ckptio_tmpfile_swap_back(&w->file, w->how);
   w->how = CKPTIO_SWAP_NONE;
   return rc;

@@ -22,6 +22,7 @@
 #include "io/file.h"
 #include "io/publish.h"
 #include "save/collect.h"
+#include "save/objects.h"
 #include "save/release.h"
 #include "save/save.h"
 
@@ -189,7 +190,7 @@ static const ckptio_ctensor *placed(const set_writer *w, size_t i) { return &w->
  * renamed into place, so in a storage each save names its own shards
  * (after its save id) and never writes over those the old index names. */
 static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
-  if (w->store) snprintf(buf, len, "%s-%05zu-of-%05zu-%.8s.safetensors", w->prefix, k + 1, w->nshards, w->save_id);
+  if (w->store) ckptio_objects_name(w->prefix, k, w->nshards, w->save_id, buf, len);
   else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
 }
 
@@ -308,34 +309,6 @@ undo:
   return rc;
 }
 
-/* Whether name is a shard of prefix: "<prefix>-NNNNN-of-NNNNN[-ID].safetensors". */
-static int is_shard_name(const char *name, const char *prefix) {
-  size_t p = strlen(prefix), n = strlen(name);
-  if (n < p + 27 || strncmp(name, prefix, p) || name[p] != '-' || strcmp(name + n - 12, ".safetensors")) return 0;
-  const char *x = name + p + 1;
-  for (int i = 0; i < 5; i++)
-    if (x[i] < '0' || x[i] > '9' || x[i + 9] < '0' || x[i + 9] > '9') return 0;
-  return !strncmp(x + 5, "-of-", 4) && (x[14] == '.' || x[14] == '-');
-}
-
-typedef struct stale {
-  const set_writer *w;
-  char **keep;  /* the new shards' paths */
-} stale;
-
-static int remove_if_stale(void *arg, const char *path, uint64_t size) {
-  stale *st = arg;
-  const set_writer *w = st->w;
-  size_t d = strlen(w->dir);
-  char ignored[256];
-  (void)size;
-  if (strncmp(path, w->dir, d) || path[d] != '/' || !is_shard_name(path + d + 1, w->prefix)) return 0;
-  for (size_t k = 0; k < w->nshards; k++)
-    if (!strcmp(st->keep[k], path)) return 0;
-  w->store->ops.remove(w->store->self, path, ignored, sizeof(ignored));
-  return 0;
-}
-
 /* A set in a storage: publish every shard (each under a name of this save,
  * so the old index still names whole old shards), then the index: the
  * moment the set changes. Then the older saves' shards are removed and the
@@ -343,12 +316,9 @@ static int remove_if_stale(void *arg, const char *path, uint64_t size) {
  * any failure removes what this save published and the old set is as it
  * was. */
 static int publish_objects(set_writer *w) {
-  const ckptio_storage_ops *ops = &w->store->ops;
-  char **paths = calloc(w->nshards + 1, sizeof(char *)), ignored[256];
+  char **paths = calloc(w->nshards + 1, sizeof(char *));
   char *index = NULL;
   ckptio_json_out o = {0};
-  ckptio_tmpfile t;
-  memset(&t, 0, sizeof(t));
   size_t done = 0;
   int rc = paths ? 0 : -ENOMEM;
   for (size_t k = 0; k < w->nshards && rc == 0; k++)
@@ -356,21 +326,13 @@ static int publish_objects(set_writer *w) {
   for (; done < w->nshards && rc == 0; done++)
     rc = ckptio_tmpfile_commit(&w->files[done], 0, w->opts.fsync, NULL, w->base.err, sizeof(w->base.err));
   if (rc == 0) rc = (index = index_path(w)) ? index_json(w, &o) : -ENOMEM;
-  if (rc == 0) rc = ckptio_tmpfile_open_object(&t, index, o.len, o.len, ops, w->store->self, w->base.err,
-                                                sizeof(w->base.err));
-  if (rc == 0 && (rc = ckptio_tmpfile_write(&t, o.data, o.len, 0, w->base.err, sizeof(w->base.err))) < 0)
-    ckptio_tmpfile_abort(&t);
-  if (rc == 0) rc = ckptio_tmpfile_commit(&t, o.len, w->opts.fsync, NULL, w->base.err, sizeof(w->base.err));
+  if (rc == 0) rc = ckptio_objects_put(w->store, index, o.data, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
   if (rc < 0) {
     for (size_t k = done; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);
-    for (size_t k = 0; k < done && ops->remove && paths; k++)
-      if (paths[k]) ops->remove(w->store->self, paths[k], ignored, sizeof(ignored));
+    for (size_t k = 0; k < done && paths; k++)
+      if (paths[k]) ckptio_objects_remove(w->store, paths[k]);
   } else {
-    char *under = ckptio_path_join(w->dir, w->prefix);
-    stale st = {w, paths};
-    if (under && ops->list && ops->remove) ops->list(w->store->self, under, remove_if_stale, &st, ignored, sizeof(ignored));
-    if (under && ops->sweep) ops->sweep(w->store->self, under, ignored, sizeof(ignored));
-    free(under);
+    ckptio_objects_sweep(w->store, w->dir, w->prefix, paths, w->nshards);
   }
   for (size_t k = 0; paths && k < w->nshards; k++) free(paths[k]);
   free(paths);

@@ -9,8 +9,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "ckpt_fixture.h"
+#include "thread_comm.h"
 extern "C" {
 #include "s3/s3.h"
 }
@@ -252,6 +254,92 @@ TEST_F(S3Storage, ASetSaveIsWholeOrNotAtAll) {
   ASSERT_EQ(save_set(next, &why), 0) << why;
   expect_object_loads(c.ctx, index, next);
   EXPECT_LT(count(), before) << "the older save's shards are removed";
+}
+
+// A multi-rank checkpoint in a storage (three ranks, threads here): each
+// rank uploads its own object, named for the save, and rank 0 writes the
+// index last; the checkpoint loads whole and by boxes. A save a rank aborts
+// fails on every rank and leaves the previous checkpoint, no object and no
+// upload behind; the next save removes the older save's objects.
+TEST_F(S3Storage, AMultiRankCheckpointIsWholeOrNotAtAll) {
+  const int n = 3;
+  std::string dir = url("ranks/a"), index = dir + "/model.safetensors.index.json";
+  auto save_ranks = [&](const std::vector<Tensor> &ts, int abort_rank, std::string *why) {
+    Group g(n);
+    std::vector<int> rcs(n, 0);
+    std::vector<std::string> errs(n);
+    std::vector<std::thread> th;
+    for (int r = 0; r < n; r++)
+      th.emplace_back([&, r] {
+        Member m{&g, r};
+        ckptio_comm comm = group_comm(&m);
+        TestContext c(small_options(8 << 20, 32 << 20, 2));
+        ckptio_writer *w = nullptr;
+        int rc = ckptio_writer_open_ranks(c.ctx, &comm, dir.c_str(), "model", nullptr, &w);
+        // ts[0] split by rows across the ranks, the rest whole on every rank (replicas).
+        int64_t rows = ts[0].shape[0], lo = rows * r / n, hi = rows * (r + 1) / n;
+        size_t row = ts[0].bytes.size() / (size_t)rows;
+        ckptio_tensor part = host_desc(ts[0]);
+        part.shape[0] = hi - lo;
+        part.data = ts[0].bytes.data() + (size_t)lo * row;
+        int64_t off[CKPTIO_MAX_DIMS] = {lo};
+        if (rc == 0) rc = ckptio_writer_add_part(w, &part, ts[0].shape.data(), off);
+        for (size_t i = 1; i < ts.size() && rc == 0; i++) {
+          ckptio_tensor d = host_desc(ts[i]);
+          rc = ckptio_writer_add(w, &d);
+        }
+        if (r == abort_rank) rc = ckptio_writer_abort(w, CKPTIO_E_RANK, "rank 1 gave up");
+        else if (rc == 0) rc = ckptio_writer_commit(w);
+        rcs[(size_t)r] = rc;
+        errs[(size_t)r] = w ? ckptio_writer_last_error(w) : ckptio_last_open_error();
+        ckptio_writer_close(w);
+      });
+    for (auto &t : th) t.join();
+    for (int r = 0; r < n; r++)
+      if (rcs[(size_t)r] < 0) {
+        *why = errs[(size_t)r];
+        return rcs[(size_t)r];
+      }
+    return 0;
+  };
+  auto objects = [&]() {
+    int count = 0;
+    char err[512] = "";
+    EXPECT_EQ(ckptio_s3_list_objects(
+                  client, bucket(), "ranks/a/",
+                  [](void *arg, const char *, uint64_t, const char *) {
+                    ++*static_cast<int *>(arg);
+                    return 0;
+                  },
+                  &count, err, sizeof(err)),
+              0)
+        << err;
+    return count;
+  };
+  std::vector<Tensor> old = {make_tensor("rows", CKPTIO_BF16, {900, 4096}, 21),  // 7 MiB: 2.4 MiB a rank
+                             make_tensor("rep", CKPTIO_F32, {100, 256}, 22)};
+  std::string why;
+  ASSERT_EQ(save_ranks(old, -1, &why), 0) << why;
+  TestContext c;
+  expect_object_loads(c.ctx, index, old);
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, index.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  EXPECT_EQ(ckptio_reader_part_count(r, (size_t)ckptio_reader_find(r, "rows")), (size_t)n);
+  ckptio_reader_close(r);
+  int before = objects();
+  EXPECT_EQ(before, n + 1) << "one object a rank, and the index";
+
+  EXPECT_EQ(save_ranks({make_tensor("rows", CKPTIO_BF16, {900, 4096}, 23), old[1]}, 1, &why), CKPTIO_E_RANK);
+  EXPECT_NE(why.find("rank 1 gave up"), std::string::npos) << why;
+  expect_object_loads(c.ctx, index, old);
+  EXPECT_EQ(objects(), before) << "a failed save left objects behind";
+  EXPECT_EQ(open_uploads("ranks/a/", true), 0);
+
+  std::vector<Tensor> next = {make_tensor("rows", CKPTIO_BF16, {600, 4096}, 24), make_tensor("more", CKPTIO_I8, {77}, 25)};
+  ASSERT_EQ(save_ranks(next, -1, &why), 0) << why;
+  expect_object_loads(c.ctx, index, next);
+  EXPECT_EQ(objects(), n + 1) << "the older save's objects are removed";
+  EXPECT_EQ(open_uploads("ranks/a/", true), 0);
 }
 
 // What is not supported yet says so at open, before anything is sent.

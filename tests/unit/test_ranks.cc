@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "ckpt_fixture.h"
+#include "thread_comm.h"
 extern "C" {
 #include "core/box.h"
 #include "io/fault.h"
@@ -24,46 +25,6 @@ extern "C" {
 using namespace ckptio_test;
 
 namespace {
-
-// ------------------------------------------------------------ the communicator
-
-struct Group {
-  explicit Group(int n) : n(n) { pthread_barrier_init(&bar, nullptr, (unsigned)n); }
-  ~Group() { pthread_barrier_destroy(&bar); }
-  int n;
-  pthread_barrier_t bar;
-  std::vector<uint8_t> buf;
-  void wait() { pthread_barrier_wait(&bar); }
-};
-
-struct Member {
-  Group *g;
-  int rank;
-};
-
-int group_allgather(void *user, const void *send, void *recv, size_t bytes) {
-  auto *m = static_cast<Member *>(user);
-  Group *g = m->g;
-  g->wait();
-  if (m->rank == 0) g->buf.assign((size_t)g->n * bytes, 0);
-  g->wait();
-  memcpy(g->buf.data() + (size_t)m->rank * bytes, send, bytes);
-  g->wait();
-  memcpy(recv, g->buf.data(), (size_t)g->n * bytes);
-  g->wait();
-  return 0;
-}
-
-int group_broadcast(void *user, void *buf, size_t bytes, int root) {
-  auto *m = static_cast<Member *>(user);
-  Group *g = m->g;
-  g->wait();
-  if (m->rank == root) g->buf.assign((const uint8_t *)buf, (const uint8_t *)buf + bytes);
-  g->wait();
-  if (m->rank != root) memcpy(buf, g->buf.data(), bytes);
-  g->wait();
-  return 0;
-}
 
 // ------------------------------------------------------------ tensors and boxes
 
