@@ -912,7 +912,9 @@ void ckptio_comm_single(ckptio_comm *out);
 /*! ckptio_writer_open_ranks() :
  *  Opens this rank's side of a multi-rank save into `dir` (which must exist
  *  and be the same directory on every rank: a shared filesystem, or one
- *  machine). Not collective.
+ *  machine; or a storage's prefix, s3://bucket/prefix, where each rank
+ *  uploads an object named for the save and rank 0 writes the index last,
+ *  the moment the checkpoint changes). Not collective.
  *  @comm    copied (the callbacks and `user` are borrowed until close).
  *  @dir @prefix  copied; prefix as for ckptio_writer_open_sharded.
  *  @opts    NULL for the context's defaults; copied; compress_level must be 0.
