@@ -171,7 +171,8 @@ class Writer(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[List[WriteResult]]:
         if self._group is None:
             self._group = _Group(self.process_group)
-        os.makedirs(self.path, exist_ok=True)
+        if "://" not in self.path:  # a storage's prefix (s3://bucket/dir) has no directory to make
+            os.makedirs(self.path, exist_ok=True)
         lib, context = _lib.lib(), ctx()
         opts = options(context, self.crc)
         w = ctypes.c_void_p()

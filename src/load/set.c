@@ -38,40 +38,85 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* A directory: its one index, else its one safetensors file, as *picked. */
-static int pick_in_dir(const char *dir, char *err, char **picked, int *is_index) {
-  DIR *d = opendir(dir);
-  if (!d) return ckptio_err_fmt(err, CKPTIO_ERRLEN, -errno, "%s: %s", dir, ckptio_errno_text(errno));
-  char found[CKPTIO_ERRLEN] = "";
-  size_t nidx = 0, nst = 0, used = 0;
-  char *idx = NULL, *st = NULL;
-  struct dirent *e;
+/* What a directory (or a storage's prefix) holds: its indexes and its
+ * safetensors files, the first of each kept, every one named for the
+ * error. */
+typedef struct picks {
+  char found[CKPTIO_ERRLEN];
+  size_t nidx, nst, used;
+  char *idx, *st;
+  const char *under; /* a storage's listing: "dir/", whose direct children count */
+} picks;
+
+static void pick(picks *p, const char *name) {
+  if (name[0] == '.') return; /* ., .., and our own temp files */
+  int i = ends_with(name, ".safetensors.index.json"), s = ends_with(name, ".safetensors");
+  if (!i && !s) return;
+  char **slot = i ? &p->idx : &p->st;
+  if (i ? p->nidx++ == 0 : p->nst++ == 0) *slot = strdup(name);
+  if (p->used < sizeof(p->found) - 1)
+    p->used += (size_t)snprintf(p->found + p->used, sizeof(p->found) - p->used, "%s'%s'", p->used ? ", " : "", name);
+}
+
+static int pick_listed(void *arg, const char *path, uint64_t size) {
+  picks *p = arg;
+  size_t n = strlen(p->under);
+  (void)size;
+  if (!strncmp(path, p->under, n) && !strchr(path + n, '/')) pick(p, path + n);
+  return 0;
+}
+
+/* The directory's one index, else its one safetensors file, as *picked. */
+static int picked_of(picks *p, const char *dir, char *err, char **picked, int *is_index) {
   int rc = 0;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] == '.') continue; /* ., .., and our own temp files */
-    int i = ends_with(e->d_name, ".safetensors.index.json"), s = ends_with(e->d_name, ".safetensors");
-    if (!i && !s) continue;
-    char **slot = i ? &idx : &st;
-    if (i ? nidx++ == 0 : nst++ == 0) *slot = strdup(e->d_name);
-    if (used < sizeof(found) - 1)
-      used += (size_t)snprintf(found + used, sizeof(found) - used, "%s'%s'", used ? ", " : "", e->d_name);
-  }
-  closedir(d);
-  if ((nidx && !idx) || (!nidx && nst && !st)) {
+  if ((p->nidx && !p->idx) || (!p->nidx && p->nst && !p->st)) {
     rc = -ENOMEM;
-  } else if (nidx > 1 || (nidx == 0 && nst != 1)) {
+  } else if (p->nidx > 1 || (p->nidx == 0 && p->nst != 1)) {
     rc = ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_SHARD,
                         "%s: a directory must hold exactly one *.safetensors.index.json, or else exactly one "
                         "*.safetensors; found %s",
-                        dir, used ? found : "neither");
-  } else if (!(*picked = ckptio_path_join(dir, nidx ? idx : st))) {
+                        dir, p->used ? p->found : "neither");
+  } else if (!(*picked = ckptio_path_join(dir, p->nidx ? p->idx : p->st))) {
     rc = -ENOMEM;
   } else {
-    *is_index = nidx == 1;
+    *is_index = p->nidx == 1;
   }
-  free(idx);
-  free(st);
+  free(p->idx);
+  free(p->st);
   return rc;
+}
+
+static int pick_in_dir(const char *dir, char *err, char **picked, int *is_index) {
+  DIR *d = opendir(dir);
+  if (!d) return ckptio_err_fmt(err, CKPTIO_ERRLEN, -errno, "%s: %s", dir, ckptio_errno_text(errno));
+  picks p = {0};
+  struct dirent *e;
+  while ((e = readdir(d))) pick(&p, e->d_name);
+  closedir(d);
+  return picked_of(&p, dir, err, picked, is_index);
+}
+
+/* A storage's path that names no file of a checkpoint (no .safetensors or
+ * .json ending) and has objects under it as a directory would: its one
+ * index, else its one safetensors file, as in a directory. @return 1 and
+ * *picked, 0 when nothing is under it (the path is then opened as an
+ * object), or a code. */
+static int pick_in_prefix(const ckptio_storage *st, const char *dir, char *err, char **picked, int *is_index) {
+  if (ends_with(dir, ".safetensors") || ends_with(dir, ".json") || !st->ops.list) return 0;
+  picks p = {0};
+  size_t n = strlen(dir);
+  char *under = malloc(n + 2);
+  if (!under) return -ENOMEM;
+  snprintf(under, n + 2, "%s%s", dir, n && dir[n - 1] == '/' ? "" : "/");
+  p.under = under;
+  int rc = st->ops.list(st->self, under, pick_listed, &p, err, CKPTIO_ERRLEN);
+  free(under);
+  if (rc < 0 || (!p.nidx && !p.nst)) {
+    free(p.idx);
+    free(p.st);
+    return rc < 0 ? rc : 0;
+  }
+  return (rc = picked_of(&p, dir, err, picked, is_index)) < 0 ? rc : 1;
 }
 
 /* The index file's bytes, bounded: a local file or an object. */
@@ -467,11 +512,13 @@ int ckptio_set_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *pat
   struct stat st;
   char *picked = NULL;
   int is_index = ends_with(path, ".index.json"), rc;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-    if ((rc = pick_in_dir(path, err, &picked, &is_index)) < 0) return rc;
-  } else if (!(picked = strdup(path))) {
-    return -ENOMEM;
-  }
+  const ckptio_storage *store = NULL;
+  if ((rc = ckptio_storages_find(ctx->storages, path, &store, err, CKPTIO_ERRLEN)) < 0) return rc;
+  if (rc > 0 && (rc = pick_in_prefix(store, path, err, &picked, &is_index)) < 0) return rc;
+  if (!picked && !store && stat(path, &st) == 0 && S_ISDIR(st.st_mode) &&
+      (rc = pick_in_dir(path, err, &picked, &is_index)) < 0)
+    return rc;
+  if (!picked && !(picked = strdup(path))) return -ENOMEM;
   if (!is_index) {
     *file = picked;
     return 0;

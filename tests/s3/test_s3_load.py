@@ -186,6 +186,26 @@ def test_sharded_set_in_s3_loads_as_a_set(s3, tmp_path):
         ct.load_file(f"s3://{s3.bucket}/sets/a/{index}")
 
 
+def test_dcp_saves_to_and_loads_from_s3(s3):
+    """torch.distributed.checkpoint through ckptio.dcp on an s3:// prefix
+    (one process: rank 0 of 1): the Writer uploads the rank's object and
+    the index, the Reader opens the prefix as a directory and DCP loads it
+    into other tensors, bit for bit; a second save replaces the first."""
+    import torch.distributed.checkpoint as dcp
+    from ckptio.dcp import Reader, Writer
+    url = f"s3://{s3.bucket}/dcp/step1"
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        sd = {"w": torch.randn(300, 1024, generator=g), "b": torch.randn(77, generator=g).to(torch.bfloat16)}
+        dcp.save(sd, storage_writer=Writer(url))
+        got = {k: torch.zeros_like(v) for k, v in sd.items()}
+        dcp.load(got, storage_reader=Reader(url))
+        for k in sd:
+            assert torch.equal(got[k], sd[k]), (seed, k)
+    keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=s3.bucket, Prefix="dcp/step1/")["Contents"]]
+    assert len(keys) == 2 and any(k.endswith(".safetensors.index.json") for k in keys), keys
+
+
 def test_sharded_saves_to_s3_replace_the_set_whole(s3, tmp_path):
     """save_torch_state_dict to an s3:// prefix: shards named after the save
     (the old index's shards are never written over), the index last; a
