@@ -1290,11 +1290,12 @@ extern "C" {
  *  machine; nothing to place", ...), or "" when CUDA is off. Borrowed. */
 const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
 
-/* Experimental: the calls below may change before they are declared
- * stable. They let a program that measures or stages GPU memory itself (the
- * `ckptio bench` command) do it through the context's CUDA runtime instead
- * of loading one of its own. Each is open-type: it fails with the detail
- * (the call, the GPU, the runtime's call and error) in
+/* Why experimental: new, with one user so far (`ckptio bench`); whether a
+ * copy should order itself after the caller's stream, and what else a
+ * description of a GPU holds, are not settled. They let a program that
+ * measures or stages GPU memory itself do it through the context's CUDA
+ * runtime instead of loading one of its own. Each is open-type: it fails
+ * with the detail (the call, the GPU, the runtime's call and error) in
  * ckptio_last_open_error. */
 
 /* A GPU as the context's CUDA runtime describes it. Versioned (see
