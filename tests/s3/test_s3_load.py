@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import weed_server  # noqa: E402
+import s3_env  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh puts it in .venv)")
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup.sh puts it in .venv)")
@@ -25,36 +25,7 @@ from ckptio.errors import CkptioError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def s3():
-    try:  # ctest runs this under weed_server.py: attached to, not started again
-        server = weed_server.WeedServer.attach_or_start(bucket="loads")
-    except weed_server.Unavailable as e:
-        pytest.skip(str(e))
-    with server:
-        old = {k: os.environ.get(k) for k in server.env({})}
-        os.environ.update(server.env({}))
-        try:
-            try:  # a library built without libcurl says so for any s3:// path
-                ct.load_file(f"s3://{server.bucket}/no-such-probe.safetensors")
-            except FileNotFoundError:
-                pass
-            except CkptioError as e:
-                if "libcurl" in str(e) or "without S3" in str(e):
-                    pytest.skip(f"this library has no S3 support: {e}")
-                raise
-            yield server
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
-def client(s3):
-    env = s3.env({})
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    yield from s3_env.serve("loads")
 
 
 def state():
@@ -69,7 +40,7 @@ def state():
 def upload(s3, tmp_path, key, t):
     path = tmp_path / "m.safetensors"
     ct.save_file(t, path)
-    client(s3).upload_file(str(path), s3.bucket, key)
+    s3.client().upload_file(str(path), s3.bucket, key)
     return f"s3://{s3.bucket}/{key}"
 
 
@@ -103,7 +74,7 @@ def test_a_crc_mismatch_in_s3_is_caught(s3, tmp_path):
     ct.save_file(t, path)
     data = bytearray(path.read_bytes())
     data[-100] ^= 0x40  # a byte of the last tensor's data
-    client(s3).put_object(Bucket=s3.bucket, Key="bad/model.safetensors", Body=bytes(data))
+    s3.client().put_object(Bucket=s3.bucket, Key="bad/model.safetensors", Body=bytes(data))
     with pytest.raises(ckptio.ChecksumError, match="checksum mismatch"):
         ct.load_file(f"s3://{s3.bucket}/bad/model.safetensors")
 
@@ -114,7 +85,7 @@ def test_missing_objects_and_unsupported_kinds_say_why(s3, tmp_path):
     with pytest.raises(CkptioError, match="bucket names"):
         ct.load_file("s3://Not_A_Bucket/x")
     torch.save({"w": torch.ones(3)}, tmp_path / "m.pt")
-    client(s3).upload_file(str(tmp_path / "m.pt"), s3.bucket, "m.pt")
+    s3.client().upload_file(str(tmp_path / "m.pt"), s3.bucket, "m.pt")
     with pytest.raises(CkptioError, match="PyTorch archive in a storage is not supported yet"):
         ct.load_file(f"s3://{s3.bucket}/m.pt")
 
@@ -137,7 +108,7 @@ def test_saves_to_s3_read_by_boto3_safetensors_and_runai(s3, tmp_path):
     t = state()
     url = f"s3://{s3.bucket}/saved/model.safetensors"
     ct.save_file(t, url, metadata={"step": "7"})
-    c = client(s3)
+    c = s3.client()
     assert not c.list_multipart_uploads(Bucket=s3.bucket, Prefix="saved/").get("Uploads")
     c.download_file(s3.bucket, "saved/model.safetensors", str(tmp_path / "dl.safetensors"))
     import safetensors.torch
@@ -173,7 +144,7 @@ def test_sharded_set_in_s3_loads_as_a_set(s3, tmp_path):
     ct.save_torch_state_dict(t, local, max_shard_size=4 << 20)
     files = sorted(p.name for p in local.iterdir())
     assert len([f for f in files if f.endswith(".safetensors")]) > 1, files
-    c = client(s3)
+    c = s3.client()
     for f in files:
         c.upload_file(str(local / f), s3.bucket, f"sets/a/{f}")
     index = [f for f in files if f.endswith(".index.json")][0]
@@ -202,7 +173,7 @@ def test_dcp_saves_to_and_loads_from_s3(s3):
         dcp.load(got, storage_reader=Reader(url))
         for k in sd:
             assert torch.equal(got[k], sd[k]), (seed, k)
-    keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=s3.bucket, Prefix="dcp/step1/")["Contents"]]
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="dcp/step1/")["Contents"]]
     assert len(keys) == 2 and any(k.endswith(".safetensors.index.json") for k in keys), keys
 
 
@@ -212,7 +183,7 @@ def test_sharded_saves_to_s3_replace_the_set_whole(s3, tmp_path):
     second save with another shard count replaces the set, its older shards
     are removed, and transformers-style loading through the index (boto3
     downloads + safetensors) reads every tensor."""
-    c = client(s3)
+    c = s3.client()
     prefix = f"s3://{s3.bucket}/sets/saved"
     first = state()
     ct.save_torch_state_dict(first, prefix, max_shard_size=3 << 20)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import weed_server  # noqa: E402
+import s3_env  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh puts it in .venv)")
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (scripts/setup.sh puts it in .venv)")
@@ -31,53 +31,24 @@ GTESTS = os.environ.get("CKPTIO_TEST_MANAGE_STORAGE")
 
 @pytest.fixture(scope="module")
 def s3():
-    try:  # ctest runs this under weed_server.py: attached to, not started again
-        server = weed_server.WeedServer.attach_or_start(bucket="managed")
-    except weed_server.Unavailable as e:
-        pytest.skip(str(e))
-    with server:
-        old = {k: os.environ.get(k) for k in server.env({})}
-        os.environ.update(server.env({}))
-        try:
-            try:  # a library built without libcurl says so for any s3:// path
-                ct.load_file(f"s3://{server.bucket}/no-such-probe.safetensors")
-            except FileNotFoundError:
-                pass
-            except CkptioError as e:
-                if "libcurl" in str(e) or "without S3" in str(e):
-                    pytest.skip(f"this library has no S3 support: {e}")
-                raise
-            yield server
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
-def client(s3):
-    env = s3.env({})
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    yield from s3_env.serve("managed")
 
 
 def keys(s3, prefix):
     """Every object under prefix/, named below it."""
     out = []
-    for page in client(s3).get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix + "/"):
+    for page in s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix + "/"):
         out += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
     return sorted(out)
 
 
 def open_uploads(s3, prefix):
-    r = client(s3).list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix + "/")
+    r = s3.client().list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix + "/")
     return [u["Key"] for u in r.get("Uploads", [])]
 
 
 def latest_record(s3, prefix):
-    return client(s3).get_object(Bucket=s3.bucket, Key=prefix + "/latest")["Body"].read().decode()
+    return s3.client().get_object(Bucket=s3.bucket, Key=prefix + "/latest")["Body"].read().decode()
 
 
 def state(step):
@@ -122,7 +93,7 @@ def test_python_manager_saves_retains_and_resumes(s3):
         assert info.complete and info.verified and info.files == 1 and info.dir == f"{url}/step-00000300"
     assert open_uploads(s3, prefix) == []
     # A `latest` naming a step that is not there: reported, and the scan wins.
-    client(s3).put_object(Bucket=s3.bucket, Key=prefix + "/latest", Body=b"step-00000999\n")
+    s3.client().put_object(Bucket=s3.bucket, Key=prefix + "/latest", Body=b"step-00000999\n")
     with CheckpointManager(url) as mgr:
         with pytest.warns(CheckpointWarning, match="step-00000999"):
             assert mgr.latest() == 300
@@ -158,7 +129,7 @@ def test_cli_lists_a_prefix(s3):
     with CheckpointManager(url, keep_last=None, max_shard_size="200KiB") as mgr:
         mgr.save(state(3), 3)
     shard = next(k for k in keys(s3, prefix) if k.startswith("step-00000003/model-"))
-    client(s3).delete_object(Bucket=s3.bucket, Key=f"{prefix}/{shard}")
+    s3.client().delete_object(Bucket=s3.bucket, Key=f"{prefix}/{shard}")
 
     r = subprocess.run([CLI, "checkpoints", url, "--verify", "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1, r.stdout + r.stderr  # one checkpoint is not complete
@@ -218,7 +189,7 @@ def test_a_save_killed_mid_upload_is_swept_and_resumed(s3, kind):
     left = open_uploads(s3, prefix)
     assert left and all(k.startswith(prefix + "/step-00000003/") for k in left), left
     assert check(url) == (2, 2), "the killed step is not a step; step 2 is the newest"
-    client(s3).delete_object(Bucket=s3.bucket, Key=prefix + "/latest")
+    s3.client().delete_object(Bucket=s3.bucket, Key=prefix + "/latest")
     assert check(url) == (2, 2), "resume does not need the latest record"
 
     r = driver("save", url, "--keep", "2", "--steps", "1", *extra)
@@ -233,7 +204,7 @@ def test_a_save_killed_mid_upload_is_swept_and_resumed(s3, kind):
     else:  # the index and the shards it names, nothing of the killed save
         for step in ("step-00000002", "step-00000003"):
             index = f"{prefix}/{step}/model.safetensors.index.json"
-            body = client(s3).get_object(Bucket=s3.bucket, Key=index)["Body"].read()
+            body = s3.client().get_object(Bucket=s3.bucket, Key=index)["Body"].read()
             named = {f"{step}/{f}" for f in json.loads(body)["weight_map"].values()}
             have = {k for k in keys(s3, prefix) if k.startswith(step + "/")}
             assert have == named | {f"{step}/model.safetensors.index.json"}
