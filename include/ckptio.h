@@ -31,8 +31,8 @@ extern "C" {
 /* Everything declared here is exported; the rest of the library is hidden. */
 #pragma GCC visibility push(default)
 
-#define CKPTIO_VERSION_MAJOR 0
-#define CKPTIO_VERSION_MINOR 2
+#define CKPTIO_VERSION_MAJOR 1
+#define CKPTIO_VERSION_MINOR 0
 #define CKPTIO_VERSION_PATCH 0
 #define CKPTIO_VERSION_NUMBER \
   (CKPTIO_VERSION_MAJOR * 10000 + CKPTIO_VERSION_MINOR * 100 + CKPTIO_VERSION_PATCH)

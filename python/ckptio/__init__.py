@@ -15,7 +15,7 @@ Python code catches (FileNotFoundError, KeyError, ValueError, ...).
 
 The library is the path in the environment variable CKPTIO_LIB, else the
 copy inside the package (the wheel), else build/libckptio.so of this
-repository, else libckptio.so.0 from the loader's path.
+repository, else libckptio.so.1 from the loader's path.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = ["save", "save_file", "load", "load_file", "load_metadata", "verify", 
 
 
 def version() -> str:
-    """The loaded library's version ("0.2.0")."""
+    """The loaded library's version ("1.0.0")."""
     return str(_lib.lib().ckptio_version_string().decode())
 
 

@@ -360,8 +360,8 @@ def _candidates() -> List[str]:
     # The wheel's copy inside the package (named by its SONAME, which the
     # wheel's ckptio command loads too: CMakeLists.txt), then the build of the
     # source tree the package sits in, then the loader path.
-    return [str(here / "libckptio.so.0"), str(here.parent.parent / "build" / "libckptio.so"),
-            "libckptio.so.0"]
+    return [str(here / "libckptio.so.1"), str(here.parent.parent / "build" / "libckptio.so"),
+            "libckptio.so.1"]
 
 
 def lib() -> Any:

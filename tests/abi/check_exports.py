@@ -39,7 +39,7 @@ AGAIN = "#include \"ckptio.h\"\n#define CKPTIO_EXPERIMENTAL\n#include \"ckptio.h
 def map_functions(source):
     text = open(os.path.join(source, "src", "ckptio.map")).read()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    node = re.search(r"(\w+)\s*\{\s*global:(.*?)local:", text, flags=re.S)
+    node = re.search(r"([\w.]+)\s*\{\s*global:(.*?)local:", text, flags=re.S)
     if not node:
         sys.exit("src/ckptio.map: no 'NODE { global: ... local:' block")
     names = [n.strip() for n in node.group(2).split(";") if n.strip()]

@@ -14,21 +14,21 @@ PREFIX=$TMP/prefix
 fail() { echo "test_install: FAIL: $*" >&2; exit 1; }
 
 cmake --install "$BUILD" --prefix "$PREFIX" >"$TMP/install.log" || { cat "$TMP/install.log"; fail "cmake --install"; }
-libdir=$(cd "$PREFIX" && ls -d lib*/libckptio.so.0 | xargs dirname)
-for f in include/ckptio.h "$libdir/libckptio.a" "$libdir/libckptio.so" "$libdir/libckptio.so.0" bin/ckptio \
+libdir=$(cd "$PREFIX" && ls -d lib*/libckptio.so.1 | xargs dirname)
+for f in include/ckptio.h "$libdir/libckptio.a" "$libdir/libckptio.so" "$libdir/libckptio.so.1" bin/ckptio \
          "$libdir/pkgconfig/ckptio.pc" "$libdir/cmake/ckptio/ckptioConfig.cmake" \
          "$libdir/cmake/ckptio/ckptioConfigVersion.cmake" "$libdir/cmake/ckptio/ckptioTargets.cmake"; do
   [[ -e "$PREFIX/$f" ]] || fail "$f is not installed"
 done
 soname=$(readelf -d "$PREFIX/$libdir/libckptio.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
-[[ "$soname" == libckptio.so.0 ]] || fail "SONAME is '$soname', want libckptio.so.0"
+[[ "$soname" == libckptio.so.1 ]] || fail "SONAME is '$soname', want libckptio.so.1"
 version=$(env -u LD_LIBRARY_PATH "$PREFIX/bin/ckptio" --version) || fail "the installed ckptio command does not run"
 # The command links the shared library and finds the installed one by its
 # RPATH ($ORIGIN/../lib), not the build tree's.
 deps=$(env -u LD_LIBRARY_PATH ldd "$PREFIX/bin/ckptio")
-lib=$(awk '$1 == "libckptio.so.0" && $2 == "=>" {print $3}' <<<"$deps")
-[[ -n "$lib" && "$(readlink -f "$lib")" == "$(readlink -f "$PREFIX/$libdir/libckptio.so.0")" ]] ||
-  fail "the installed ckptio command does not load $PREFIX/$libdir/libckptio.so.0: $deps"
+lib=$(awk '$1 == "libckptio.so.1" && $2 == "=>" {print $3}' <<<"$deps")
+[[ -n "$lib" && "$(readlink -f "$lib")" == "$(readlink -f "$PREFIX/$libdir/libckptio.so.1")" ]] ||
+  fail "the installed ckptio command does not load $PREFIX/$libdir/libckptio.so.1: $deps"
 echo "test_install: installed $version, SONAME $soname"
 # Only ckptio_* is exported by the shared library.
 exported=$(nm -D --defined-only "$PREFIX/$libdir/libckptio.so" | awk '$2 ~ /[TDB]/ {print $3}')
@@ -47,7 +47,7 @@ deps=$(ldd "$TMP/cm/consumer_static")
 [[ "$deps" != *libckptio* ]] || fail "consumer_static links libckptio.so"
 "$TMP/cm/consumer_static" "$TMP/b.safetensors" || fail "consumer_static"
 deps=$(LD_LIBRARY_PATH="$PREFIX/$libdir" ldd "$TMP/cm/consumer_shared")
-[[ "$deps" == *"$PREFIX/$libdir/libckptio.so.0"* ]] || fail "consumer_shared does not load the installed libckptio.so.0"
+[[ "$deps" == *"$PREFIX/$libdir/libckptio.so.1"* ]] || fail "consumer_shared does not load the installed libckptio.so.1"
 
 # 2. pkg-config, shared then static.
 export PKG_CONFIG_PATH="$PREFIX/$libdir/pkgconfig"
@@ -87,7 +87,7 @@ for spec in "${fault_specs[@]}"; do
   fault_env "$spec" env LD_LIBRARY_PATH="$TMP/default" "$TMP/pc_shared" "$TMP/f.safetensors" \
     || fail "the default build's library failed a save under CKPTIO_FAULT=$spec"
   deps=$(LD_LIBRARY_PATH="$TMP/default" ldd "$TMP/pc_shared")
-  [[ "$deps" == *"$TMP/default/libckptio.so.0"* ]] || fail "pc_shared did not load the default build's library"
+  [[ "$deps" == *"$TMP/default/libckptio.so.1"* ]] || fail "pc_shared did not load the default build's library"
   # The command (linked with the static library) too: a 16 MiB save at
   # 1 MB/s would take 16 s, so a quick one shows it is not slowed either.
   t0=$(date +%s%N)

@@ -63,7 +63,7 @@ import re, sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
 need = {"ckptio/__init__.py", "ckptio/numpy.py", "ckptio/torch.py", "ckptio/errors.py",
         "ckptio/_lib.py", "ckptio/_core.py", "ckptio/_cli.py", "ckptio/py.typed",
-        "ckptio/libckptio.so.0", "ckptio/_bin/ckptio"}
+        "ckptio/libckptio.so.1", "ckptio/_bin/ckptio"}
 missing = need - names
 for lib in ("libisal", "libhwloc", "libzstd"):
     if not any(re.fullmatch(rf"ckptio\.libs/{lib}-[0-9a-f]+\.so[.0-9]*", n) for n in names):
@@ -94,12 +94,12 @@ SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   > "$SITE/zz_project_numpy.pth" || fail "cannot find the project venv's numpy"
 "$VPY" -c "import numpy" || fail "numpy does not import in the fresh venv through the .pth"
 PKG="$SITE/ckptio"
-[[ -f "$PKG/libckptio.so.0" && -x "$PKG/_bin/ckptio" ]] || fail "the installed package lacks its binaries"
+[[ -f "$PKG/libckptio.so.1" && -x "$PKG/_bin/ckptio" ]] || fail "the installed package lacks its binaries"
 
 # Every dependency beyond glibc (and the compiler's runtime, which every
 # manylinux system has) resolves inside the installed wheel.
 step "ldd of the installed library and program"
-for elf in "$PKG/libckptio.so.0" "$PKG/_bin/ckptio"; do
+for elf in "$PKG/libckptio.so.1" "$PKG/_bin/ckptio"; do
   out="$(ldd "$elf")" || { echo "$out"; fail "ldd $elf failed"; }
   echo "$out"
   [[ "$out" != *"not found"* ]] || fail "$elf: a dependency is not found"
@@ -110,7 +110,7 @@ for elf in "$PKG/libckptio.so.0" "$PKG/_bin/ckptio"; do
     esac
     real="$(readlink -f "$path")"
     # The program loads the package's own library (its RPATH $ORIGIN/..).
-    [[ "$real" == "$SITE/ckptio.libs/"* || "$real" == "$PKG/libckptio.so.0" ]] ||
+    [[ "$real" == "$SITE/ckptio.libs/"* || "$real" == "$PKG/libckptio.so.1" ]] ||
       fail "$elf: $name resolves to $real, outside the wheel"
   done <<< "$out"
   for lib in libisal libhwloc libzstd; do
@@ -166,7 +166,7 @@ assert "CKPTIO_LIB" not in os.environ and "PYTHONPATH" not in os.environ
 pkg = pathlib.Path(ckptio.__file__).resolve().parent
 assert venv in pkg.parents, f"ckptio imported from {pkg}, not from {venv}"
 lib = pathlib.Path(_lib.lib()._name).resolve()
-assert lib == pkg / "libckptio.so.0", f"the library loaded is {lib}, not the package's"
+assert lib == pkg / "libckptio.so.1", f"the library loaded is {lib}, not the package's"
 version = ckptio.version()
 assert importlib.metadata.version("ckptio") == version, (importlib.metadata.version("ckptio"), version)
 # The libraries the process mapped: ISA-L, hwloc, zstd from the wheel only.
