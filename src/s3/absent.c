@@ -1,13 +1,15 @@
-/* The S3 verbs in a build without libcurl: each says so, so an s3:// path
- * fails with one clear sentence instead of a missing symbol. */
+/* The S3 verbs in a build without libcurl's headers (CKPTIO_S3=OFF, or no
+ * libcurl4-openssl-dev): each says so, so an s3:// path fails with one clear
+ * sentence instead of a missing symbol. (With the headers, a machine without
+ * libcurl gets curl_api.c's sentence instead, at run time.) */
 #include "ckptio.h"
 #include "core/error.h"
 #include "s3/s3.h"
 
-#define ABSENT(err, errlen)                                                                                      \
-  ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT,                                                                   \
-                 "S3 (s3://) is not supported by this build of ckptio: libcurl was not found when it was built " \
-                 "(install libcurl4-openssl-dev and rebuild)")
+#define ABSENT(err, errlen)                                                                     \
+  ckptio_err_fmt(err, errlen, CKPTIO_E_FORMAT,                                                  \
+                 "S3 (s3://) is not supported by this build of ckptio: libcurl's headers were " \
+                 "not found when it was built (install libcurl4-openssl-dev and rebuild)")
 
 int ckptio_s3_client_create(const ckptio_s3_config *cfg, ckptio_s3_client **out, char *err, size_t errlen) {
   (void)cfg;

@@ -1,6 +1,7 @@
 /* The S3 client room (issue 27): the verbs an S3-compatible storage backend
- * needs, over libcurl with its built-in AWS SigV4 signing. Calls core and
- * libc and libcurl only; knows nothing of checkpoints.
+ * needs, over libcurl with its built-in AWS SigV4 signing (libcurl loaded
+ * at run time by the first client: curl_api.h). Calls core and libc and
+ * libcurl only; knows nothing of checkpoints.
  *
  * Every call returns 0 (or a count) or a negative code, and on failure
  * writes one sentence into err naming the method, the URL, the HTTP status
@@ -13,7 +14,9 @@
  *   CKPTIO_E_SHORT_IO      a body shorter or longer than the range asked,
  *                          a Content-Range that is not the range asked,
  *                          a range past the object's end (416)
- *   CKPTIO_E_FORMAT        this build has no S3 support (no libcurl)
+ *   CKPTIO_E_FORMAT        this build has no S3 support (no libcurl
+ *                          headers), or libcurl 4 could not be loaded at
+ *                          run time (curl_api.h)
  *   -ECONNREFUSED, -ECONNRESET, -ETIMEDOUT, -EHOSTUNREACH   transport
  *   -ESTALE                the object changed since the ETag a read was
  *                          made against (412 PreconditionFailed)
@@ -90,9 +93,11 @@ typedef struct ckptio_s3_config {
  * create and free may not race with them. */
 typedef struct ckptio_s3_client ckptio_s3_client;
 
-/* cfg NULL: everything from the environment. Fails with
- * CKPTIO_E_INVALID_ARG when no credentials are found, CKPTIO_E_FORMAT in
- * a build without libcurl. */
+/* cfg NULL: everything from the environment. The first call of the process
+ * loads libcurl (curl_api.h). Fails with CKPTIO_E_INVALID_ARG when no
+ * credentials are found, CKPTIO_E_FORMAT in a build without libcurl's
+ * headers or when libcurl 4 cannot be loaded (the sentence says how to
+ * install it). */
 int ckptio_s3_client_create(const ckptio_s3_config *cfg, ckptio_s3_client **out, char *err,
                             size_t errlen);
 void ckptio_s3_client_free(ckptio_s3_client *c); /* NULL accepted */
