@@ -90,15 +90,10 @@ struct file_writer {
   ckptio_batch batch;
 };
 
-static int fail(file_writer *w, int code, const char *fmt, const char *a, const char *b) {
-  snprintf(w->base.err, sizeof(w->base.err), fmt, a, b);
-  return code;
-}
-
 /* Every verb but close after ckptio_writer_abort. */
 static int aborted(file_writer *w) {
-  return fail(w, CKPTIO_E_STATE, "%s: the save was aborted (ckptio_writer_abort)%s", w->path,
-              ": the writer may only be closed");
+  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
+                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->path);
 }
 
 static const ckptio_writer_verbs file_verbs;
@@ -146,12 +141,12 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
 static int add_metadata(file_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
   if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: metadata after commit%s", w->path, "");
+  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->path);
   if (!reserved_ok && strncmp(key, "ckptio.", 7) == 0)
-    return fail(w, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')%s", key, "");
+    return ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')", key);
   for (size_t i = 0; i < w->nmeta; i++)
     if (strcmp(w->meta[i].key, key) == 0)
-      return fail(w, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice%s", key, "");
+      return ckptio_fail(w->base.err, CKPTIO_E_DUPLICATE, "metadata key '%s' set twice", key);
   if (ckptio_array_grow((void **)&w->meta, &w->meta_cap, w->nmeta, sizeof(*w->meta)) < 0) return -ENOMEM;
   char *k = strdup(key), *v = strdup(value);
   if (!k || !v) {
@@ -198,20 +193,20 @@ static int check_pointer(file_writer *w, const ckptio_tensor *t, int64_t nbytes)
   char msg[CKPTIO_ERRLEN];
   if (t->device != CKPTIO_DEVICE_HOST) {
     if (ckptio_ctx_gpu_ordinal(w->ctx, t->device, &ord, msg, sizeof(msg)) < 0)
-      return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, msg);
+      return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, msg);
     if (ord >= MAX_GPUS)
-      return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, "ckptio handles GPUs 0 to 63");
+      return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "tensor '%s': ckptio handles GPUs 0 to 63", t->name);
   }
   if (!w->ctx->gpu || !nbytes) return 0;
   int where = -1;
   int rc = ckptio_gpu_where(w->ctx->gpu, t->data, &where, msg, sizeof(msg));
-  if (rc < 0) return fail(w, rc, "tensor '%s': %s", t->name, msg);
-  if (where != ord) {
-    snprintf(msg, sizeof(msg), "data is %s memory but the descriptor says %s",
-             where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
-    if (where >= 0 && ord >= 0) snprintf(msg, sizeof(msg), "data is on GPU %d but the descriptor says GPU %d", where, ord);
-    return fail(w, CKPTIO_E_DEVICE, "tensor '%s': %s", t->name, msg);
-  }
+  if (rc < 0) return ckptio_fail(w->base.err, rc, "tensor '%s': %s", t->name, msg);
+  if (where != ord && where >= 0 && ord >= 0)
+    return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "tensor '%s': data is on GPU %d but the descriptor says GPU %d",
+                       t->name, where, ord);
+  if (where != ord)
+    return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "tensor '%s': data is %s memory but the descriptor says %s",
+                       t->name, where < 0 ? "host" : "GPU", ord < 0 ? "host" : "GPU");
   return 0;
 }
 
@@ -221,10 +216,10 @@ static int file_set_stream(ckptio_writer *base, int device, void *stream) {
   char msg[CKPTIO_ERRLEN];
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: stream set after commit%s", w->path, "");
+  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->path);
   if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
-    return fail(w, CKPTIO_E_DEVICE, "%s: %s", w->path, msg);
-  if (ord >= MAX_GPUS) return fail(w, CKPTIO_E_DEVICE, "%s: %s", w->path, "ckptio handles GPUs 0 to 63");
+    return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "%s: %s", w->path, msg);
+  if (ord >= MAX_GPUS) return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", w->path);
   w->user_stream[ord] = stream;
   return 0;
 }
@@ -235,24 +230,25 @@ static int file_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fil
   file_writer *w = (file_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
+  if (w->state != W_OPEN)
+    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
   if (nbytes < 0)
-    return fail(w, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
-                ckptio_strerror((int)nbytes));
+    return ckptio_fail(w->base.err, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
+                       ckptio_strerror((int)nbytes));
   int rc = fill.fn ? 0 : check_pointer(w, t, nbytes);
   if (rc < 0) return rc;
   if (!t->data && !fill.fn && nbytes)
-    return fail(w, CKPTIO_E_INVALID_ARG, "tensor '%s': %s", t->name, "NULL data for a non-empty tensor");
+    return ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "tensor '%s': NULL data for a non-empty tensor", t->name);
   if (strcmp(t->name, "__metadata__") == 0)
-    return fail(w, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors%s", t->name, "");
+    return ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "tensor name '%s' is reserved by safetensors", t->name);
   if (ckptio_array_grow((void **)&w->tensors, &w->cap, w->count, sizeof(*w->tensors)) < 0) return -ENOMEM;
   wtensor *wt = &w->tensors[w->count];
   if (!(wt->name = strdup(t->name))) return -ENOMEM;
   rc = ckptio_nameset_insert(&w->names, wt->name, w->count, wtensor_name, w->tensors);
   if (rc <= 0) {
     free(wt->name);
-    return rc < 0 ? rc : fail(w, CKPTIO_E_DUPLICATE, "tensor '%s' added twice%s", t->name, "");
+    return rc < 0 ? rc : ckptio_fail(w->base.err, CKPTIO_E_DUPLICATE, "tensor '%s' added twice", t->name);
   }
   wt->t = *t;
   wt->t.name = wt->name;
@@ -682,7 +678,7 @@ static void release_held(file_writer *w) {
 static int mark_callers(file_writer *w) {
   char msg[CKPTIO_ERRLEN];
   int rc = ckptio_gpu_mark_callers(w->ctx->gpu, w->gpus_used, w->user_stream, w->start_event, msg, sizeof(msg));
-  return rc < 0 ? fail(w, rc, "%s: recording the snapshot event: %s", w->path, msg) : 0;
+  return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: recording the snapshot event: %s", w->path, msg) : 0;
 }
 
 /* A slot a load released while its copies to a GPU still read it: those
@@ -692,7 +688,8 @@ static int slot_copied(file_writer *w, void *slot) {
   char msg[CKPTIO_ERRLEN];
   size_t i = ckptio_ring_slot_index(w->ctx->ring, slot);
   int rc = gpus ? ckptio_gpu_wait_slot(w->ctx->gpu, gpus, i, msg, sizeof(msg)) : 0;
-  return rc < 0 ? fail(w, rc, "%s: waiting for an earlier load's copy from staging: %s", w->path, msg) : 0;
+  return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: waiting for an earlier load's copy from staging: %s", w->path, msg)
+                : 0;
 }
 
 static void prepare_run(void *ring) { (void)ckptio_ring_prepare(ring); }
@@ -702,7 +699,7 @@ static int queue_chunks(file_writer *w) {
   if (w->gpus_used) {
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_gpu_wait_marks(w->ctx->gpu, w->gpus_used, CKPTIO_GPU_D2H, w->start_event, msg, sizeof(msg));
-    if (rc < 0) return fail(w, rc, "%s: %s", w->path, msg);
+    if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: %s", w->path, msg);
   }
   /* A compressed save's frame 0, the header, is written at the end. */
   uint64_t first = w->zs ? 1 : 0;
@@ -876,7 +873,7 @@ static int file_commit_async(ckptio_writer *base) {
   file_writer *w = (file_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: commit called twice%s", w->path, "");
+  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->path);
   int rc = w->gpus_used ? mark_callers(w) : 0;
   if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
@@ -886,7 +883,7 @@ static int file_commit_async(ckptio_writer *base) {
   if (rc) {
     w->state = W_OPEN;
     ckptio_batch_destroy(&w->batch);
-    return fail(w, -rc, "%s: cannot start the save thread: %s", w->path, ckptio_errno_text(rc));
+    return ckptio_fail(w->base.err, -rc, "%s: cannot start the save thread: %s", w->path, ckptio_errno_text(rc));
   }
   return 0;
 }
@@ -896,9 +893,9 @@ static int file_commit_async(ckptio_writer *base) {
 static int file_abort(ckptio_writer *base, int code, const char *why) {
   file_writer *w = (file_writer *)base;
   if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return fail(w, CKPTIO_E_STATE, "%s: abort after commit%s", w->path, "");
+  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->path);
   w->state = W_ABORTED;
-  return fail(w, code, "save abandoned by its caller: %s%s", why && *why ? why : ckptio_strerror(code), "");
+  return ckptio_fail(w->base.err, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
 }
 
 /* The snapshot flag, or with `durable` the durable one. */
