@@ -64,6 +64,7 @@ static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   *out = NULL;
   ckptio_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return -ENOMEM;
+  ckptio_closer_init(&ctx->closer);
   char why[CKPTIO_ERRLEN];
   int rc = copy_options(opts, &ctx->opts, why);
   if (rc < 0) {
@@ -132,6 +133,7 @@ void ckptio_ctx_free(ckptio_ctx *ctx) {
   if (ctx->ring) ckptio_ring_prepare_stop(ctx->ring); /* also queued saves' preparing jobs */
   if (ctx->preparing) pthread_join(ctx->preparer, NULL);
   ckptio_pool_free(ctx->pool);
+  ckptio_closer_fini(&ctx->closer); /* after the workers: a commit there may still hand files over */
   ckptio_gpu_close(ctx->gpu);
   ckptio_ring_free(ctx->ring);
   ckptio_storages_free(ctx->storages);

@@ -4,6 +4,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "core/hold.h"
 #include "device/gpu.h"
 #include "pool/pool.h"
 #include "staging/ring.h"
@@ -30,6 +31,7 @@ struct ckptio_ctx {
   ckptio_storages *storages; /* what serves "SCHEME://" paths */
   char cuda_why[CKPTIO_ERRLEN];
   char numa_report[CKPTIO_ERRLEN];
+  ckptio_closer closer; /* the files its saves replaced, closed after them */
   pthread_t preparer;  /* faults in (and pins) snapshot memory; see ctx.c */
   int preparing;       /* preparer started: join it at free */
 };

@@ -4,10 +4,12 @@
  * for 4 GiB, far longer than the fdatasync before it (bench/RESULTS.md).
  * Opened first, the name can go now and the blocks when the descriptor
  * closes, off the save's path. Shared by the commits (io, save) and the
- * manager's retention (manage), which may not call each other's rooms. */
+ * manager's retention (manage), which may not call each other's rooms, and
+ * so is the closer that closes them later (below). */
 #ifndef CKPTIO_CORE_HOLD_H
 #define CKPTIO_CORE_HOLD_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +30,31 @@ typedef struct ckptio_held {
 void ckptio_held_add(ckptio_held *h, int fd);
 /* Closes every descriptor of h (each through ckptio_held_close) and empties it. */
 void ckptio_held_close_all(ckptio_held *h);
+
+/* The one way held descriptors are closed later: batch after batch, on a
+ * thread of the closer's own that runs while there is something to close.
+ * A context has one (its saves' replaced and stale files, handed over after
+ * the durable point) and a manager has one (the steps retention removed).
+ * Its closes are its owner's: a save told there is no space waits for its
+ * context's, never for another context's. */
+typedef struct ckptio_closer {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  ckptio_held queue; /* not yet taken by the thread */
+  int running;       /* the thread has closes to run */
+  int started;       /* th not joined yet */
+  pthread_t th;
+} ckptio_closer;
+
+void ckptio_closer_init(ckptio_closer *c);
+/* Takes h's descriptors (h is left empty) to be closed after the ones
+ * handed over before; closes them here when no thread can be started. */
+void ckptio_closer_add(ckptio_closer *c, ckptio_held *h);
+/* Blocks until every descriptor handed over so far is closed.
+ * @return 1 if it waited for any, else 0. */
+int ckptio_closer_wait(ckptio_closer *c);
+/* Waits, then releases c. */
+void ckptio_closer_fini(ckptio_closer *c);
 
 /* Closes a held descriptor: where its file's blocks are freed. */
 void ckptio_held_close(int fd);

@@ -58,9 +58,8 @@ struct ckptio_manager {
   size_t nlist;
   char err[CKPTIO_ERRLEN];
   char why[CKPTIO_ERRLEN];   /* the cause of the last failed directory or storage call */
-  pthread_t closer;          /* closing `closing` while closer_running */
-  int closer_running;
-  ckptio_held closing;
+  ckptio_closer closer;      /* the files of removed steps; the next retention
+                                and ckptio_manager_close wait for it */
 };
 
 /* "step-00001000". */
@@ -84,15 +83,10 @@ int mgr_content_error(const ckptio_manager *m, int code);
 /* fdopendir of name under dirfd (O_DIRECTORY | O_CLOEXEC | flags); @return 0 or -errno. */
 int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
 /* Removes DIR/name and everything below it (a few levels at most); with
- * `held`, each file stays open there so that its blocks are freed when
- * mgr_close_later's thread closes it (release.c). @return 0 or -errno. */
+ * `held`, each file stays open there so that its blocks are freed when the
+ * manager's closer closes it. @return 0 or -errno. */
 int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held);
 
-/* release.c: closes h's descriptors on the manager's thread (after the
- * previous batch) and empties h. */
-void mgr_close_later(ckptio_manager *m, ckptio_held *h);
-/* Waits for that thread. */
-void mgr_closes_join(ckptio_manager *m);
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
 void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);
 /* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR; on

@@ -82,6 +82,7 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
     if (fd >= 0) close(fd);
     return fail_open(-ENOMEM, "%s: %s", dir, "out of memory");
   }
+  ckptio_closer_init(&m->closer);
   /* "s3://b/ckpts/" and "s3://b/ckpts" are one prefix: step names are
    * joined with one '/'. */
   for (size_t n = strlen(d); object && n > 0 && d[n - 1] == '/' && !strstr(d + n - 3, "://"); n--) d[n - 1] = '\0';
@@ -131,7 +132,7 @@ void ckptio_manager_close(ckptio_manager *m) {
     ckptio_writer_close(m->w);
     end_save(m, NULL);
   }
-  mgr_closes_join(m);
+  ckptio_closer_fini(&m->closer);
   for (size_t i = 0; i < m->nlist; i++) mgr_entry_free(&m->list[i]);
   free(m->list);
   if (m->dirfd >= 0) close(m->dirfd);
@@ -388,6 +389,10 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
                    m->why[0] ? m->why : ckptio_strerror(rc));
 out:
   end_save(m, &held);
-  mgr_close_later(m, &held);
+  /* Unlinking without holding frees the blocks in the call (0.1-0.2 s per
+   * GiB here): retention held the removed files open, and the manager's
+   * closer frees them after save_end, one retention's files at a time. */
+  ckptio_closer_wait(&m->closer);
+  ckptio_closer_add(&m->closer, &held);
   return rc;
 }

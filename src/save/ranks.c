@@ -19,7 +19,6 @@
 #include "save/collect.h"
 #include "save/objects.h"
 #include "save/ranks.h"
-#include "save/release.h"
 #include "save/save.h"
 
 enum { R_OPEN, R_RUNNING, R_DONE, R_ABORTED };
@@ -373,7 +372,7 @@ static int agree_and_publish(ranks_writer *w) {
     ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles, &held);
     ckptio_remove_stray_temps(w->dir, w->prefix);
   }
-  ckptio_close_later(w->ctx->pool, &held);
+  ckptio_closer_add(&w->ctx->closer, &held);
   if (rc == 0 && w->comm.rank == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     ckptio_fail(w->base.err, rc, "%s: fsync of the directory after removing the old files: %s", w->dir,
                 ckptio_errno_text(-rc));

@@ -23,7 +23,6 @@
 #include "io/publish.h"
 #include "save/collect.h"
 #include "save/objects.h"
-#include "save/release.h"
 #include "save/save.h"
 
 enum { S_OPEN, S_RUNNING, S_ABORTED };
@@ -297,7 +296,7 @@ static int publish(set_writer *w) {
   ckptio_held held = {0}; /* the replaced and the stale shards, closed off the save */
   for (size_t i = 0; i < w->nshards; i++) ckptio_tmpfile_release(&w->files[i], w->how[i], &held);
   ckptio_remove_stale_shards(w->dir, w->prefix, w->nshards, &held);
-  ckptio_close_later(w->ctx->pool, &held);
+  ckptio_closer_add(&w->ctx->closer, &held);
   ckptio_remove_stray_temps(w->dir, w->prefix); /* what a killed save of this set left */
   if (w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
     ckptio_fail(w->base.err, rc, "%s: fsync of the directory after removing the old shards: %s", w->dir,

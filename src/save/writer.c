@@ -22,7 +22,6 @@
 #include "internal.h"
 #include "io/file.h"
 #include "io/publish.h"
-#include "save/release.h"
 #include "save/save.h"
 #include "save/zsave.h"
 
@@ -821,8 +820,8 @@ static int save_run(file_writer *w) {
   else
     rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   /* No space yet: the blocks of files that earlier saves replaced may still
-   * be on their way back (release.h). */
-  if (rc == -ENOSPC && !object && ckptio_closes_wait())
+   * be on their way back (the context's closer, core/hold.h). */
+  if (rc == -ENOSPC && !object && ckptio_closer_wait(&w->ctx->closer))
     rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   if (rc < 0) return rc;
   if (compress && (rc = zsave_open(w)) < 0) goto fail;
@@ -845,7 +844,7 @@ static int save_run(file_writer *w) {
     ckptio_held held = {0};
     rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
     if (rc == 0 && !object) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
-    ckptio_close_later(w->ctx->pool, &held);
+    ckptio_closer_add(&w->ctx->closer, &held);
   }
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;

@@ -11,8 +11,8 @@
 #include "ckpt_fixture.h"
 extern "C" {
 #include "core/hold.h"
+#include "internal.h"
 #include "io/fault.h"
-#include "save/release.h"
 }
 
 using namespace ckptio_test;
@@ -95,7 +95,7 @@ TEST_F(Faults, ASaveOverAnOldFileDoesNotWaitForTheOldBlocksToBeFreed) {
   auto tb = std::chrono::steady_clock::now();
   ASSERT_EQ(save(ctx_, path(), next_), 0);
   double base = seconds_since(tb);
-  ckptio_closes_wait();
+  ckptio_closer_wait(&ctx_->closer);
   ckptio_held_slow_closes((uint64_t)(kSlowClose * 1e9));
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(save(ctx_, path(), next_), 0);
@@ -107,11 +107,11 @@ TEST_F(Faults, ASaveOverAnOldFileDoesNotWaitForTheOldBlocksToBeFreed) {
   if (seconds_since(t0) < 0.8 * kSlowClose) {
     EXPECT_EQ(held, 1) << "the old file is not held open";
   }
-  EXPECT_EQ(ckptio_closes_wait(), 1);
+  EXPECT_EQ(ckptio_closer_wait(&ctx_->closer), 1);
   // The close began after t0 and takes kSlowClose: a floor, whatever the load.
-  EXPECT_GE(seconds_since(t0), kSlowClose) << "closes_wait returned before the close ended";
+  EXPECT_GE(seconds_since(t0), kSlowClose) << "closer_wait returned before the close ended";
   EXPECT_EQ(open_removed_files("model.safetensors"), 0) << "the old file's descriptor leaked";
-  EXPECT_EQ(ckptio_closes_wait(), 0);
+  EXPECT_EQ(ckptio_closer_wait(&ctx_->closer), 0);
 }
 
 TEST_F(Faults, AContextsEndClosesTheOldFilesItHeld) {
@@ -120,7 +120,24 @@ TEST_F(Faults, AContextsEndClosesTheOldFilesItHeld) {
   ckptio_ctx_free(ctx_);
   ctx_ = nullptr;
   EXPECT_EQ(open_removed_files("model.safetensors"), 0);
-  EXPECT_EQ(ckptio_closes_wait(), 0);
+}
+
+// Each context closes its own replaced files: a context whose saves
+// replaced nothing has nothing to wait for while another's close runs.
+TEST_F(Faults, AContextWaitsForItsOwnClosesOnly) {
+  const double close_s = 0.5;
+  ckptio_ctx *other = nullptr;
+  ckptio_options o = small_options(64 << 10, 256 << 10, 2);
+  ASSERT_EQ(ckptio_ctx_create(&o, &other), 0) << ckptio_last_open_error();
+  ckptio_held_slow_closes((uint64_t)(close_s * 1e9));
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(save(ctx_, path(), next_), 0);
+  EXPECT_EQ(ckptio_closer_wait(&other->closer), 0) << "a context waited for another context's close";
+  EXPECT_EQ(ckptio_closer_wait(&ctx_->closer), 1);
+  // The close began after t0 and takes close_s: a floor, whatever the load.
+  EXPECT_GE(seconds_since(t0), close_s) << "closer_wait returned before the close ended";
+  EXPECT_EQ(open_removed_files("model.safetensors"), 0);
+  ckptio_ctx_free(other);
 }
 
 // A save told there is no space waits for the blocks of files replaced

@@ -22,8 +22,8 @@
 extern "C" {
 #include "core/hold.h"
 #include "formats/hf_index.h"
+#include "internal.h"
 #include "io/fault.h"
-#include "save/release.h"
 }
 
 using namespace ckptio_test;
@@ -798,7 +798,7 @@ TEST_F(ShardFaults, TheOldShardsAreFreedAfterTheSaveNotInIt) {
   if (saved < 0.45) {
     EXPECT_EQ(held, (int)shards) << "the old shards are not held open";
   }
-  EXPECT_EQ(ckptio_closes_wait(), 1);
+  EXPECT_EQ(ckptio_closer_wait(&ctx_->closer), 1);
   EXPECT_GT(since(), 0.5 * (double)shards - 0.1) << "the closes did not run one after the other";
   ckptio_held_slow_closes(0);
   EXPECT_EQ(open_removed_files(".safetensors.ckptio-tmp-"), 0);
@@ -831,7 +831,7 @@ TEST_F(ShardFaults, StaleShardsAreFreedAfterTheSaveNotInIt) {
     EXPECT_EQ(held, (int)stale) << "the stale shards are not held open";
   }
   EXPECT_EQ(dir_.list(), (std::vector<std::string>{shard_name(1, 1), kIndex}));
-  EXPECT_EQ(ckptio_closes_wait(), 1);
+  EXPECT_EQ(ckptio_closer_wait(&ctx_->closer), 1);
   ckptio_held_slow_closes(0);
   EXPECT_EQ(open_removed_files(pattern), 0);
   expect_loads(ctx_, dir_.path(), model(200));
