@@ -1484,7 +1484,6 @@ typedef struct ckptio_storage_ops {
   size_t size;
   int (*open_read)(void *self, const char *path, void **obj, uint64_t *size, char *err, size_t errlen);
   int (*read)(void *self, void *obj, void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
-
   void (*close_read)(void *self, void *obj);
   int (*create)(void *self, const char *path, uint64_t size, uint64_t chunk, void **obj, char *err, size_t errlen);
   int (*write)(void *self, void *obj, const void *buf, size_t len, uint64_t offset, char *err, size_t errlen);
