@@ -16,24 +16,24 @@
 
 #include "manage/manage.h"
 
-static int fail_open(int code, const char *fmt, const char *a, const char *b) {
-  char msg[CKPTIO_ERRLEN];
-  snprintf(msg, sizeof(msg), fmt, a, b);
-  ckptio_set_open_error(msg);
-  return code;
-}
+/* Ends ckptio_manager_open with a failure: its detail formatted into msg
+ * (CKPTIO_ERRLEN bytes) and kept for ckptio_last_open_error. */
+#define fail_open(msg, code, ...) \
+  ckptio_open_error_end(ckptio_fail((msg), (code), __VA_ARGS__), "ckptio_manager_open", (msg))
 
 int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_options *mopts,
                         const ckptio_options *opts, ckptio_manager **out) {
   ckptio_open_error_clear(); /* an open-type call: see ckptio_last_open_error */
+  char msg[CKPTIO_ERRLEN];
   if (out) *out = NULL;
-  if (!ctx || !dir || !*dir || !out) return fail_open(CKPTIO_E_INVALID_ARG, "ckptio_manager_open: %s%s", "a NULL argument", "");
+  if (!ctx || !dir || !*dir || !out)
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_manager_open: a NULL argument");
   /* Both structs by the rule of versioned structs (core/sized.h): fields
    * past an older caller's size keep the _INIT defaults. */
   char why[CKPTIO_ERRLEN];
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   if (ckptio_sized_in(mopts, &mo, sizeof(mo), "ckptio_manager_options", why, sizeof(why)) < 0)
-    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
   ckptio_options o = CKPTIO_OPTIONS_INIT, in_force = CKPTIO_OPTIONS_INIT;
   ckptio_ctx_options(ctx, &in_force);
   if (opts) {
@@ -42,36 +42,36 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
     if (ckptio_sized_in(opts, &o, sizeof(o), "ckptio_options", why, sizeof(why)) < 0 ||
         ckptio_options_check(&o, why, sizeof(why)) < 0 ||
         ckptio_options_check_call(&in_force, &o, why, sizeof(why)) < 0)
-      return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
+      return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: %s", dir, why);
   } else {
     o = in_force;
   }
-  if (mo.keep_last < 0) return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "keep_last < 0");
+  if (mo.keep_last < 0) return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: keep_last < 0", dir);
   if (mo.format != CKPTIO_FORMAT_SAFETENSORS && mo.format != CKPTIO_FORMAT_PYTORCH)
-    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "unknown format");
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: unknown format", dir);
   if (mo.max_shard_bytes && mo.format != CKPTIO_FORMAT_SAFETENSORS)
-    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set is safetensors only");
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: a sharded set is safetensors only", dir);
   if (mo.max_shard_bytes && o.compress_level)
-    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir, "a sharded set cannot be compressed");
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "%s: a sharded set cannot be compressed", dir);
   /* A storage's prefix ("s3://bucket/ckpts") is served by the storage's
    * verbs (objects.c); anything else is a local directory. */
   const ckptio_storage_ops *st = NULL;
   void *st_self = NULL;
   int object = ckptio_ctx_storage(ctx, dir, &st, &st_self, why, sizeof(why));
-  if (object < 0) return fail_open(object, "%s%s", why, "");
+  if (object < 0) return fail_open(msg, object, "%s", why);
   if (object && !st->list)
-    return fail_open(CKPTIO_E_INVALID_ARG, "%s: %s", dir,
-                     "its storage has no list verb, which the manager finds checkpoints by");
+    return fail_open(msg, CKPTIO_E_INVALID_ARG,
+                     "%s: its storage has no list verb, which the manager finds checkpoints by", dir);
   int fd = -1;
   if (!object) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
       int rc = -errno;
-      return fail_open(rc, "%s: cannot create it: %s", dir, ckptio_errno_text(-rc));
+      return fail_open(msg, rc, "%s: cannot create it: %s", dir, ckptio_errno_text(-rc));
     }
     fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
       int rc = -errno;
-      return fail_open(rc, "%s: %s", dir, ckptio_errno_text(-rc));
+      return fail_open(msg, rc, "%s: %s", dir, ckptio_errno_text(-rc));
     }
   }
   ckptio_manager *m = calloc(1, sizeof(*m));
@@ -80,7 +80,7 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
     free(m);
     free(d);
     if (fd >= 0) close(fd);
-    return fail_open(-ENOMEM, "%s: %s", dir, "out of memory");
+    return fail_open(msg, -ENOMEM, "%s: out of memory", dir);
   }
   ckptio_closer_init(&m->closer);
   /* "s3://b/ckpts/" and "s3://b/ckpts" are one prefix: step names are
@@ -97,10 +97,9 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
   /* A storage answers now (bucket, credentials), not at the first save. */
   int rc = object ? mgr_obj_probe(m) : 0;
   if (rc < 0) {
-    char cause[CKPTIO_ERRLEN];
-    snprintf(cause, sizeof(cause), "%s", m->why);
+    ckptio_fail(msg, rc, "%s: %s", dir, m->why);
     ckptio_manager_close(m);
-    return fail_open(rc, "%s: %s", dir, cause);
+    return ckptio_open_error_end(rc, "ckptio_manager_open", msg);
   }
   *out = m;
   return 0;
