@@ -544,7 +544,8 @@ TEST(Pipeline, FilledTensorsComeFromTheirFillOnce) {
       for (const Tensor &t : ts) {
         std::vector<uint8_t> got(t.bytes.size() + 1);
         EXPECT_EQ(ckptio_reader_load(r, (size_t)ckptio_reader_find(r, t.name.c_str()), got.data(), got.size()), 0);
-        EXPECT_EQ(0, memcmp(got.data(), t.bytes.data(), t.bytes.size())) << t.name;
+        got.resize(t.bytes.size());
+        EXPECT_TRUE(got == t.bytes) << t.name;
       }
       ckptio_reader_close(r);
     } else {
