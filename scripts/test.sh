@@ -4,7 +4,7 @@
 # again without the tests labelled slow, then the ThreadSanitizer pass of
 # scripts/tsan.sh (build-tsan/, the concurrent tests). Extra arguments go to both ctest
 # runs, e.g. scripts/test.sh -L unit (a -LE of yours replaces the passes'
-# "-LE soak" and "-LE slow|soak"). Exits non-zero if any build or test fails; the last line is
+# "-LE soak|long" and "-LE slow|soak|long"). Exits non-zero if any build or test fails; the last line is
 # "test.sh: N passed, N failed, N skipped".
 #
 # The interop tests run under ASan too: tests/CMakeLists.txt preloads the ASan
@@ -75,12 +75,12 @@ run_pass() {  # name dir "cmake args" -- ctest args...
   SUMMARY+=("$name: $pass passed, $fail failed, $skip skipped in $((SECONDS - t0)) s")
 }
 
-# The soak label (the 1,000-kill crash test) is left out: ctest -L soak.
-run_pass release build "" -- -LE '^soak$' "$@"
+# The soak and long labels are left out (README, "Tests"): ctest -L soak, ctest -L long.
+run_pass release build "" -- -LE '^(soak|long)$' "$@"
 # Debug (-O0) for the sanitizer build: GCC compiles the GoogleTest files with
 # ASan+UBSan 5-6x faster than at -O2, which keeps the suite well inside its
 # time budget; the optimised build/ above keeps the -O2-only warnings.
-run_pass asan build-asan "-DCKPTIO_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" -- -LE '^(slow|soak)$' "$@"
+run_pass asan build-asan "-DCKPTIO_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" -- -LE '^(slow|soak|long)$' "$@"
 
 # ThreadSanitizer over the concurrent tests (scripts/tsan.sh builds
 # build-tsan/ and picks them); a reported race fails its test.
