@@ -169,7 +169,7 @@ int cli_convert_main(int argc, char **argv) {
       goto fail;
     }
   }
-  ckptio_options used;
+  ckptio_options used = CKPTIO_OPTIONS_INIT; /* ckptio_ctx_options reads its size */
   ckptio_ctx_options(ctx, &used);
   if ((rc = add_tensors(r, in, w, used.threads, &pull, &why)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", *why ? why : ckptio_strerror(rc));
