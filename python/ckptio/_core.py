@@ -10,7 +10,7 @@ import operator
 import os
 import threading
 from types import TracebackType
-from typing import Any, Dict, Generic, List, Optional, SupportsIndex, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Generic, List, Optional, SupportsIndex, Tuple, Type, TypeVar, Union
 
 from . import _lib, _mapped
 from .errors import check, from_code
@@ -285,9 +285,11 @@ _H = TypeVar("_H", bound="OpenReader[Any]")
 
 class OpenReader(Generic[_R]):
     """What both safe_open classes (numpy and torch) share: the reader they
-    hold, closed on leaving a with block, by close(), or when collected."""
+    hold, closed on leaving a with block, by close(), or when collected, and
+    the read-ahead of their get_tensor."""
 
     _r: Optional[_R] = None  # set by the subclass once its reader is open
+    _ahead: Optional["ReadAhead"] = None
 
     def __enter__(self: _H) -> _H:
         return self
@@ -298,6 +300,8 @@ class OpenReader(Generic[_R]):
 
     def close(self) -> None:
         """Closes the file (also on leaving the with block)."""
+        if self._ahead is not None:
+            self._ahead.settle()
         if self._r is not None:
             self._r.close()
             self._r = None
@@ -308,14 +312,25 @@ class OpenReader(Generic[_R]):
         except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
             pass
 
-    def _reader(self) -> _R:
+    def _reader(self, settle: bool = True) -> _R:
+        """The open reader. A reader serves one thread at a time, so unless
+        the caller only reads what the open left in Python (names, shapes),
+        a window the read-ahead is loading is waited for first."""
         if self._r is None:
             raise ValueError("safe_open: the file is closed")
+        if settle and self._ahead is not None:
+            self._ahead.settle()
         return self._r
 
+    def _read_ahead(self, name: str, i: int, sizes: List[Optional[int]]) -> Any:
+        """get_tensor's tensor i, through the read-ahead (ReadAhead.get)."""
+        assert self._ahead is not None, "set by the subclass with its reader"
+        return self._ahead.get(self._reader(settle=False), name, i, sizes)
 
-# How much a cold file's get_tensor reads at once (ReadAhead).
-READ_AHEAD_BYTES = 256 << 20
+
+# How much a cold file's get_tensor reads at once (ReadAhead); two such
+# windows are held at most, the one being handed out and the next.
+READ_AHEAD_BYTES = 128 << 20
 
 
 class ReadAhead:
@@ -324,22 +339,53 @@ class ReadAhead:
     takes; a miss instead loads the tensor and those after it in file order,
     up to READ_AHEAD_BYTES, in one parallel load, and hands the others out
     when they are asked for (each once: every call still returns a tensor of
-    its own). What the next miss finds not asked for is dropped, so memory
-    stays within the window. A resident file is read a tensor per call (a
-    copy from the page cache, nothing to wait for)."""
+    its own). While the caller works through that window, the next one is
+    loaded on a thread of its own, so the disk does not wait for the caller
+    between windows (as a streaming loader's ring does not); that happens
+    only while the caller asks in file order. What a miss finds not asked
+    for is dropped, so memory stays within two windows. A resident file is
+    read a tensor per call (a copy from the page cache, nothing to wait
+    for).
 
-    def __init__(self) -> None:
+    load(indices) -> {name: tensor} is the owner's load of those tensors;
+    it runs on the caller's thread or on the read-ahead's, never on both at
+    once (settle() waits for the latter)."""
+
+    def __init__(self, load: Callable[[List[int]], Dict[str, Any]]) -> None:
+        self._load = load
         self._held: Dict[str, Any] = {}
         self._cold: Optional[bool] = None
+        self._after: Optional[int] = None  # the index after the last window loaded
+        # The window after the last one: its indices, the thread loading it
+        # (None once joined) and [what it loaded] (empty if it failed).
+        self._next: Optional[Tuple[List[int], Optional[threading.Thread], List[Dict[str, Any]]]] = None
 
-    def take(self, name: str) -> Any:
-        """The tensor read ahead under name, handed out once; or None."""
-        return self._held.pop(name, None)
+    def get(self, reader: "Reader", name: str, i: int, sizes: List[Optional[int]]) -> Any:
+        """Tensor i (named name) as a tensor of its own (sizes: every
+        tensor's bytes in file order, None for one the caller cannot make,
+        which a window passes over)."""
+        held = self._held.pop(name, None)
+        if held is not None:
+            return held
+        self.settle()
+        window, _, loaded = self._next or ([], None, [])
+        self._next = None
+        if i in window and loaded:
+            self._held = loaded[0]
+        else:
+            in_order = self._after is None or i == self._after
+            window = self.window(reader, i, sizes)
+            self._held = self._load(window)  # a tensor's error is raised here, on its call
+            if not in_order:
+                self._after = window[-1] + 1
+                return self._held.pop(name)
+        self._after = window[-1] + 1
+        self._start(reader, sizes)
+        return self._held.pop(name)
 
     def window(self, reader: "Reader", i: int, sizes: List[Optional[int]]) -> List[int]:
         """The indices a miss of tensor i loads: i, then on a cold file the
-        tensors after it (sizes: every tensor's bytes in file order, None
-        for one the caller cannot make, which is passed over)."""
+        tensors after it."""
         if self._cold is None:
             self._cold = not reader.shards() and reader.resident() < MAP_RESIDENT
         out, total = [i], sizes[i] or 0
@@ -353,10 +399,32 @@ class ReadAhead:
             total += size
         return out
 
-    def keep(self, loaded: Dict[str, Any]) -> None:
-        """What a miss loaded besides the tensor asked for (replacing what
-        was held)."""
-        self._held = loaded
+    def _start(self, reader: "Reader", sizes: List[Optional[int]]) -> None:
+        """Loads the window after the last one on a thread, on a cold file.
+        Its failure is dropped: the miss that wanted it loads again on the
+        caller's thread and raises the tensor's own error there."""
+        first = next((k for k in range(self._after or 0, len(sizes)) if sizes[k] is not None), None)
+        if not self._cold or first is None:
+            return
+        window = self.window(reader, first, sizes)
+        box: List[Dict[str, Any]] = []
+
+        def run() -> None:
+            try:
+                box.append(self._load(window))
+            except Exception:  # noqa: BLE001 - raised again by the caller's own load
+                pass
+
+        thread = threading.Thread(target=run, name="ckptio-read-ahead")
+        thread.start()
+        self._next = (window, thread, box)
+
+    def settle(self) -> None:
+        """Waits for the window loading on the read-ahead's thread, if any
+        (what it loaded stays for the get that asks for it)."""
+        if self._next is not None and self._next[1] is not None:
+            self._next[1].join()
+            self._next = (self._next[0], None, self._next[2])
 
 
 def scratch_dir() -> Optional[str]:

@@ -387,7 +387,6 @@ class safe_open(OpenReader[Reader]):
         if device != "cpu":
             raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
         self._mmap = backend_choice(backend, None)
-        self._ahead = ReadAhead()
         r = Reader(filename)
         try:
             self._infos = r.infos()
@@ -395,10 +394,12 @@ class safe_open(OpenReader[Reader]):
             r.close()
             raise
         self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
+        self._sizes: List[Optional[int]] = [x.nbytes for x in self._infos]
         self._r = r
+        self._ahead = ReadAhead(self._load)
 
     def _info(self, name: str) -> _lib.TensorInfo:
-        r = self._reader()
+        r = self._reader(settle=False)
         i = self._by_name.get(name)
         if i is None:
             raise from_code(_lib.ERRORS["NOT_FOUND"], f"{r.shown}: no tensor named {name!r}")
@@ -406,12 +407,12 @@ class safe_open(OpenReader[Reader]):
 
     def keys(self) -> List[str]:
         """Tensor names, sorted (as safetensors returns them)."""
-        self._reader()
+        self._reader(settle=False)
         return sorted(self._by_name)
 
     def offset_keys(self) -> List[str]:
         """Tensor names in file order."""
-        self._reader()
+        self._reader(settle=False)
         return [info.name.decode() for info in self._infos]
 
     def metadata(self) -> Optional[Dict[str, str]]:
@@ -422,20 +423,21 @@ class safe_open(OpenReader[Reader]):
     def get_tensor(self, name: str) -> Array:
         """Loads one tensor (CRC-checked) into a new array;
         TensorNotFoundError (a KeyError) when the file has none of that name.
-        From a cold file, the tensors after it are read with it (up to 256
-        MiB, ckptio._core.ReadAhead) and handed out as they are asked for."""
+        From a cold file, the tensors after it are read with it (up to 128
+        MiB, and the next 128 MiB in the background while they are asked
+        for in file order: ckptio._core.ReadAhead)."""
         self._info(name)
-        held = self._ahead.take(name)
-        if held is not None:
-            return held  # type: ignore[no-any-return]
-        r = self._reader()
+        array: Array = self._read_ahead(name, self._by_name[name], self._sizes)
+        return array
+
+    def _load(self, indices: List[int]) -> Dict[str, Array]:
+        """New arrays for the tensors at indices, loaded (ReadAhead's load)."""
+        r = self._r
+        assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs)
-                  for k in self._ahead.window(r, self._by_name[name], [x.nbytes for x in self._infos])}
+        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs) for k in indices}
         _load_many(r, reqs)
-        out = loaded.pop(name)
-        self._ahead.keep(loaded)
-        return out
+        return loaded
 
     def get_tensors(self) -> Dict[str, Array]:
         """Every tensor, in file order (as load_file, with this file's

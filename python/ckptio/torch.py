@@ -322,7 +322,6 @@ class safe_open(OpenReader[TorchReader]):
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
                              f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
         self._mmap = backend_choice(backend, None)
-        self._ahead = ReadAhead()
         r = TorchReader(filename, device)
         try:
             r.index()
@@ -330,9 +329,11 @@ class safe_open(OpenReader[TorchReader]):
             r.close()
             raise
         self._r = r
+        self._ahead = ReadAhead(r.load)
+        self._makeable: Optional[List[Optional[int]]] = None
 
     def _index(self, name: str) -> int:
-        r = self._reader()
+        r = self._reader(settle=False)
         i = r.by_name.get(name)
         if i is None:
             raise from_code(_lib.ERRORS["NOT_FOUND"], f"{r.shown}: no tensor named {name!r}")
@@ -340,11 +341,11 @@ class safe_open(OpenReader[TorchReader]):
 
     def keys(self) -> List[str]:
         """Tensor names, sorted (as safetensors returns them)."""
-        return sorted(self._reader().by_name)
+        return sorted(self._reader(settle=False).by_name)
 
     def offset_keys(self) -> List[str]:
         """Tensor names in file order."""
-        return [info.name.decode() for info in self._reader().entries]
+        return [info.name.decode() for info in self._reader(settle=False).entries]
 
     def metadata(self) -> Optional[Dict[str, str]]:
         """The file's metadata (str -> str), or None when it has none. ckptio's
@@ -359,18 +360,15 @@ class safe_open(OpenReader[TorchReader]):
     def get_tensor(self, name: str) -> torch.Tensor:
         """Loads one tensor (CRC-checked) into a new tensor on the device;
         TensorNotFoundError (a KeyError) when the file has none of that name.
-        From a cold file, the tensors after it are read with it (up to 256
-        MiB, ckptio._core.ReadAhead) and handed out as they are asked for."""
+        From a cold file, the tensors after it are read with it (up to 128
+        MiB, and the next 128 MiB in the background while they are asked
+        for in file order: ckptio._core.ReadAhead)."""
         i = self._index(name)
-        held = self._ahead.take(name)
-        if held is not None:
-            return held  # type: ignore[no-any-return]
-        r = self._reader()
-        makeable = [info.nbytes if TORCH_DTYPES.get(r.dtype_name(info)) is not None else None
-                    for info in r.entries]
-        loaded = r.load(self._ahead.window(r, i, makeable))
-        tensor = loaded.pop(name)
-        self._ahead.keep(loaded)
+        r = self._reader(settle=False)
+        if self._makeable is None:  # what a window passes over: dtypes torch lacks
+            self._makeable = [info.nbytes if TORCH_DTYPES.get(r.dtype_name(info)) is not None else None
+                              for info in r.entries]
+        tensor: torch.Tensor = self._read_ahead(name, i, self._makeable)
         return tensor
 
     def get_tensors(self) -> Dict[str, torch.Tensor]:

@@ -651,6 +651,36 @@ def test_get_tensor_of_a_cold_file_reads_ahead(tmp_path):
         assert f.stats()["bytes"] == 1 << 20
 
 
+def test_get_tensor_loads_the_next_window_in_the_background(tmp_path, monkeypatch):
+    """While the caller works through one read-ahead window in file order,
+    the next is loaded on a thread: its tensors are the ones loaded then
+    (bytes damaged on disk afterwards are never read). A call out of file
+    order loads its own window and nothing in the background."""
+    monkeypatch.setattr(ckptio._core, "READ_AHEAD_BYTES", 4 << 20)  # windows of 4 tensors
+    t = {f"w{k:02d}": torch.full((1 << 18,), float(k)) for k in range(16)}  # 1 MiB each
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    with ckptio._core.Reader(path) as r:
+        offset = {i.name.decode(): i.offset for i in r.infos()}
+    _cold(path)
+    with ct.safe_open(path, "pt") as f:
+        names = f.offset_keys()
+        assert torch.equal(f.get_tensor(names[0]), t[names[0]])
+        assert f.stats()["bytes"] == 4 << 20, "the second window, loaded behind the first"
+        with open(path, "r+b") as fh:  # damage the second window on disk
+            for name in names[4:8]:
+                fh.seek(offset[name])
+                fh.write(b"\xff" * 64)
+        for name in names[1:8]:
+            assert torch.equal(f.get_tensor(name), t[name]), name
+        f.get_tensor(names[13])  # out of order: its window (13-15) only
+        assert f.stats()["bytes"] == 3 << 20
+        f.get_tensor(names[9])  # out of order again: 9-12, no window behind it
+        assert f.stats()["bytes"] == 4 << 20
+        with pytest.raises(ckptio.ChecksumError):
+            f.get_tensor(names[5])  # read again now: the damage is found
+
+
 def test_large_copied_tensors_sit_in_huge_pages(tmp_path):
     """A copying load puts a large tensor at a 2 MiB boundary (plus its file
     offset within the page, for O_DIRECT), asking for transparent huge pages:
