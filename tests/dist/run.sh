@@ -13,6 +13,12 @@
 #                 checks every part (and names a damaged one), `convert`
 #                 consolidates into one file and into a set of whole tensors,
 #                 which 1 and 2 ranks load (CLI = the ckptio command, 4th argument)
+#   s3            the same checkpoints in S3 (run under tests/s3/weed_server.py,
+#                 which sets AWS_* and CKPTIO_S3_BUCKET): 4 ranks save to a
+#                 prefix, 1 and 3 load it; rank 2 is SIGKILLed mid-save: the
+#                 old checkpoint stays whole, a next save (2 ranks) succeeds
+#                 and no multipart upload stays open; `ckptio verify` and
+#                 `convert` (to a local file, which 1 rank loads) read the prefix
 # Exits 77 (skip) when mpirun is missing.
 set -euo pipefail
 DRIVER="$1" SCENARIO="$2" WORK="$3" CLI="${4:-}"
@@ -62,6 +68,28 @@ case "$SCENARIO" in
     printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 7 )) conv=notrunc status=none
     if "$CLI" verify "$WORK/ckpt" >"$WORK/bad.txt" 2>&1; then cat "$WORK/bad.txt"; echo "FAIL: damage not found"; exit 1; fi
     grep -q "model-00003-of-00004.safetensors.*checksum" "$WORK/bad.txt" || { cat "$WORK/bad.txt"; echo "FAIL: the damaged file is not named"; exit 1; }
+    ;;
+  s3)
+    [[ -n "${CKPTIO_S3_BUCKET:-}" ]] || { echo "FAIL: the s3 scenario runs under tests/s3/weed_server.py"; exit 1; }
+    url="s3://$CKPTIO_S3_BUCKET/dist/ckpt"
+    mpi 4 save "$url" 1
+    for n in 1 3; do mpi "$n" load "$url" 1; done
+    if mpi 4 kill-rank 2 "$url" 2 >"$WORK/kill.log" 2>&1; then
+      cat "$WORK/kill.log"; echo "FAIL: the job with a killed rank exited 0"; exit 1
+    fi
+    mpi 1 load "$url" 1  # the killed save published nothing
+    mpi 2 save "$url" 3
+    "$(dirname "$0")/../../.venv/bin/python" - <<'EOF'
+import os, sys, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+open_ = s3.list_multipart_uploads(Bucket=os.environ["CKPTIO_S3_BUCKET"], Prefix="dist/").get("Uploads", [])
+print(f"multipart uploads open under dist/: {len(open_)}")
+sys.exit(1 if open_ else 0)
+EOF
+    "$CLI" verify "$url" | tee "$WORK/verify.txt"
+    grep -q "7 tensors, 7 checked, 0 unchecked" "$WORK/verify.txt" || { echo "FAIL: verify count"; exit 1; }
+    "$CLI" convert "$url" "$WORK/one.safetensors"
+    mpi 1 load "$WORK/one.safetensors" 3
     ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac
