@@ -348,18 +348,25 @@ static int start_gpu_copies(file_writer *w, chunk_job *j, uint64_t start, uint64
   return rc;
 }
 
+/* The first extent ending after start (extents are sorted, apart): a
+ * .pt has two per tensor, so chunks look theirs up, not through all. */
+static size_t extent_after(const file_writer *w, uint64_t start) {
+  const ckptio_extent *x = w->layout.extents;
+  size_t lo = 0, hi = w->layout.nextents;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (x[mid].offset + x[mid].len <= start) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 /* The format's own bytes (headers, zip records) that fall in [start, end). */
 static void copy_extents(const file_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
   /* Early flushes patch the CRC extents into the held chunk (under
    * flush_mu) while set_crc may be writing them: not copied here. */
   const ckptio_extent *x = w->layout.extents;
-  size_t lo = 0, hi = w->layout.nextents;
-  while (lo < hi) { /* first extent ending after start */
-    size_t mid = lo + (hi - lo) / 2;
-    if (x[mid].offset + x[mid].len <= start) lo = mid + 1;
-    else hi = mid;
-  }
-  for (; lo < w->layout.nextents && x[lo].offset < end; lo++) {
+  for (size_t lo = extent_after(w, start); lo < w->layout.nextents && x[lo].offset < end; lo++) {
     if (w->early && x[lo].holds_crc) continue;
     uint64_t a = x[lo].offset > start ? x[lo].offset : start;
     uint64_t b = x[lo].offset + x[lo].len < end ? x[lo].offset + x[lo].len : end;
@@ -463,10 +470,8 @@ static int write_chunk(file_writer *w, const unsigned char *from, size_t len, ui
 /* Whether [start, end) holds bytes that change once the CRCs are known
  * (the header): an object cannot be written twice, so such a chunk waits. */
 static int holds_crcs(const file_writer *w, uint64_t start, uint64_t end) {
-  for (size_t x = 0; x < w->layout.nextents; x++) {
-    const ckptio_extent *e = &w->layout.extents[x];
-    if (e->holds_crc && e->offset < end && e->offset + e->len > start) return 1;
-  }
+  for (size_t x = extent_after(w, start); x < w->layout.nextents && w->layout.extents[x].offset < end; x++)
+    if (w->layout.extents[x].holds_crc) return 1;
   return 0;
 }
 
@@ -678,7 +683,7 @@ static int rewrite_crc_extents(file_writer *w) {
 static void patch_held(file_writer *w, uint64_t c, unsigned char *slot) {
   uint64_t start, end;
   chunk_range(w, c, &start, &end);
-  for (size_t x = 0; x < w->layout.nextents; x++) {
+  for (size_t x = extent_after(w, start); x < w->layout.nextents && w->layout.extents[x].offset < end; x++) {
     const ckptio_extent *e = &w->layout.extents[x];
     uint64_t a = e->offset > start ? e->offset : start, b = e->offset + e->len < end ? e->offset + e->len : end;
     if (e->holds_crc && a < b) memcpy(slot + (a - start), e->bytes + (a - e->offset), (size_t)(b - a));
