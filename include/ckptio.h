@@ -361,17 +361,24 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  * O_DIRECT: a zero-copy load (ckptio_reader_map_private, ckptio_reader_view)
  * of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
  * object from the worker that filled it, the chunk holding the header
- * last (once its CRCs are known), then publish: the object appears whole,
- * or not at all. Supported so far: safetensors files and Hugging Face
- * sharded sets, loaded and saved (uncompressed). A set in a storage names
+ * last (once its CRCs are known; a .pt's chunks holding a tensor's data
+ * descriptor as soon as the chunks before them are written), then
+ * publish: the object appears whole, or not at all. Supported: safetensors
+ * files, .pt archives (their index read by a few ranged reads: the tail
+ * with the zip directory, the local headers) and compressed files (the
+ * seek table from the tail; each frame one read), loaded and saved, and
+ * Hugging Face sharded sets. A compressed file's size is known only at its
+ * end, so it is saved only to a storage that takes an object of unknown
+ * size (the built-in S3 one: a multipart upload of growing parts, the
+ * first held until the header frame is in); to another storage it is
+ * refused with CKPTIO_E_FORMAT at open. A set in a storage names
  * its shards after the save ("model-00001-of-00003-<save id>.safetensors":
  * an object cannot be renamed, so a save never writes over the shards the
  * old index names), publishes them, then the index (the moment the set
  * changes), then removes the older saves' shards. The checkpoint manager
  * takes a storage's prefix as its directory ("s3://bucket/ckpts": see
- * "manager"). A .pt archive, a compressed file or a multi-rank checkpoint
- * on a storage is refused with CKPTIO_E_FORMAT naming what is not
- * supported yet. */
+ * "manager"), and multi-rank checkpoints are saved to a prefix (see
+ * ckptio_writer_open_ranks). */
 
 /* ---------------------------------------------------------------- writer */
 

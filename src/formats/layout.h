@@ -39,6 +39,12 @@ typedef struct ckptio_layout {
   /* Writes input i's CRC-32 into the extents that record it. NULL when the
    * file records no CRCs. */
   void (*set_crc)(struct ckptio_layout *l, size_t i, uint32_t crc);
+  /* 1: an extent holding CRCs records only tensors before it in the file
+   * (a zip's data descriptors and directory), so its bytes are final once
+   * every byte before it is: what lets a writer to an object, which writes
+   * each byte once, send it early. 0: it may record later ones (a
+   * safetensors header, at the start). */
+  int crcs_trail;
   void (*free)(struct ckptio_layout *l);
   void *state;           /* the format's */
 } ckptio_layout;

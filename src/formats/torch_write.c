@@ -567,6 +567,7 @@ int ckptio_torch_layout(const ckptio_layout_input *in, size_t n, const ckptio_kv
   if ((rc = place_records(&tp, out, &cd_off, &cd_len, err, errlen)) < 0) goto fail;
   if ((rc = write_extents(&tp, out, cd_off, cd_len)) < 0) goto fail;
   out->set_crc = with_crc ? torch_set_crc : NULL;
+  out->crcs_trail = 1; /* data descriptors after each record, the directory last */
   rc = 0;
 fail:
   if (rc == -ENOMEM) ckptio_err_fmt(err, errlen, rc, "out of memory laying out the torch file");

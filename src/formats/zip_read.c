@@ -245,25 +245,28 @@ static int read_entry(const uint8_t *map, uint64_t *p, uint64_t cd_end, uint64_t
     return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
                           "corrupt zip: entry '%s' has its local header at byte %" PRIu64
                           ", not before the central directory at %" PRIu64, nm, off, cd_offset);
-  const uint8_t *l = map + off;
-  uint64_t ln = le16(l + 26), lm = le16(l + 28);
-  if (le32(l) != SIG_LOCAL)
-    return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
-                          "corrupt zip: entry '%s': no local header signature at byte %" PRIu64, nm, off);
-  if (ln != n || cd_offset - off - LOCAL_LEN < ln || memcmp(l + LOCAL_LEN, name, n))
-    return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
-                          "corrupt zip: entry '%s': the local header at byte %" PRIu64
-                          " names a different file", nm, off);
-  if (le16(l + 8) != method)
-    return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
-                          "corrupt zip: entry '%s': the local header says method %u, the directory %u",
-                          nm, le16(l + 8), method);
-  uint64_t data = off + LOCAL_LEN + ln + lm;
-  if (data > cd_offset || cd_offset - data < csize)
-    return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
-                          "corrupt zip: entry '%s': %" PRIu64 " bytes of data at byte %" PRIu64
-                          " run past the start of the central directory (%" PRIu64 ")",
-                          nm, csize, data, cd_offset);
+  uint64_t data = 0;
+  if (!(flags_in & CKPTIO_ZIP_CENTRAL_ONLY)) {
+    const uint8_t *l = map + off;
+    uint64_t ln = le16(l + 26), lm = le16(l + 28);
+    if (le32(l) != SIG_LOCAL)
+      return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
+                            "corrupt zip: entry '%s': no local header signature at byte %" PRIu64, nm, off);
+    if (ln != n || cd_offset - off - LOCAL_LEN < ln || memcmp(l + LOCAL_LEN, name, n))
+      return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
+                            "corrupt zip: entry '%s': the local header at byte %" PRIu64
+                            " names a different file", nm, off);
+    if (le16(l + 8) != method)
+      return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
+                            "corrupt zip: entry '%s': the local header says method %u, the directory %u",
+                            nm, le16(l + 8), method);
+    data = off + LOCAL_LEN + ln + lm;
+    if (data > cd_offset || cd_offset - data < csize)
+      return ckptio_err_fmt(err, errlen, CKPTIO_E_ZIP,
+                            "corrupt zip: entry '%s': %" PRIu64 " bytes of data at byte %" PRIu64
+                            " run past the start of the central directory (%" PRIu64 ")",
+                            nm, csize, data, cd_offset);
+  }
   memcpy(*pool, name, n);
   (*pool)[n] = '\0';
   *out = (ckptio_zip_entry){*pool, n, method, flags, le32(c + 16), usize, csize, off, data};
@@ -353,10 +356,17 @@ int ckptio_zip_open(const uint8_t *map, uint64_t size, unsigned flags, ckptio_zi
                         cd_end - p, out->count);
     goto fail;
   }
-  if ((rc = check_entries(out, err, errlen)) < 0) goto fail;
+  if (!(flags & CKPTIO_ZIP_CENTRAL_ONLY) && (rc = check_entries(out, err, errlen)) < 0) goto fail;
   return 0;
 fail:
   ckptio_zip_free(out);
+  return rc;
+}
+
+int ckptio_zip_directory_start(const uint8_t *map, uint64_t size, uint64_t *start, char *err, size_t errlen) {
+  zip_end end;
+  int rc = read_end(map, size, &end, err, errlen);
+  if (rc == 0) *start = end.cd_offset < end.cd_limit ? end.cd_offset : end.cd_limit;
   return rc;
 }
 

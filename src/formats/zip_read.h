@@ -40,13 +40,18 @@ typedef struct ckptio_zip {
  * wants to say more about the archive first (it must then check methods,
  * e.g. with ckptio_zip_require_stored). */
 #define CKPTIO_ZIP_ALLOW_COMPRESSED 1u
+/* Walk the end records and the central directory only: the local headers
+ * are not read (data_offset is 0, overlaps are not checked). What a reader
+ * of an object without a mapping does first, to learn which local headers
+ * to fetch before the full open. */
+#define CKPTIO_ZIP_CENTRAL_ONLY 2u
 
 /*! ckptio_zip_open() :
  *  Validates the archive in map[0, size) (borrowed; the entries' offsets point
  *  into it) and fills *out (free with ckptio_zip_free). Files that are not
  *  zips get their own message: PyTorch's preview "PYTORCH1" format, a legacy
  *  (pre-1.6) torch.save pickle stream, a tar archive, anything else by its
- *  first bytes. flags: 0 or CKPTIO_ZIP_ALLOW_COMPRESSED.
+ *  first bytes. flags: 0 or CKPTIO_ZIP_ALLOW_COMPRESSED, with CKPTIO_ZIP_CENTRAL_ONLY.
  *  @return 0; CKPTIO_E_FORMAT (not a zip, or a kind of zip not supported:
  *          compressed, encrypted, multi-disk); CKPTIO_E_ZIP (corrupt: a
  *          directory or header out of bounds or inconsistent, overlapping
@@ -54,6 +59,14 @@ typedef struct ckptio_zip {
  *          found and *out is left empty. */
 int ckptio_zip_open(const uint8_t *map, uint64_t size, unsigned flags, ckptio_zip *out, char *err,
                     size_t errlen);
+
+/*! ckptio_zip_directory_start() :
+ *  Reads only the end records of the archive in map[0, size) (the bytes
+ *  from its last 64 KiB + 100 on need to be there, the rest may be zeros)
+ *  and gives where the central directory starts: an archive read without a
+ *  mapping needs [*start, size) before ckptio_zip_open.
+ *  @return 0, or what ckptio_zip_open says of bad end records. */
+int ckptio_zip_directory_start(const uint8_t *map, uint64_t size, uint64_t *start, char *err, size_t errlen);
 
 /*! @return 0 when every entry is stored, else CKPTIO_E_FORMAT naming the
  *          first compressed entry and its method. */

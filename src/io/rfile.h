@@ -22,6 +22,10 @@ typedef struct ckptio_rfile {
    * fd -1, no map, never O_DIRECT; every byte through ckptio_rfile_pread. */
   const ckptio_storage_ops *store;
   void *store_self, *obj;
+  /* An object's first bytes (nhead of them, up to 8), read once by the
+   * opener to tell its format and reused by the parse: one request fewer. */
+  unsigned char head[8];
+  unsigned nhead;
   int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */
   uint32_t dio_align;        /* O_DIRECT's memory and offset alignment (statx;
                                 the page where it is not reported) */

@@ -1,7 +1,7 @@
 /* Opening one file as a source: a zstd seekable file, else a plain file
- * (safetensors or a PyTorch archive, told apart by the plain kind); an
- * object of a storage is taken for a plain safetensors file (which the
- * plain kind checks). */
+ * (safetensors or a PyTorch archive, told apart by the plain kind), by the
+ * first bytes: a file's from its map, an object's by one small read whose
+ * bytes the parse then reuses (rfile head). */
 #include "formats/zstd_seekable.h"
 #include "load/source.h"
 
@@ -18,7 +18,15 @@ int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const c
   ckptio_rfile f;
   int rc = ckptio_rfile_open_path(ctx, &f, path, err);
   if (rc < 0) return rc;
-  if (f.store) return ckptio_plain_from(ctx, opts, &f, err, out); /* never compressed (plain says so) */
+  if (f.store) {
+    f.nhead = f.size < sizeof(f.head) ? (unsigned)f.size : (unsigned)sizeof(f.head);
+    if ((rc = ckptio_rfile_pread(&f, f.head, f.nhead, 0, err, CKPTIO_ERRLEN)) < 0) {
+      ckptio_rfile_close(&f);
+      return rc;
+    }
+    return ckptio_zs_detect(f.head, f.size) ? ckptio_zstd_from(ctx, opts, &f, err, out)
+                                            : ckptio_plain_from(ctx, opts, &f, err, out);
+  }
   /* What a header parse touches (a zip's local header before every tensor,
    * a seek table at the end) is read page by page, not in windows of the
    * disk's read-ahead around each: most of a cold file, one window at a time. */

@@ -16,7 +16,6 @@
 #include "device/transfer.h"
 #include "formats/safetensors.h"
 #include "formats/torch_read.h"
-#include "formats/zstd_seekable.h"
 #include "io/file.h"
 #include "load/exec.h"
 #include "load/view.h"
@@ -57,7 +56,9 @@ static int parse_safetensors(plain *p) {
   uint8_t prefix[8] = {0};
   uint64_t n, size = p->f.size;
   char msg[CKPTIO_ERRLEN];
-  int rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
+  int rc = 0;
+  if (p->f.nhead == (size < 8 ? size : 8)) memcpy(prefix, p->f.head, p->f.nhead); /* an object's: read at open */
+  else rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
   if (rc < 0) return rc;
   if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
     return ckptio_fail(s->err, rc, "%s: %s", s->path, msg);
@@ -77,22 +78,13 @@ static int parse_safetensors(plain *p) {
 
 /* A zip is a PyTorch archive (the parser refuses other zips and names what
  * it found); anything else is taken for safetensors, whose checks explain
- * what is wrong with a file that is neither. */
+ * what is wrong with a file that is neither. An object's archive is indexed
+ * by ranged reads (load/torch_object.c); its first bytes were read at open. */
 static int parse_header(plain *p) {
-  if (p->f.store) {
-    /* An object: a safetensors file, whose header is one read. A zip's
-     * parse reads the central directory and a header per tensor through
-     * the map, which an object has none of. */
-    unsigned char magic[4] = {0};
-    int rc = read_header(p, magic, p->f.size < 4 ? (size_t)p->f.size : 4, 0), zip = !memcmp(magic, "PK\x03\x04", 4);
-    if (rc < 0) return rc;
-    if (zip || ckptio_zs_detect(magic, p->f.size))
-      return ckptio_fail(p->s.err, CKPTIO_E_FORMAT,
-                         "%s: a %s in a storage is not supported yet (safetensors files are)", p->s.path,
-                         zip ? "PyTorch archive" : "compressed file");
-    return parse_safetensors(p);
-  }
-  if (p->f.size >= 4 && memcmp(p->f.map, "PK\x03\x04", 4) == 0) {
+  const unsigned char *first = p->f.store ? p->f.head : p->f.map;
+  uint64_t have = p->f.store ? p->f.nhead : p->f.size;
+  if (have >= 4 && memcmp(first, "PK\x03\x04", 4) == 0) {
+    if (p->f.store) return ckptio_torch_index_object(&p->f, p->s.ctx->pool, &p->s.idx, p->s.err);
     char msg[CKPTIO_ERRLEN];
     int rc = ckptio_torch_parse(p->f.map, p->f.size, &p->s.idx, msg, sizeof(msg));
     return rc < 0 ? ckptio_fail(p->s.err, rc, "%s: %s", p->s.path, msg) : 0;
@@ -184,11 +176,58 @@ static void plain_finish(ckptio_source *s) {
 
 /* ------------------------------------------------------------ run */
 
+/* An object's view: its runs (storage bytes, in logical order) copied out
+ * of a window of the storage record read ahead, a window being one read of
+ * up to a slot from the first run it lacks; a run longer than the window is
+ * read straight to its place. */
+typedef struct gather_win {
+  plain *p;
+  const ckptio_entry *e;
+  unsigned char *out, *win;
+  uint64_t cap, at, have;   /* the window holds record bytes [at, at + have) */
+  char *msg;
+  size_t mlen;
+  int rc;
+} gather_win;
+
+static void gather_run(void *arg, uint64_t off, uint64_t len) {
+  gather_win *g = arg;
+  if (g->rc < 0) return;
+  if (len > g->cap) {
+    g->rc = ckptio_rfile_pread(&g->p->f, g->out, (size_t)len, g->e->offset + off, g->msg, g->mlen);
+  } else {
+    if (off < g->at || off + len > g->at + g->have) {
+      g->at = off;
+      g->have = g->e->nbytes - off < g->cap ? g->e->nbytes - off : g->cap;
+      g->rc = ckptio_rfile_pread(&g->p->f, g->win, (size_t)g->have, g->e->offset + off, g->msg, g->mlen);
+      if (g->rc < 0) return;
+    }
+    memcpy(g->out, g->win + (off - g->at), (size_t)len);
+  }
+  g->out += len;
+}
+
+static int gather_object(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
+  const ckptio_xreq *q = t->q;
+  uint64_t es = ckptio_entry_elem(q->e), end = t->off + t->len, src, nb;
+  gather_win g = {p, q->e, out, NULL, ckptio_run_slot_bytes(x), 0, 0, NULL, 0, 0};
+  if (!(g.win = malloc((size_t)g.cap))) return -ENOMEM;
+  g.msg = ckptio_run_msg(x, &g.mlen);
+  for (uint64_t o = t->off; o < end && g.rc == 0; o += nb) {
+    ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+    ckptio_view_runs(q->e, src / es, nb / es, gather_run, &g);
+  }
+  free(g.win);
+  return g.rc;
+}
+
 /* A view's logical bytes of the part, gathered from its storage. */
 static int run_gather(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
   const ckptio_xreq *q = t->q;
   uint64_t es = ckptio_entry_elem(q->e), end = t->off + t->len, src, nb;
-  for (uint64_t o = t->off; o < end; o += nb) {
+  int rc = p->f.store ? gather_object(p, x, t, out) : 0;
+  if (rc < 0) return rc;
+  for (uint64_t o = t->off; o < end && !p->f.store; o += nb) {
     ckptio_geom_subrun(&q->g, o, end, &src, &nb);
     ckptio_view_gather(out + (o - t->off), p->f.map + q->e->offset, q->e, src / es, nb / es);
   }

@@ -4,7 +4,10 @@
  * by frame, and each frame is one job with a reused ZSTD_DCtx, decompressed
  * straight into a host destination when it lies inside one tensor, else
  * through a staging slot (pinned: GPU copies go from it). Every frame's real
- * size is checked against its entry; CRCs cover the plain, unshuffled bytes. */
+ * size is checked against its entry; CRCs cover the plain, unshuffled bytes.
+ * An object of a storage has no map: its seek table and header frames are
+ * read into an image for the parse (load/image.h), each frame by one ranged
+ * read into its worker's buffer. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "formats/safetensors.h"
 #include "formats/zstd_seekable.h"
 #include "load/exec.h"
+#include "load/image.h"
 
 #define CHECK_BLOCK (256u << 10) /* unshuffled bytes per step of a check-only CRC */
 /* A frame larger than a staging slot (a reader with smaller slots than the
@@ -29,6 +33,8 @@ typedef struct workspace {
   uint8_t *scratch;       /* slot-sized: shuffled frames bound for a GPU */
   uint8_t *block;         /* CHECK_BLOCK bytes */
   uint8_t *big;           /* frames larger than a slot, host only */
+  uint8_t *comp;          /* an object's compressed frame, read here */
+  size_t comp_cap;
 } workspace;
 
 typedef struct zsrc {
@@ -49,14 +55,14 @@ typedef struct zsrc {
 /* Streams frames from the first, into out, until want bytes arrived. A
  * frame decoded to its end must have its entry's size; bytes beyond want
  * are never produced, so a lying header frame costs no memory. */
-static int decode_prefix(zsrc *z, ZSTD_DCtx *d, uint8_t *out, uint64_t want) {
+static int decode_prefix(zsrc *z, const uint8_t *file, ZSTD_DCtx *d, uint8_t *out, uint64_t want) {
   const ckptio_zs_table *t = &z->t;
   const char *path = z->s.path;
   uint64_t got = 0;
   for (size_t i = 0; i < t->count && got < want; i++) {
     const ckptio_zs_frame *f = &t->frames[i];
     ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
-    ZSTD_inBuffer in = {z->f.map + f->coff, f->csize, 0};
+    ZSTD_inBuffer in = {file + f->coff, f->csize, 0};
     uint64_t start = got;
     for (;;) {
       ZSTD_outBuffer o = {out + got, (size_t)(want - got), 0};
@@ -89,12 +95,39 @@ static int decode_prefix(zsrc *z, ZSTD_DCtx *d, uint8_t *out, uint64_t want) {
   return 0;
 }
 
+/* An object's image (load/image.h) holds what the parse reads: the tail
+ * with the seek table (a second read when the table is larger), then the
+ * frames that hold the header, in one read. */
+#define HEAD (64u << 10)
+#define TAIL (256u << 10)
+
+static int fetch_table(zsrc *z, ckptio_image *im) {
+  if (im->size < CKPTIO_ZS_FOOTER) return 0; /* the parse says why */
+  const uint8_t *foot = im->base + im->size - CKPTIO_ZS_FOOTER;
+  uint64_t n = (uint64_t)foot[0] | (uint64_t)foot[1] << 8 | (uint64_t)foot[2] << 16 | (uint64_t)foot[3] << 24;
+  uint64_t table = n * (foot[4] & 0x80 ? 12 : 8) + CKPTIO_ZS_FOOTER + 8;
+  ckptio_span sp = {table < im->size ? im->size - table : 0, table < im->size ? table : im->size};
+  return n <= CKPTIO_ZS_MAX_FRAMES ? ckptio_image_fetch(im, &sp, 1, 0, UINT64_MAX, z->s.err) : 0;
+}
+
+/* The frames holding plain bytes [0, want), fetched into the image. */
+static int fetch_prefix(zsrc *z, ckptio_image *im, uint64_t want) {
+  if (!im->base || !z->t.count) return 0;
+  size_t last = ckptio_zs_find(&z->t, want ? want - 1 : 0);
+  const ckptio_zs_frame *f = &z->t.frames[last < z->t.count ? last : z->t.count - 1];
+  ckptio_span sp = {0, f->coff + f->csize};
+  return ckptio_image_fetch(im, &sp, 1, 0, UINT64_MAX, z->s.err);
+}
+
 /* The seek table, then the safetensors header decompressed and parsed as
  * the plain file's, with offsets in the decompressed stream. */
-static int parse(zsrc *z) {
+static int parse(zsrc *z, ckptio_image *im) {
   char msg[CKPTIO_ERRLEN];
   const char *path = z->s.path;
-  int rc = ckptio_zs_table_parse(z->f.map, z->f.size, &z->t, msg, sizeof(msg));
+  const uint8_t *file = z->f.store ? im->base : z->f.map;
+  int rc = z->f.store ? fetch_table(z, im) : 0;
+  if (rc < 0) return rc;
+  rc = ckptio_zs_table_parse(file, z->f.size, &z->t, msg, sizeof(msg));
   if (rc < 0) return ckptio_fail(z->s.err, rc, "%s: %s", path, msg);
   z->nws = ckptio_codec_jobs(z->s.ctx);
   z->ws = calloc((size_t)z->nws, sizeof(workspace));
@@ -110,7 +143,8 @@ static int parse(zsrc *z) {
   }
   for (int i = 0; i < z->nws; i++) z->stack[i] = i;
   z->free_ws = z->nws;
-  if ((rc = decode_prefix(z, d, prefix, plain < 8 ? plain : 8)) < 0) goto out;
+  if (z->f.store && (rc = fetch_prefix(z, im, plain < 8 ? plain : 8)) < 0) goto out;
+  if ((rc = decode_prefix(z, file, d, prefix, plain < 8 ? plain : 8)) < 0) goto out;
   if ((rc = ckptio_st_header_length(prefix, plain, &n, msg, sizeof(msg))) < 0) {
     ckptio_fail(z->s.err, rc, "%s: decompressed: %s", path, msg);
     goto out;
@@ -120,7 +154,8 @@ static int parse(zsrc *z) {
     rc = -ENOMEM;
     goto out;
   }
-  if ((rc = decode_prefix(z, d, hdr, 8 + n)) < 0) goto out;
+  if (z->f.store && (rc = fetch_prefix(z, im, 8 + n)) < 0) goto out;
+  if ((rc = decode_prefix(z, file, d, hdr, 8 + n)) < 0) goto out;
   if ((rc = ckptio_st_parse(hdr + 8, n, plain, &st, msg, sizeof(msg))) < 0) {
     ckptio_fail(z->s.err, rc, "%s: decompressed: %s", path, msg);
     goto out;
@@ -262,12 +297,22 @@ static void ws_put(zsrc *z, workspace *w) {
 static int inflate_frame(zsrc *z, workspace *w, size_t fi, uint8_t *out, char *msg, size_t len) {
   const ckptio_zs_frame *f = &z->t.frames[fi];
   const uint8_t *src = z->f.map + f->coff;
-  if (ckptio_rfile_populate(src, f->csize) < 0)
+  if (z->f.store) { /* an object: one read of the frame into the worker's buffer */
+    if (w->comp_cap < f->csize) {
+      free(w->comp);
+      w->comp_cap = 0;
+      if (!(w->comp = malloc(f->csize))) return -ENOMEM;
+      w->comp_cap = f->csize;
+    }
+    int rc = ckptio_rfile_pread(&z->f, w->comp, f->csize, f->coff, msg, len);
+    if (rc < 0) return rc;
+    src = w->comp;
+  } else if (ckptio_rfile_populate(src, f->csize) < 0)
     return ckptio_err_fmt(msg, len, CKPTIO_E_SHORT_IO,
                           "%s: zstd frame %zu (%u bytes at offset %llu): the file is shorter than when it was opened",
                           z->s.path, fi, f->csize, (unsigned long long)f->coff);
   size_t got = ZSTD_decompressDCtx(w->dctx, out, f->dsize, src, f->csize);
-  ckptio_rfile_drop(src, f->csize); /* not needed again: keep RSS to what is loaded */
+  if (!z->f.store) ckptio_rfile_drop(src, f->csize); /* not needed again: keep RSS to what is loaded */
   if (ZSTD_isError(got))
     return ckptio_err_fmt(msg, len, CKPTIO_E_ZSTD, "%s: zstd frame %zu (%u bytes at offset %llu): %s%s", z->s.path,
                           fi, f->csize, (unsigned long long)f->coff, ZSTD_getErrorName(got),
@@ -396,6 +441,7 @@ static void zstd_close(ckptio_source *s) {
     free(z->ws[i].scratch);
     free(z->ws[i].block);
     free(z->ws[i].big);
+    free(z->ws[i].comp);
   }
   free(z->ws);
   free(z->stack);
@@ -442,7 +488,11 @@ int ckptio_zstd_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *
   pthread_mutex_init(&z->mu, NULL);
   pthread_cond_init(&z->cv, NULL);
   int rc = ckptio_source_init(&z->s, &zstd_ops, ctx, opts, f->path, err);
-  if (rc == 0) rc = parse(z);
+  ckptio_image im;
+  memset(&im, 0, sizeof(im));
+  if (rc == 0 && z->f.store) rc = ckptio_image_open(&im, &z->f, ctx->pool, HEAD, TAIL, err);
+  if (rc == 0) rc = parse(z, &im);
+  ckptio_image_close(&im);
   if (rc < 0) {
     ckptio_source_close(&z->s);
     return rc;

@@ -87,6 +87,15 @@ struct file_writer {
   chunk_job *jobs;
   ckptio_zsave *zs;       /* compressed saves: chunks are its frames */
   ckptio_batch batch;
+  /* An object whose layout's CRCs trail (a .pt): a chunk holding CRCs is
+   * sent once every chunk before it is copied (early), not at the end, so
+   * the ring does not fill with held chunks. Under flush_mu. */
+  int early;
+  pthread_mutex_t flush_mu;
+  uint8_t *copied;        /* [c]: chunk c's bytes and piece CRCs are in */
+  uint64_t prefix;        /* chunks [0, prefix) are all copied */
+  uint64_t flushed;       /* held chunks before this were looked at */
+  size_t crc_next;        /* tensors (file order) before this have their CRC set */
 };
 
 /* Every verb but close after ckptio_writer_abort. */
@@ -118,10 +127,14 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
   const ckptio_storage *st = NULL;
   int object = rc == 0 ? ckptio_storages_find(ctx->storages, path, &st, w->base.err, sizeof(w->base.err)) : 0;
   if (object < 0) rc = object;
-  else if (object && (format != CKPTIO_FORMAT_SAFETENSORS || w->opts.compress_level))
+  else if (object && w->opts.compress_level && !ckptio_storage_unsized(st))
+    /* A compressed file's size is known only at its end; a storage's
+     * create verb takes the size first. The built-in S3 one also takes an
+     * object of unknown size (storage.h). */
     rc = ckptio_err_fmt(w->base.err, sizeof(w->base.err), CKPTIO_E_FORMAT,
-                        "%s: a %s in a storage is not supported yet (uncompressed safetensors files are)", path,
-                        w->opts.compress_level ? "compressed file" : "PyTorch archive");
+                        "%s: compressed files are saved to s3:// objects and local files only: this storage's "
+                        "create verb needs the size before the first byte, known only after compression",
+                        path);
   if (rc < 0 && w->base.err[0]) snprintf(err, CKPTIO_ERRLEN, "%s", w->base.err);
   if (rc < 0 || !(w->path = strdup(path))) {
     free(w);
@@ -132,6 +145,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
   w->format = format;
   w->file.fd = w->file.fd_direct = -1;
   pthread_mutex_init(&w->mu, NULL);
+  pthread_mutex_init(&w->flush_mu, NULL);
   pthread_cond_init(&w->cv, NULL);
   *out = &w->base;
   return 0;
@@ -334,16 +348,26 @@ static int start_gpu_copies(file_writer *w, chunk_job *j, uint64_t start, uint64
   return rc;
 }
 
-/* The format's own bytes (headers, zip records) that fall in [start, end). */
-static void copy_extents(const file_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
+/* The first extent ending after start (extents are sorted, apart): a
+ * .pt has two per tensor, so chunks look theirs up, not through all. */
+static size_t extent_after(const file_writer *w, uint64_t start) {
   const ckptio_extent *x = w->layout.extents;
   size_t lo = 0, hi = w->layout.nextents;
-  while (lo < hi) { /* first extent ending after start */
+  while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (x[mid].offset + x[mid].len <= start) lo = mid + 1;
     else hi = mid;
   }
-  for (; lo < w->layout.nextents && x[lo].offset < end; lo++) {
+  return lo;
+}
+
+/* The format's own bytes (headers, zip records) that fall in [start, end). */
+static void copy_extents(const file_writer *w, unsigned char *slot, uint64_t start, uint64_t end) {
+  /* Early flushes patch the CRC extents into the held chunk (under
+   * flush_mu) while set_crc may be writing them: not copied here. */
+  const ckptio_extent *x = w->layout.extents;
+  for (size_t lo = extent_after(w, start); lo < w->layout.nextents && x[lo].offset < end; lo++) {
+    if (w->early && x[lo].holds_crc) continue;
     uint64_t a = x[lo].offset > start ? x[lo].offset : start;
     uint64_t b = x[lo].offset + x[lo].len < end ? x[lo].offset + x[lo].len : end;
     memcpy(slot + (a - start), x[lo].bytes + (a - x[lo].offset), b - a);
@@ -446,10 +470,8 @@ static int write_chunk(file_writer *w, const unsigned char *from, size_t len, ui
 /* Whether [start, end) holds bytes that change once the CRCs are known
  * (the header): an object cannot be written twice, so such a chunk waits. */
 static int holds_crcs(const file_writer *w, uint64_t start, uint64_t end) {
-  for (size_t x = 0; x < w->layout.nextents; x++) {
-    const ckptio_extent *e = &w->layout.extents[x];
-    if (e->holds_crc && e->offset < end && e->offset + e->len > start) return 1;
-  }
+  for (size_t x = extent_after(w, start); x < w->layout.nextents && w->layout.extents[x].offset < end; x++)
+    if (w->layout.extents[x].holds_crc) return 1;
   return 0;
 }
 
@@ -510,6 +532,8 @@ static void chunk_in_place_run(void *arg) {
   chunk_end(j, rc, msg);
 }
 
+static int flush_early(file_writer *w, char *msg, size_t mlen);
+
 /* Worker side, second half: the filled slot to the file at its offset. */
 static void chunk_write_run(void *arg) {
   chunk_job *j = arg;
@@ -519,10 +543,17 @@ static void chunk_write_run(void *arg) {
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
   if (!ckptio_batch_failed(&w->batch) && w->file.store && holds_crcs(w, start, end)) {
-    j->held = j->slot; /* kept from the ring until write_held */
+    if (w->early) pthread_mutex_lock(&w->flush_mu);
+    j->held = j->slot; /* kept from the ring until an early flush or write_held */
     j->slot = NULL;
+    if (w->early) w->copied[j->index] = 1, pthread_mutex_unlock(&w->flush_mu);
     atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
   } else if (!ckptio_batch_failed(&w->batch)) {
+    if (w->early) {
+      pthread_mutex_lock(&w->flush_mu);
+      w->copied[j->index] = 1;
+      pthread_mutex_unlock(&w->flush_mu);
+    }
     size_t len = (size_t)(end - start);
     if (w->file.fd_direct >= 0) {
       /* O_DIRECT wants whole pages: the tail is padded with zeros and the
@@ -534,6 +565,7 @@ static void chunk_write_run(void *arg) {
     if ((rc = write_chunk(w, j->slot, len, start, msg, sizeof(msg))) == 0)
       atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
   }
+  if (rc == 0 && w->early) rc = flush_early(w, msg, sizeof(msg));
   chunk_end(j, rc, msg);
 }
 
@@ -599,22 +631,27 @@ static int plan_chunks(file_writer *w) {
     return CKPTIO_E_FORMAT;
   }
   w->piece_crc = calloc(pieces + 1, sizeof(uint32_t));
+  w->early = w->file.store && w->layout.crcs_trail && !w->zs;
+  if (w->early && !(w->copied = calloc(w->nchunks + 1, 1))) return -ENOMEM;
   return w->piece_crc ? 0 : -ENOMEM;
 }
 
-/* Joins the piece CRCs of every tensor, in order, into the header. */
-static void combine_crcs(file_writer *w) {
-  for (size_t k = 0; k < w->count; k++) {
-    uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
-    uint32_t crc = 0;
-    for (size_t p = w->piece_base[k]; pos < off + n; p++) {
-      uint64_t chunk_end = chunk_start(w, w->first_chunk[k] + (p - w->piece_base[k]) + 1);
-      uint64_t b = chunk_end < off + n ? chunk_end : off + n;
-      crc = ckptio_crc32_combine(crc, w->piece_crc[p], b - pos);
-      pos = b;
-    }
-    w->layout.set_crc(&w->layout, w->layout.order[k], crc);
+/* Joins the piece CRCs of tensor k (file order) into the layout. */
+static void combine_crc(file_writer *w, size_t k) {
+  uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes, pos = off;
+  uint32_t crc = 0;
+  for (size_t p = w->piece_base[k]; pos < off + n; p++) {
+    uint64_t chunk_end = chunk_start(w, w->first_chunk[k] + (p - w->piece_base[k]) + 1);
+    uint64_t b = chunk_end < off + n ? chunk_end : off + n;
+    crc = ckptio_crc32_combine(crc, w->piece_crc[p], b - pos);
+    pos = b;
   }
+  w->layout.set_crc(&w->layout, w->layout.order[k], crc);
+}
+
+/* Every tensor's, in order, into the header. */
+static void combine_crcs(file_writer *w) {
+  for (size_t k = 0; k < w->count; k++) combine_crc(w, k);
 }
 
 /* After the data: the extents that changed when the CRCs were patched in
@@ -642,8 +679,19 @@ static int rewrite_crc_extents(file_writer *w) {
   return 0;
 }
 
-/* An object's chunks that waited for the CRCs: the extents patched in
- * their slots, then each written once. */
+/* The CRC extents of chunk c patched into its held slot. */
+static void patch_held(file_writer *w, uint64_t c, unsigned char *slot) {
+  uint64_t start, end;
+  chunk_range(w, c, &start, &end);
+  for (size_t x = extent_after(w, start); x < w->layout.nextents && w->layout.extents[x].offset < end; x++) {
+    const ckptio_extent *e = &w->layout.extents[x];
+    uint64_t a = e->offset > start ? e->offset : start, b = e->offset + e->len < end ? e->offset + e->len : end;
+    if (e->holds_crc && a < b) memcpy(slot + (a - start), e->bytes + (a - e->offset), (size_t)(b - a));
+  }
+}
+
+/* An object's chunks that waited for the CRCs (all of them, or what early
+ * flushes left): the extents patched in their slots, then each written once. */
 static int write_held(file_writer *w) {
   int rc = 0;
   for (uint64_t c = 0; c < w->nchunks && rc == 0; c++) {
@@ -651,12 +699,45 @@ static int write_held(file_writer *w) {
     if (!slot) continue;
     uint64_t start, end;
     chunk_range(w, c, &start, &end);
-    for (size_t x = 0; x < w->layout.nextents; x++) {
-      const ckptio_extent *e = &w->layout.extents[x];
-      uint64_t a = e->offset > start ? e->offset : start, b = e->offset + e->len < end ? e->offset + e->len : end;
-      if (e->holds_crc && a < b) memcpy(slot + (a - start), e->bytes + (a - e->offset), (size_t)(b - a));
-    }
+    patch_held(w, c, slot);
     rc = write_chunk(w, slot, (size_t)(end - start), start, w->base.err, sizeof(w->base.err));
+  }
+  return rc;
+}
+
+/* The last chunk holding a byte of tensor k (file order). */
+static uint64_t last_chunk(const file_writer *w, size_t k) {
+  uint64_t off = offset_at(w, k), n = tensor_at(w, k)->nbytes;
+  return chunk_of(w, n ? off + n - 1 : off);
+}
+
+/* Early flushes (w->early), on the worker that ended a chunk, before it
+ * counts the chunk done (so none runs once the batch is over): the copied
+ * prefix grows, the tensors inside it get their CRCs, and each held chunk
+ * inside it is patched and sent, its slot back to the ring. A held chunk
+ * is inside the prefix once every chunk up to it is copied, which always
+ * comes: those chunks took their slots before it. */
+static int flush_early(file_writer *w, char *msg, size_t mlen) {
+  int rc = 0;
+  while (rc == 0) {
+    unsigned char *slot = NULL;
+    uint64_t c = 0;
+    pthread_mutex_lock(&w->flush_mu);
+    while (w->prefix < w->nchunks && w->copied[w->prefix]) w->prefix++;
+    for (; w->layout.set_crc && w->crc_next < w->count && last_chunk(w, w->crc_next) < w->prefix; w->crc_next++)
+      combine_crc(w, w->crc_next);
+    for (; !slot && w->flushed < w->prefix; w->flushed++)
+      if ((slot = w->jobs[w->flushed].held)) {
+        c = w->flushed;
+        w->jobs[c].held = NULL;
+        patch_held(w, c, slot);
+      }
+    pthread_mutex_unlock(&w->flush_mu);
+    if (!slot) return 0;
+    uint64_t start, end;
+    chunk_range(w, c, &start, &end);
+    if (!ckptio_batch_failed(&w->batch)) rc = write_chunk(w, slot, (size_t)(end - start), start, msg, mlen);
+    ckptio_ring_release(w->ctx->ring, slot);
   }
   return rc;
 }
@@ -782,7 +863,7 @@ static int make_layout(file_writer *w) {
 
 /* Compressed saves cut the planned file into frames (save/zsave.c);
  * frames land at offsets known only after compression, so through the
- * page cache. */
+ * page cache, or into an object of a size known only at its end. */
 static int zsave_open(file_writer *w) {
   ckptio_zsave_tensor *t = calloc(w->count + 1, sizeof(*t));
   if (!t) return -ENOMEM;
@@ -792,7 +873,7 @@ static int zsave_open(file_writer *w) {
   }
   int jobs = ckptio_codec_jobs(w->ctx);
   size_t slots = ckptio_ring_slots(w->ctx->ring), frames = (size_t)jobs + 2;
-  ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, jobs, w->file.fd,
+  ckptio_zsave_params p = {w->opts.compress_level, w->opts.shuffle, jobs, &w->file,
                            w->layout.extents[0].len, w->layout.file_size, ckptio_ring_slot_bytes(w->ctx->ring),
                            slots < frames ? slots : frames, t, w->count};
   int rc = ckptio_zsave_open(&p, &w->zs, w->base.err, sizeof(w->base.err));
@@ -815,8 +896,9 @@ static int save_run(file_writer *w) {
   int object = ckptio_storages_find(w->ctx->storages, w->path, &st, w->base.err, sizeof(w->base.err));
   if (object < 0) return object;
   if (object)
-    rc = ckptio_tmpfile_open_object(&w->file, w->path, size, ckptio_ring_slot_bytes(w->ctx->ring), &st->ops, st->self,
-                                    w->base.err, sizeof(w->base.err));
+    rc = ckptio_tmpfile_open_object(&w->file, w->path, compress ? CKPTIO_STORAGE_UNSIZED : size,
+                                    ckptio_ring_slot_bytes(w->ctx->ring), &st->ops, st->self, w->base.err,
+                                    sizeof(w->base.err));
   else
     rc = ckptio_tmpfile_open(&w->file, w->path, direct, size, w->base.err, sizeof(w->base.err));
   /* No space yet: the blocks of files that earlier saves replaced may still
@@ -953,6 +1035,7 @@ static int file_close(ckptio_writer *base) {
   free(w->first_chunk);
   free(w->piece_base);
   free(w->piece_crc);
+  free(w->copied);
   free(w->jobs);
   for (size_t i = 0; i < w->count; i++) free(w->tensors[i].name);
   for (size_t i = 0; i < w->nmeta; i++) {
@@ -965,6 +1048,7 @@ static int file_close(ckptio_writer *base) {
   free(w->path);
   pthread_cond_destroy(&w->cv);
   pthread_mutex_destroy(&w->mu);
+  pthread_mutex_destroy(&w->flush_mu);
   free(w);
   return rc;
 }

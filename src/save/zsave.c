@@ -288,10 +288,12 @@ int ckptio_zsave_frame(ckptio_zsave *z, uint64_t c, uint8_t *buf, size_t len, ch
   uint64_t last = z->next;
   pthread_mutex_unlock(&z->mu);
   for (uint64_t f = first; f < last && rc == 0; f++) {
-    rc = ckptio_pwrite_full(z->p.fd, frame_buf(z, f), z->csize[f], z->coff[f]);
+    msg[0] = '\0';
+    rc = ckptio_tmpfile_write(z->p.out, frame_buf(z, f), z->csize[f], z->coff[f], msg, msglen);
     if (rc < 0) {
-      ckptio_err_fmt(msg, msglen, rc, "write of zstd frame %llu (%u bytes at offset %llu) failed: %s",
-                     (unsigned long long)f, z->csize[f], (unsigned long long)z->coff[f], ckptio_strerror(rc));
+      if (!msg[0]) /* a file's: an object's storage wrote its own sentence */
+        ckptio_err_fmt(msg, msglen, rc, "write of zstd frame %llu (%u bytes at offset %llu) failed: %s",
+                       (unsigned long long)f, z->csize[f], (unsigned long long)z->coff[f], ckptio_strerror(rc));
       ckptio_zsave_abort(z, rc);
       break;
     }
@@ -309,14 +311,17 @@ int ckptio_zsave_finish(ckptio_zsave *z, const uint8_t *header, uint64_t *file_s
                           (unsigned long long)z->next, (unsigned long long)z->nframes);
   /* The header's CRCs are final now; RAW blocks keep the frame's size. */
   ckptio_zs_raw_frame_write(header, z->p.header_bytes, z->header_frame);
-  int rc = ckptio_pwrite_full(z->p.fd, z->header_frame, z->csize[0], 0);
+  err[0] = '\0';
+  int rc = ckptio_tmpfile_write(z->p.out, z->header_frame, z->csize[0], 0, err, errlen);
+  if (rc < 0 && err[0]) return rc;
   if (rc < 0) return ckptio_err_fmt(err, errlen, rc, "rewrite of the header frame failed: %s", ckptio_strerror(rc));
   uint64_t tb = ckptio_zs_table_bytes(z->nframes);
   uint8_t *tab = malloc((size_t)tb);
   if (!tab) return ckptio_err_fmt(err, errlen, -ENOMEM, "out of memory for the seek table");
   ckptio_zs_table_write(z->csize, z->dsize, (size_t)z->nframes, tab);
-  rc = ckptio_pwrite_full(z->p.fd, tab, (size_t)tb, z->end);
+  rc = ckptio_tmpfile_write(z->p.out, tab, (size_t)tb, z->end, err, errlen);
   free(tab);
+  if (rc < 0 && err[0]) return rc;
   if (rc < 0) return ckptio_err_fmt(err, errlen, rc, "write of the seek table failed: %s", ckptio_strerror(rc));
   *file_size = z->end + tb;
   return 0;

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/file.h"
+
 typedef struct ckptio_zsave ckptio_zsave;
 
 /* One tensor of the planned file, in file order. */
@@ -29,7 +31,9 @@ typedef struct ckptio_zsave_tensor {
 
 typedef struct ckptio_zsave_params {
   int level, shuffle, threads;
-  int fd;                  /* the temp file, buffered */
+  ckptio_tmpfile *out;     /* the temp file (buffered) or the object; frames go
+                              in file order, the header frame and the seek
+                              table last */
   uint64_t header_bytes;   /* plain file: data start */
   uint64_t file_size;      /* plain file */
   uint64_t max_frame;      /* decompressed bytes per data frame (a staging slot) */

@@ -6,6 +6,7 @@
 #define CKPTIO_STORAGE_STORAGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Objects of a storage (ckptio_storage_ops) come from ckptio.h's
  * experimental section, whoever includes this header. */
@@ -34,6 +35,16 @@ int ckptio_storages_register(ckptio_storages *t, const char *scheme, const ckpti
  * storage lives as long as the table. */
 int ckptio_storages_find(ckptio_storages *t, const char *path, const ckptio_storage **out, char *err,
                          size_t errlen);
+
+/* A size for create meaning "not known yet": the object is as long as what
+ * was written when it is published, written at any offsets, in pieces of
+ * any length, each byte once (a compressed save: frames in file order, the
+ * header frame at offset 0 and the seek table last). Internal: the public
+ * contract of create (ckptio.h) stays "size known first"; only storages
+ * ckptio_storage_unsized names are handed it. */
+#define CKPTIO_STORAGE_UNSIZED UINT64_MAX
+/* 1 when st takes CKPTIO_STORAGE_UNSIZED (the built-in S3 one). */
+int ckptio_storage_unsized(const ckptio_storage *st);
 
 /* The built-in S3 storage (s3_storage.c): a client from the environment.
  * @return 0 and *self for the s3 verbs, or a code with the reason. */

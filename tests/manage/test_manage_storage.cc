@@ -537,6 +537,41 @@ TEST_P(ManageStorage, AStepSavedAgainAsAnotherKindReplacesIt) {
   expect_step(path, 5, 3);
 }
 
+// .pt and compressed steps on a storage: model.pt (its chunks holding the
+// tensors' data descriptors sent as soon as the chunks before them are in)
+// and model.safetensors.zst, published, found by `latest`, loaded whole and
+// verified. A compressed step on the in-memory storage, whose create verb
+// takes the size first, is refused naming the URL, the older step kept.
+TEST_P(ManageStorage, PtAndCompressedSteps) {
+  ckptio_manager_options pt = CKPTIO_MANAGER_OPTIONS_INIT;
+  pt.format = CKPTIO_FORMAT_PYTORCH;
+  open(pt);
+  ASSERT_EQ(save_step(3, 12), 0) << ckptio_manager_last_error(m_);
+  EXPECT_EQ(objects_of(3), (std::vector<std::string>{"model.pt"}));
+  std::string path;
+  EXPECT_EQ(latest(&path), 3u);
+  expect_step(path, 3, 12);
+  ckptio_options z = small_options(64 << 10, 512 << 10, 4);
+  z.cuda = 0;
+  z.compress_level = 3;
+  ckptio_manager_close(m_);
+  m_ = nullptr;
+  ASSERT_EQ(ckptio_manager_open(ctx_, root_.c_str(), nullptr, &z, &m_), 0) << ckptio_last_open_error();
+  ckptio_manager_set_warning(m_, Warnings::fn, &warn_);
+  int rc = save_step(4, 12);
+  if (!s3_) {
+    EXPECT_EQ(rc, CKPTIO_E_FORMAT);
+    EXPECT_NE(std::string(ckptio_manager_last_error(m_)).find(root_), std::string::npos)
+        << ckptio_manager_last_error(m_);
+    EXPECT_EQ(latest(&path), 3u);
+    return;
+  }
+  ASSERT_EQ(rc, 0) << ckptio_manager_last_error(m_);
+  EXPECT_EQ(objects_of(4), (std::vector<std::string>{"model.safetensors.zst"}));
+  EXPECT_EQ(latest(&path), 4u);
+  expect_step(path, 4, 12);
+}
+
 // On a storage a check that fails for the network's sake (a connection
 // dropped past the retries: CKPTIO_E_SHORT_IO) says nothing about the
 // checkpoint: retention keeps the step, as it keeps one it could not check

@@ -2,8 +2,9 @@
 wherever a local path is read, against a real S3 server (SeaweedFS, tests/s3/
 weed_server.py). A safetensors file uploaded by boto3 (the real AWS SDK) is
 loaded by ckptio.torch / ckptio.numpy bit for bit with every CRC checked,
-slices fetch their rows, and what is not supported yet or not there fails
-with a message naming the object and what the server said.
+slices fetch their rows, and what is not a checkpoint or not there fails
+with a message naming the object and what the server said (.pt archives and
+compressed files: test_s3_formats.py).
 
 Skips with the reason when weed, boto3 or torch are missing."""
 import os
@@ -84,10 +85,10 @@ def test_missing_objects_and_unsupported_kinds_say_why(s3, tmp_path):
         ct.load_file(f"s3://{s3.bucket}/nothere.safetensors")
     with pytest.raises(CkptioError, match="bucket names"):
         ct.load_file("s3://Not_A_Bucket/x")
-    torch.save({"w": torch.ones(3)}, tmp_path / "m.pt")
-    s3.client().upload_file(str(tmp_path / "m.pt"), s3.bucket, "m.pt")
-    with pytest.raises(CkptioError, match="PyTorch archive in a storage is not supported yet"):
-        ct.load_file(f"s3://{s3.bucket}/m.pt")
+    (tmp_path / "m.bin").write_bytes(b"neither a zip nor safetensors")
+    s3.client().upload_file(str(tmp_path / "m.bin"), s3.bucket, "m.bin")
+    with pytest.raises(CkptioError, match=rf"s3://{s3.bucket}/m\.bin"):
+        ct.load_file(f"s3://{s3.bucket}/m.bin")
 
 
 def test_wrong_secret_is_refused_with_the_servers_code(s3, tmp_path):

@@ -346,7 +346,7 @@ TEST(Zstd, FramesFollowTensors) {
   std::vector<ckptio_zsave_tensor> ts;
   uint64_t off = H;
   for (uint64_t n : sizes) ts.push_back({off, n, 4}), off += n;
-  ckptio_zsave_params p = {1, 0, 2, -1, H, off, F, 2, ts.data(), ts.size()};
+  ckptio_zsave_params p = {1, 0, 2, NULL, H, off, F, 2, ts.data(), ts.size()};
   ckptio_zsave *z = nullptr;
   char err[256] = "";
   ASSERT_EQ(ckptio_zsave_open(&p, &z, err, sizeof(err)), 0) << err;
