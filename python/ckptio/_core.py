@@ -301,7 +301,7 @@ class OpenReader(Generic[_R]):
     def close(self) -> None:
         """Closes the file (also on leaving the with block)."""
         if self._ahead is not None:
-            self._ahead.close()
+            self._ahead.settle()
         if self._r is not None:
             self._r.close()
             self._r = None
@@ -347,16 +347,12 @@ class ReadAhead:
     read a tensor per call (a copy from the page cache, nothing to wait
     for).
 
-    Windows are loaded into memory the caller's dropped tensors of earlier
-    windows give back (_mapped.Recycler), at most two windows of it kept.
+    load(indices) -> {name: tensor} is the owner's load of those tensors;
+    it runs on the caller's thread or on the read-ahead's, never on both at
+    once (settle() waits for the latter)."""
 
-    load(indices, place) -> {name: tensor} is the owner's load of those
-    tensors into memory from place; it runs on the caller's thread or on the
-    read-ahead's, never on both at once (settle() waits for the latter)."""
-
-    def __init__(self, load: Callable[[List[int], _mapped.Placer], Dict[str, Any]]) -> None:
+    def __init__(self, load: Callable[[List[int]], Dict[str, Any]]) -> None:
         self._load = load
-        self._memory = _mapped.Recycler(2 * READ_AHEAD_BYTES)
         self._held: Dict[str, Any] = {}
         self._cold: Optional[bool] = None
         self._after: Optional[int] = None  # the index after the last window loaded
@@ -379,7 +375,7 @@ class ReadAhead:
         else:
             in_order = self._after is None or i == self._after
             window = self.window(reader, i, sizes)
-            self._held = self._load(window, self._memory.placed)  # a tensor's error is raised here
+            self._held = self._load(window)  # a tensor's error is raised here, on its call
             if not in_order:
                 self._after = window[-1] + 1
                 return self._held.pop(name)
@@ -415,7 +411,7 @@ class ReadAhead:
 
         def run() -> None:
             try:
-                box.append(self._load(window, self._memory.placed))
+                box.append(self._load(window))
             except Exception:  # noqa: BLE001 - raised again by the caller's own load
                 pass
 
@@ -429,13 +425,6 @@ class ReadAhead:
         if self._next is not None and self._next[1] is not None:
             self._next[1].join()
             self._next = (self._next[0], None, self._next[2])
-
-    def close(self) -> None:
-        """The file closes: the window loading is waited for, and what is
-        held and kept is let go."""
-        self.settle()
-        self._next, self._held = None, {}
-        self._memory.clear()
 
 
 def scratch_dir() -> Optional[str]:

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from . import _lib
 
@@ -72,90 +71,23 @@ def placed(nbytes: int, file_offset: int, elem_size: int) -> Optional[Tuple[mmap
     shift = file_offset % _PAGE
     if nbytes < _PLACED_MIN or shift % elem_size:
         return None
-    m, pad, _ = _anon(shift + nbytes)
-    return m, pad + shift
-
-
-Placer = Callable[[int, int, int], Optional[Tuple[Any, int]]]  # placed's signature
-
-
-class Recycler:
-    """placed() for safe_open's read-ahead windows, reusing the memory of the
-    tensors it made once the caller has dropped them. A stream through a
-    cold file (each tensor used, then dropped) would otherwise take new
-    memory for every window: each of its pages zeroed by the kernel as it
-    faults in, and where the kernel must compact memory to find free 2 MiB
-    blocks, far more (bench/RESULTS_PEERS.md: a streaming loader reading into
-    the same ring of huge pages ran at 1.5-2x ckptio's stream on a busy
-    machine). Destinations are handed out in sizes rounded to their pages
-    (2 MiB from 2 MiB up, else 4 KiB); what comes
-    back (a tensor's memory returns when the last array, tensor or view of it
-    goes) is kept by size, at most keep bytes, the rest unmapped. clear()
-    drops what is kept and keeps nothing more (the safe_open closed)."""
-
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
-        self._kept = 0
-        self.reused = 0  # bytes handed out again
-        self._free: Dict[int, List[Tuple[mmap.mmap, int]]] = {}
-        # Re-entrant: a collection inside placed() may return memory.
-        self._lock = threading.RLock()
-
-    def placed(self, nbytes: int, file_offset: int, elem_size: int) -> Optional[Tuple[Any, int]]:
-        """As placed(): (buffer, offset) or None."""
-        shift = file_offset % _PAGE
-        if nbytes < _PLACED_MIN or shift % elem_size:
-            return None
-        unit = _HUGE if shift + nbytes >= _HUGE else _PAGE
-        size = -(-(shift + nbytes) // unit) * unit
-        with self._lock:
-            spare = self._free.get(size)
-            if spare:
-                m, base = spare.pop()
-                self._kept -= size
-                self.reused += size
-            else:
-                m, _, base = _anon(size)
-        buf = (ctypes.c_uint8 * (shift + nbytes)).from_address(base)
-        # m travels with the finalizer: the mapping lives while buf does.
-        weakref.finalize(buf, self._give_back, size, m, base).atexit = False
-        return buf, shift
-
-    def _give_back(self, size: int, m: mmap.mmap, base: int) -> None:
-        with self._lock:
-            if self._kept + size <= self._keep:
-                self._free.setdefault(size, []).append((m, base))
-                self._kept += size
-        # else m goes with this call: unmapped
-
-    def clear(self) -> None:
-        with self._lock:
-            self._keep = 0
-            self._free.clear()
-            self._kept = 0
-
-
-def _anon(size: int) -> Tuple[mmap.mmap, int, int]:
-    """Memory for a destination of size bytes: (an anonymous mapping, the
-    offset in it where the destination starts, that address). Private, as
-    torch.empty's memory is: the module's default for -1 is a shared mapping,
-    which a forked child (a DataLoader worker) would write through into the
-    parent's tensor. A large destination in 2 MiB pages, from a 2 MiB
-    boundary: a cold load into fresh 4 KiB pages faults each one in (262,000
-    faults a GiB) and ran at 0.6-0.7x the raw read, into 2 MiB pages at 1.6x
-    it, which is how runai-model-streamer's ring reads (4,300 faults a GiB;
-    bench/RESULTS_PEERS.md). Only whole 2 MiB pages inside the mapping become
-    huge; the extra 2 MiB of address space is never touched."""
-    huge = size >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE")
-    m = mmap.mmap(-1, size + (_HUGE if huge else 0), flags=mmap.MAP_PRIVATE)
+    # Private, as torch.empty's memory is: the module's default for -1 is a
+    # shared mapping, which a forked child (a DataLoader worker) would write
+    # through into the parent's tensor.
+    if nbytes < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE), shift
+    # A large destination in 2 MiB pages, from a 2 MiB boundary: a cold load
+    # into fresh 4 KiB pages faults each one in (262,000 faults a GiB) and
+    # ran at 0.6-0.7x the raw read, into 2 MiB pages at 1.6x it, which is
+    # how runai-model-streamer's ring reads (4,300 faults a GiB;
+    # bench/RESULTS_PEERS.md). Only whole 2 MiB pages inside the mapping
+    # become huge; the extra 2 MiB of address space is never touched.
+    m = mmap.mmap(-1, _HUGE + shift + nbytes, flags=mmap.MAP_PRIVATE)
     view = ctypes.c_char.from_buffer(m)
-    start = ctypes.addressof(view)
+    pad = -ctypes.addressof(view) % _HUGE
     del view  # (a live export would pin the mapping open)
-    if not huge:
-        return m, 0, start
     m.madvise(mmap.MADV_HUGEPAGE)
-    pad = -start % _HUGE
-    return m, pad, start + pad
+    return m, pad + shift
 
 
 def viewable(reader: "Reader", index: int, info: _lib.TensorInfo, elem_size: int) -> bool:

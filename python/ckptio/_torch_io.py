@@ -489,9 +489,8 @@ class TorchReader(Reader):
                             "has no torch dtype; ckptio.load_file (numpy) returns its raw bytes")
         return dtype
 
-    def empty(self, i: int, place: _mapped.Placer = _mapped.placed) -> Tuple[str, torch.Tensor, _lib.LoadRequest]:
-        """A destination for tensor i (placed by place on the CPU), and its
-        load request."""
+    def empty(self, i: int) -> Tuple[str, torch.Tensor, _lib.LoadRequest]:
+        """A destination for tensor i, and its load request."""
         info = self.entries[i]
         name = info.name.decode()
         dtype = self.torch_dtype(i)
@@ -501,19 +500,18 @@ class TorchReader(Reader):
             raise from_code(_lib.ERRORS["TENSOR_INFO"],
                             f"{self.shown}: tensor {name!r}: {self.dtype_name(info)} "
                             f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
-        where = place(info.nbytes, info.offset, size) if self.device.type == "cpu" else None
-        if where is not None:
-            t = torch.frombuffer(where[0], dtype=dtype, count=numel,
-                                 offset=where[1]).view(shape)
+        place = (_mapped.placed(info.nbytes, info.offset, size)
+                 if self.device.type == "cpu" else None)
+        if place is not None:
+            t = torch.frombuffer(place[0], dtype=dtype, count=numel,
+                                 offset=place[1]).view(shape)
         else:
             t = torch.empty(shape, dtype=dtype, device=self.device)
         return name, t, _lib.LoadRequest(i, t.data_ptr(), info.nbytes, self.code)
 
-    def load(self, indices: Iterable[int], mmap: bool = False,
-             place: _mapped.Placer = _mapped.placed) -> Dict[str, torch.Tensor]:
+    def load(self, indices: Iterable[int], mmap: bool = False) -> Dict[str, torch.Tensor]:
         """New tensors for `indices`; with mmap (CPU only), views of a private
-        mapping of the file where possible (see load_file), the rest copied
-        (into memory from place)."""
+        mapping of the file where possible (see load_file), the rest copied."""
         indices = list(indices)
         mapping = None
         if mmap and indices and self.device.type == "cpu":
@@ -526,7 +524,7 @@ class TorchReader(Reader):
             if view is not None:
                 out[self.entries[i].name.decode()] = view
                 continue
-            name, t, reqs[n] = self.empty(i, place)
+            name, t, reqs[n] = self.empty(i)
             out[name] = t
             n += 1
         if n:

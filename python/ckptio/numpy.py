@@ -231,9 +231,9 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
 
 def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
               mapping: Optional["ctypes.Array[ctypes.c_uint8]"],
-              reqs: List[_lib.LoadRequest], place: _mapped.Placer = _mapped.placed) -> Array:
+              reqs: List[_lib.LoadRequest]) -> Array:
     """Tensor i as an array (or Tensor): a view of `mapping` when it can be,
-    else memory from place with its load request appended to reqs."""
+    else fresh memory with its load request appended to reqs."""
     name = info.name.decode()
     dtype = r.dtype_name(info)
     shape = tuple(info.shape[:info.ndim])
@@ -254,9 +254,9 @@ def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
         # (numpy's stubs do not list ctypes arrays, which export the buffer protocol)
         flat = np.frombuffer(cast(Any, mapping), element, count, info.offset)
     else:
-        where = place(nbytes, info.offset, itemsize)
-        if where is not None:
-            flat = np.frombuffer(cast(Any, where[0]), element, count, where[1])
+        place = _mapped.placed(nbytes, info.offset, itemsize)
+        if place is not None:
+            flat = np.frombuffer(place[0], element, count, place[1])
         else:
             flat = np.empty(count, element)
         if nbytes:
@@ -430,13 +430,12 @@ class safe_open(OpenReader[Reader]):
         array: Array = self._read_ahead(name, self._by_name[name], self._sizes)
         return array
 
-    def _load(self, indices: List[int], place: _mapped.Placer) -> Dict[str, Array]:
+    def _load(self, indices: List[int]) -> Dict[str, Array]:
         """New arrays for the tensors at indices, loaded (ReadAhead's load)."""
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, place)
-                  for k in indices}
+        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs) for k in indices}
         _load_many(r, reqs)
         return loaded
 

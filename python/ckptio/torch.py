@@ -329,7 +329,7 @@ class safe_open(OpenReader[TorchReader]):
             r.close()
             raise
         self._r = r
-        self._ahead = ReadAhead(lambda indices, place: r.load(indices, place=place))
+        self._ahead = ReadAhead(r.load)
         self._makeable: Optional[List[Optional[int]]] = None
 
     def _index(self, name: str) -> int:

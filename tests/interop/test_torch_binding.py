@@ -681,28 +681,6 @@ def test_get_tensor_loads_the_next_window_in_the_background(tmp_path, monkeypatc
             f.get_tensor(names[5])  # read again now: the damage is found
 
 
-def test_get_tensor_reuses_the_memory_of_dropped_tensors(tmp_path, monkeypatch):
-    """A stream through a cold file (each tensor used, then dropped) loads
-    later windows into the memory earlier tensors gave back; a tensor (or a
-    view of one) the caller keeps is never written again."""
-    monkeypatch.setattr(ckptio._core, "READ_AHEAD_BYTES", 4 << 20)
-    t = {f"w{k:02d}": torch.full((1 << 18,), float(k)) for k in range(16)}  # 1 MiB each
-    path = tmp_path / "m.safetensors"
-    ct.save_file(t, path)
-    _cold(path)
-    with ct.safe_open(path, "pt") as f:
-        names = f.offset_keys()
-        kept = f.get_tensor(names[0])
-        view = f.get_tensor(names[1])[10:20]
-        for name in names[2:]:
-            x = f.get_tensor(name)
-            assert torch.equal(x, t[name]), name
-            del x
-        assert f._ahead._memory.reused >= 4 << 20, "later windows in the memory of dropped tensors"
-        assert torch.equal(kept, t[names[0]]) and torch.equal(view, t[names[1]][10:20])
-    assert torch.equal(kept, t[names[0]]), "kept after close"
-
-
 def test_large_copied_tensors_sit_in_huge_pages(tmp_path):
     """A copying load puts a large tensor at a 2 MiB boundary (plus its file
     offset within the page, for O_DIRECT), asking for transparent huge pages:
