@@ -90,6 +90,8 @@ PUT_CEILINGS = {
 SAVE_RATIOS = [("ckptio save / ceiling", "put_ceiling"), ("ckptio save / boto3 file + upload_file", "boto3_file"),
                ("ckptio save / boto3 bytes + tuned upload", "boto3_tuned")]
 SAVE_GOALS = {"put_ceiling": 0.9}
+ALT_SAVE_RATIOS = [("ckptio save alt / ceiling", "put_ceiling"), ("ckptio save alt / ckptio save (speed-up)",
+                                                                  "ckptio_save")]
 
 
 def vm_status(field):
@@ -205,8 +207,10 @@ def child_save(a, ct, bucket, key, out):
         fh.write("5")  # VmHWM := VmRSS
     base = vm_status("VmRSS")
     local = os.path.join(a.workdir, f"save-{os.getpid()}.safetensors")
+    import resource
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.monotonic()
-    if kind == "ckptio_save":
+    if kind in ("ckptio_save", "ckptio_save_alt"):  # the same call; alt: another CKPTIO_LIB
         ct.save_file(sd, a.url)
     elif kind == "boto3_file":
         try:
@@ -230,6 +234,8 @@ def child_save(a, ct, bucket, key, out):
             parts = list(ex.map(put, range(len(chunks))))
         c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": parts})
     out.setdefault("seconds", time.monotonic() - t0)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)  # the client's CPU, every thread
     out["bytes"] = a.bytes
     out["ok"] = True
     out["rss_base"] = base
@@ -240,7 +246,7 @@ def child_save(a, ct, bucket, key, out):
 def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=(), model=None, s3_put=None):
     """A contender in a new process; returns its JSON (with "wall").
     wrap: a command the child runs under (strace, for --diagnose)."""
-    if name == "ckptio_alt":
+    if name in ("ckptio_alt", "ckptio_save_alt"):
         env = dict(env, CKPTIO_LIB=alt_lib)
     if name.startswith("get_c"):
         threads, chunk = WAYS[name][1][1:]
@@ -308,12 +314,14 @@ def run_saves(server, a, env, log, nbytes, model):
         for name in order:
             key = f"bench/save-{name}.safetensors"
             url = f"s3://{server.bucket}/{key}"
-            res[name] = run_child(name, url, nbytes, 0, env, a.s3_get, a.workdir, model=model, s3_put=a.s3_put)
+            res[name] = run_child(name, url, nbytes, 0, env, a.s3_get, a.workdir, a.alt_lib, model=model,
+                                  s3_put=a.s3_put)
             size = c.head_object(Bucket=server.bucket, Key=key)["ContentLength"]
             if size < nbytes:
                 raise SystemExit(f"{name} stored {size} bytes, fewer than the {nbytes} tensor bytes")
             c.delete_object(Bucket=server.bucket, Key=key)
             log(f"  save round {r + 1} {name:12s} {gbps(res[name]):6.3f} GB/s  {res[name]['seconds']:6.2f} s"
+                f"  CPU {res[name].get('cpu_s', 0):5.2f} s"
                 + (f"  peak RSS above the state dict {(res[name]['peak_rss'] - res[name]['rss_base']) / 2**20:6.0f} MiB"
                    if "peak_rss" in res[name] else ""))
         ceil = max(PUT_CEILINGS, key=lambda n: gbps(res[n]))
@@ -416,8 +424,9 @@ def report_saves(c, a):
          "Each saver in a fresh interpreter holding the state dict (cloned from a local file before the clock; "
          "peak RSS reset after, so the peak above it is what the save needed). The ceiling of a round is the "
          "best of: " + "; ".join(f"{n} ({v[0]})" for n, v in PUT_CEILINGS.items()) + ".", "",
-         "| saver | median GB/s | min-max | median s | peak RSS above the state dict, MiB (max) |",
-         "|---|---|---|---|---|"]
+         "| saver | median GB/s | min-max | median s | client CPU s (user + sys, all threads) | "
+         "peak RSS above the state dict, MiB (max) |",
+         "|---|---|---|---|---|---|"]
     for n in a.savers + list(PUT_CEILINGS) + ["put_ceiling"]:
         rs = [rd["results"][n] for rd in rounds]
         g = [gbps(r) for r in rs]
@@ -426,15 +435,18 @@ def report_saves(c, a):
             above = [(r["peak_rss"] - r["rss_base"]) / 2**20 for r in rs]
             rss = f"{statistics.median(above):.0f} ({max(above):.0f})"
         label = SAVERS.get(n) or (PUT_CEILINGS[n][0] if n in PUT_CEILINGS else "ceiling (best way per round)")
+        cpu = f"{statistics.median(r['cpu_s'] for r in rs):.2f}" if "cpu_s" in rs[0] else ""
         L.append(f"| {n}: {label} | {statistics.median(g):.3f} | {min(g):.3f}-{max(g):.3f} | "
-                 f"{statistics.median(r['seconds'] for r in rs):.2f} | {rss} |")
+                 f"{statistics.median(r['seconds'] for r in rs):.2f} | {cpu} | {rss} |")
     L += ["", "Per-round ratios (ckptio's save GB/s over the other's, same round):", "",
           "| ratio | " + " | ".join(f"r{i + 1}" for i in range(len(rounds))) + " | median | goal |",
           "|---|" + "---|" * (len(rounds) + 2)]
-    for label, other in SAVE_RATIOS:
-        if other not in rounds[0]["results"] or "ckptio_save" not in rounds[0]["results"]:
+    pairs = [(label, other, "ckptio_save") for label, other in SAVE_RATIOS]
+    pairs += [(label, other, "ckptio_save_alt") for label, other in ALT_SAVE_RATIOS]
+    for label, other, who in pairs:
+        if other not in rounds[0]["results"] or who not in rounds[0]["results"]:
             continue
-        rr = [ratio(rd, other, "ckptio_save") for rd in rounds]
+        rr = [ratio(rd, other, who) for rd in rounds]
         goal = SAVE_GOALS.get(other)
         med = statistics.median(rr)
         verdict = "" if goal is None else (f">= {goal} {'met' if med >= goal else 'NOT met'}")
@@ -510,7 +522,8 @@ def main():
     ap.add_argument("--out", default=HERE, help="where results.md and results.json go")
     ap.add_argument("--workdir", default=None, help="weed's data and boto3's downloads (default: a temp dir)")
     ap.add_argument("--alt-lib", dest="alt_lib", default=None,
-                    help="also time ckptio_alt: the same load with this libckptio.so (an experiment)")
+                    help="also time ckptio_alt (and ckptio_save_alt): the same load (save) with this libckptio.so "
+                         "(an experiment)")
     ap.add_argument("--alt-label", dest="alt_label", default="another libckptio.so",
                     help="what --alt-lib is, for the report")
     ap.add_argument("--diagnose", action="store_true",
@@ -528,9 +541,12 @@ def main():
     if a.alt_lib:
         a.alt_lib = os.path.abspath(a.alt_lib)
         LOADERS["ckptio_alt"] = f"as ckptio, with {a.alt_label} ({a.alt_lib})"
-        if "ckptio_alt" not in a.contenders:
+        if "ckptio_alt" not in a.contenders and a.loads:
             a.contenders.append("ckptio_alt")
+        SAVERS["ckptio_save_alt"] = f"as ckptio_save, with {a.alt_label} ({a.alt_lib})"
     a.savers = [c for c in a.savers.split(",") if c]
+    if a.alt_lib and a.savers and "ckptio_save_alt" not in a.savers:
+        a.savers.append("ckptio_save_alt")
     a.loads = a.loads and bool(a.contenders)
     if a.loads and "ckptio" not in a.contenders:
         ap.error("the ratios need ckptio among --contenders")

@@ -20,7 +20,8 @@
  * shared counter until none is left. The object is left in place (the
  * caller removes it).
  *
- * Prints one JSON object: {"bytes", "seconds", "parts", "threads",
+ * Prints one JSON object: {"bytes", "seconds", "cpu_s" (user + system of
+ * every thread, inside the time), "parts", "threads",
  * "part_bytes"}. Exit 1 with a sentence on any failure. Built by
  * bench/s3/run.sh with `cc -O2 ... -lcurl -lpthread`. */
 #include <curl/curl.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #define ETAG_MAX 128
@@ -225,6 +227,8 @@ int main(int argc, char **argv) {
   char id[1024];
   if (!h || !hdr || !xml_hdr || !t) return 1;
 
+  struct rusage ru0, ru1;
+  getrusage(RUSAGE_SELF, &ru0);
   double t0 = now();
   handle(&j, h, "uploads=", &r, hdr);
   curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -263,8 +267,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   double dt = now() - t0;
-  printf("{\"bytes\": %llu, \"seconds\": %.6f, \"parts\": %d, \"threads\": %d, \"part_bytes\": %llu}\n",
-         (unsigned long long)j.size, dt, j.nparts, threads, (unsigned long long)j.part);
+  getrusage(RUSAGE_SELF, &ru1);
+  double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+               (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+  printf("{\"bytes\": %llu, \"seconds\": %.6f, \"cpu_s\": %.3f, \"parts\": %d, \"threads\": %d, "
+         "\"part_bytes\": %llu}\n", (unsigned long long)j.size, dt, cpu, j.nparts, threads, (unsigned long long)j.part);
   free(xml);
   free(t);
   free(buf);
