@@ -261,15 +261,26 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
         if model:
             cmd += ["--model", model]
     cmd = [*wrap, *cmd]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.monotonic() - t0
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    # A failure whose cause is the server (weed answers InternalError or 503
+    # under this VM's load now and then) is retried once, and counted; a
+    # second failure ends the run.
+    for attempt in (1, 2):
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        wall = time.monotonic() - t0
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
+        if p.returncode == 0 and lines:
+            break
+        server = any(w in p.stdout + p.stderr for w in ("InternalError", "HTTP 500", "HTTP 503", "SlowDown",
+                                                          "ServiceUnavailable"))
+        if attempt == 2 or not server:
+            raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        print(f"  {name}: the server failed a request ({p.stderr.strip().splitlines()[-1][:200]}); "
+              f"retrying once", flush=True)
     r = json.loads(lines[-1].removeprefix("S3PEERS "))
     r["ok"] = r.get("ok", r["bytes"] == nbytes or name.startswith(("get_", "put_")))
     r["wall"] = wall
+    r["attempts"] = attempt
     if not r["ok"]:
         raise SystemExit(f"{name} read wrong bytes: {r} (expected {nbytes} tensor bytes, sum {tsum})")
     return r
@@ -452,6 +463,9 @@ def report_saves(c, a):
         verdict = "" if goal is None else (f">= {goal} {'met' if med >= goal else 'NOT met'}")
         L.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in rr) + f" | **{med:.2f}** | {verdict} |")
     L += ["", "Ceiling way per round: " + ", ".join(rd["results"]["put_ceiling"]["way"] for rd in rounds), ""]
+    retried = [f"{n} r{i + 1}" for i, rd in enumerate(rounds) for n, r in rd["results"].items()
+               if n != "put_ceiling" and r.get("attempts", 1) > 1]
+    L += [f"Retried once after the server failed a request: {', '.join(retried) or 'none'}.", ""]
     return L
 
 
@@ -592,16 +606,21 @@ def main():
             env = dict(server.env(), **RUNAI_ENV)
             for size in sizes:
                 cases.append(run_size(server, size, a, env, log))
+                write_results(cases, a, command, machine)  # each size's as soon as it is done
     finally:
         if own_tmp:
             shutil.rmtree(a.workdir, ignore_errors=True)
+    print(write_results(cases, a, command, machine))
+
+
+def write_results(cases, a, command, machine):
     text = report(cases, a, command, machine)
     with open(os.path.join(a.out, "results.md"), "w") as fh:
         fh.write(text)
     with open(os.path.join(a.out, "results.json"), "w") as fh:
         json.dump({"command": command, "machine": machine, "runai_env": RUNAI_ENV, "cases": cases}, fh,
                   indent=1)
-    print(text)
+    return text
 
 
 if __name__ == "__main__":
