@@ -83,6 +83,7 @@ SAVERS = {
     "boto3_tuned": "safetensors.torch.save to bytes + boto3 upload_fileobj, TransferConfig(8 MiB parts, "
                    "32 threads)",
 }
+WARM_PAUSE_S = 3.0
 # The upload ceiling: the best of these in each round, the same byte count
 # as the state dict's tensors, 8 MiB parts (ckptio's chunk and part).
 PUT_CEILINGS = {
@@ -212,8 +213,14 @@ def child_save(a, ct, bucket, key, out):
     else:
         sd = {k: v.clone() for k, v in safetensors.torch.load_file(a.model).items()}
     if kind in ("ckptio_save", "ckptio_save_alt"):
+        # The warm-up's object stays until the parent removes it with the
+        # timed one (a delete here would set weed to work just before the
+        # clock); and a pause of the few seconds every other contender has
+        # between the previous upload and its own (the parent's HEAD and
+        # delete, an interpreter's start, the state dict's load): right
+        # after an upload weed is still busy with it.
         ct.save_file(sd, a.url + ".warm")
-        c.delete_object(Bucket=bucket, Key=key + ".warm")
+        time.sleep(WARM_PAUSE_S)
     import gc
     gc.collect()
     with open("/proc/self/clear_refs", "w") as fh:
@@ -344,6 +351,7 @@ def run_saves(server, a, env, log, nbytes, model):
             if size < nbytes:
                 raise SystemExit(f"{name} stored {size} bytes, fewer than the {nbytes} tensor bytes")
             c.delete_object(Bucket=server.bucket, Key=key)
+            c.delete_object(Bucket=server.bucket, Key=key + ".warm")  # ckptio_save's warm-up (absent: no error)
             log(f"  save round {r + 1} {name:12s} {gbps(res[name]):6.3f} GB/s  {res[name]['seconds']:6.2f} s"
                 f"  CPU {res[name].get('cpu_s', 0):5.2f} s"
                 + (f"  peak RSS above the state dict {(res[name]['peak_rss'] - res[name]['rss_base']) / 2**20:6.0f} MiB"
@@ -447,7 +455,8 @@ def report_saves(c, a):
     L = [f"### Saves: {c['tensor_bytes']} tensor bytes, {len(rounds)} rounds", "",
          "Each saver in a fresh interpreter holding the state dict (cloned from a local file before the clock; "
          "peak RSS reset after, so the peak above it is what the save needed), its client made before the clock "
-         "(boto3's client and a HEAD bucket; for ckptio_save one untimed save of the same state before: its "
+         "(boto3's client and a HEAD bucket; for ckptio_save one untimed save of the same state before, then a "
+         f"{WARM_PAUSE_S:.0f} s pause as the others have between uploads: its "
          "staging ring is then touched before the peak is reset, so its peak excludes the ring, ckptio_first's "
          "includes it). The ceiling of a round is the "
          "best of: " + "; ".join(f"{n} ({v[0]})" for n, v in PUT_CEILINGS.items()) + ".", "",
