@@ -282,9 +282,9 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
             cmd += ["--model", model]
     cmd = [*wrap, *cmd]
     # A failure whose cause is the server (weed answers InternalError or 503
-    # under this VM's load now and then) is retried once, and counted; a
+    # under this VM's load now and then) is retried (twice at most), and counted; a
     # second failure ends the run.
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         wall = time.monotonic() - t0
@@ -293,10 +293,10 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
             break
         server = any(w in p.stdout + p.stderr for w in ("InternalError", "HTTP 500", "HTTP 503", "SlowDown",
                                                           "ServiceUnavailable"))
-        if attempt == 2 or not server:
+        if attempt == 3 or not server:
             raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
         print(f"  {name}: the server failed a request ({p.stderr.strip().splitlines()[-1][:200]}); "
-              f"retrying once", flush=True)
+              f"retrying", flush=True)
     r = json.loads(lines[-1].removeprefix("S3PEERS "))
     r["ok"] = r.get("ok", r["bytes"] == nbytes or name.startswith(("get_", "put_")))
     r["wall"] = wall
@@ -491,7 +491,7 @@ def report_saves(c, a):
     L += ["", "Ceiling way per round: " + ", ".join(rd["results"]["put_ceiling"]["way"] for rd in rounds), ""]
     retried = [f"{n} r{i + 1}" for i, rd in enumerate(rounds) for n, r in rd["results"].items()
                if n != "put_ceiling" and r.get("attempts", 1) > 1]
-    L += [f"Retried once after the server failed a request: {', '.join(retried) or 'none'}.", ""]
+    L += [f"Retried after the server failed a request: {', '.join(retried) or 'none'}.", ""]
     return L
 
 
