@@ -283,7 +283,7 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
     cmd = [*wrap, *cmd]
     # A failure whose cause is the server (weed answers InternalError or 503
     # under this VM's load now and then) is retried (twice at most), and counted; a
-    # second failure ends the run.
+    # third failure ends the run.
     for attempt in (1, 2, 3):
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
