@@ -269,7 +269,8 @@ int main(int argc, char **argv) {
   double dt = now() - t0;
   getrusage(RUSAGE_SELF, &ru1);
   double cpu = (double)(ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec + ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
-               (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) * 1e-6;
+               (double)(ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec + ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec) /
+                   1e6;
   printf("{\"bytes\": %llu, \"seconds\": %.6f, \"cpu_s\": %.3f, \"parts\": %d, \"threads\": %d, "
          "\"part_bytes\": %llu}\n", (unsigned long long)j.size, dt, cpu, j.nparts, threads, (unsigned long long)j.part);
   free(xml);
