@@ -325,10 +325,14 @@ static void print_command(FILE *out, const sb *s, const ckptio_options *f) {
           f->staging_bytes, f->crc ? "" : " --no-crc", s->o->verify ? " --verify" : "", s->o->json ? " --json" : "");
 }
 
-static const char *kNames[] = {"save_gbps", "raw_upload_16_gbps", "raw_upload_32_gbps", "save_vs_raw_upload",
-                               "raw_upload_gbps", "save_s", "snapshot_s", "cold_load_gbps", "raw_get_16_gbps", "raw_get_32_gbps",
-                               "cold_load_vs_raw_get", "raw_get_gbps", "warm_load_gbps", "warm_load_vs_raw_get",
-                               "save_copy_busy_s", "save_write_busy_s", "save_commit_s", "cold_read_busy_s"};
+/* The JSON keys of the series, in the enum's order. */
+static const char *kNames[] = {"save_gbps",        "raw_upload_16_gbps",   "raw_upload_32_gbps",
+                               "save_vs_raw_upload", "raw_upload_gbps",      "save_s",
+                               "snapshot_s",       "cold_load_gbps",       "raw_get_16_gbps",
+                               "raw_get_32_gbps",  "cold_load_vs_raw_get", "raw_get_gbps",
+                               "warm_load_gbps",   "warm_load_vs_raw_get", "save_copy_busy_s",
+                               "save_write_busy_s", "save_commit_s",       "cold_read_busy_s"};
+_Static_assert(sizeof(kNames) / sizeof(kNames[0]) == K_COUNT, "a JSON key per series");
 
 static void report_json(FILE *out, const sb *s, const sb_run *runs, int n, const ckptio_options *f,
                         uint64_t rss_base, uint64_t rss_peak) {
