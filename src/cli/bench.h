@@ -103,4 +103,9 @@ void bench_print_command(FILE *out, const bench_opts *o, const ckptio_options *i
 void bench_report_table(FILE *out, const bench_result *r);
 void bench_report_json(FILE *out, const bench_result *r);
 
+/* `ckptio bench --dir s3://bucket/prefix` (a storage's prefix): the save
+ * and loads through the storage next to its own upload and GET limits
+ * (bench_s3.c). Removes its objects on the way out. @return an exit code. */
+int bench_storage_main(bench_opts *o);
+
 #endif
