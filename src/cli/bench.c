@@ -114,15 +114,19 @@ static void on_signal(int sig) {
   die_by(sig);
 }
 
-static void install_cleanup(void) {
+void bench_catch_signals(void (*handler)(int)) {
   struct sigaction sa;
   memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
+  sa.sa_handler = handler;
   sa.sa_flags = SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
+}
+
+static void install_cleanup(void) {
+  bench_catch_signals(on_signal);
   g_tty = isatty(STDERR_FILENO);
 }
 

@@ -107,5 +107,8 @@ void bench_report_json(FILE *out, const bench_result *r);
  * and loads through the storage next to its own upload and GET limits
  * (bench_s3.c). Removes its objects on the way out. @return an exit code. */
 int bench_storage_main(bench_opts *o);
+/* SIGINT, SIGTERM and SIGHUP to handler (restarting system calls): a bench
+ * stopped by the user still removes what it wrote. */
+void bench_catch_signals(void (*handler)(int));
 
 #endif

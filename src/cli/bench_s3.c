@@ -499,14 +499,7 @@ int bench_storage_main(bench_opts *o) {
     goto out;
   }
   made = 1;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGHUP, &sa, NULL);
+  bench_catch_signals(on_signal);
 
   for (; done < o->runs && !g_stop; done++) {
     if ((rc = one_run(&s, done, &runs[done])) < 0) {
