@@ -30,6 +30,10 @@
 /* Smaller tensors are read through a slot: two ragged ends would be most of
  * the request. */
 #define IN_PLACE_MIN (64u << 10)
+/* Of an object in a storage, requests whose bytes lie at most this far
+ * apart are read by one request (the bytes between read and dropped):
+ * ckptio's writer pads tensors to a page, other writers not at all. */
+#define COALESCE_GAP (64u << 10)
 
 typedef struct plain {
   ckptio_source s;
@@ -137,10 +141,78 @@ static uint64_t job_cap(const ckptio_xreq *q, ckptio_load_method method, uint64_
   return (q->gpu >= 0 && q->g.count > 1 ? PAGE_DOWN(slot / 2) : slot) - 2 * CKPTIO_IO_ALIGN;
 }
 
+/* The jobs of one request, as many as its bytes need at `cap` a job. */
+static int plan_one(plain *p, ckptio_plan *pl, ckptio_xreq *q, ckptio_load_method method, uint64_t slot) {
+  int in_place = reads_in_place(p, q, method);
+  uint64_t cap = in_place ? slot : job_cap(q, method, slot);
+  for (uint64_t off = 0; off < q->g.nbytes; off += cap) {
+    ckptio_job *j = ckptio_plan_job(pl, &p->s, 1);
+    if (!j) return -ENOMEM;
+    j->method = method;
+    /* A GPU job holds a slot even when mapped: its event tracks the copy. */
+    /* A scattered box always: its bytes are assembled there first. */
+    j->need_slot = q->gpu >= 0 || q->dpitch || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
+                   (method == CKPTIO_LOAD_DIRECT && !gathers(q) && !in_place);
+    pl->parts[j->first] = (ckptio_part){q, off, q->g.nbytes - off < cap ? q->g.nbytes - off : cap, 0};
+  }
+  return 0;
+}
+
+/* Where a contiguous request's bytes start in the file. */
+static uint64_t req_start(const ckptio_xreq *q) { return q->e->offset + q->g.src0; }
+
+static int by_start(const void *a, const void *b) {
+  uint64_t x = req_start(*(ckptio_xreq *const *)a), y = req_start(*(ckptio_xreq *const *)b);
+  return x < y ? -1 : x > y;
+}
+
+/* An object's requests: every read is a request to the server (an HTTP
+ * GET), so neighbouring contiguous requests that fit a slot together are
+ * read by one, into the slot, and each part's CRC checked and its bytes
+ * delivered from there (a 6 KiB norm was a GET of its own, most GETs a
+ * tensor or a tensor's tail; bench/RESULTS_S3.md). A request larger than
+ * a slot, or with no neighbour to share one with, is planned as a file's.
+ * The ring bounds what is in flight either way. */
+static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, uint64_t slot) {
+  ckptio_xreq **c = malloc((n + 1) * sizeof(*c));
+  size_t m = 0;
+  int rc = 0;
+  if (!c) return -ENOMEM;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    ckptio_xreq *q = qs[i];
+    if (q->g.count == 1 && !gathers(q) && q->g.nbytes && q->g.nbytes <= slot) c[m++] = q;
+    else rc = plan_one(p, pl, q, CKPTIO_LOAD_PREAD, slot);
+  }
+  qsort(c, m, sizeof(*c), by_start);
+  for (size_t i = 0, k; i < m && rc == 0; i = k) {
+    uint64_t start = req_start(c[i]), end = start + c[i]->g.nbytes;
+    for (k = i + 1; k < m; k++) {
+      uint64_t s = req_start(c[k]), e = s + c[k]->g.nbytes;
+      if (s < end || s - end > COALESCE_GAP || e - start > slot) break;
+      end = e;
+    }
+    if (k == i + 1) {
+      rc = plan_one(p, pl, c[i], CKPTIO_LOAD_PREAD, slot);
+      continue;
+    }
+    ckptio_job *j = ckptio_plan_job(pl, &p->s, k - i);
+    if (!j) {
+      rc = -ENOMEM;
+      break;
+    }
+    j->method = CKPTIO_LOAD_PREAD;
+    j->need_slot = 1;
+    for (size_t t = i; t < k; t++) pl->parts[j->first + (t - i)] = (ckptio_part){c[t], 0, c[t]->g.nbytes, 0};
+  }
+  free(c);
+  return rc;
+}
+
 static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t n) {
   plain *p = P(s);
   ckptio_load_method method = pick_method(p, qs, n);
   uint64_t slot = ckptio_source_slot_bytes(s);
+  if (p->f.store && method == CKPTIO_LOAD_PREAD) return plan_object(p, pl, qs, n, slot);
   int gpu = 0;
   for (size_t i = 0; i < n; i++) gpu |= qs[i]->gpu >= 0;
   if (gpu && method == CKPTIO_LOAD_MMAP && !p->registered) {
@@ -151,19 +223,8 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
     p->registered = 1;
   }
   for (size_t i = 0; i < n; i++) {
-    ckptio_xreq *q = qs[i];
-    int in_place = reads_in_place(p, q, method);
-    uint64_t cap = in_place ? slot : job_cap(q, method, slot);
-    for (uint64_t off = 0; off < q->g.nbytes; off += cap) {
-      ckptio_job *j = ckptio_plan_job(pl, s, 1);
-      if (!j) return -ENOMEM;
-      j->method = method;
-      /* A GPU job holds a slot even when mapped: its event tracks the copy. */
-      /* A scattered box always: its bytes are assembled there first. */
-      j->need_slot = q->gpu >= 0 || q->dpitch || (!q->dst && method != CKPTIO_LOAD_MMAP) ||
-                     (method == CKPTIO_LOAD_DIRECT && !gathers(q) && !in_place);
-      pl->parts[j->first] = (ckptio_part){q, off, q->g.nbytes - off < cap ? q->g.nbytes - off : cap, 0};
-    }
+    int rc = plan_one(p, pl, qs[i], method, slot);
+    if (rc < 0) return rc;
   }
   return 0;
 }
@@ -360,8 +421,37 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
   return ckptio_run_deliver(x, 0, out, 1);
 }
 
+/* Neighbouring requests of an object read by one request into the slot
+ * (plan_object): each part's CRC over its bytes there, then its bytes
+ * delivered (copied with the CRC when they go to host memory). */
+static int run_coalesced(plain *p, ckptio_run *x) {
+  ckptio_job *j = ckptio_run_job(x);
+  const ckptio_part *first = ckptio_run_part(x, 0), *last = ckptio_run_part(x, j->nparts - 1);
+  uint64_t start = req_start(first->q), end = req_start(last->q) + last->len;
+  size_t len;
+  char *msg = ckptio_run_msg(x, &len);
+  int rc = ckptio_rfile_pread(&p->f, j->slot, (size_t)(end - start), start, msg, len);
+  if (rc < 0) return rc;
+  for (size_t k = 0; k < j->nparts && rc == 0; k++) {
+    ckptio_part *t = ckptio_run_part(x, k);
+    const unsigned char *bytes = j->slot + (req_start(t->q) - start);
+    unsigned char *host = ckptio_xreq_host(t->q);
+    uint32_t *crc = t->q->check ? &t->crc : NULL;
+    atomic_fetch_add((_Atomic uint64_t *)&t->q->read, t->len);
+    if (host) {
+      ckptio_copy_crc(host, bytes, (size_t)t->len, crc);
+      bytes = host;
+    } else if (crc) {
+      *crc = ckptio_crc32(0, bytes, (size_t)t->len);
+    }
+    rc = ckptio_run_deliver(x, k, bytes, 1);
+  }
+  return rc;
+}
+
 static int plain_run(ckptio_source *s, ckptio_run *x) {
   plain *p = P(s);
+  if (ckptio_run_job(x)->nparts > 1) return run_coalesced(p, x);
   ckptio_part *t = ckptio_run_part(x, 0);
   const ckptio_xreq *q = t->q;
   unsigned char *host = ckptio_xreq_host(q) ? ckptio_xreq_host(q) + t->off : NULL;

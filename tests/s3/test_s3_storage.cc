@@ -552,6 +552,56 @@ TEST_F(S3Storage, DamagedPtAndCompressedObjectsFailNamingTheUrl) {
   }
 }
 
+// Every read of an object is an HTTP request, so neighbouring small tensors
+// are read together, up to a staging chunk a GET (300 norms of 6 KiB: one
+// GET, not 300), each still CRC-checked on its own: a byte changed inside
+// the run fails the load with that tensor's name.
+TEST_F(S3Storage, NeighbouringTensorsAreReadByOneRequest) {
+  ckptio_options o = small_options(8 << 20, 32 << 20, 4);
+  TestContext c(o);
+  std::vector<Tensor> ts;
+  for (int k = 0; k < 300; k++) ts.push_back(make_tensor("norms." + std::to_string(k), CKPTIO_F32, {1536}, 40 + k));
+  std::string key = "loads/norms.safetensors", err;
+  ASSERT_EQ(save(c.ctx, url(key), ts, nullptr, &err), 0) << err;
+  uint64_t before = requests(c.ctx, url(key));
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  uint64_t opened = requests(c.ctx, url(key));
+  EXPECT_LE(opened - before, 3u) << "a HEAD, the first bytes and the header";
+  std::vector<std::vector<uint8_t>> out(ts.size());
+  std::vector<ckptio_load_request> reqs;
+  for (size_t i = 0; i < ts.size(); i++) {
+    out[i].assign(ts[i].bytes.size(), 0xEE);
+    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
+                    CKPTIO_DEVICE_HOST});
+  }
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(requests(c.ctx, url(key)) - opened, 1u) << "300 tensors of 6 KiB in one GET";
+  for (size_t i = 0; i < ts.size(); i++) ASSERT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
+  ckptio_tensor_info info;
+  ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, "norms.150"), &info), 0);
+  ckptio_reader_close(r);
+
+  // The same object with one byte of norms.150 changed, uploaded as it is.
+  ckptio_s3_object head;
+  char e[512] = "";
+  ASSERT_EQ(ckptio_s3_head(client, bucket(), key.c_str(), &head, e, sizeof(e)), 0) << e;
+  std::vector<uint8_t> bytes(head.size);
+  ASSERT_EQ(ckptio_s3_get_range(client, bucket(), key.c_str(), 0, bytes.size(), bytes.data(), e, sizeof(e)), 0) << e;
+  bytes[info.offset + 100] ^= 0x01;
+  std::string bad = "loads/norms-flipped.safetensors";
+  ASSERT_EQ(ckptio_s3_put_object(client, bucket(), bad.c_str(), bytes.data(), bytes.size(), nullptr, e, sizeof(e)), 0)
+      << e;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, url(bad).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  uint64_t start = requests(c.ctx, url(bad));
+  EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), CKPTIO_E_CHECKSUM);
+  EXPECT_EQ(requests(c.ctx, url(bad)) - start, 1u);
+  std::string msg = ckptio_reader_last_error(r);
+  EXPECT_NE(msg.find("tensor 'norms.150': checksum mismatch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(url(bad)), std::string::npos) << msg;
+  ckptio_reader_close(r);
+}
+
 // The server gone in the middle of a save: an error naming the object, in
 // bounded time, and no crash (run alone, last: it kills the server).
 TEST_F(S3Storage, ServerKilledMidSave) {
