@@ -80,13 +80,18 @@ def placed(nbytes: int, file_offset: int, elem_size: int) -> Optional[Tuple[mmap
     # into fresh 4 KiB pages faults each one in (262,000 faults a GiB) and
     # ran at 0.6-0.7x the raw read, into 2 MiB pages at 1.6x it, which is
     # how runai-model-streamer's ring reads (4,300 faults a GiB;
-    # bench/RESULTS_PEERS.md). Only whole 2 MiB pages inside the mapping
-    # become huge; the extra 2 MiB of address space is never touched.
+    # bench/RESULTS_PEERS.md). Only the 2 MiB pages the tensor fills are
+    # advised: advising the whole mapping made the page holding its tail a
+    # whole huge page too, up to 2 MiB never used per tensor (94 MiB of
+    # peak RSS at the 1 GiB load of bench/RESULTS_S3.md). The tail and the
+    # rest of the extra 2 MiB of address space stay in 4 KiB pages.
     m = mmap.mmap(-1, _HUGE + shift + nbytes, flags=mmap.MAP_PRIVATE)
     view = ctypes.c_char.from_buffer(m)
     pad = -ctypes.addressof(view) % _HUGE
     del view  # (a live export would pin the mapping open)
-    m.madvise(mmap.MADV_HUGEPAGE)
+    whole = (shift + nbytes) // _HUGE * _HUGE
+    if whole:
+        m.madvise(mmap.MADV_HUGEPAGE, pad, whole)
     return m, pad + shift
 
 
