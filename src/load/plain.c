@@ -30,9 +30,14 @@
 /* Smaller tensors are read through a slot: two ragged ends would be most of
  * the request. */
 #define IN_PLACE_MIN (64u << 10)
-/* Of an object in a storage, requests whose bytes lie at most this far
- * apart are read by one request (the bytes between read and dropped):
- * ckptio's writer pads tensors to a page, other writers not at all. */
+/* Of an object in a storage, requests smaller than this whose bytes lie at
+ * most COALESCE_GAP apart are read by one request (the bytes between read
+ * and dropped: ckptio's writer pads tensors to a page, other writers not
+ * at all). Larger ones are read straight into their destinations: through
+ * the slot, every byte is copied once more and a fresh process faults in
+ * the ring's pages as well as the destinations' (coalescing every tensor
+ * that fits a slot halved the 256 MiB load, bench/RESULTS_S3.md). */
+#define COALESCE_MAX (1u << 20)
 #define COALESCE_GAP (64u << 10)
 
 typedef struct plain {
@@ -167,12 +172,12 @@ static int by_start(const void *a, const void *b) {
 }
 
 /* An object's requests: every read is a request to the server (an HTTP
- * GET), so neighbouring contiguous requests that fit a slot together are
- * read by one, into the slot, and each part's CRC checked and its bytes
- * delivered from there (a 6 KiB norm was a GET of its own, most GETs a
- * tensor or a tensor's tail; bench/RESULTS_S3.md). A request larger than
- * a slot, or with no neighbour to share one with, is planned as a file's.
- * The ring bounds what is in flight either way. */
+ * GET), so neighbouring small contiguous requests (under COALESCE_MAX)
+ * are read by one, up to a slot of them, into the slot, and each part's
+ * CRC checked and its bytes delivered from there (a 6 KiB norm was a GET
+ * of its own; bench/RESULTS_S3.md). A larger request, or one with no
+ * small neighbour, is planned as a file's. The ring bounds what is in
+ * flight either way. */
 static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, uint64_t slot) {
   ckptio_xreq **c = malloc((n + 1) * sizeof(*c));
   size_t m = 0;
@@ -180,7 +185,7 @@ static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, ui
   if (!c) return -ENOMEM;
   for (size_t i = 0; i < n && rc == 0; i++) {
     ckptio_xreq *q = qs[i];
-    if (q->g.count == 1 && !gathers(q) && q->g.nbytes && q->g.nbytes <= slot) c[m++] = q;
+    if (q->g.count == 1 && !gathers(q) && q->g.nbytes && q->g.nbytes < COALESCE_MAX) c[m++] = q;
     else rc = plan_one(p, pl, q, CKPTIO_LOAD_PREAD, slot);
   }
   qsort(c, m, sizeof(*c), by_start);
