@@ -356,8 +356,8 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  *
  * On a storage, loads read the header with one small read and the tensors with
  * many reads in flight at once (one per worker, each at most a staging
- * chunk; neighbouring tensors that fit a chunk together are one read into
- * the ring), into the staging ring or straight into host destinations, every
+ * chunk; neighbouring small tensors, up to a chunk of them, are one read
+ * into the ring), into the staging ring or straight into host destinations, every
  * CRC checked as for a file. Objects are never mapped and never read with
  * O_DIRECT: a zero-copy load (ckptio_reader_map_private, ckptio_reader_view)
  * of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
