@@ -354,7 +354,8 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  * interface (ckptio_storage_ops, ckptio_ctx_storage_register) is in the
  * experimental section.
  *
- * On a storage, loads read the header with one small read and the tensors with
+ * On a storage, loads read the object's first 256 KiB with one read (the
+ * format, and the header of most safetensors files) and the tensors with
  * many reads in flight at once (one per worker, each at most a staging
  * chunk; neighbouring small tensors, up to a chunk of them, are one read
  * into the ring), into the staging ring or straight into host destinations, every

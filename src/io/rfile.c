@@ -76,6 +76,7 @@ void ckptio_rfile_close(ckptio_rfile *f) {
   if (f->fd_direct >= 0) close(f->fd_direct);
   if (f->fd >= 0) close(f->fd);
   free(f->path);
+  free(f->head);
   memset(f, 0, sizeof(*f));
   f->fd = f->fd_direct = -1;
 }

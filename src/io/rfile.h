@@ -16,16 +16,20 @@
 #endif
 #include "ckptio.h"
 
+#define CKPTIO_RFILE_HEAD (256u << 10)
+
 typedef struct ckptio_rfile {
   char *path;                /* owned */
   /* An object of a storage (ckptio_storage_ops) instead of a local file:
    * fd -1, no map, never O_DIRECT; every byte through ckptio_rfile_pread. */
   const ckptio_storage_ops *store;
   void *store_self, *obj;
-  /* An object's first bytes (nhead of them, up to 8), read once by the
-   * opener to tell its format and reused by the parse: one request fewer. */
-  unsigned char head[8];
-  unsigned nhead;
+  /* An object's first bytes (nhead of them, up to CKPTIO_RFILE_HEAD; owned),
+   * read by the opener with one request to tell its format and reused by
+   * the parse: a safetensors header of up to that size costs no request
+   * of its own (each is a round trip on a real network). */
+  unsigned char *head;
+  size_t nhead;
   int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */
   uint32_t dio_align;        /* O_DIRECT's memory and offset alignment (statx;
                                 the page where it is not reported) */

@@ -1,7 +1,11 @@
 /* Opening one file as a source: a zstd seekable file, else a plain file
  * (safetensors or a PyTorch archive, told apart by the plain kind), by the
- * first bytes: a file's from its map, an object's by one small read whose
- * bytes the parse then reuses (rfile head). */
+ * first bytes: a file's from its map, an object's by one read of its first
+ * CKPTIO_RFILE_HEAD bytes, which the parse then reuses (rfile head). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "formats/zstd_seekable.h"
 #include "load/source.h"
 
@@ -19,8 +23,11 @@ int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const c
   int rc = ckptio_rfile_open_path(ctx, &f, path, err);
   if (rc < 0) return rc;
   if (f.store) {
-    f.nhead = f.size < sizeof(f.head) ? (unsigned)f.size : (unsigned)sizeof(f.head);
-    if ((rc = ckptio_rfile_pread(&f, f.head, f.nhead, 0, err, CKPTIO_ERRLEN)) < 0) {
+    f.nhead = f.size < CKPTIO_RFILE_HEAD ? (size_t)f.size : CKPTIO_RFILE_HEAD;
+    if (!(f.head = malloc(f.nhead ? f.nhead : 1))) rc = -ENOMEM;
+    else rc = ckptio_rfile_pread(&f, f.head, f.nhead, 0, err, CKPTIO_ERRLEN);
+    if (rc < 0) {
+      if (rc == -ENOMEM) snprintf(err, CKPTIO_ERRLEN, "%s: out of memory opening it", path);
       ckptio_rfile_close(&f);
       return rc;
     }

@@ -52,7 +52,13 @@ typedef struct plain {
 
 /* Header bytes [off, off + len) into buf; a failure says why (a storage's
  * own sentence for an object). */
+/* Header bytes [off, off + len): from an object's first bytes when they
+ * hold them (read at open), else by a read. */
 static int read_header(plain *p, void *buf, size_t len, uint64_t off) {
+  if (off + len <= p->f.nhead) {
+    memcpy(buf, p->f.head + off, len);
+    return 0;
+  }
   char why[CKPTIO_ERRLEN] = "";
   int rc = ckptio_rfile_pread(&p->f, buf, len, off, why, sizeof(why));
   if (rc < 0 && why[0]) return ckptio_fail(p->s.err, rc, "%s", why);
@@ -65,9 +71,7 @@ static int parse_safetensors(plain *p) {
   uint8_t prefix[8] = {0};
   uint64_t n, size = p->f.size;
   char msg[CKPTIO_ERRLEN];
-  int rc = 0;
-  if (p->f.nhead == (size < 8 ? size : 8)) memcpy(prefix, p->f.head, p->f.nhead); /* an object's: read at open */
-  else rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
+  int rc = read_header(p, prefix, size < 8 ? (size_t)size : 8, 0);
   if (rc < 0) return rc;
   if ((rc = ckptio_st_header_length(prefix, size, &n, msg, sizeof(msg))) < 0)
     return ckptio_fail(s->err, rc, "%s: %s", s->path, msg);
