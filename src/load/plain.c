@@ -50,12 +50,11 @@ typedef struct plain {
 
 /* ------------------------------------------------------------ open */
 
-/* Header bytes [off, off + len) into buf; a failure says why (a storage's
- * own sentence for an object). */
-/* Header bytes [off, off + len): from an object's first bytes when they
- * hold them (read at open), else by a read. */
+/* Header bytes [off, off + len) into buf: from an object's first bytes when
+ * they hold them (read at open), else by a read; a failure says why (a
+ * storage's own sentence for an object). */
 static int read_header(plain *p, void *buf, size_t len, uint64_t off) {
-  if (off + len <= p->f.nhead) {
+  if (p->f.head && off + len <= p->f.nhead) { /* an object's (a file has none) */
     memcpy(buf, p->f.head + off, len);
     return 0;
   }
