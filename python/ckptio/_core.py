@@ -371,16 +371,14 @@ class ReadAhead:
         window, _, loaded = self._next or ([], None, [])
         self._next = None
         if i in window and loaded:
-            self._held = loaded[0]
+            self._held, in_order = loaded[0], True
         else:
             in_order = self._after is None or i == self._after
             window = self.window(reader, i, sizes)
             self._held = self._load(window)  # a tensor's error is raised here, on its call
-            if not in_order:
-                self._after = window[-1] + 1
-                return self._held.pop(name)
         self._after = window[-1] + 1
-        self._start(reader, sizes)
+        if in_order:
+            self._start(reader, sizes)
         return self._held.pop(name)
 
     def window(self, reader: "Reader", i: int, sizes: List[Optional[int]]) -> List[int]:
