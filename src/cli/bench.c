@@ -347,38 +347,39 @@ static int fail_msg(const char *step, int rc, const char *detail) {
   return rc;
 }
 
-static int bench_save(bench_state *s, bench_run *out) {
+int bench_save_model(ckptio_ctx *ctx, const char *path, ckptio_format format, const cli_model *m, int run,
+                     double *snapshot_s, double *save_s, ckptio_stats *stats) {
   ckptio_writer *w = NULL;
   cli_progress bar = {0};
-  char label[32], run[16];
-  snprintf(label, sizeof(label), "run %d save", s->run + 1);
-  snprintf(run, sizeof(run), "%d", s->run + 1);
-  unlink(g_ckpt); /* every save makes a new file, as the raw write does */
+  char label[32], runs[16];
+  snprintf(label, sizeof(label), "run %d save", run + 1);
+  snprintf(runs, sizeof(runs), "%d", run + 1);
   double t0 = cli_now();
-  int rc = ckptio_writer_open(s->ctx, g_ckpt, s->o->format, NULL, &w);
+  int rc = ckptio_writer_open(ctx, path, format, NULL, &w);
   if (rc < 0) return fail_msg("save: open", rc, cli_open_error(rc));
-  if ((rc = ckptio_writer_set_metadata(w, "bench.shapes", bench_shapes_name(s->m->shapes))) < 0 ||
-      (rc = ckptio_writer_set_metadata(w, "bench.run", run)) < 0)
-    goto fail;
-  for (size_t i = 0; i < s->m->count; i++)
-    if ((rc = ckptio_writer_add(w, &s->m->tensors[i])) < 0) goto fail;
-  if ((rc = ckptio_writer_commit_async(w)) < 0) goto fail;
+  if ((rc = ckptio_writer_set_metadata(w, "bench.shapes", bench_shapes_name(m->shapes))) < 0 ||
+      (rc = ckptio_writer_set_metadata(w, "bench.run", runs)) < 0)
+    goto out;
+  for (size_t i = 0; i < m->count && rc == 0; i++) rc = ckptio_writer_add(w, &m->tensors[i]);
+  if (rc == 0) rc = ckptio_writer_commit_async(w);
+  if (rc < 0) goto out;
   cli_progress_start(&bar, label, cli_progress_writer, w);
   rc = ckptio_writer_wait_snapshot(w);
-  out->snapshot_s = cli_now() - t0;
+  *snapshot_s = cli_now() - t0;
   if (rc >= 0) rc = ckptio_writer_wait_durable(w);
-  out->save_s = cli_now() - t0;
+  *save_s = cli_now() - t0;
   cli_progress_stop(&bar);
-  if (rc < 0) goto fail;
-  out->save.size = sizeof(out->save);
-  ckptio_writer_stats(w, &out->save);
-  rc = ckptio_writer_close(w);
-  if (rc < 0) return fail_msg("save: close", rc, NULL);
-  return 0;
-fail:
-  fail_msg("save", rc, ckptio_writer_last_error(w));
-  ckptio_writer_close(w);
-  return rc;
+  stats->size = sizeof(*stats);
+  ckptio_writer_stats(w, stats);
+out:
+  if (rc < 0) fail_msg("save", rc, ckptio_writer_last_error(w));
+  int rc2 = ckptio_writer_close(w);
+  return rc < 0 ? rc : rc2 < 0 ? fail_msg("save: close", rc2, NULL) : 0;
+}
+
+static int bench_save(bench_state *s, bench_run *out) {
+  unlink(g_ckpt); /* every save makes a new file, as the raw write does */
+  return bench_save_model(s->ctx, g_ckpt, s->o->format, s->m, s->run, &out->snapshot_s, &out->save_s, &out->save);
 }
 
 /* The same model as a sharded set (--max-shard-size), timed like the

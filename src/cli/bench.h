@@ -107,6 +107,12 @@ void bench_report_json(FILE *out, const bench_result *r);
  * and loads through the storage next to its own upload and GET limits
  * (bench_s3.c). Removes its objects on the way out. @return an exit code. */
 int bench_storage_main(bench_opts *o);
+/* One run's timed save of the model to path (a file or a storage's object):
+ * open to durable, the bench's metadata on it, a progress bar; the seconds
+ * from the open to the snapshot point and to durable, the writer's stats.
+ * A failure is printed. @return 0 or its code. */
+int bench_save_model(ckptio_ctx *ctx, const char *path, ckptio_format format, const cli_model *m, int run,
+                     double *snapshot_s, double *save_s, ckptio_stats *stats);
 /* SIGINT, SIGTERM and SIGHUP to handler (restarting system calls): a bench
  * stopped by the user still removes what it wrote. */
 void bench_catch_signals(void (*handler)(int));

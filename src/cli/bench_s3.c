@@ -155,32 +155,8 @@ static int raw_get(sb *s, int depth, double *secs) {
 /* ------------------------------------------------------------ save, loads */
 
 static int save(sb *s, int run, sb_run *out) {
-  ckptio_writer *w = NULL;
-  char label[32], runs[16];
-  cli_progress bar = {0};
-  snprintf(label, sizeof(label), "run %d save", run + 1);
-  snprintf(runs, sizeof(runs), "%d", run + 1);
-  double t0 = cli_now();
-  int rc = ckptio_writer_open(s->ctx, s->ckpt, CKPTIO_FORMAT_SAFETENSORS, NULL, &w);
-  if (rc < 0) return fail(s, "save: open", rc, cli_open_error(rc));
-  if ((rc = ckptio_writer_set_metadata(w, "bench.shapes", bench_shapes_name(s->m->shapes))) < 0 ||
-      (rc = ckptio_writer_set_metadata(w, "bench.run", runs)) < 0)
-    goto out;
-  for (size_t i = 0; i < s->m->count && rc == 0; i++) rc = ckptio_writer_add(w, &s->m->tensors[i]);
-  if (rc == 0) rc = ckptio_writer_commit_async(w);
-  if (rc < 0) goto out;
-  cli_progress_start(&bar, label, cli_progress_writer, w);
-  rc = ckptio_writer_wait_snapshot(w);
-  out->snapshot_s = cli_now() - t0;
-  if (rc >= 0) rc = ckptio_writer_wait_durable(w);
-  out->save_s = cli_now() - t0;
-  cli_progress_stop(&bar);
-  out->save.size = sizeof(out->save);
-  ckptio_writer_stats(w, &out->save);
-out:
-  if (rc < 0) fail(s, "save", rc, ckptio_writer_last_error(w));
-  int rc2 = ckptio_writer_close(w);
-  return rc < 0 ? rc : rc2 < 0 ? fail(s, "save: close", rc2, NULL) : 0;
+  return bench_save_model(s->ctx, s->ckpt, CKPTIO_FORMAT_SAFETENSORS, s->m, run, &out->snapshot_s, &out->save_s,
+                          &out->save);
 }
 
 static int load(sb *s, int run, const char *what, double *secs, ckptio_stats *st) {
