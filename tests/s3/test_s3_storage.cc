@@ -73,35 +73,6 @@ void expect_object_loads(ckptio_ctx *ctx, const std::string &path, const std::ve
   ckptio_reader_close(r);
 }
 
-// The fixture's save() in another format and with options (compression).
-int save_as(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts, ckptio_format format,
-            const ckptio_options *opts, std::string *err) {
-  ckptio_writer *w = nullptr;
-  int rc = ckptio_writer_open(ctx, path.c_str(), format, opts, &w);
-  if (rc < 0) {
-    *err = ckptio_last_open_error();
-    return rc;
-  }
-  std::vector<std::pair<int, void *>> on_device;
-  for (size_t k = 0; k < ts.size() && rc == 0; k++) {
-    ckptio_tensor d = host_desc(ts[k]);
-    if (on_gpu()) {
-      d.device = CKPTIO_DEVICE_CUDA((int)(k % (size_t)gpu_count()));
-      void *p = nullptr;
-      if ((rc = ckptio_device_alloc(ctx, d.device, ts[k].bytes.size(), &p)) < 0) break;
-      on_device.push_back({d.device, p});
-      to_gpu(p, ts[k].bytes.data(), ts[k].bytes.size());
-      d.data = p;
-    }
-    rc = ckptio_writer_add(w, &d);
-  }
-  if (rc == 0) rc = ckptio_writer_commit(w);
-  *err = ckptio_writer_last_error(w);
-  int rc2 = ckptio_writer_close(w);
-  for (auto &dp : on_device) ckptio_device_free(ctx, dp.first, dp.second);
-  return rc < 0 ? rc : rc2;
-}
-
 // Requests the context's S3 client has sent so far.
 uint64_t requests(ckptio_ctx *ctx, const std::string &path) {
   const ckptio_storage_ops *ops = nullptr;
@@ -421,7 +392,7 @@ TEST_F(S3Storage, PtAndCompressedFilesRoundTripAtEitherChunkSize) {
     std::vector<Tensor> a = model(31, 24);  // 14.6 MiB: several parts
     std::string tag = std::to_string(chunk), err;
     std::string pt = "fmt/m" + tag + ".pt";
-    ASSERT_EQ(save_as(c.ctx, url(pt), a, CKPTIO_FORMAT_PYTORCH, nullptr, &err), 0) << err;
+    ASSERT_EQ(save_format(c.ctx, url(pt), a, CKPTIO_FORMAT_PYTORCH, nullptr, &err), 0) << err;
     EXPECT_EQ(open_uploads(pt), 0);
     uint64_t before = requests(c.ctx, url(pt));
     ckptio_reader *r = nullptr;
@@ -438,7 +409,7 @@ TEST_F(S3Storage, PtAndCompressedFilesRoundTripAtEitherChunkSize) {
       z.compress_level = 3;
       z.shuffle = shuffle;
       std::string zk = "fmt/m" + tag + "-" + std::to_string(shuffle) + ".safetensors";
-      ASSERT_EQ(save_as(c.ctx, url(zk), a, CKPTIO_FORMAT_SAFETENSORS, &z, &err), 0) << err;
+      ASSERT_EQ(save_format(c.ctx, url(zk), a, CKPTIO_FORMAT_SAFETENSORS, &z, &err), 0) << err;
       EXPECT_EQ(open_uploads(zk), 0);
       before = requests(c.ctx, url(zk));
       ASSERT_EQ(ckptio_reader_open(c.ctx, url(zk).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
@@ -472,7 +443,7 @@ TEST_F(S3Storage, FailedPtAndCompressedSavesLeaveNoUploadAndKeepTheOldObject) {
     ckptio_options z = o;
     z.compress_level = compress ? 1 : 0;
     std::vector<Tensor> old = model(51, 3);
-    ASSERT_EQ(save_as(c.ctx, url(key), old, f, &z, &err), 0) << err;
+    ASSERT_EQ(save_format(c.ctx, url(key), old, f, &z, &err), 0) << err;
     ckptio_writer *w = nullptr;
     ASSERT_EQ(ckptio_writer_open(c.ctx, url(key).c_str(), f, &z, &w), 0) << ckptio_last_open_error();
     std::vector<Tensor> next = model(52, 12);  // 7.3 MiB before the fill: parts go up first
@@ -508,7 +479,7 @@ TEST_F(S3Storage, DamagedPtAndCompressedObjectsFailNamingTheUrl) {
     std::string key = compress ? "damaged/src.safetensors" : "damaged/src.pt";
     ckptio_options z = small_options();
     z.compress_level = compress ? 3 : 0;
-    ASSERT_EQ(save_as(c.ctx, url(key), a, compress ? CKPTIO_FORMAT_SAFETENSORS : CKPTIO_FORMAT_PYTORCH, &z, &err), 0)
+    ASSERT_EQ(save_format(c.ctx, url(key), a, compress ? CKPTIO_FORMAT_SAFETENSORS : CKPTIO_FORMAT_PYTORCH, &z, &err), 0)
         << err;
     ckptio_s3_object head{};
     char why[512] = "";

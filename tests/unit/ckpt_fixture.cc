@@ -95,11 +95,14 @@ ckptio_tensor host_desc(const Tensor &t) {
   return d;
 }
 
-int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
-         const ckptio_options *opts, std::string *err) {
+int save_format(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts, ckptio_format format,
+                const ckptio_options *opts, std::string *err) {
   ckptio_writer *w = nullptr;
-  int rc = ckptio_writer_open(ctx, path.c_str(), CKPTIO_FORMAT_SAFETENSORS, opts, &w);
-  if (rc < 0) return rc;
+  int rc = ckptio_writer_open(ctx, path.c_str(), format, opts, &w);
+  if (rc < 0) {
+    if (err) *err = ckptio_last_open_error();
+    return rc;
+  }
   std::vector<std::pair<int, void *>> on_device;
   for (size_t k = 0; k < ts.size() && rc == 0; k++) {
     const Tensor &t = ts[k];
@@ -119,6 +122,11 @@ int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts
   int rc2 = ckptio_writer_close(w);
   for (auto &dp : on_device) ckptio_device_free(ctx, dp.first, dp.second);
   return rc < 0 ? rc : rc2;
+}
+
+int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
+         const ckptio_options *opts, std::string *err) {
+  return save_format(ctx, path, ts, CKPTIO_FORMAT_SAFETENSORS, opts, err);
 }
 
 void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,

@@ -40,9 +40,13 @@ struct TestContext {
   ckptio_ctx *ctx = nullptr;
 };
 
-// Saves with a blocking commit. Returns the code; *err gets last_error.
+// Saves with a blocking commit. Returns the code; *err gets last_error (the
+// open's when the open fails).
 int save(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts,
          const ckptio_options *opts = nullptr, std::string *err = nullptr);
+// save() in another format.
+int save_format(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts, ckptio_format format,
+                const ckptio_options *opts, std::string *err);
 
 // True in the GPU variants of a test: cuda-fake (CKPTIO_TEST_DEVICE=cuda,
 // the fake runtime) and gpu (CKPTIO_TEST_DEVICE=cuda-real, the real one,
