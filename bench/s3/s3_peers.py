@@ -281,6 +281,10 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
         if model:
             cmd += ["--model", model]
     cmd = [*wrap, *cmd]
+    # Every contender starts from the same memory state: see peers.settle
+    # (memory freed a few seconds ago has gone back to this VM's host, and
+    # whoever allocates after a pause pays a host fault per page).
+    peers.settle()
     # A failure whose cause is the server (weed answers InternalError or 503
     # under this VM's load now and then) is retried (twice at most), and counted; a
     # third failure ends the run.
@@ -440,7 +444,10 @@ def report(cases, a, command, machine):
          f"inside the time; order rotated each round; GB = 1e9 bytes of tensor data (the ceiling "
          f"counts the whole object). The ceiling of a round is the best of: "
          + "; ".join(f"{n} ({v[0]})" for n, v in CEILINGS.items()) + ". References outside it: "
-         + "; ".join(f"{n} ({v[0]})" for n, v in REFERENCES.items()) + ".", ""]
+         + "; ".join(f"{n} ({v[0]})" for n, v in REFERENCES.items()) + ". "
+         + (f"Before every contender {peers.PRIME['bytes'] / 2**30:.2f} GiB of memory touched and freed "
+            f"(bench/peers' primer: the same, hot, memory state for every contender)."
+            if peers.PRIME["bytes"] else "No memory primer (--no-prime)."), ""]
     for c in cases:
         L += [f"## {c['label']}: {c['model']}", ""]
         if c["rounds"]:
@@ -574,6 +581,8 @@ def main():
     ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--sum", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--no-prime", dest="prime", action="store_false",
+                    help="skip the memory primer before each contender (bench/peers' settle())")
     a = ap.parse_args()
     if a.child:
         return child(a)
@@ -601,6 +610,8 @@ def main():
     if not a.s3_get or not os.access(a.s3_get, os.X_OK):
         ap.error("--s3-get: the built s3_get (bench/s3/run.sh builds it)")
     sizes = [peers.parse_size(s) for s in a.sizes.split(",") if s]
+    if a.prime:  # as bench/peers: twice the largest model and a ring, within half the free memory
+        peers.PRIME["bytes"] = max(0, min(2 * max(sizes) + (256 << 20), peers.mem_available() // 2 - (1 << 30)))
     own_tmp = a.workdir is None
     a.workdir = a.workdir or tempfile.mkdtemp(prefix="ckptio-s3bench-")
     os.makedirs(a.workdir, exist_ok=True)
