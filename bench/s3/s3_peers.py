@@ -356,6 +356,7 @@ def run_saves(server, a, env, log, nbytes, model):
                 raise SystemExit(f"{name} stored {size} bytes, fewer than the {nbytes} tensor bytes")
             c.delete_object(Bucket=server.bucket, Key=key)
             c.delete_object(Bucket=server.bucket, Key=key + ".warm")  # ckptio_save's warm-up (absent: no error)
+            server.vacuum()  # untimed; without it weed fills up after ~15 GB of uploads
             log(f"  save round {r + 1} {name:12s} {gbps(res[name]):6.3f} GB/s  {res[name]['seconds']:6.2f} s"
                 f"  CPU {res[name].get('cpu_s', 0):5.2f} s"
                 + (f"  peak RSS above the state dict {(res[name]['peak_rss'] - res[name]['rss_base']) / 2**20:6.0f} MiB"
