@@ -329,8 +329,11 @@ class OpenReader(Generic[_R]):
 
 
 # How much a cold file's get_tensor reads at once (ReadAhead); two such
-# windows are held at most, the one being handed out and the next.
-READ_AHEAD_BYTES = 128 << 20
+# windows are held at most, the one being handed out and the next. A window
+# is all the reads one load has in flight (32 x 8 MiB at 256 MiB): 128 MiB
+# windows streamed 4 GiB at 0.86x runai-model-streamer's stream, 256 MiB ones
+# at 0.91x, and steadier (8 rotated rounds; bench/RESULTS_PEERS.md).
+READ_AHEAD_BYTES = 256 << 20
 
 
 class ReadAhead:

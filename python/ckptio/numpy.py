@@ -423,8 +423,8 @@ class safe_open(OpenReader[Reader]):
     def get_tensor(self, name: str) -> Array:
         """Loads one tensor (CRC-checked) into a new array;
         TensorNotFoundError (a KeyError) when the file has none of that name.
-        From a cold file, the tensors after it are read with it (up to 128
-        MiB, and the next 128 MiB in the background while they are asked
+        From a cold file, the tensors after it are read with it (up to 256
+        MiB, and the next 256 MiB in the background while they are asked
         for in file order: ckptio._core.ReadAhead)."""
         self._info(name)
         array: Array = self._read_ahead(name, self._by_name[name], self._sizes)

@@ -360,8 +360,8 @@ class safe_open(OpenReader[TorchReader]):
     def get_tensor(self, name: str) -> torch.Tensor:
         """Loads one tensor (CRC-checked) into a new tensor on the device;
         TensorNotFoundError (a KeyError) when the file has none of that name.
-        From a cold file, the tensors after it are read with it (up to 128
-        MiB, and the next 128 MiB in the background while they are asked
+        From a cold file, the tensors after it are read with it (up to 256
+        MiB, and the next 256 MiB in the background while they are asked
         for in file order: ckptio._core.ReadAhead)."""
         i = self._index(name)
         r = self._reader(settle=False)
