@@ -285,9 +285,10 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
     # (memory freed a few seconds ago has gone back to this VM's host, and
     # whoever allocates after a pause pays a host fault per page).
     peers.settle()
-    # A failure whose cause is the server (weed answers InternalError or 503
-    # under this VM's load now and then) is retried (twice at most), and counted; a
-    # third failure ends the run.
+    # A failure whose cause is the server (weed answers 503 under this VM's
+    # load now and then; InternalError once its volumes fill, which
+    # run_saves' compaction prevents) is retried (twice at most); a third
+    # failure ends the run.
     for attempt in (1, 2, 3):
         t0 = time.monotonic()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
