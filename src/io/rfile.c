@@ -67,6 +67,10 @@ int ckptio_rfile_pread(const ckptio_rfile *f, void *buf, size_t len, uint64_t of
   if (off > f->size || len > f->size - off)
     return ckptio_err_fmt(err, errlen, CKPTIO_E_SHORT_IO, "%s: %zu bytes at %llu are past its end (%llu bytes)",
                           f->path, len, (unsigned long long)off, (unsigned long long)f->size);
+  if (len && off + len <= f->nhead) { /* read at open: no request again */
+    memcpy(buf, f->head + off, len);
+    return 0;
+  }
   return len ? f->store->read(f->store_self, f->obj, buf, len, off, err, errlen) : 0;
 }
 

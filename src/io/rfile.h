@@ -25,9 +25,11 @@ typedef struct ckptio_rfile {
   const ckptio_storage_ops *store;
   void *store_self, *obj;
   /* An object's first bytes (nhead of them, up to CKPTIO_RFILE_HEAD; owned),
-   * read by the opener with one request to tell its format and reused by
-   * the parse: a safetensors header of up to that size costs no request
-   * of its own (each is a round trip on a real network). */
+   * read by the opener with one request to tell its format; every later
+   * ckptio_rfile_pread inside them is served from here, so a safetensors
+   * header, an archive's first local headers or a compressed file's header
+   * frame of up to that size cost no request of their own (each is a round
+   * trip on a real network). */
   unsigned char *head;
   size_t nhead;
   int fd, fd_direct;         /* fd_direct: -1 until ckptio_rfile_direct */

@@ -23,9 +23,10 @@ int ckptio_source_open_file(ckptio_ctx *ctx, const ckptio_options *opts, const c
   int rc = ckptio_rfile_open_path(ctx, &f, path, err);
   if (rc < 0) return rc;
   if (f.store) {
-    f.nhead = f.size < CKPTIO_RFILE_HEAD ? (size_t)f.size : CKPTIO_RFILE_HEAD;
-    if (!(f.head = malloc(f.nhead ? f.nhead : 1))) rc = -ENOMEM;
-    else rc = ckptio_rfile_pread(&f, f.head, f.nhead, 0, err, CKPTIO_ERRLEN);
+    size_t n = f.size < CKPTIO_RFILE_HEAD ? (size_t)f.size : CKPTIO_RFILE_HEAD;
+    if (!(f.head = malloc(n ? n : 1))) rc = -ENOMEM;
+    else rc = ckptio_rfile_pread(&f, f.head, n, 0, err, CKPTIO_ERRLEN);
+    if (rc == 0) f.nhead = n; /* from now on, reads inside them are served from them */
     if (rc < 0) {
       if (rc == -ENOMEM) snprintf(err, CKPTIO_ERRLEN, "%s: out of memory opening it", path);
       ckptio_rfile_close(&f);

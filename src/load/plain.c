@@ -50,14 +50,10 @@ typedef struct plain {
 
 /* ------------------------------------------------------------ open */
 
-/* Header bytes [off, off + len) into buf: from an object's first bytes when
- * they hold them (read at open), else by a read; a failure says why (a
- * storage's own sentence for an object). */
+/* Header bytes [off, off + len) into buf (an object's from the first bytes
+ * its open read, when they hold them: ckptio_rfile_pread); a failure says
+ * why (a storage's own sentence for an object). */
 static int read_header(plain *p, void *buf, size_t len, uint64_t off) {
-  if (p->f.head && off + len <= p->f.nhead) { /* an object's (a file has none) */
-    memcpy(buf, p->f.head + off, len);
-    return 0;
-  }
   char why[CKPTIO_ERRLEN] = "";
   int rc = ckptio_rfile_pread(&p->f, buf, len, off, why, sizeof(why));
   if (rc < 0 && why[0]) return ckptio_fail(p->s.err, rc, "%s", why);
