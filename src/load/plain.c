@@ -19,6 +19,7 @@
 #include "io/file.h"
 #include "load/exec.h"
 #include "load/view.h"
+#include "storage/storage.h"
 
 #define PAGE_DOWN(x) ((x) & ~(uint64_t)(CKPTIO_IO_ALIGN - 1))
 #define PAGE_UP(x) PAGE_DOWN((x) + CKPTIO_IO_ALIGN - 1)
@@ -30,14 +31,10 @@
 /* Smaller tensors are read through a slot: two ragged ends would be most of
  * the request. */
 #define IN_PLACE_MIN (64u << 10)
-/* Of an object in a storage, requests smaller than this whose bytes lie at
- * most COALESCE_GAP apart are read by one request (the bytes between read
- * and dropped: ckptio's writer pads tensors to a page, other writers not
- * at all). Larger ones are read straight into their destinations: through
- * the slot, every byte is copied once more and a fresh process faults in
- * the ring's pages as well as the destinations' (coalescing every tensor
- * that fits a slot halved the 256 MiB load, bench/RESULTS_S3.md). */
-#define COALESCE_MAX (1u << 20)
+/* Of an object in a storage, the wanted bytes of one grid cell at most
+ * this far apart are read by one request, the bytes between read and
+ * dropped (ckptio's writer pads tensors to a page, other writers not at
+ * all); a wider gap starts another request (plan_object). */
 #define COALESCE_GAP (64u << 10)
 
 typedef struct plain {
@@ -170,34 +167,54 @@ static int by_start(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* An object's requests: every read is a request to the server (an HTTP
- * GET), so neighbouring small contiguous requests (under COALESCE_MAX)
- * are read by one, up to a slot of them, into the slot, and each part's
- * CRC checked and its bytes delivered from there (a 6 KiB norm was a GET
- * of its own; bench/RESULTS_S3.md). A larger request, or one with no
- * small neighbour, is planned as a file's. The ring bounds what is in
- * flight either way. */
+/* An object's requests. Every read is a request to the server (an HTTP
+ * GET), and a server reads a multipart object a part at a time, so a GET
+ * across a part boundary reads two parts (S3's guidance: GETs aligned to
+ * the parts). SeaweedFS served 8 MiB GETs shifted 3 MiB off its 8 MiB
+ * chunks 1.3-1.6x slower, with 1.3x its CPU (bench/RESULTS_S3.md). So the
+ * contiguous requests are read by the cells of a grid of slot-sized
+ * stretches of the object (8 MiB: the part size of ckptio's saves and of
+ * boto3's, and a fraction of any multiple of it): one GET per cell for
+ * what every request wants there, the bytes between read and dropped (a
+ * gap over COALESCE_GAP, or requests that overlap, start another GET).
+ * The GET lands straight in the parts' host destinations; a job with a
+ * part for a GPU or with no destination reads into its slot and delivers
+ * from there. Slices of many runs and gathered views are planned as a
+ * file's. The ring bounds what is in flight either way. */
 static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, uint64_t slot) {
   ckptio_xreq **c = malloc((n + 1) * sizeof(*c));
-  size_t m = 0;
+  size_t m = 0, np = 0, cap = 0;
+  ckptio_part *pc = NULL;
   int rc = 0;
   if (!c) return -ENOMEM;
   for (size_t i = 0; i < n && rc == 0; i++) {
     ckptio_xreq *q = qs[i];
-    if (q->g.count == 1 && !gathers(q) && q->g.nbytes && q->g.nbytes < COALESCE_MAX) c[m++] = q;
+    if (q->g.count == 1 && !gathers(q) && q->g.nbytes) c[m++] = q;
     else rc = plan_one(p, pl, q, CKPTIO_LOAD_PREAD, slot);
   }
   qsort(c, m, sizeof(*c), by_start);
-  for (size_t i = 0, k; i < m && rc == 0; i = k) {
-    uint64_t start = req_start(c[i]), end = start + c[i]->g.nbytes;
-    for (k = i + 1; k < m; k++) {
-      uint64_t s = req_start(c[k]), e = s + c[k]->g.nbytes;
-      if (s < end || s - end > COALESCE_GAP || e - start > slot) break;
-      end = e;
+  /* Every request cut where it crosses a grid line. */
+  for (size_t i = 0; i < m && rc == 0; i++) {
+    for (uint64_t off = 0, len; off < c[i]->g.nbytes && rc == 0; off += len) {
+      uint64_t at = req_start(c[i]) + off, line = (at / slot + 1) * slot;
+      len = c[i]->g.nbytes - off < line - at ? c[i]->g.nbytes - off : line - at;
+      if (np == cap) {
+        ckptio_part *grown = realloc(pc, (cap = cap ? 2 * cap : 64) * sizeof(*pc));
+        if (!grown) rc = -ENOMEM;
+        else pc = grown;
+      }
+      if (rc == 0) pc[np++] = (ckptio_part){c[i], off, len, 0};
     }
-    if (k == i + 1) {
-      rc = plan_one(p, pl, c[i], CKPTIO_LOAD_PREAD, slot);
-      continue;
+  }
+  /* A job: the pieces that follow each other in one cell. */
+  for (size_t i = 0, k; i < np && rc == 0; i = k) {
+    uint64_t cell = (req_start(pc[i].q) + pc[i].off) / slot, end = req_start(pc[i].q) + pc[i].off + pc[i].len;
+    int slotted = !ckptio_xreq_host(pc[i].q);
+    for (k = i + 1; k < np; k++) {
+      uint64_t at = req_start(pc[k].q) + pc[k].off;
+      if (at / slot != cell || at < end || at - end > COALESCE_GAP) break;
+      end = at + pc[k].len;
+      slotted |= !ckptio_xreq_host(pc[k].q);
     }
     ckptio_job *j = ckptio_plan_job(pl, &p->s, k - i);
     if (!j) {
@@ -205,9 +222,10 @@ static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, ui
       break;
     }
     j->method = CKPTIO_LOAD_PREAD;
-    j->need_slot = 1;
-    for (size_t t = i; t < k; t++) pl->parts[j->first + (t - i)] = (ckptio_part){c[t], 0, c[t]->g.nbytes, 0};
+    j->need_slot = slotted;
+    memcpy(&pl->parts[j->first], &pc[i], (k - i) * sizeof(*pc));
   }
+  free(pc);
   free(c);
   return rc;
 }
@@ -425,24 +443,55 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
   return ckptio_run_deliver(x, 0, out, 1);
 }
 
-/* Neighbouring requests of an object read by one request into the slot
- * (plan_object): each part's CRC over its bytes there, then its bytes
- * delivered (copied with the CRC when they go to host memory). */
-static int run_coalesced(plain *p, ckptio_run *x) {
+/* Object bytes [off, off + the spans' lengths) into the spans: from the
+ * bytes its open read when they hold them all, else by its storage (the
+ * built-in S3 one with one GET). */
+static int read_spans(plain *p, const ckptio_storage_span *spans, size_t n, uint64_t off, char *msg, size_t len) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += spans[i].len;
+  if (off + total > p->f.nhead)
+    return ckptio_storage_read_spans(p->f.store, p->f.store_self, p->f.obj, spans, n, off, msg, len);
+  for (size_t i = 0; i < n; off += spans[i++].len) {
+    int rc = spans[i].dst ? ckptio_rfile_pread(&p->f, spans[i].dst, spans[i].len, off, msg, len) : 0;
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+/* The parts of one cell of an object (plan_object), read by one request:
+ * straight into their host destinations (the bytes between dropped), or
+ * into the slot and each part delivered from there (copied with the CRC
+ * when it goes to host memory); each part's CRC over its bytes. */
+static int run_cell(plain *p, ckptio_run *x) {
   ckptio_job *j = ckptio_run_job(x);
   const ckptio_part *first = ckptio_run_part(x, 0), *last = ckptio_run_part(x, j->nparts - 1);
-  uint64_t start = req_start(first->q), end = req_start(last->q) + last->len;
+  uint64_t start = req_start(first->q) + first->off, end = req_start(last->q) + last->off + last->len;
   size_t len;
   char *msg = ckptio_run_msg(x, &len);
-  int rc = ckptio_rfile_pread(&p->f, j->slot, (size_t)(end - start), start, msg, len);
-  if (rc < 0) return rc;
+  int rc;
+  if (j->slot) {
+    rc = ckptio_rfile_pread(&p->f, j->slot, (size_t)(end - start), start, msg, len);
+  } else {
+    ckptio_storage_span *spans = malloc(2 * j->nparts * sizeof(*spans));
+    size_t ns = 0;
+    if (!spans) return -ENOMEM;
+    for (size_t k = 0, at = start; k < j->nparts; k++) {
+      const ckptio_part *t = ckptio_run_part(x, k);
+      uint64_t from = req_start(t->q) + t->off;
+      if (from > at) spans[ns++] = (ckptio_storage_span){NULL, (size_t)(from - at)};
+      spans[ns++] = (ckptio_storage_span){ckptio_xreq_host(t->q) + t->off, (size_t)t->len};
+      at = from + t->len;
+    }
+    rc = read_spans(p, spans, ns, start, msg, len);
+    free(spans);
+  }
   for (size_t k = 0; k < j->nparts && rc == 0; k++) {
     ckptio_part *t = ckptio_run_part(x, k);
-    const unsigned char *bytes = j->slot + (req_start(t->q) - start);
-    unsigned char *host = ckptio_xreq_host(t->q);
+    unsigned char *host = ckptio_xreq_host(t->q) ? ckptio_xreq_host(t->q) + t->off : NULL;
+    const unsigned char *bytes = j->slot ? j->slot + (req_start(t->q) + t->off - start) : host;
     uint32_t *crc = t->q->check ? &t->crc : NULL;
     atomic_fetch_add((_Atomic uint64_t *)&t->q->read, t->len);
-    if (host) {
+    if (host && bytes != host) {
       ckptio_copy_crc(host, bytes, (size_t)t->len, crc);
       bytes = host;
     } else if (crc) {
@@ -455,7 +504,7 @@ static int run_coalesced(plain *p, ckptio_run *x) {
 
 static int plain_run(ckptio_source *s, ckptio_run *x) {
   plain *p = P(s);
-  if (ckptio_run_job(x)->nparts > 1) return run_coalesced(p, x);
+  if (ckptio_run_job(x)->nparts > 1) return run_cell(p, x);
   ckptio_part *t = ckptio_run_part(x, 0);
   const ckptio_xreq *q = t->q;
   unsigned char *host = ckptio_xreq_host(q) ? ckptio_xreq_host(q) + t->off : NULL;

@@ -63,14 +63,27 @@ int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key
 
 int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
                            uint64_t offset, size_t len, void *buf, char *err, size_t errlen) {
-  if (!c || (!buf && len)) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
+  ckptio_s3_span whole = {buf, len};
+  if (!buf && len) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
+  return ckptio_s3_get_spans_if(c, bucket, key, etag, offset, &whole, 1, err, errlen);
+}
+
+int ckptio_s3_get_spans_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
+                           uint64_t offset, const ckptio_s3_span *spans, size_t nspans, char *err, size_t errlen) {
+  if (!c || (!spans && nspans)) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
+  size_t len = 0;
+  for (size_t i = 0; i < nspans; i++) {
+    if (spans[i].len > SIZE_MAX - len)
+      return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: the spans' lengths overflow");
+    len += spans[i].len;
+  }
   int rc = check_names("GetObject", bucket, key, 1, err, errlen);
   if (rc < 0 || len == 0) return rc;
   if (offset + len < offset)
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject s3://%s/%s: range overflows", bucket,
                           key);
   ckptio_s3_req r = {.verb = "GetObject", .method = "GET", .bucket = bucket, .key = key,
-                     .dst = buf, .dst_len = len, .range_off = offset, .if_match = etag};
+                     .dst = spans, .ndst = nspans, .dst_len = len, .range_off = offset, .if_match = etag};
   rc = ckptio_s3_request(c, &r, err, errlen);
   ckptio_s3_buf_free(&r.resp);
   return rc;

@@ -128,14 +128,20 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
   ckptio_s3_req *r = x->r;
   size_t len = size * n;
   if (r->dst && r->status / 100 == 2) {
-    /* Straight into the caller's buffer; never past its end. */
+    /* Straight into the caller's memory; never past its end. */
     if (len > r->dst_len - r->dst_got) {
       r->overflow = 1;
       return 0; /* CURLE_WRITE_ERROR: stops the transfer */
     }
-    memcpy((char *)r->dst + r->dst_got, p, len);
     r->dst_got += len;
-    return len;
+    while (len) { /* to the spans in order; a span without a place drops its bytes */
+      const ckptio_s3_span *s = &r->dst[r->span];
+      size_t k = s->len - r->span_got < len ? s->len - r->span_got : len;
+      if (s->dst) memcpy((char *)s->dst + r->span_got, p, k);
+      p += k, len -= k;
+      if ((r->span_got += k) == s->len) r->span++, r->span_got = 0;
+    }
+    return size * n;
   }
   if (buf_add(&r->resp, p, len) < 0) {
     x->resp_full = 1;
@@ -169,7 +175,7 @@ static void reset_reply(ckptio_s3_req *r) {
   if (r->resp.data) r->resp.data[0] = '\0';
   r->etag[0] = r->content_range[0] = '\0';
   r->content_length = -1;
-  r->dst_got = 0;
+  r->dst_got = r->span = r->span_got = 0;
   r->overflow = 0;
 }
 

@@ -59,8 +59,9 @@ typedef struct ckptio_s3_req {
   const char *query;   /* canonical (ckptio_s3_query), or NULL */
   const void *body;    /* PUT / POST body, body_len bytes, borrowed */
   size_t body_len;
-  void *dst;           /* GET: the caller's buffer for exactly dst_len */
-  size_t dst_len;      /* bytes from range_off */
+  const ckptio_s3_span *dst; /* GET: where the body's bytes go, in order */
+  size_t ndst;
+  size_t dst_len;      /* bytes from range_off: the spans' lengths summed */
   uint64_t range_off;
   const char *if_match; /* an ETag (unquoted) the object must still have */
   /* filled by ckptio_s3_request */
@@ -70,6 +71,7 @@ typedef struct ckptio_s3_req {
   char content_range[128];
   int64_t content_length;
   size_t dst_got;
+  size_t span, span_got; /* the span the next body byte goes to, and how far */
   int overflow;
   int attempts;
 } ckptio_s3_req;

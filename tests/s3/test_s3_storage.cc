@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <thread>
 
 #include "ckpt_fixture.h"
@@ -573,6 +574,59 @@ TEST_F(S3Storage, NeighbouringTensorsAreReadByOneRequest) {
   EXPECT_NE(msg.find("tensor 'norms.150': checksum mismatch"), std::string::npos) << msg;
   EXPECT_NE(msg.find(url(bad)), std::string::npos) << msg;
   ckptio_reader_close(r);
+}
+
+// The 8 MiB stretches of an object that bytes [off, off + n) of each tensor
+// of `want` fall in.
+std::set<uint64_t> stretches(ckptio_reader *r, const std::vector<Tensor> &ts, const std::vector<size_t> &want) {
+  std::set<uint64_t> out;
+  for (size_t i : want) {
+    ckptio_tensor_info info;
+    EXPECT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, ts[i].name.c_str()), &info), 0);
+    for (uint64_t at = info.offset; at < info.offset + info.nbytes; at = (at / (8 << 20) + 1) * (8 << 20))
+      out.insert(at / (8 << 20));
+  }
+  return out;
+}
+
+// A server reads a multipart object a part at a time (8 MiB parts here,
+// ckptio's chunk), and a GET across a part boundary reads two. So a load's
+// GETs follow the object's 8 MiB grid, not its tensors: one GET for each
+// stretch that holds wanted bytes, its body going straight to the tensors
+// in it, whatever their sizes (a tensor across a line is read by the GETs
+// of both stretches); every byte in place. All 7 tensors here (26 MiB) are
+// 4 GETs; read tensor by tensor (up to 8 MiB a GET from each one's start,
+// the small ones with their neighbours) they were 7.
+TEST_F(S3Storage, LoadsReadTheObjectByItsEightMiBStretches) {
+  ckptio_options o = small_options(8 << 20, 32 << 20, 4);
+  TestContext c(o);
+  std::vector<Tensor> ts;
+  const int64_t kib[] = {3 << 10, 6, 5 << 10, 11 << 10, 100, 7 << 10, 6};
+  for (size_t k = 0; k < sizeof(kib) / sizeof(kib[0]); k++)
+    ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {kib[k] * 256}, 70 + k));
+  std::string key = "loads/stretches.safetensors", err;
+  ASSERT_EQ(save(c.ctx, url(key), ts, nullptr, &err), 0) << err;
+  const std::vector<std::vector<size_t>> loads = {{0, 1, 2, 3, 4, 5, 6}, {3}, {0, 6}};
+  for (const auto &want : loads) {
+    ckptio_reader *r = nullptr;
+    ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+    std::vector<std::vector<uint8_t>> out(ts.size());
+    std::vector<ckptio_load_request> reqs;
+    for (size_t i : want) {
+      out[i].assign(ts[i].bytes.size(), 0xEE);
+      reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
+                      CKPTIO_DEVICE_HOST});
+    }
+    size_t expected = stretches(r, ts, want).size();
+    if (want.size() == ts.size()) {
+      EXPECT_EQ(expected, 4u) << "the layout the comment describes";
+    }
+    uint64_t before = requests(c.ctx, url(key));
+    ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+    EXPECT_EQ(requests(c.ctx, url(key)) - before, expected) << want.size() << " tensors";
+    for (size_t i : want) EXPECT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
+    ckptio_reader_close(r);
+  }
 }
 
 // The server gone in the middle of a save: an error naming the object, in
