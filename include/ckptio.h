@@ -671,7 +671,9 @@ typedef struct ckptio_slice_request {
   int verified;        /* out: 1 when the bytes were checked against a recorded
                           CRC32 (full slices only, see above), else 0 */
   uint64_t bytes_read; /* out: bytes this request read from the file: the
-                          slice's bytes for PREAD and MMAP; for DIRECT plus
+                          slice's bytes for PREAD and MMAP (of an object in a
+                          storage, plus the gaps of under 64 KiB between runs
+                          that one GET reads and drops); for DIRECT plus
                           the page rounding of each O_DIRECT request (at
                           most 8 KiB per run and per staging chunk); a
                           verified slice counts the bytes its CRC covers (a

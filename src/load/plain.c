@@ -404,18 +404,67 @@ static int direct_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
   return 0;
 }
 
+/* Object bytes [off, off + the spans' lengths) into the spans: from the
+ * bytes its open read when they hold them all, else by its storage (the
+ * built-in S3 one with one GET). */
+static int read_spans(plain *p, const ckptio_storage_span *spans, size_t n, uint64_t off, char *msg, size_t len) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += spans[i].len;
+  if (off + total > p->f.nhead)
+    return ckptio_storage_read_spans(p->f.store, p->f.store_self, p->f.obj, spans, n, off, msg, len);
+  for (size_t i = 0; i < n; off += spans[i++].len) {
+    int rc = spans[i].dst ? ckptio_rfile_pread(&p->f, spans[i].dst, spans[i].len, off, msg, len) : 0;
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+/* An object's runs of a slice into out: runs at most COALESCE_GAP apart
+ * read by one GET (the bytes between dropped), up to a slot of the object
+ * a GET, each run's bytes going straight to its place. A GET per run was a
+ * request per row of a column slice: 256 for a 256-row tensor's column. */
+static int object_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
+  const ckptio_xreq *q = t->q;
+  uint64_t end = t->off + t->len, slot = ckptio_run_slot_bytes(x), src, nb, start = 0, at = 0, got = 0;
+  /* A gap and a run each, for every run (whole or cut) of the part. */
+  size_t max = 2 * (size_t)(t->len / (q->g.run ? q->g.run : 1) + 2), ns = 0, len;
+  ckptio_storage_span *spans = malloc(max * sizeof(*spans));
+  char *msg = ckptio_run_msg(x, &len);
+  int rc = 0;
+  if (!spans) return -ENOMEM;
+  for (uint64_t o = t->off; o < end && rc == 0; o += nb) {
+    ckptio_geom_subrun(&q->g, o, end, &src, &nb);
+    uint64_t abs = q->e->offset + src;
+    if (ns && (abs < at || abs - at > COALESCE_GAP || abs + nb - start > slot)) {
+      rc = read_spans(p, spans, ns, start, msg, len);
+      got += at - start;
+      ns = 0;
+    }
+    if (!ns) start = at = abs;
+    if (abs > at) spans[ns++] = (ckptio_storage_span){NULL, (size_t)(abs - at)};
+    spans[ns++] = (ckptio_storage_span){out + (o - t->off), (size_t)nb};
+    at = abs + nb;
+  }
+  if (rc == 0 && ns) rc = read_spans(p, spans, ns, start, msg, len);
+  free(spans);
+  if (rc < 0) return rc;
+  atomic_fetch_add((_Atomic uint64_t *)&t->q->read, got + (at - start));
+  return ckptio_run_deliver(x, 0, out, 1);
+}
+
 /* A slice's runs, assembled in out (the host destination or the slot). */
 static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
   ckptio_job *j = ckptio_run_job(x);
   const ckptio_xreq *q = t->q;
   uint64_t end = t->off + t->len, src, nb;
   int rc;
+  if (p->f.store) return object_runs(p, x, t, out);
   if (j->method == CKPTIO_LOAD_DIRECT) {
     uint64_t slot = ckptio_run_slot_bytes(x), half = q->gpu >= 0 ? PAGE_DOWN(slot / 2) : 0;
     if ((rc = direct_runs(p, x, t, out, j->slot + half, slot - half)) < 0) return rc;
     return ckptio_run_deliver(x, 0, out, 1);
   }
-  if (j->method == CKPTIO_LOAD_PREAD && q->g.run < DIRECT_MIN_RUN && !p->f.store) {
+  if (j->method == CKPTIO_LOAD_PREAD && q->g.run < DIRECT_MIN_RUN) {
     /* Many small runs: one blocking pread after another keeps one request
      * in flight per worker, 3x slower from a cold file than reading the
      * whole tensor (bench/RESULTS_SLICE.md). Asking for all of the job's
@@ -441,21 +490,6 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
     atomic_fetch_add((_Atomic uint64_t *)&t->q->read, nb);
   }
   return ckptio_run_deliver(x, 0, out, 1);
-}
-
-/* Object bytes [off, off + the spans' lengths) into the spans: from the
- * bytes its open read when they hold them all, else by its storage (the
- * built-in S3 one with one GET). */
-static int read_spans(plain *p, const ckptio_storage_span *spans, size_t n, uint64_t off, char *msg, size_t len) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) total += spans[i].len;
-  if (off + total > p->f.nhead)
-    return ckptio_storage_read_spans(p->f.store, p->f.store_self, p->f.obj, spans, n, off, msg, len);
-  for (size_t i = 0; i < n; off += spans[i++].len) {
-    int rc = spans[i].dst ? ckptio_rfile_pread(&p->f, spans[i].dst, spans[i].len, off, msg, len) : 0;
-    if (rc < 0) return rc;
-  }
-  return 0;
 }
 
 /* The parts of one cell of an object (plan_object), read by one request:

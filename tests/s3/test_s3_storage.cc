@@ -629,6 +629,43 @@ TEST_F(S3Storage, LoadsReadTheObjectByItsEightMiBStretches) {
   }
 }
 
+// A column slice is a run per row. From an object, runs under 64 KiB apart
+// share a GET (the bytes between dropped, and counted in bytes_read): the
+// 256 rows of a column slice of a 1 MiB tensor are one GET, not 256; rows
+// 256 KiB apart are still read run by run, never the megabytes between.
+TEST_F(S3Storage, AColumnSliceIsReadByFewGets) {
+  ckptio_options o = small_options(8 << 20, 32 << 20, 4);
+  TestContext c(o);
+  std::vector<Tensor> ts = {make_tensor("a.near", CKPTIO_F32, {256, 1024}, 91),
+                            make_tensor("b.far", CKPTIO_F32, {16, 65536}, 92)};
+  std::string key = "loads/columns.safetensors", err;
+  ASSERT_EQ(save(c.ctx, url(key), ts, nullptr, &err), 0) << err;
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  struct Case {
+    size_t t;
+    int64_t cols, start, stop;
+    uint64_t gets, max_read;
+  } cases[] = {{0, 1024, 100, 200, 1, 1 << 20}, {1, 65536, 10, 20, 16, 16 * 40}};
+  for (const Case &k : cases) {
+    std::vector<uint8_t> out((size_t)(ts[k.t].shape[0] * (k.stop - k.start) * 4), 0xEE);
+    ckptio_slice_request q{};
+    q.index = (size_t)ckptio_reader_find(r, ts[k.t].name.c_str());
+    q.dim = 1, q.start = k.start, q.stop = k.stop, q.dst = out.data(), q.dst_bytes = out.size();
+    q.device = CKPTIO_DEVICE_HOST;
+    uint64_t before = requests(c.ctx, url(key));
+    ASSERT_EQ(ckptio_reader_load_slices(r, &q, 1), 0) << ckptio_reader_last_error(r);
+    EXPECT_EQ(requests(c.ctx, url(key)) - before, k.gets) << ts[k.t].name;
+    EXPECT_GE(q.bytes_read, out.size()) << ts[k.t].name;
+    EXPECT_LE(q.bytes_read, k.max_read) << ts[k.t].name;
+    size_t row = (size_t)(k.stop - k.start) * 4;
+    for (int64_t i = 0; i < ts[k.t].shape[0]; i++)
+      ASSERT_EQ(0, memcmp(out.data() + i * row, ts[k.t].bytes.data() + (i * k.cols + k.start) * 4, row))
+          << ts[k.t].name << " row " << i;
+  }
+  ckptio_reader_close(r);
+}
+
 // The server gone in the middle of a save: an error naming the object, in
 // bounded time, and no crash (run alone, last: it kills the server).
 TEST_F(S3Storage, ServerKilledMidSave) {
