@@ -174,13 +174,13 @@ static int by_start(const void *a, const void *b) {
  * chunks 1.3-1.6x slower, with 1.3x its CPU (bench/RESULTS_S3.md). So the
  * contiguous requests are read by the cells of a grid of slot-sized
  * stretches of the object (8 MiB: the part size of ckptio's saves and of
- * boto3's, and a fraction of any multiple of it): one GET per cell for
+ * boto3's; parts of any multiple of it hold whole cells): one GET per cell for
  * what every request wants there, the bytes between read and dropped (a
  * gap over COALESCE_GAP, or requests that overlap, start another GET).
  * The GET lands straight in the parts' host destinations; a job with a
  * part for a GPU or with no destination reads into its slot and delivers
  * from there. Slices of many runs and gathered views are planned as a
- * file's. The ring bounds what is in flight either way. */
+ * file's (their runs share GETs too: object_runs). */
 static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, uint64_t slot) {
   ckptio_xreq **c = malloc((n + 1) * sizeof(*c));
   size_t m = 0, np = 0, cap = 0;
@@ -422,7 +422,7 @@ static int read_spans(plain *p, const ckptio_storage_span *spans, size_t n, uint
 /* An object's runs of a slice into out: runs at most COALESCE_GAP apart
  * read by one GET (the bytes between dropped), up to a slot of the object
  * a GET, each run's bytes going straight to its place. A GET per run was a
- * request per row of a column slice: 256 for a 256-row tensor's column. */
+ * request per row of a column slice. */
 static int object_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out) {
   const ckptio_xreq *q = t->q;
   uint64_t end = t->off + t->len, slot = ckptio_run_slot_bytes(x), src, nb, start = 0, at = 0, got = 0;
@@ -509,7 +509,8 @@ static int run_cell(plain *p, ckptio_run *x) {
     ckptio_storage_span *spans = malloc(2 * j->nparts * sizeof(*spans));
     size_t ns = 0;
     if (!spans) return -ENOMEM;
-    for (size_t k = 0, at = start; k < j->nparts; k++) {
+    uint64_t at = start;
+    for (size_t k = 0; k < j->nparts; k++) {
       const ckptio_part *t = ckptio_run_part(x, k);
       uint64_t from = req_start(t->q) + t->off;
       if (from > at) spans[ns++] = (ckptio_storage_span){NULL, (size_t)(from - at)};
