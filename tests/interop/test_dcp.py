@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -98,8 +99,8 @@ def full_state(msd, osd):
     return out
 
 
-def worker(rank, world, port, mode, path, out):
-    work(rank, world, port, mode, path, out)
+def worker(rank, world, port, steps):
+    work(rank, world, port, steps)
     # Every check of this rank passed and its process group is destroyed.
     # Leave without the interpreter's teardown: in two suite runs out of
     # about ten, torch's C++ side aborted rank 0 (the rank that hosts the
@@ -110,81 +111,103 @@ def worker(rank, world, port, mode, path, out):
     os._exit(0)
 
 
-def work(rank, world, port, mode, path, out):
+def work(rank, world, port, steps):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        if mode == "save":
-            dcp.save(state_dict(world, "save"), storage_writer=ckptio.dcp.Writer(path))
-        elif mode == "load-c":
-            # A checkpoint the C API wrote under MPI: every tensor, split on
-            # dim 0 over this world, must equal what the C API assembles.
-            from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-            meta = ckptio.dcp.Reader(path).read_metadata()
-            mesh = init_device_mesh("cpu", (world,))
-            sd = {name: distribute_tensor(torch.zeros(m.size, dtype=m.properties.dtype), mesh, [Shard(0)])
-                  for name, m in meta.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
-            dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
-            with ckptio.torch.safe_open(path) as f:
-                for name, t in sd.items():  # bytes: the driver's floats include NaN patterns
-                    assert torch.equal(t.full_tensor().contiguous().view(torch.uint8),
-                                       f.get_tensor(name).contiguous().view(torch.uint8)), name
-        elif mode == "fsdp":
-            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-            m, opt = fsdp_model(world)
-            m(torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))).sum().backward()
-            opt.step()
-            msd, osd = get_state_dict(m, opt)
-            dcp.save({"model": msd, "optim": osd}, storage_writer=ckptio.dcp.Writer(path))
-            want = full_state(msd, osd)
-            m2, opt2 = fsdp_model(world)  # fresh: no step taken
-            msd2, osd2 = get_state_dict(m2, opt2)
-            sd = {"model": msd2, "optim": osd2}
-            dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
-            set_state_dict(m2, opt2, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-            got = full_state(*get_state_dict(m2, opt2))
-            assert got.keys() == want.keys(), (got.keys(), want.keys())
-            for k in want:
-                assert torch.equal(got[k], want[k]), k
-        elif mode == "async":
-            sd = state_dict(world, "save")
-            fut = dcp.async_save(sd, storage_writer=ckptio.dcp.Writer(path))
-            # Training goes on: async_save returned once the state was staged,
-            # so these changes must not reach the checkpoint.
-            for name in SHAPES:
-                sd[name].to_local().add_(1000.0)
-            fut.result()
-        elif mode == "load":
-            sd = state_dict(world, "load", fill=False)
-            dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
-            check(sd)
-        elif mode == "fail":
-            sd = state_dict(world, "save", step=8)
-            from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-
-            class FailingPlanner(DefaultSavePlanner):
-                """Rank 1 cannot produce a tensor when the write asks for it."""
-                def resolve_data(self, item):
-                    if rank == 1 and item.index.fqn == "plain":
-                        raise RuntimeError("rank 1 lost its tensor")
-                    return super().resolve_data(item)
+        for mode, path, out in steps:
             try:
-                dcp.save(sd, storage_writer=ckptio.dcp.Writer(path), planner=FailingPlanner())
-            except BaseException as e:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
-                with open(f"{out}.{rank}", "w") as f:
-                    f.write(f"raised {type(e).__name__}: {e}")
-                return
-            with open(f"{out}.{rank}", "w") as f:
-                f.write("no error")
-        dist.barrier()
+                step(rank, world, mode, path, out)
+            except BaseException:
+                print(f"rank {rank} of {world}: step {mode} on {path} failed", file=sys.stderr, flush=True)
+                raise
+            # No rank starts a step before every rank has finished the one
+            # before: a load reads only a checkpoint whose save returned on
+            # every rank, as it would in processes of its own.
+            dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def run(world, mode, path, out=""):
-    mp.start_processes(worker, args=(world, free_port(), mode, str(path), str(out)), nprocs=world,
-                       join=True, start_method="spawn")
+def step(rank, world, mode, path, out):
+    if mode == "save":
+        dcp.save(state_dict(world, "save"), storage_writer=ckptio.dcp.Writer(path))
+    elif mode == "load-c":
+        # A checkpoint the C API wrote under MPI: every tensor, split on
+        # dim 0 over this world, must equal what the C API assembles.
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        meta = ckptio.dcp.Reader(path).read_metadata()
+        mesh = init_device_mesh("cpu", (world,))
+        sd = {name: distribute_tensor(torch.zeros(m.size, dtype=m.properties.dtype), mesh, [Shard(0)])
+              for name, m in meta.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+        dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+        with ckptio.torch.safe_open(path) as f:
+            for name, t in sd.items():  # bytes: the driver's floats include NaN patterns
+                assert torch.equal(t.full_tensor().contiguous().view(torch.uint8),
+                                   f.get_tensor(name).contiguous().view(torch.uint8)), name
+    elif mode == "fsdp":
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        m, opt = fsdp_model(world)
+        m(torch.randn(4, 16, generator=torch.Generator().manual_seed(rank))).sum().backward()
+        opt.step()
+        msd, osd = get_state_dict(m, opt)
+        dcp.save({"model": msd, "optim": osd}, storage_writer=ckptio.dcp.Writer(path))
+        want = full_state(msd, osd)
+        m2, opt2 = fsdp_model(world)  # fresh: no step taken
+        msd2, osd2 = get_state_dict(m2, opt2)
+        sd = {"model": msd2, "optim": osd2}
+        dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+        set_state_dict(m2, opt2, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        got = full_state(*get_state_dict(m2, opt2))
+        assert got.keys() == want.keys(), (got.keys(), want.keys())
+        for k in want:
+            assert torch.equal(got[k], want[k]), k
+    elif mode == "async":
+        sd = state_dict(world, "save")
+        fut = dcp.async_save(sd, storage_writer=ckptio.dcp.Writer(path))
+        # Training goes on: async_save returned once the state was staged,
+        # so these changes must not reach the checkpoint.
+        for name in SHAPES:
+            sd[name].to_local().add_(1000.0)
+        fut.result()
+    elif mode == "load":
+        sd = state_dict(world, "load", fill=False)
+        dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+        check(sd)
+    elif mode == "fail":
+        sd = state_dict(world, "save", step=8)
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        class FailingPlanner(DefaultSavePlanner):
+            """Rank 1 cannot produce a tensor when the write asks for it."""
+            def resolve_data(self, item):
+                if rank == 1 and item.index.fqn == "plain":
+                    raise RuntimeError("rank 1 lost its tensor")
+                return super().resolve_data(item)
+        try:
+            dcp.save(sd, storage_writer=ckptio.dcp.Writer(path), planner=FailingPlanner())
+        except BaseException as e:  # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+            with open(f"{out}.{rank}", "w") as f:
+                f.write(f"raised {type(e).__name__}: {e}")
+            return
+        with open(f"{out}.{rank}", "w") as f:
+            f.write("no error")
+    elif mode == "list":  # what the directory holds now, for the test to compare
+        if rank == 0:
+            with open(out, "w") as f:
+                f.write("\n".join(sorted(p.name for p in Path(path).iterdir())))
+    else:
+        raise ValueError(mode)
+
+
+def run(world, *steps):
+    """One process group of `world` ranks running the steps, each
+    (mode, path) or (mode, path, out), in order. Starting the processes
+    (each imports torch) is most of this file's time, so what one world size
+    can do in one group is done there."""
+    steps = [(mode, str(path), str(out[0]) if out else "") for mode, path, *out in steps]
+    mp.start_processes(worker, args=(world, free_port(), steps), nprocs=world, join=True, start_method="spawn")
 
 
 # The suite saves at 4 ranks and loads at 1, 2 and 3; saving at 1 and 2 as
@@ -196,42 +219,76 @@ SAVE_WORLDS = [1, 2, 4] if os.environ.get("CKPTIO_LONG") else [4]
 @pytest.mark.parametrize("save_world", SAVE_WORLDS)
 def test_save_then_load_at_other_world_sizes(tmp_path, save_world):
     path = tmp_path / "ckpt"
-    run(save_world, "save", path)
+    run(save_world, ("save", path))
     files = sorted(p.name for p in path.iterdir())
     assert "model.safetensors.index.json" in files, files
     assert not [f for f in files if "ckptio-tmp" in f], files
+    # Each load in processes of its own, at its own world size.
     for load_world in {1, 2, 3} - ({save_world} if save_world == 1 else set()):
-        run(load_world, "load", path)
+        run(load_world, ("load", path))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """The 2-rank work of the tests below, in one process group: each test
+    has its own directory and its own steps (a barrier between steps), and
+    checks their results here. Only the C API's MPI save runs apart (mpirun);
+    if it fails, its test fails with the error and the others still run."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    steps = [
+        # test_files_open_in_safetensors_the_c_api_and_the_cli
+        ("save", tmp / "files"),
+        # test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint
+        ("save", tmp / "raise"), ("list", tmp / "raise", tmp / "raise.before"),
+        ("fail", tmp / "raise", tmp / "result"),
+        ("load", tmp / "raise"),  # step 7 and the first save's values
+        # test_async_save_keeps_the_values_of_the_staging_point
+        ("async", tmp / "async"),
+        ("load", tmp / "async"),  # the values before the changes made after async_save returned
+        # test_fsdp2_model_and_optimizer_round_trip[2]
+        ("fsdp", tmp / "fsdp"),
+    ]
+    mpi_error = None
+    driver = os.environ.get("CKPTIO_DIST_DRIVER")
+    if driver and shutil.which("mpirun"):
+        # test_a_checkpoint_the_c_api_wrote_under_mpi_loads_through_dcp
+        (tmp / "mpi").mkdir()
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        try:
+            subprocess.run(["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", driver, "save",
+                            str(tmp / "mpi"), "1"], check=True, env=env, capture_output=True, timeout=120)
+        except (subprocess.SubprocessError, OSError) as e:
+            mpi_error = e
+        else:
+            steps.append(("load-c", tmp / "mpi"))
+    run(2, *steps)
+    return tmp, mpi_error
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_fsdp2_model_and_optimizer_round_trip(tmp_path, world):
-    run(world, "fsdp", tmp_path / "ckpt")
+def test_fsdp2_model_and_optimizer_round_trip(tmp_path, world, request):
+    if world == 2:
+        request.getfixturevalue("two_ranks")  # its fsdp step
+    else:
+        run(world, ("fsdp", tmp_path / "ckpt"))
 
 
-def test_async_save_keeps_the_values_of_the_staging_point(tmp_path):
-    path = tmp_path / "ckpt"
-    run(2, "async", path)
-    run(2, "load", path)  # the values before the changes made after async_save returned
+def test_async_save_keeps_the_values_of_the_staging_point(two_ranks):
+    pass  # its async step, then its load step: the values equal the staged ones
 
 
-def test_a_checkpoint_the_c_api_wrote_under_mpi_loads_through_dcp(tmp_path):
-    driver = os.environ.get("CKPTIO_DIST_DRIVER")
-    if not driver or not shutil.which("mpirun"):
+def test_a_checkpoint_the_c_api_wrote_under_mpi_loads_through_dcp(two_ranks):
+    if not os.environ.get("CKPTIO_DIST_DRIVER") or not shutil.which("mpirun"):
         pytest.skip("needs mpirun and tests/dist's driver (CKPTIO_DIST_DRIVER): MPI is not installed")
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    subprocess.run(["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", driver, "save", str(path), "1"],
-                   check=True, env=env, capture_output=True, timeout=120)
-    run(2, "load-c", path)
+    _, mpi_error = two_ranks
+    if mpi_error is not None:
+        raise mpi_error  # the load-c step did not run
 
 
-def test_files_open_in_safetensors_the_c_api_and_the_cli(tmp_path):
+def test_files_open_in_safetensors_the_c_api_and_the_cli(two_ranks):
     from safetensors import safe_open
 
-    path = tmp_path / "ckpt"
-    run(2, "save", path)
+    path = two_ranks[0] / "files"
     shards = sorted(path.glob("model-*.safetensors"))
     assert len(shards) == 2
     for f in shards:
@@ -247,15 +304,12 @@ def test_files_open_in_safetensors_the_c_api_and_the_cli(tmp_path):
         assert r.returncode == 0 and "0 unchecked" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint(tmp_path):
-    path = tmp_path / "ckpt"
-    run(2, "save", path)
-    before = sorted(p.name for p in path.iterdir())
-    out = tmp_path / "result"
-    run(2, "fail", path, out)
+def test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint(two_ranks):
+    tmp = two_ranks[0]
+    path = tmp / "raise"
     for rank in (0, 1):
-        text = (tmp_path / f"result.{rank}").read_text()
+        text = (tmp / f"result.{rank}").read_text()
         assert text.startswith("raised"), (rank, text)
-    assert "rank 1" in (tmp_path / "result.0").read_text()
+    assert "rank 1" in (tmp / "result.0").read_text()
+    before = (tmp / "raise.before").read_text().split("\n")
     assert sorted(p.name for p in path.iterdir()) == before
-    run(2, "load", path)  # step 7 and the first save's values

@@ -80,35 +80,44 @@ def fsdp_model(world):
     return m, opt
 
 
-def worker(rank, world, port, path, mode="save"):
+def worker(rank, world, port, steps):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        if mode == "load":
-            load_resharded(world, path)
-            return
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        mesh = init_device_mesh("cpu", (world,))
-        sd = {name: distribute_tensor(full(name, shape, dt), mesh, [pl]) for name, (shape, dt, pl) in TENSORS.items()}
-        sd["plain_i64"] = full("plain_i64", (3, 2), torch.int64)  # a plain tensor, the same on every rank
-        sd["scalar"] = torch.tensor(2.5, dtype=torch.float64)
-        sd["extra"] = {"step": 42, "lr": 0.125, "names": ["a", "b"]}
-        m, opt = fsdp_model(world)
-        msd, osd = get_state_dict(m, opt)
-        sd["model"], sd["optim"] = msd, osd
-        if mode == "zstd":  # DCP's zstd stream extension on every chunk and byte item
-            from torch.distributed.checkpoint._extension import ZStandard
-            dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, _extensions=[ZStandard()]))
-        else:
-            dcp.save(sd, checkpoint_id=path)
-        dist.barrier()
+        for mode, path in steps:
+            try:
+                step(world, mode, path)
+            except BaseException:
+                print(f"rank {rank} of {world}: step {mode} on {path} failed", file=sys.stderr, flush=True)
+                raise
+            dist.barrier()  # every rank done with a step before any starts the next
     finally:
         dist.destroy_process_group()
     # Leave without the interpreter's teardown (test_dcp.py says why).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def step(world, mode, path):
+    if mode == "load":
+        load_resharded(world, path)
+        return
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    mesh = init_device_mesh("cpu", (world,))
+    sd = {name: distribute_tensor(full(name, shape, dt), mesh, [pl]) for name, (shape, dt, pl) in TENSORS.items()}
+    sd["plain_i64"] = full("plain_i64", (3, 2), torch.int64)  # a plain tensor, the same on every rank
+    sd["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    sd["extra"] = {"step": 42, "lr": 0.125, "names": ["a", "b"]}
+    m, opt = fsdp_model(world)
+    msd, osd = get_state_dict(m, opt)
+    sd["model"], sd["optim"] = msd, osd
+    if mode == "zstd":  # DCP's zstd stream extension on every chunk and byte item
+        from torch.distributed.checkpoint._extension import ZStandard
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, _extensions=[ZStandard()]))
+    else:
+        dcp.save(sd, checkpoint_id=path)
 
 
 def load_resharded(world, path):
@@ -129,12 +138,12 @@ def load_resharded(world, path):
     assert torch.equal(sd["plain_i64"], full("plain_i64", (3, 2), torch.int64))
     assert sd["scalar"].item() == 2.5
     assert sd["extra"] == {"step": 42, "lr": 0.125, "names": ["a", "b"]}, sd["extra"]
-    dist.barrier()
 
 
-def save(world, path, mode="save"):
-    mp.start_processes(worker, args=(world, free_port(), str(path), mode), nprocs=world, join=True,
-                       start_method="spawn")
+def run(world, *steps):
+    """One process group of `world` ranks running the steps (mode, path) in order."""
+    mp.start_processes(worker, args=(world, free_port(), [(mode, str(path)) for mode, path in steps]),
+                       nprocs=world, join=True, start_method="spawn")
 
 
 def torch_reference(path, tmp):
@@ -163,11 +172,22 @@ _SAVED = {}
 
 
 def saved(world, tmp_path_factory):
-    """The checkpoint `world` ranks saved, once per session (process
-    start-ups are most of this file's time)."""
+    """The checkpoint `world` ranks saved, once per session, in tmp/ckpt.
+    Process start-ups are most of this file's time, so each world size's
+    group does all its work: at 2 ranks also the save through DCP's zstd
+    extension (tmp/z, test_dcp_zstd_extension), at 3 ranks also the load of
+    the 2-rank checkpoint (test_ckptio_dcp_reader_loads_it_at_another_world_size),
+    after its own save."""
     if world not in _SAVED:
+        if world == 3:
+            saved(2, tmp_path_factory)
         tmp = tmp_path_factory.mktemp(f"dcp{world}")
-        save(world, tmp / "ckpt")
+        steps = [("save", tmp / "ckpt")]
+        if world == 2 and zstd_available():
+            steps.append(("zstd", tmp / "z"))
+        if world == 3:
+            steps.append(("load", _SAVED[2] / "ckpt"))
+        run(world, *steps)
         _SAVED[world] = tmp
     return _SAVED[world]
 
@@ -238,13 +258,13 @@ def test_slices_and_boxes_at_other_rank_counts(ckpt):
             assert torch.equal(bits(out), bits(want)), name
 
 
-def test_ckptio_dcp_reader_loads_it_at_another_world_size(ckpt):
+def test_ckptio_dcp_reader_loads_it_at_another_world_size(ckpt, tmp_path_factory):
     """A job that switched its writer to ckptio.dcp resumes from its old
     checkpoints: ckptio.dcp.Reader reads DCP's own format into dcp.load."""
     world, path, _, _, _ = ckpt
     if world != 2:
         pytest.skip("loaded at 3 ranks from the 2-rank checkpoint only (process start-ups are slow here)")
-    save(3, path, mode="load")
+    saved(3, tmp_path_factory)  # the 3-rank group's load step, after its own save: asserts every value
 
 
 @pytest.mark.skipif(not CLI, reason="CKPTIO_CLI not set (ctest sets it)")
@@ -411,15 +431,14 @@ def zstd_available():
     return ZStandard.is_available()
 
 
-def test_dcp_zstd_extension(tmp_path):
+def test_dcp_zstd_extension(tmp_path, tmp_path_factory):
     """Chunks and byte items written through DCP's zstd stream extension
     (2 ranks), read bit for bit as torch reads them; a corrupt stream and a
     zstd bomb are refused."""
     if not zstd_available():
         pytest.skip("torch's DCP zstd extension needs the zstandard or pyzstd module, which this venv lacks "
                     "(scripts/setup.sh installs zstandard)")
-    path = tmp_path / "z"
-    save(2, path, mode="zstd")
+    path = saved(2, tmp_path_factory) / "z"  # the 2-rank group's zstd step
     values, meta = torch_reference(path, tmp_path)
     assert all(v.transform_descriptors == ["stream.zstd/1"] for v in meta.storage_data.values())
     got = ckptio.torch.load_file(path)
