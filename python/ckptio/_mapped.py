@@ -60,39 +60,56 @@ _PLACED_MIN = 64 << 10  # the library reads smaller tensors through a slot
 _HUGE = 2 << 20  # a transparent huge page
 
 
-def placed(nbytes: int, file_offset: int, elem_size: int) -> Optional[Tuple[mmap.mmap, int]]:
-    """Memory for a copying load's destination of nbytes whose bytes sit at
-    file_offset: (buffer, offset), the destination starting at the file
-    offset's place within the page of an anonymous mapping of its own
-    (freed with the last array or tensor made from it by frombuffer; storage
-    of exactly the tensor, not resizable, as the zero-copy load's). None for
-    small tensors and offsets that are not a multiple of the element size:
-    allocate as usual."""
-    shift = file_offset % _PAGE
-    if nbytes < _PLACED_MIN or shift % elem_size:
-        return None
-    # Private, as torch.empty's memory is: the module's default for -1 is a
-    # shared mapping, which a forked child (a DataLoader worker) would write
-    # through into the parent's tensor.
-    if nbytes < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE), shift
-    # A large destination in 2 MiB pages, from a 2 MiB boundary: a cold load
-    # into fresh 4 KiB pages faults each one in (262,000 faults a GiB) and
-    # ran at 0.6-0.7x the raw read, into 2 MiB pages at 1.6x it, which is
-    # how runai-model-streamer's ring reads (4,300 faults a GiB;
-    # bench/RESULTS_PEERS.md). Only the 2 MiB pages the tensor fills are
-    # advised: advising the whole mapping made the page holding its tail a
-    # whole huge page too, up to 2 MiB never used per tensor (94 MiB of
-    # peak RSS at the 1 GiB load of bench/RESULTS_S3.md). The tail and the
-    # rest of the extra 2 MiB of address space stay in 4 KiB pages.
-    m = mmap.mmap(-1, _HUGE + shift + nbytes, flags=mmap.MAP_PRIVATE)
-    view = ctypes.c_char.from_buffer(m)
-    pad = -ctypes.addressof(view) % _HUGE
-    del view  # (a live export would pin the mapping open)
-    whole = (shift + nbytes) // _HUGE * _HUGE
-    if whole:
-        m.madvise(mmap.MADV_HUGEPAGE, pad, whole)
-    return m, pad + shift
+class Placer:
+    """Memory for the destinations of one copying load: every tensor of
+    at least _PLACED_MIN bytes in one anonymous mapping of their sizes
+    summed, each starting at its file offset's place within a page (so the
+    library's O_DIRECT load reads the file straight into it), the mapping's
+    whole 2 MiB pages advised as huge pages. A cold load into fresh 4 KiB
+    pages faults each one in (262,000 faults a GiB) and ran at 0.6-0.7x
+    the raw read, into 2 MiB pages at 1.6x it (bench/RESULTS_PEERS.md); a
+    mapping per tensor left each one's tail in 4 KiB pages (32,000 faults a
+    GiB for an LLM's tensors, about 20 us each on these VMs), and advising
+    those tails too cost up to 2 MiB of memory per tensor. Private, as
+    torch.empty's memory is: the module's default for -1 is a shared
+    mapping, which a forked child (a DataLoader worker) would write through
+    into the parent's tensor.
+
+    Lifetime: each tensor or array made with frombuffer holds the mapping;
+    it is unmapped when the last of them goes (as the zero-copy load's
+    views of one mapping). Each one's storage is its own bytes only."""
+
+    def __init__(self, wanted: Dict[int, Tuple[int, int]]) -> None:
+        """wanted: index -> (nbytes, file offset) of the tensors to place."""
+        self.at: Dict[int, int] = {}
+        end = 0
+        for i, (nbytes, file_offset) in wanted.items():
+            if nbytes < _PLACED_MIN:
+                continue
+            end = -(-end // _PAGE) * _PAGE + file_offset % _PAGE
+            self.at[i] = end
+            end += nbytes
+        self.map: Optional[mmap.mmap] = None
+        self.base = 0
+        if not end:
+            return
+        huge = end >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE")
+        self.map = mmap.mmap(-1, end + (_HUGE if huge else 0), flags=mmap.MAP_PRIVATE)
+        if huge:
+            view = ctypes.c_char.from_buffer(self.map)
+            self.base = -ctypes.addressof(view) % _HUGE
+            del view  # (a live export would pin the mapping open)
+            self.map.madvise(mmap.MADV_HUGEPAGE, self.base, end // _HUGE * _HUGE)
+
+    def placed(self, i: int, elem_size: int) -> Optional[Tuple[mmap.mmap, int]]:
+        """(buffer, offset) of tensor i's destination, or None for a tensor
+        not placed (small) or whose offset is not a multiple of its element
+        size (torch and numpy kernels may assume aligned elements): allocate
+        as usual."""
+        at = self.at.get(i)
+        if at is None or self.map is None or (self.base + at) % max(elem_size, 1):
+            return None
+        return self.map, self.base + at
 
 
 def viewable(reader: "Reader", index: int, info: _lib.TensorInfo, elem_size: int) -> bool:

@@ -6,8 +6,8 @@ Tensor memory goes to the library by pointer (Tensor.data_ptr()); Python
 copies nothing, except that a tensor which is not a plain contiguous strided
 tensor (non-contiguous, or a lazily conjugated / negated view) is first made
 one, and that copy costs the tensor's size on its device. Loads allocate the
-destinations on the requested device (on the CPU placed for O_DIRECT, see
-_mapped.placed) and fill them in one parallel ckptio_reader_load_many, with the
+destinations on the requested device (on the CPU in one mapping, placed for
+O_DIRECT: _mapped.Placer) and fill them in one parallel ckptio_reader_load_many, with the
 CRC32s checked.
 
 CUDA tensors are saved from the GPU by the library (device =
@@ -489,8 +489,10 @@ class TorchReader(Reader):
                             "has no torch dtype; ckptio.load_file (numpy) returns its raw bytes")
         return dtype
 
-    def empty(self, i: int) -> Tuple[str, torch.Tensor, _lib.LoadRequest]:
-        """A destination for tensor i, and its load request."""
+    def empty(self, i: int, placer: Optional[_mapped.Placer] = None
+              ) -> Tuple[str, torch.Tensor, _lib.LoadRequest]:
+        """A destination for tensor i (in placer's mapping when it places
+        it), and its load request."""
         info = self.entries[i]
         name = info.name.decode()
         dtype = self.torch_dtype(i)
@@ -500,8 +502,7 @@ class TorchReader(Reader):
             raise from_code(_lib.ERRORS["TENSOR_INFO"],
                             f"{self.shown}: tensor {name!r}: {self.dtype_name(info)} "
                             f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
-        place = (_mapped.placed(info.nbytes, info.offset, size)
-                 if self.device.type == "cpu" else None)
+        place = placer.placed(i, size) if placer is not None else None
         if place is not None:
             t = torch.frombuffer(place[0], dtype=dtype, count=numel,
                                  offset=place[1]).view(shape)
@@ -519,12 +520,16 @@ class TorchReader(Reader):
         out: Dict[str, torch.Tensor] = {}
         reqs = (_lib.LoadRequest * max(len(indices), 1))()
         n = 0
+        views = {i: self.view(i, mapping) for i in indices} if mapping is not None else {}
+        placer = (_mapped.Placer({i: (self.entries[i].nbytes, self.entries[i].offset) for i in indices
+                                  if views.get(i) is None})
+                  if self.device.type == "cpu" else None)
         for i in indices:
-            view = self.view(i, mapping) if mapping is not None else None
+            view = views.get(i)
             if view is not None:
                 out[self.entries[i].name.decode()] = view
                 continue
-            name, t, reqs[n] = self.empty(i)
+            name, t, reqs[n] = self.empty(i, placer)
             out[name] = t
             n += 1
         if n:

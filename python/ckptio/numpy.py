@@ -21,7 +21,7 @@ import ctypes
 import os
 import tempfile
 from types import TracebackType
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -213,7 +213,8 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
     always copied.
     backend="pread": every tensor is copied into fresh memory (parallel
     reads, O_DIRECT from a cold file); the arrays are independent of the
-    file. backend="auto" (the default): "mmap" when the page cache holds
+    file (the large ones share one anonymous mapping in 2 MiB pages,
+    unmapped when the last of them goes). backend="auto" (the default): "mmap" when the page cache holds
     the file, "pread" when it is cold, whichever is faster for it now (see
     ckptio.torch.load_file). mmap (keyword-only, ckptio's older spelling)
     overrides backend when given."""
@@ -231,9 +232,10 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
 
 def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
               mapping: Optional["ctypes.Array[ctypes.c_uint8]"],
-              reqs: List[_lib.LoadRequest]) -> Array:
+              reqs: List[_lib.LoadRequest], placer: _mapped.Placer) -> Array:
     """Tensor i as an array (or Tensor): a view of `mapping` when it can be,
-    else fresh memory with its load request appended to reqs."""
+    else fresh memory (placer's, when it places it) with its load request
+    appended to reqs."""
     name = info.name.decode()
     dtype = r.dtype_name(info)
     shape = tuple(info.shape[:info.ndim])
@@ -247,14 +249,14 @@ def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
         raise from_code(_lib.ERRORS["TENSOR_INFO"],
                         f"{r.shown}: tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
                         f"the file says {info.nbytes}")
-    itemsize = np_dtype.itemsize if np_dtype is not None else 1
+    itemsize = _itemsize(r, info)
     element = np_dtype if np_dtype is not None else np.dtype(np.uint8)
     flat: npt.NDArray[Any]
     if mapping is not None and _mapped.viewable(r, i, info, itemsize):
         # (numpy's stubs do not list ctypes arrays, which export the buffer protocol)
         flat = np.frombuffer(cast(Any, mapping), element, count, info.offset)
     else:
-        place = _mapped.placed(nbytes, info.offset, itemsize)
+        place = placer.placed(i, itemsize)
         if place is not None:
             flat = np.frombuffer(place[0], element, count, place[1])
         else:
@@ -262,6 +264,20 @@ def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
         if nbytes:
             reqs.append(_lib.LoadRequest(i, flat.ctypes.data, nbytes, _lib.DEVICE_HOST))
     return flat.reshape(shape) if np_dtype is not None else Tensor(dtype, shape, flat)
+
+
+def _itemsize(r: Reader, info: _lib.TensorInfo) -> int:
+    """The bytes of one element of the tensor's array (1 for raw bytes)."""
+    np_dtype = NUMPY_DTYPES.get(r.dtype_name(info))
+    return np_dtype.itemsize if np_dtype is not None else 1
+
+
+def _placer(r: Reader, infos: List[_lib.TensorInfo], indices: Iterable[int],
+            mapping: Optional["ctypes.Array[ctypes.c_uint8]"]) -> _mapped.Placer:
+    """One mapping for the tensors of indices that are copied (not views
+    of mapping)."""
+    return _mapped.Placer({i: (infos[i].nbytes, infos[i].offset) for i in indices
+                           if mapping is None or not _mapped.viewable(r, i, infos[i], _itemsize(r, infos[i]))})
 
 
 def _load_many(r: Reader, reqs: List[_lib.LoadRequest]) -> None:
@@ -276,8 +292,9 @@ def _load_one(r: Reader, mmap: bool) -> Dict[str, Array]:
     mapping = _mapped.map_file(r) if mmap and infos else None
     out: Dict[str, Array] = {}
     reqs: List[_lib.LoadRequest] = []
+    placer = _placer(r, infos, range(len(infos)), mapping)
     for i, info in enumerate(infos):
-        out[info.name.decode()] = _array_of(r, i, info, mapping, reqs)
+        out[info.name.decode()] = _array_of(r, i, info, mapping, reqs, placer)
     _load_many(r, reqs)
     return out
 
@@ -435,7 +452,9 @@ class safe_open(OpenReader[Reader]):
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs) for k in indices}
+        placer = _placer(r, self._infos, indices, None)
+        loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, placer)
+                  for k in indices}
         _load_many(r, reqs)
         return loaded
 

@@ -245,7 +245,9 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     rewrites the file in place (torch.save or safetensors.torch.save_file to
     the same path) while the tensors live makes reading them raise SIGBUS or
     see the new bytes. backend="pread" gives tensors in fresh memory,
-    independent of the file (parallel reads: O_DIRECT from a cold file,
+    independent of the file (the large ones share one anonymous mapping in
+    2 MiB pages, unmapped when the last of them goes; parallel reads:
+    O_DIRECT from a cold file,
     about half the mapping's speed from a warm cache). backend="auto" (the
     default) is the faster of the two for this file now: "mmap" when the
     page cache holds it (nothing to read), "pread" when it is cold (the page

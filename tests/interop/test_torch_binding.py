@@ -585,12 +585,17 @@ def _cold(path):
 
 
 def _views_of_one_mapping(sd, path):
-    """Whether every tensor sits at its file offset from one base: views of
-    one mapping of the file, not copies."""
-    with ckptio._core.Reader(path) as r:
-        offsets = {info.name.decode(): info.offset for info in r.infos()}
-    bases = {t.data_ptr() - offsets[name] for name, t in sd.items()}
-    return len(bases) == 1
+    """Whether every tensor is a view of a mapping of the file itself (by
+    /proc/self/maps), not a copy: a copying load may put tensors at their
+    file offsets from one base too (its destinations share one mapping)."""
+    real = os.path.realpath(path)
+    maps = []
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            cols = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in cols[0].split("-"))
+            maps.append((lo, hi, cols[5].strip() if len(cols) > 5 else ""))
+    return all(any(lo <= t.data_ptr() < hi and name == real for lo, hi, name in maps) for t in sd.values())
 
 
 def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
@@ -679,6 +684,46 @@ def test_get_tensor_loads_the_next_window_in_the_background(tmp_path, monkeypatc
         assert f.stats()["bytes"] == 4 << 20
         with pytest.raises(ckptio.ChecksumError):
             f.get_tensor(names[5])  # read again now: the damage is found
+
+
+def _vma(addr):
+    """(start, end, THPeligible) of the mapping of this process holding addr."""
+    found = None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                found = [lo, hi, None] if lo <= addr < hi else None
+            elif found and line.startswith("THPeligible:"):
+                found[2] = int(line.split()[1])
+                return tuple(found)
+    return tuple(found) if found else None
+
+
+def test_copied_tensors_share_one_mapping_in_huge_pages(tmp_path):
+    """A copying load puts its large tensors in one anonymous mapping (each
+    at its file offset within the page, for O_DIRECT), whose whole 2 MiB
+    pages are advised as huge pages: a mapping per tensor left each one's
+    tail in 4 KiB pages, a fault each. Every tensor's storage is still its
+    own bytes; the mapping goes with the last tensor."""
+    t = {f"w{k}": torch.arange((1 << 20) + 1000 * k, dtype=torch.float32) for k in range(4)}
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    got = ct.load_file(path, backend="pread")
+    assert_same_dicts(got, t)
+    vmas = {_vma(v.data_ptr()) for v in got.values()}
+    assert len(vmas) == 1, vmas
+    lo, hi, eligible = vmas.pop()
+    assert eligible == 1, "the mapping is not advised for huge pages"
+    assert all(v.untyped_storage().nbytes() == v.numel() * v.element_size() for v in got.values())
+    keep = got.pop("w3")
+    del got
+    gc.collect()
+    assert _vma(keep.data_ptr())[:2] == (lo, hi), "a live tensor keeps the mapping"
+    del keep
+    gc.collect()
+    assert _vma(lo) is None or _vma(lo)[:2] != (lo, hi), "the mapping outlived its tensors"
 
 
 def test_large_copied_tensors_sit_in_huge_pages(tmp_path):
