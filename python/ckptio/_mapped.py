@@ -68,8 +68,8 @@ class Placer:
     whole 2 MiB pages advised as huge pages. A cold load into fresh 4 KiB
     pages faults each one in (262,000 faults a GiB) and ran at 0.6-0.7x
     the raw read, into 2 MiB pages at 1.6x it (bench/RESULTS_PEERS.md); a
-    mapping per tensor left each one's tail in 4 KiB pages (32,000 faults a
-    GiB for an LLM's tensors, about 20 us each on these VMs), and advising
+    mapping per tensor left each one's tail in 4 KiB pages (28,000-33,000
+    faults a GiB of an LLM's tensors, about 20 us each on these VMs), and advising
     those tails too cost up to 2 MiB of memory per tensor. Private, as
     torch.empty's memory is: the module's default for -1 is a shared
     mapping, which a forked child (a DataLoader worker) would write through
