@@ -60,8 +60,8 @@ typedef struct ckptio_s3_req {
   const void *body;    /* PUT / POST body, body_len bytes, borrowed */
   size_t body_len;
   const ckptio_s3_span *dst; /* GET: where the body's bytes go, in order */
-  size_t ndst;
-  size_t dst_len;      /* bytes from range_off: the spans' lengths summed */
+  size_t dst_len;      /* bytes from range_off: the spans' lengths summed,
+                          which bounds the walk over them */
   uint64_t range_off;
   const char *if_match; /* an ETag (unquoted) the object must still have */
   /* filled by ckptio_s3_request */
