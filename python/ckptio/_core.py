@@ -339,26 +339,49 @@ READ_AHEAD_BYTES = 256 << 20
 class ReadAhead:
     """safe_open's get_tensor on a cold file. One tensor per call would have
     one or two reads in flight (its pieces), a fraction of what the disk
-    takes; a miss instead loads the tensor and those after it in file order,
-    up to READ_AHEAD_BYTES, in one parallel load, and hands the others out
-    when they are asked for (each once: every call still returns a tensor of
-    its own). While the caller works through that window, the next one is
-    loaded on a thread of its own, so the disk does not wait for the caller
-    between windows (as a streaming loader's ring does not); that happens
-    only while the caller asks in file order. What a miss finds not asked
-    for is dropped, so memory stays within two windows. A resident file is
-    read a tensor per call (a copy from the page cache, nothing to wait
-    for).
+    takes; a miss instead loads the tensor and those after it in the order
+    the caller follows, up to READ_AHEAD_BYTES, in one parallel load, and
+    hands the others out when they are asked for (each once: every call
+    still returns a tensor of its own). While the caller works through that
+    window, the next one is loaded on a thread of its own, so the disk does
+    not wait for the caller between windows (as a streaming loader's ring
+    does not); that happens only while the caller keeps to its order. What a
+    miss finds not asked for is dropped, so memory stays within two windows.
+    A resident file is read a tensor per call (a copy from the page cache,
+    nothing to wait for).
+
+    The orders followed: the file's (offset_keys()) and the names' (keys(),
+    sorted as safetensors sorts them: `for k in f.keys(): f.get_tensor(k)`
+    is the usual loop). A miss takes the order in which it comes right after
+    the tensor asked for before it, the current one when both or neither
+    do (at the start the file's, read behind only once a call confirms it),
+    and keeps what is loaded already of its window.
+    With file order only, that loop over a file whose names are not in file
+    order loaded a window for nearly every call and dropped most of it:
+    0.37 GB/s from a cold 1 GiB model, against 1.1 in file order.
 
     load(indices) -> {name: tensor} is the owner's load of those tensors;
     it runs on the caller's thread or on the read-ahead's, never on both at
-    once (settle() waits for the latter)."""
+    once (settle() waits for the latter). names: every tensor's name in
+    file order."""
 
-    def __init__(self, load: Callable[[List[int]], Dict[str, Any]]) -> None:
+    def __init__(self, load: Callable[[List[int]], Dict[str, Any]], names: List[str]) -> None:
         self._load = load
         self._held: Dict[str, Any] = {}
         self._cold: Optional[bool] = None
-        self._after: Optional[int] = None  # the index after the last window loaded
+        file_order = list(range(len(names)))
+        by_name = sorted(file_order, key=names.__getitem__)
+        self._orders = [file_order] + ([by_name] if by_name != file_order else [])
+        # _where[o][i]: the position of tensor i in order o.
+        self._where = [[0] * len(names) for _ in self._orders]
+        for where, order in zip(self._where, self._orders):
+            for position, k in enumerate(order):
+                where[k] = position
+        self._names = names
+        self._order = 0  # the order being followed (an index into _orders)
+        self._unsure = False  # whether that order is a guess not yet confirmed
+        self._last: Optional[int] = None  # the tensor asked for last
+        self._after: Optional[int] = None  # the position after the last window loaded
         # The window after the last one: its indices, the thread loading it
         # (None once joined) and [what it loaded] (empty if it failed).
         self._next: Optional[Tuple[List[int], Optional[threading.Thread], List[Dict[str, Any]]]] = None
@@ -369,6 +392,10 @@ class ReadAhead:
         which a window passes over)."""
         held = self._held.pop(name, None)
         if held is not None:
+            if self._unsure and self._follows(self._order, i, sizes):
+                self._unsure = False  # the order guessed at the start is the caller's
+                self._start(reader, sizes)
+            self._last = i
             return held
         self.settle()
         window, _, loaded = self._next or ([], None, [])
@@ -376,21 +403,45 @@ class ReadAhead:
         if i in window and loaded:
             self._held, in_order = loaded[0], True
         else:
-            in_order = self._after is None or i == self._after
+            # The order i comes next in, the current one first.
+            orders = [o for o in sorted(range(len(self._orders)), key=lambda o: o != self._order)
+                      if self._follows(o, i, sizes)]
+            self._order = orders[0] if orders else self._order
+            in_order = bool(orders)
+            # At the start both orders may begin with i: the window's is a
+            # guess, and nothing is read behind it until a call confirms it.
+            self._unsure = len(orders) > 1 and self._last is None
             window = self.window(reader, i, sizes)
-            self._held = self._load(window)  # a tensor's error is raised here, on its call
-        self._after = window[-1] + 1
-        if in_order:
+            # What is loaded already and in this window is kept, not read again.
+            have = dict(self._held, **(loaded[0] if loaded else {}))
+            kept = {self._names[k]: have[self._names[k]] for k in window if self._names[k] in have}
+            # A tensor's error is raised here, on its call.
+            self._held = dict(kept, **self._load([k for k in window if self._names[k] not in kept]))
+        self._after = self._where[self._order][window[-1]] + 1
+        self._last = i
+        if in_order and not self._unsure:
             self._start(reader, sizes)
         return self._held.pop(name)
 
+    def _following(self, order: int, position: int, sizes: List[Optional[int]]) -> Optional[int]:
+        """The first tensor the caller can make at or after position in order."""
+        return next((k for k in self._orders[order][position:] if sizes[k] is not None), None)
+
+    def _follows(self, order: int, i: int, sizes: List[Optional[int]]) -> bool:
+        """Whether tensor i comes right after the last one asked for in
+        order (at the start: comes first)."""
+        start = 0 if self._last is None else self._where[order][self._last] + 1
+        return self._following(order, start, sizes) == i
+
     def window(self, reader: "Reader", i: int, sizes: List[Optional[int]]) -> List[int]:
         """The indices a miss of tensor i loads: i, then on a cold file the
-        tensors after it."""
+        tensors after it in the order followed."""
         if self._cold is None:
             self._cold = not reader.shards() and reader.resident() < MAP_RESIDENT
         out, total = [i], sizes[i] or 0
-        for k in range(i + 1, len(sizes) if self._cold else i + 1):
+        order = self._orders[self._order]
+        start = self._where[self._order][i] + 1
+        for k in order[start:] if self._cold else ():
             size = sizes[k]
             if size is None:
                 continue
@@ -404,7 +455,7 @@ class ReadAhead:
         """Loads the window after the last one on a thread, on a cold file.
         Its failure is dropped: the miss that wanted it loads again on the
         caller's thread and raises the tensor's own error there."""
-        first = next((k for k in range(self._after or 0, len(sizes)) if sizes[k] is not None), None)
+        first = self._following(self._order, self._after or 0, sizes)
         if not self._cold or first is None:
             return
         window = self.window(reader, first, sizes)

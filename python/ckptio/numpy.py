@@ -413,7 +413,7 @@ class safe_open(OpenReader[Reader]):
         self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
         self._sizes: List[Optional[int]] = [x.nbytes for x in self._infos]
         self._r = r
-        self._ahead = ReadAhead(self._load)
+        self._ahead = ReadAhead(self._load, list(self._by_name))
 
     def _info(self, name: str) -> _lib.TensorInfo:
         r = self._reader(settle=False)
@@ -442,7 +442,7 @@ class safe_open(OpenReader[Reader]):
         TensorNotFoundError (a KeyError) when the file has none of that name.
         From a cold file, the tensors after it are read with it (up to 256
         MiB, and the next 256 MiB in the background while they are asked
-        for in file order: ckptio._core.ReadAhead)."""
+        for in file order or in keys() order: ckptio._core.ReadAhead)."""
         self._info(name)
         array: Array = self._read_ahead(name, self._by_name[name], self._sizes)
         return array

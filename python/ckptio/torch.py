@@ -331,7 +331,7 @@ class safe_open(OpenReader[TorchReader]):
             r.close()
             raise
         self._r = r
-        self._ahead = ReadAhead(r.load)
+        self._ahead = ReadAhead(r.load, [e.name.decode() for e in r.entries])
         self._makeable: Optional[List[Optional[int]]] = None
 
     def _index(self, name: str) -> int:
@@ -364,7 +364,7 @@ class safe_open(OpenReader[TorchReader]):
         TensorNotFoundError (a KeyError) when the file has none of that name.
         From a cold file, the tensors after it are read with it (up to 256
         MiB, and the next 256 MiB in the background while they are asked
-        for in file order: ckptio._core.ReadAhead)."""
+        for in file order or in keys() order: ckptio._core.ReadAhead)."""
         i = self._index(name)
         r = self._reader(settle=False)
         if self._makeable is None:  # what a window passes over: dtypes torch lacks

@@ -686,6 +686,34 @@ def test_get_tensor_loads_the_next_window_in_the_background(tmp_path, monkeypatc
             f.get_tensor(names[5])  # read again now: the damage is found
 
 
+
+def test_get_tensor_reads_ahead_in_the_order_of_keys(tmp_path, monkeypatch):
+    """`for k in f.keys(): f.get_tensor(k)`, the usual loop, asks in sorted
+    name order, which is not file order when dtypes are mixed (a file lays
+    out its wider dtypes first). The read-ahead follows the caller's order,
+    either one: a tensor is loaded once (one, at most twice, while the first
+    calls tell the orders apart), in whole windows."""
+    monkeypatch.setattr(ckptio._core, "READ_AHEAD_BYTES", 4 << 20)  # windows of 4 tensors
+    t = {f"w{k:02d}": torch.full((1 << 18,) if k % 2 == 0 else (1 << 19,), float(k),
+                                 dtype=torch.float32 if k % 2 == 0 else torch.float16)
+         for k in range(16)}  # 1 MiB each
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    for order in ("keys", "offset_keys"):
+        _cold(path)
+        with ct.safe_open(path, "pt") as f:
+            assert f.offset_keys() != f.keys(), "the layout this test needs"
+            loaded = []
+            load = f._ahead._load
+            monkeypatch.setattr(f._ahead, "_load", lambda idx: loaded.append(len(idx)) or load(idx))
+            for name in getattr(f, order)():
+                assert torch.equal(f.get_tensor(name), t[name]), (order, name)
+            f._ahead.settle()
+        if order == "keys":  # 23 tensor loads in 6 windows, before
+            assert sum(loaded) <= 17, f"{order}: tensors loaded per window: {loaded}"
+        else:
+            assert loaded == [4, 4, 4, 4], f"{order}: tensors loaded per window: {loaded}"
+
 def _vma(addr):
     """(start, end, THPeligible) of the mapping of this process holding addr."""
     found = None
