@@ -376,6 +376,19 @@ class Contenders:
             for k in f.offset_keys():
                 consume(k, f.get_tensor(k))
 
+    # The usual loop over a safetensors file, `for k in f.keys()`: sorted
+    # names, which leave file order wherever dtypes are mixed.
+    def stream_ckptio_keys(self, path, consume):
+        with self.ck_torch.safe_open(path) as f:
+            for k in f.keys():
+                consume(k, f.get_tensor(k))
+
+    def stream_safetensors_keys(self, path, consume):
+        from safetensors import safe_open
+        with safe_open(path, "pt") as f:
+            for k in f.keys():
+                consume(k, f.get_tensor(k))
+
 
 # name, label, file key, save function
 SAVES = [
@@ -423,6 +436,10 @@ LOADS = [
      lambda c, p: c.load_ckptio_torch_copy(p)),
     ("ckptio_stream", "ckptio.torch.safe_open, get_tensor each, touched as read (stream)",
      "ckptio_st", lambda c, p: _streamed(c.stream_ckptio, p)),
+    ("ckptio_stream_keys", "ckptio.torch.safe_open, get_tensor for k in keys() (sorted names; stream)",
+     "ckptio_st", lambda c, p: _streamed(c.stream_ckptio_keys, p)),
+    ("safetensors_stream_keys", "safetensors safe_open, get_tensor for k in keys() (sorted names; stream)",
+     "ckptio_st", lambda c, p: _streamed(c.stream_safetensors_keys, p)),
     ("runai_stream", "runai-model-streamer SafetensorsStreamer, touched as yielded (stream)",
      "ckptio_st", lambda c, p: _streamed(c.stream_runai, p)),
     ("runai_keep", "runai-model-streamer SafetensorsStreamer, clone of each kept (keep)",
@@ -434,6 +451,8 @@ LOADS = [
 ]
 # The streaming contenders: name -> (contenders, path, consume) -> None.
 STREAMS = {"ckptio_stream": lambda c, p, f: c.stream_ckptio(p, f),
+           "ckptio_stream_keys": lambda c, p, f: c.stream_ckptio_keys(p, f),
+           "safetensors_stream_keys": lambda c, p, f: c.stream_safetensors_keys(p, f),
            "runai_stream": lambda c, p, f: c.stream_runai(p, f)}
 # The first ring (the default) and --peers2: the second ring and what it is
 # compared with (issue 26).
@@ -1174,10 +1193,11 @@ def med(v):
 
 SAVE_REFS = ("ckptio_st", "ckptio_pt")
 LOAD_REFS = ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map", "ckptio_default",
-             "ckptio_torch_copy", "ckptio_stream")
+             "ckptio_torch_copy", "ckptio_stream", "ckptio_stream_keys")
 REF_TITLES = {"ckptio_st": "ckptio st", "ckptio_pt": "ckptio pt", "ckptio_st_map": "ckptio st map",
               "ckptio_pt_map": "ckptio pt map", "ckptio_default": "ckptio default",
-              "ckptio_torch_copy": "ckptio mmap=False", "ckptio_stream": "ckptio stream"}
+              "ckptio_torch_copy": "ckptio mmap=False", "ckptio_stream": "ckptio stream",
+              "ckptio_stream_keys": "ckptio keys() loop"}
 WAY_LABELS = {"raw_write_direct": "raw write, O_DIRECT 32 x 8 MiB in flight",
               "raw_write_buffered": "raw write, buffered 8 MiB + fdatasync",
               "raw_read_direct": "raw read, O_DIRECT 32 x 8 MiB in flight",
@@ -1339,6 +1359,10 @@ GOALS26 = [
      "ckptio_default", "best_other", 1.1),
     ("ckptio's default call >= 0.95x the best raw read of the round (cold, + {touch})",
      "load_cold", "ckptio_default", "limit", 0.95),
+    ("(info) the keys() loop: ckptio safe_open / safetensors safe_open (cold, + {touch})",
+     "load_cold", "ckptio_stream_keys", "safetensors_stream_keys", 1.1),
+    ("(info) the keys() loop, ckptio safe_open / runai-model-streamer's stream (cold, + {touch})",
+     "load_cold", "ckptio_stream_keys", "runai_stream", 1.1),
     ("(info) ckptio stream >= 0.95x the best raw read of the round (cold, + {touch})",
      "load_cold", "ckptio_stream", "limit", 0.95),
     ("(info) ckptio's default call without its touch pass / the best raw read of the round "
@@ -1418,7 +1442,7 @@ def format_rounds(rows, cases):
         for r in mine:
             by.setdefault(r["contender"], {})[r["run"]] = r["gbps"]
         peers = [n for n in by if not n.startswith(("ckptio", "raw"))]
-        for ck in ("ckptio_default", "ckptio_torch_copy", "ckptio_stream"):
+        for ck in ("ckptio_default", "ckptio_torch_copy", "ckptio_stream", "ckptio_stream_keys"):
             if ck not in by:
                 continue
             for p in peers:
@@ -1440,7 +1464,8 @@ def draw(summary, cases, png):
                              squeeze=False)
     colors = {"ckptio_st": "#1f77b4", "ckptio_pt": "#6baed6", "ckptio_st_map": "#08306b",
               "ckptio_pt_map": "#4292c6", "ckptio_default": "#08306b",
-              "ckptio_torch_copy": "#1f77b4", "ckptio_stream": "#6baed6",
+              "ckptio_torch_copy": "#1f77b4", "ckptio_stream": "#6baed6", "ckptio_stream_keys": "#9ecae1",
+              "safetensors_stream_keys": "#bcbd22",
               "runai_stream": "#ff7f0e", "runai_keep": "#ffbb78", "fastsafetensors": "#8c564b",
               "tensorizer": "#e377c2", "torch": "#d62728",
               "torch_mmap": "#ff9896", "safetensors": "#2ca02c",
