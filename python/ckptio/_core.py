@@ -48,7 +48,8 @@ def configure(*, snapshot_bytes: Union[int, str, None] = None,
         what it uses itself), and reused by every save.
     staging_bytes, chunk_bytes: the staging ring and its pieces (0: the
         library's defaults).
-    threads: worker threads (0: one per core)."""
+    threads: worker threads, each holding one read or write in flight (0:
+        the library's default, 32)."""
     values: Dict[str, Union[int, str, None]] = {
         "snapshot_bytes": snapshot_bytes, "staging_bytes": staging_bytes,
         "chunk_bytes": chunk_bytes, "threads": threads}
