@@ -1012,7 +1012,9 @@ typedef struct ckptio_box_request {
                           CRC (every stored part it touches lies inside the
                           box), else 0 */
   uint64_t bytes_read; /* out: bytes read from the files (PREAD reads exactly
-                          the box's bytes of each part) */
+                          the box's bytes of each part; of objects in a
+                          storage, plus the gaps of under 64 KiB between
+                          runs that one GET reads and drops) */
 } ckptio_box_request;
 
 /*! ckptio_reader_box_nbytes() :

@@ -158,7 +158,12 @@ static int save(ckptio_ctx *ctx, const char *dir, uint32_t seed, int kill_me, ch
 
 /* ------------------------------------------------------------ load and check */
 
-static void check_box(ckptio_reader *r, const tdef *t, const int64_t *lo, const int64_t *size, uint32_t seed) {
+/* object: dir is an object storage's prefix, whose GETs also read the gaps
+ * of under 64 KiB between a box's runs (ckptio.h, bytes_read); a local
+ * file's PREAD reads the box's bytes exactly. Neither reads past the
+ * tensor. */
+static void check_box(ckptio_reader *r, const tdef *t, const int64_t *lo, const int64_t *size, uint32_t seed,
+                      int object) {
   int64_t index = ckptio_reader_find(r, t->name);
   CHECK(index >= 0, "%s not found", t->name);
   if (index < 0) return;
@@ -170,8 +175,10 @@ static void check_box(ckptio_reader *r, const tdef *t, const int64_t *lo, const 
   int rc = ckptio_reader_load_boxes(r, &q, 1);
   CHECK(rc == 0, "%s: load_boxes: %s", t->name, ckptio_reader_last_error(r));
   CHECK(rc != 0 || memcmp(want, got, nb) == 0, "%s: the box's bytes differ (seed %u)", t->name, seed);
-  CHECK(rc != 0 || q.bytes_read == nb, "%s: read %llu bytes for a box of %llu", t->name,
-        (unsigned long long)q.bytes_read, (unsigned long long)nb);
+  uint64_t whole = box_bytes(t, t->shape);
+  CHECK(rc != 0 || (object ? q.bytes_read >= nb && q.bytes_read <= whole : q.bytes_read == nb),
+        "%s: read %llu bytes for a box of %llu (the tensor: %llu)", t->name, (unsigned long long)q.bytes_read,
+        (unsigned long long)nb, (unsigned long long)whole);
   free(want);
   free(got);
 }
@@ -207,7 +214,7 @@ static void check_load(ckptio_ctx *ctx, const char *dir, uint32_t seed) {
     int64_t a, b;
     ckptio_split_rank(t->shape[d], rank, nranks, &a, &b);
     lo[d] = a, size[d] = b - a;
-    if (b > a) check_box(r, t, lo, size, seed);
+    if (b > a) check_box(r, t, lo, size, seed, strncmp(dir, "s3://", 5) == 0);
   }
   ckptio_reader_close(r);
 }
