@@ -407,7 +407,7 @@ static int direct_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
 /* Object bytes [off, off + the spans' lengths) into the spans: from the
  * bytes its open read when they hold them all, else by its storage (the
  * built-in S3 one with one GET). */
-static int read_spans(plain *p, const ckptio_storage_span *spans, size_t n, uint64_t off, char *msg, size_t len) {
+static int read_spans(plain *p, const ckptio_scatter *spans, size_t n, uint64_t off, char *msg, size_t len) {
   uint64_t total = 0;
   for (size_t i = 0; i < n; i++) total += spans[i].len;
   if (off + total > p->f.nhead)
@@ -428,7 +428,7 @@ static int object_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
   uint64_t end = t->off + t->len, slot = ckptio_run_slot_bytes(x), src, nb, start = 0, at = 0, got = 0;
   /* A gap and a run each, for every run (whole or cut) of the part. */
   size_t max = 2 * (size_t)(t->len / (q->g.run ? q->g.run : 1) + 2), ns = 0, len;
-  ckptio_storage_span *spans = malloc(max * sizeof(*spans));
+  ckptio_scatter *spans = malloc(max * sizeof(*spans));
   char *msg = ckptio_run_msg(x, &len);
   int rc = 0;
   if (!spans) return -ENOMEM;
@@ -441,8 +441,8 @@ static int object_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
       ns = 0;
     }
     if (!ns) start = at = abs;
-    if (abs > at) spans[ns++] = (ckptio_storage_span){NULL, (size_t)(abs - at)};
-    spans[ns++] = (ckptio_storage_span){out + (o - t->off), (size_t)nb};
+    if (abs > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(abs - at)};
+    spans[ns++] = (ckptio_scatter){out + (o - t->off), (size_t)nb};
     at = abs + nb;
   }
   if (rc == 0 && ns) rc = read_spans(p, spans, ns, start, msg, len);
@@ -506,15 +506,15 @@ static int run_cell(plain *p, ckptio_run *x) {
   if (j->slot) {
     rc = ckptio_rfile_pread(&p->f, j->slot, (size_t)(end - start), start, msg, len);
   } else {
-    ckptio_storage_span *spans = malloc(2 * j->nparts * sizeof(*spans));
+    ckptio_scatter *spans = malloc(2 * j->nparts * sizeof(*spans));
     size_t ns = 0;
     if (!spans) return -ENOMEM;
     uint64_t at = start;
     for (size_t k = 0; k < j->nparts; k++) {
       const ckptio_part *t = ckptio_run_part(x, k);
       uint64_t from = req_start(t->q) + t->off;
-      if (from > at) spans[ns++] = (ckptio_storage_span){NULL, (size_t)(from - at)};
-      spans[ns++] = (ckptio_storage_span){ckptio_xreq_host(t->q) + t->off, (size_t)t->len};
+      if (from > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(from - at)};
+      spans[ns++] = (ckptio_scatter){ckptio_xreq_host(t->q) + t->off, (size_t)t->len};
       at = from + t->len;
     }
     rc = read_spans(p, spans, ns, start, msg, len);

@@ -63,13 +63,13 @@ int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key
 
 int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
                            uint64_t offset, size_t len, void *buf, char *err, size_t errlen) {
-  ckptio_s3_span whole = {buf, len};
+  ckptio_scatter whole = {buf, len};
   if (!buf && len) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
   return ckptio_s3_get_spans_if(c, bucket, key, etag, offset, &whole, 1, err, errlen);
 }
 
 int ckptio_s3_get_spans_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
-                           uint64_t offset, const ckptio_s3_span *spans, size_t nspans, char *err, size_t errlen) {
+                           uint64_t offset, const ckptio_scatter *spans, size_t nspans, char *err, size_t errlen) {
   if (!c || (!spans && nspans)) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
   size_t len = 0;
   for (size_t i = 0; i < nspans; i++) {

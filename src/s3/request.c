@@ -135,7 +135,7 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
     }
     r->dst_got += len;
     while (len) { /* to the spans in order; a span without a place drops its bytes */
-      const ckptio_s3_span *s = &r->dst[r->span];
+      const ckptio_scatter *s = &r->dst[r->span];
       size_t k = s->len - r->span_got < len ? s->len - r->span_got : len;
       if (s->dst) memcpy((char *)s->dst + r->span_got, p, k);
       p += k, len -= k;

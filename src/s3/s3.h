@@ -32,6 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/scatter.h"
+
 #define CKPTIO_S3_BUCKET_MAX 63
 #define CKPTIO_S3_KEY_MAX 1024
 #define CKPTIO_S3_ETAG_MAX 128
@@ -137,19 +139,12 @@ int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key
 int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
                            uint64_t offset, size_t len, void *buf, char *err, size_t errlen);
 
-/* A stretch of a scattered GET's body: len bytes to dst, or dropped
- * (dst NULL: bytes between the ones wanted). */
-typedef struct ckptio_s3_span {
-  void *dst;
-  size_t len;
-} ckptio_s3_span;
-
 /* ckptio_s3_get_range_if of bytes [offset, offset + the spans' lengths)
  * with one GET, its body scattered to the spans in order: the bytes of
  * several tensors that lie in one stretch of the object go straight to
  * their destinations. */
 int ckptio_s3_get_spans_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
-                           uint64_t offset, const ckptio_s3_span *spans, size_t nspans, char *err, size_t errlen);
+                           uint64_t offset, const ckptio_scatter *spans, size_t nspans, char *err, size_t errlen);
 
 /* PUT of a whole small object (an index, a `latest` record). etag_out may
  * be NULL; else CKPTIO_S3_ETAG_MAX bytes. */

@@ -75,7 +75,7 @@ static int s3_read(void *self, void *obj, void *buf, size_t len, uint64_t offset
   return ckptio_s3_get_range_if(self, o->url.bucket, o->url.key, o->etag, offset, len, buf, err, errlen);
 }
 
-int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *obj, const ckptio_storage_span *spans,
+int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *obj, const ckptio_scatter *spans,
                               size_t n, uint64_t offset, char *err, size_t errlen) {
   if (ops->read != s3_read) {
     for (size_t i = 0; i < n; offset += spans[i++].len) {
@@ -85,12 +85,7 @@ int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *o
     return 0;
   }
   s3_object *o = obj;
-  ckptio_s3_span *s = malloc((n ? n : 1) * sizeof(*s));
-  if (!s) return ckptio_err_fmt(err, errlen, -ENOMEM, "%s: out of memory", o->url.key);
-  for (size_t i = 0; i < n; i++) s[i] = (ckptio_s3_span){spans[i].dst, spans[i].len};
-  int rc = ckptio_s3_get_spans_if(self, o->url.bucket, o->url.key, o->etag, offset, s, n, err, errlen);
-  free(s);
-  return rc;
+  return ckptio_s3_get_spans_if(self, o->url.bucket, o->url.key, o->etag, offset, spans, n, err, errlen);
 }
 
 static void s3_close_read(void *self, void *obj) {

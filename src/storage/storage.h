@@ -14,6 +14,7 @@
 #define CKPTIO_EXPERIMENTAL
 #endif
 #include "ckptio.h"
+#include "core/scatter.h"
 
 typedef struct ckptio_storages ckptio_storages;
 
@@ -46,19 +47,12 @@ int ckptio_storages_find(ckptio_storages *t, const char *path, const ckptio_stor
 /* 1 when st takes CKPTIO_STORAGE_UNSIZED (the built-in S3 one). */
 int ckptio_storage_unsized(const ckptio_storage *st);
 
-/* A stretch of a scattered read: len bytes to dst, or read and dropped
- * (dst NULL: bytes between the ones wanted). */
-typedef struct ckptio_storage_span {
-  void *dst;
-  size_t len;
-} ckptio_storage_span;
-
 /* Bytes [offset, offset + the spans' lengths) of an object that ops opened
  * (obj), into the spans in order: the built-in S3 storage with one ranged
  * GET whose body goes straight to the spans; any other storage with its
  * read verb once per span that has a place. @return 0 or the verb's code,
  * its sentence in err. */
-int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *obj, const ckptio_storage_span *spans,
+int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *obj, const ckptio_scatter *spans,
                               size_t n, uint64_t offset, char *err, size_t errlen);
 
 /* The built-in S3 storage (s3_storage.c): a client from the environment.
