@@ -356,10 +356,10 @@ class ReadAhead:
     is the usual loop). A miss takes the order in which it comes right after
     the tensor asked for before it, the current one when both or neither
     do (at the start the file's, read behind only once a call confirms it),
-    and keeps what is loaded already of its window.
-    With file order only, that loop over a file whose names are not in file
-    order loaded a window for nearly every call and dropped most of it:
-    0.37 GB/s from a cold 1 GiB model, against 1.1 in file order.
+    and keeps what is loaded already of its window. With file order only,
+    that loop over a file whose names are not in file order loaded a window
+    for nearly every call and dropped most of it: 0.37 GB/s from a cold
+    1 GiB model whose stream in file order ran at 2.2 (bench/RESULTS_PEERS.md).
 
     load(indices) -> {name: tensor} is the owner's load of those tensors;
     it runs on the caller's thread or on the read-ahead's, never on both at
