@@ -51,11 +51,14 @@ LOADERS = {
     "boto3_st": "boto3 download_file to a local file + safetensors.torch.load_file",
 }
 # The ceiling: the best of these in each round. 8 MiB ranges, as ckptio's
-# staging chunk and runai's S3 block; 16 and 32 in flight (runai's streamer
-# concurrency, ckptio's workers).
+# staging chunk and runai's S3 block, and 16 MiB ones (two whole parts, as
+# ckptio's GETs into host memory: weed serves them with less CPU); 16 and 32
+# in flight (runai's streamer concurrency, ckptio's workers).
 CEILINGS = {
     "get_c16": ("libcurl, 16 threads x 8 MiB ranged GETs into one buffer", ("c", 16, 8 << 20)),
     "get_c32": ("libcurl, 32 threads x 8 MiB ranged GETs into one buffer", ("c", 32, 8 << 20)),
+    "get_c16_16m": ("libcurl, 16 threads x 16 MiB ranged GETs into one buffer", ("c", 16, 16 << 20)),
+    "get_c32_16m": ("libcurl, 32 threads x 16 MiB ranged GETs into one buffer", ("c", 32, 16 << 20)),
     "get_py16": ("boto3 get_object, 16 threads x 8 MiB ranges, bytes discarded", ("py", 16, 8 << 20)),
 }
 # References, shown but outside the ceiling: the best way again into fresh,
@@ -65,11 +68,14 @@ REFERENCES = {
     "get_c16_fresh": ("libcurl, 16 threads x 8 MiB into fresh memory (reference)", ("c", 16, 8 << 20)),
     "get_c16_thp": ("libcurl, 16 threads x 8 MiB into fresh memory in 2 MiB pages (reference)",
                     ("c", 16, 8 << 20)),
+    "get_c32_16m_thp": ("libcurl, 32 threads x 16 MiB into fresh memory in 2 MiB pages (reference)",
+                        ("c", 32, 16 << 20)),
 }
 WAYS = dict(CEILINGS, **REFERENCES)
 RATIOS = [("ckptio / runai stream", "runai_stream"), ("ckptio / runai keep", "runai_keep"),
           ("ckptio / boto3 + safetensors", "boto3_st"), ("ckptio / ceiling", "ceiling"),
-          ("ckptio / libcurl into fresh memory (reference)", "get_c16_fresh")]
+          ("ckptio / libcurl into fresh memory (reference)", "get_c16_fresh"),
+          ("ckptio / libcurl 16 MiB GETs into fresh 2 MiB pages (reference)", "get_c32_16m_thp")]
 GOALS = {"runai_stream": 1.1, "runai_keep": 1.1, "ceiling": 0.9}
 
 # Saves. Each child holds the state dict (read from a local safetensors

@@ -36,6 +36,12 @@
  * dropped (ckptio's writer pads tensors to a page, other writers not at
  * all); a wider gap starts another request (plan_object). */
 #define COALESCE_GAP (64u << 10)
+/* Of an object, a pair of grid cells whose parts all go to host memory is
+ * read by one GET (two whole 8 MiB parts; a slot holds one cell, so a part
+ * for a GPU keeps its cell to itself). SeaweedFS served a 1 GiB object by
+ * 16 MiB GETs in 1.08 s against 1.43 s by 8 MiB ones (median of 8
+ * alternating rounds, a plain client into fresh memory; bench/RESULTS_S3.md). */
+#define HOST_CELLS 2
 
 typedef struct plain {
   ckptio_source s;
@@ -162,6 +168,19 @@ static int plan_one(plain *p, ckptio_plan *pl, ckptio_xreq *q, ckptio_load_metho
 /* Where a contiguous request's bytes start in the file. */
 static uint64_t req_start(const ckptio_xreq *q) { return q->e->offset + q->g.src0; }
 
+/* Where a part of a contiguous request starts in the file. */
+static uint64_t part_start(const ckptio_part *t) { return req_start(t->q) + t->off; }
+
+/* The last grid cell a job of an object starting at piece i may reach: the
+ * end of its cell's pair (HOST_CELLS cells, aligned to the pair) when every
+ * piece from i to there goes to host memory, else its own cell. */
+static uint64_t job_reach(const ckptio_part *pc, size_t np, size_t i, uint64_t slot) {
+  uint64_t cell = part_start(&pc[i]) / slot, last = (cell / HOST_CELLS + 1) * HOST_CELLS - 1;
+  for (size_t k = i; k < np && part_start(&pc[k]) / slot <= last; k++)
+    if (!ckptio_xreq_host(pc[k].q)) return cell;
+  return last;
+}
+
 static int by_start(const void *a, const void *b) {
   uint64_t x = req_start(*(ckptio_xreq *const *)a), y = req_start(*(ckptio_xreq *const *)b);
   return x < y ? -1 : x > y;
@@ -174,7 +193,8 @@ static int by_start(const void *a, const void *b) {
  * chunks 1.3-1.6x slower, with 1.3x its CPU (bench/RESULTS_S3.md). So the
  * contiguous requests are read by the cells of a grid of slot-sized
  * stretches of the object (8 MiB: the part size of ckptio's saves and of
- * boto3's; parts of any multiple of it hold whole cells): one GET per cell for
+ * boto3's; parts of any multiple of it hold whole cells): one GET per cell,
+ * or per pair of cells where all goes to host memory (HOST_CELLS), for
  * what every request wants there, the bytes between read and dropped (a
  * gap over COALESCE_GAP, or requests that overlap, start another GET).
  * The GET lands straight in the parts' host destinations; a job with a
@@ -206,13 +226,14 @@ static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, ui
       if (rc == 0) pc[np++] = (ckptio_part){c[i], off, len, 0};
     }
   }
-  /* A job: the pieces that follow each other in one cell. */
+  /* A job: the pieces that follow each other in one cell (in its pair of
+   * cells where every piece there goes to host memory). */
   for (size_t i = 0, k; i < np && rc == 0; i = k) {
-    uint64_t cell = (req_start(pc[i].q) + pc[i].off) / slot, end = req_start(pc[i].q) + pc[i].off + pc[i].len;
+    uint64_t reach = job_reach(pc, np, i, slot), end = part_start(&pc[i]) + pc[i].len;
     int slotted = !ckptio_xreq_host(pc[i].q);
     for (k = i + 1; k < np; k++) {
-      uint64_t at = req_start(pc[k].q) + pc[k].off;
-      if (at / slot != cell || at < end || at - end > COALESCE_GAP) break;
+      uint64_t at = part_start(&pc[k]);
+      if (at / slot > reach || at < end || at - end > COALESCE_GAP) break;
       end = at + pc[k].len;
       slotted |= !ckptio_xreq_host(pc[k].q);
     }

@@ -576,28 +576,30 @@ TEST_F(S3Storage, NeighbouringTensorsAreReadByOneRequest) {
   ckptio_reader_close(r);
 }
 
-// The 8 MiB stretches of an object that bytes [off, off + n) of each tensor
+// The stretches of `grid` bytes of an object that the bytes of each tensor
 // of `want` fall in.
-std::set<uint64_t> stretches(ckptio_reader *r, const std::vector<Tensor> &ts, const std::vector<size_t> &want) {
+std::set<uint64_t> stretches(ckptio_reader *r, const std::vector<Tensor> &ts, const std::vector<size_t> &want,
+                             uint64_t grid) {
   std::set<uint64_t> out;
   for (size_t i : want) {
     ckptio_tensor_info info;
     EXPECT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, ts[i].name.c_str()), &info), 0);
-    for (uint64_t at = info.offset; at < info.offset + info.nbytes; at = (at / (8 << 20) + 1) * (8 << 20))
-      out.insert(at / (8 << 20));
+    for (uint64_t at = info.offset; at < info.offset + info.nbytes; at = (at / grid + 1) * grid)
+      out.insert(at / grid);
   }
   return out;
 }
 
 // A server reads a multipart object a part at a time (8 MiB parts here,
 // ckptio's chunk), and a GET across a part boundary reads two. So a load's
-// GETs follow the object's 8 MiB grid, not its tensors: one GET for each
-// stretch that holds wanted bytes, its body going straight to the tensors
-// in it, whatever their sizes (a tensor across a line is read by the GETs
-// of both stretches); every byte in place. All 7 tensors here (26 MiB) are
-// 4 GETs; read tensor by tensor (up to 8 MiB a GET from each one's start,
-// the small ones with their neighbours) they were 7.
-TEST_F(S3Storage, LoadsReadTheObjectByItsEightMiBStretches) {
+// GETs follow the object's grid of parts, not its tensors: one GET for each
+// aligned pair of parts (16 MiB) that holds wanted bytes when all of them go
+// to host memory, its body going straight to the tensors in it, whatever
+// their sizes (a tensor across a line is read by the GETs of both sides);
+// every byte in place. All 7 tensors here (26 MiB, four parts) are 2 GETs;
+// read tensor by tensor (up to 8 MiB a GET from each one's start, the small
+// ones with their neighbours) they were 7, and by single parts 4.
+TEST_F(S3Storage, LoadsReadTheObjectByPairsOfParts) {
   ckptio_options o = small_options(8 << 20, 32 << 20, 4);
   TestContext c(o);
   std::vector<Tensor> ts;
@@ -617,9 +619,10 @@ TEST_F(S3Storage, LoadsReadTheObjectByItsEightMiBStretches) {
       reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
                       CKPTIO_DEVICE_HOST});
     }
-    size_t expected = stretches(r, ts, want).size();
+    size_t expected = stretches(r, ts, want, 16 << 20).size();
     if (want.size() == ts.size()) {
-      EXPECT_EQ(expected, 4u) << "the layout the comment describes";
+      EXPECT_EQ(stretches(r, ts, want, 8 << 20).size(), 4u) << "the layout the comment describes";
+      EXPECT_EQ(expected, 2u) << "the layout the comment describes";
     }
     uint64_t before = requests(c.ctx, url(key));
     ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
