@@ -231,11 +231,11 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
 
 
 def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
-              mapping: Optional["ctypes.Array[ctypes.c_uint8]"],
+              view_of: Optional["ctypes.Array[ctypes.c_uint8]"],
               reqs: List[_lib.LoadRequest], placer: _mapped.Placer) -> Array:
-    """Tensor i as an array (or Tensor): a view of `mapping` when it can be,
-    else fresh memory (placer's, when it places it) with its load request
-    appended to reqs."""
+    """Tensor i as an array (or Tensor): a view of the file's mapping
+    `view_of` (given only for a viewable tensor), else fresh memory
+    (placer's, when it places it) with its load request appended to reqs."""
     name = info.name.decode()
     dtype = r.dtype_name(info)
     shape = tuple(info.shape[:info.ndim])
@@ -252,9 +252,9 @@ def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
     itemsize = _itemsize(r, info)
     element = np_dtype if np_dtype is not None else np.dtype(np.uint8)
     flat: npt.NDArray[Any]
-    if mapping is not None and _mapped.viewable(r, i, info, itemsize):
+    if view_of is not None:
         # (numpy's stubs do not list ctypes arrays, which export the buffer protocol)
-        flat = np.frombuffer(cast(Any, mapping), element, count, info.offset)
+        flat = np.frombuffer(cast(Any, view_of), element, count, info.offset)
     else:
         place = placer.placed(i, itemsize)
         if place is not None:
@@ -272,12 +272,9 @@ def _itemsize(r: Reader, info: _lib.TensorInfo) -> int:
     return np_dtype.itemsize if np_dtype is not None else 1
 
 
-def _placer(r: Reader, infos: List[_lib.TensorInfo], indices: Iterable[int],
-            mapping: Optional["ctypes.Array[ctypes.c_uint8]"]) -> _mapped.Placer:
-    """One mapping for the tensors of indices that are copied (not views
-    of mapping)."""
-    return _mapped.Placer({i: (infos[i].nbytes, infos[i].offset) for i in indices
-                           if mapping is None or not _mapped.viewable(r, i, infos[i], _itemsize(r, infos[i]))})
+def _placer(infos: List[_lib.TensorInfo], indices: Iterable[int]) -> _mapped.Placer:
+    """One mapping for the tensors of indices, which are copied."""
+    return _mapped.Placer({i: (infos[i].nbytes, infos[i].offset) for i in indices})
 
 
 def _load_many(r: Reader, reqs: List[_lib.LoadRequest]) -> None:
@@ -292,9 +289,11 @@ def _load_one(r: Reader, mmap: bool) -> Dict[str, Array]:
     mapping = _mapped.map_file(r) if mmap and infos else None
     out: Dict[str, Array] = {}
     reqs: List[_lib.LoadRequest] = []
-    placer = _placer(r, infos, range(len(infos)), mapping)
+    views = {i for i, info in enumerate(infos)
+             if mapping is not None and _mapped.viewable(r, i, info, _itemsize(r, info))}
+    placer = _placer(infos, (i for i in range(len(infos)) if i not in views))
     for i, info in enumerate(infos):
-        out[info.name.decode()] = _array_of(r, i, info, mapping, reqs, placer)
+        out[info.name.decode()] = _array_of(r, i, info, mapping if i in views else None, reqs, placer)
     _load_many(r, reqs)
     return out
 
@@ -452,7 +451,7 @@ class safe_open(OpenReader[Reader]):
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        placer = _placer(r, self._infos, indices, None)
+        placer = _placer(self._infos, indices)
         loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, placer)
                   for k in indices}
         _load_many(r, reqs)
