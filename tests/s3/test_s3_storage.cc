@@ -630,6 +630,30 @@ TEST_F(S3Storage, LoadsReadTheObjectByPairsOfParts) {
     for (size_t i : want) EXPECT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
     ckptio_reader_close(r);
   }
+  if (!on_gpu()) return;
+  // A part for a GPU goes through a slot, which holds one 8 MiB cell: with
+  // t3 (across parts 1 and 2) on a GPU, no pair is host-only, and the four
+  // parts are four GETs, every byte in place.
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  std::vector<std::vector<uint8_t>> out(ts.size());
+  std::vector<ckptio_load_request> reqs;
+  void *dev = nullptr;
+  for (size_t i = 0; i < ts.size(); i++) {
+    out[i].assign(ts[i].bytes.size(), 0xEE);
+    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
+                    CKPTIO_DEVICE_HOST});
+  }
+  ASSERT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(0), out[3].size(), &dev), 0);
+  reqs[3].dst = dev, reqs[3].device = CKPTIO_DEVICE_CUDA(0);
+  uint64_t before = requests(c.ctx, url(key));
+  int rc = ckptio_reader_load_many(r, reqs.data(), reqs.size());
+  if (rc == 0) from_gpu(out[3].data(), dev, out[3].size());
+  ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(0), dev);
+  ASSERT_EQ(rc, 0) << ckptio_reader_last_error(r);
+  EXPECT_EQ(requests(c.ctx, url(key)) - before, 4u) << "t3 on a GPU";
+  for (size_t i = 0; i < ts.size(); i++) EXPECT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
+  ckptio_reader_close(r);
 }
 
 // A column slice is a run per row. From an object, runs under 64 KiB apart
