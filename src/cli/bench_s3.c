@@ -8,8 +8,9 @@
  * (ckptio_ctx_storage: create / write / publish, open_read / read), with
  * nothing of a checkpoint around them: no format, no staging ring, no CRC.
  * An upload is 8 MiB parts straight from the model's memory, 16 or 32 in
- * flight; a download is 8 MiB ranged GETs of the saved object, 16 or 32 in
- * flight, into one touched buffer. So a ratio below 1 is what the pipeline
+ * flight; a download is ranged GETs of the saved object into one touched
+ * buffer, 8 MiB ones 16 or 32 in flight and 16 MiB ones (two whole parts,
+ * as the library's loads into host memory) 32 in flight. So a ratio below 1 is what the pipeline
  * costs over the storage client; what the client itself costs next to other
  * clients is for bench/s3 (a plain libcurl client and boto3, in the same
  * rounds).
@@ -33,10 +34,15 @@
 #define SB_PART (8ull << 20) /* the parts and ranges of the limits: the library's default chunk */
 #define SB_WAYS 2
 static const int kDepth[SB_WAYS] = {16, 32}; /* runai's S3 concurrency; the library's default workers */
+#define SB_GET_WAYS 3
+static const struct {
+  int depth;
+  uint64_t range;
+} kGet[SB_GET_WAYS] = {{16, SB_PART}, {32, SB_PART}, {32, 2 * SB_PART}};
 
 typedef struct sb_run {
   double save_s, snapshot_s, cold_s, warm_s;
-  double put_s[SB_WAYS], get_s[SB_WAYS];
+  double put_s[SB_WAYS], get_s[SB_GET_WAYS];
   ckptio_stats save, cold, warm;
 } sb_run;
 
@@ -81,7 +87,7 @@ typedef struct xfer {
   sb *s;
   void *obj;
   uint8_t *buf;
-  uint64_t n;
+  uint64_t n, part;          /* part: the bytes of each request */
   int writing;
   atomic_uint_fast64_t next; /* the next part */
   atomic_int rc;             /* the first failure */
@@ -92,9 +98,9 @@ static void *xfer_worker(void *arg) {
   xfer *x = arg;
   char e[512];
   for (;;) {
-    uint64_t off = (uint64_t)atomic_fetch_add(&x->next, 1) * SB_PART;
+    uint64_t off = (uint64_t)atomic_fetch_add(&x->next, 1) * x->part;
     if (off >= x->n || atomic_load(&x->rc)) break;
-    size_t len = (size_t)(x->n - off < SB_PART ? x->n - off : SB_PART);
+    size_t len = (size_t)(x->n - off < x->part ? x->n - off : x->part);
     e[0] = '\0';
     int rc = x->writing ? x->s->ops->write(x->s->self, x->obj, x->buf + off, len, off, e, sizeof(e))
                         : x->s->ops->read(x->s->self, x->obj, x->buf + off, len, off, e, sizeof(e));
@@ -119,7 +125,7 @@ static int xfer_run(xfer *x, int depth) {
  * parts, publish (CompleteMultipartUpload), all inside the time, as the
  * save has them inside its own. */
 static int raw_put(sb *s, int depth, double *secs) {
-  xfer x = {.s = s, .buf = s->m->arena, .n = s->raw_bytes, .writing = 1};
+  xfer x = {.s = s, .buf = s->m->arena, .n = s->raw_bytes, .part = SB_PART, .writing = 1};
   double t0 = cli_now();
   int rc = s->ops->create(s->self, s->raw, s->raw_bytes, SB_PART, &x.obj, s->err, sizeof(s->err));
   if (rc < 0) return fail(s, "raw upload: create", rc, s->err);
@@ -134,10 +140,10 @@ static int raw_put(sb *s, int depth, double *secs) {
 }
 
 /* Ranged GETs of the saved object's first get_bytes into the touched
- * destinations. The HEAD of open_read is inside the time, as the load
- * has its own open inside its time. */
-static int raw_get(sb *s, int depth, double *secs) {
-  xfer x = {.s = s, .buf = s->dst, .n = s->get_bytes};
+ * destinations, the way kGet[way]. The HEAD of open_read is inside the
+ * time, as the load has its own open inside its time. */
+static int raw_get(sb *s, int way, double *secs) {
+  xfer x = {.s = s, .buf = s->dst, .n = s->get_bytes, .part = kGet[way].range};
   uint64_t size = 0;
   double t0 = cli_now();
   int rc = s->ops->open_read(s->self, s->ckpt, &x.obj, &size, s->err, sizeof(s->err));
@@ -146,7 +152,7 @@ static int raw_get(sb *s, int depth, double *secs) {
     s->ops->close_read(s->self, x.obj);
     return fail(s, "raw GET", -EIO, "the object changed size between runs");
   }
-  rc = xfer_run(&x, depth);
+  rc = xfer_run(&x, kGet[way].depth);
   *secs = cli_now() - t0;
   s->ops->close_read(s->self, x.obj);
   return rc < 0 ? fail(s, "raw GET", rc, x.err) : 0;
@@ -218,7 +224,7 @@ static int one_run(sb *s, int run, sb_run *out) {
   }
   for (int w = 0; rc == 0 && w < SB_WAYS && !g_stop; w++) rc = raw_put(s, kDepth[w], &out->put_s[w]);
   if (rc == 0 && !g_stop) rc = load(s, run, "cold", &out->cold_s, &out->cold);
-  for (int w = 0; rc == 0 && w < SB_WAYS && !g_stop; w++) rc = raw_get(s, kDepth[w], &out->get_s[w]);
+  for (int w = 0; rc == 0 && w < SB_GET_WAYS && !g_stop; w++) rc = raw_get(s, w, &out->get_s[w]);
   if (rc == 0 && !g_stop) rc = load(s, run, "warm", &out->warm_s, &out->warm);
   return rc;
 }
@@ -241,14 +247,15 @@ static int cleanup(sb *s) {
 /* ------------------------------------------------------------ report */
 
 enum { K_SAVE, K_PUT, K_SAVE_RATIO = K_PUT + SB_WAYS, K_PUT_BEST, K_SAVE_S, K_SNAP_S, K_COLD, K_GET,
-       K_COLD_RATIO = K_GET + SB_WAYS, K_GET_BEST, K_WARM, K_WARM_RATIO, K_SAVE_COPY, K_SAVE_WRITE,
+       K_COLD_RATIO = K_GET + SB_GET_WAYS, K_GET_BEST, K_WARM, K_WARM_RATIO, K_SAVE_COPY, K_SAVE_WRITE,
        K_SAVE_COMMIT, K_COLD_READ, K_COUNT };
 
 static double gbps(uint64_t n, double s) { return s > 0 ? (double)n / s / 1e9 : 0; }
 
-static double best(const double *t) {
+/* The shortest of the n ways' times (0: none ran). */
+static double best(const double *t, int n) {
   double b = 0;
-  for (int w = 0; w < SB_WAYS; w++)
+  for (int w = 0; w < n; w++)
     if (t[w] > 0 && (b == 0 || t[w] < b)) b = t[w];
   return b;
 }
@@ -256,18 +263,18 @@ static double best(const double *t) {
 static double value(const sb *s, const sb_run *x, int k) {
   uint64_t data = s->m->tensor_bytes;
   if (k >= K_PUT && k < K_PUT + SB_WAYS) return gbps(s->raw_bytes, x->put_s[k - K_PUT]);
-  if (k >= K_GET && k < K_GET + SB_WAYS) return gbps(s->get_bytes, x->get_s[k - K_GET]);
+  if (k >= K_GET && k < K_GET + SB_GET_WAYS) return gbps(s->get_bytes, x->get_s[k - K_GET]);
   switch (k) {
     case K_SAVE: return gbps(data, x->save_s);
-    case K_PUT_BEST: return gbps(s->raw_bytes, best(x->put_s));
-    case K_SAVE_RATIO: return gbps(data, x->save_s) / gbps(s->raw_bytes, best(x->put_s));
+    case K_PUT_BEST: return gbps(s->raw_bytes, best(x->put_s, SB_WAYS));
+    case K_SAVE_RATIO: return gbps(data, x->save_s) / gbps(s->raw_bytes, best(x->put_s, SB_WAYS));
     case K_SAVE_S: return x->save_s;
     case K_SNAP_S: return x->snapshot_s;
     case K_COLD: return gbps(data, x->cold_s);
-    case K_GET_BEST: return gbps(s->get_bytes, best(x->get_s));
-    case K_COLD_RATIO: return gbps(data, x->cold_s) / gbps(s->get_bytes, best(x->get_s));
+    case K_GET_BEST: return gbps(s->get_bytes, best(x->get_s, SB_GET_WAYS));
+    case K_COLD_RATIO: return gbps(data, x->cold_s) / gbps(s->get_bytes, best(x->get_s, SB_GET_WAYS));
     case K_WARM: return gbps(data, x->warm_s);
-    case K_WARM_RATIO: return gbps(data, x->warm_s) / gbps(s->get_bytes, best(x->get_s));
+    case K_WARM_RATIO: return gbps(data, x->warm_s) / gbps(s->get_bytes, best(x->get_s, SB_GET_WAYS));
     case K_SAVE_COPY: return x->save.copy_seconds;
     case K_SAVE_WRITE: return x->save.write_seconds;
     case K_SAVE_COMMIT: return x->save.commit_seconds;
@@ -302,12 +309,13 @@ static void print_command(FILE *out, const sb *s, const ckptio_options *f) {
 }
 
 /* The JSON keys of the series, in the enum's order. */
-static const char *kNames[] = {"save_gbps",        "raw_upload_16_gbps",   "raw_upload_32_gbps",
+static const char *kNames[] = {"save_gbps",          "raw_upload_16_gbps",   "raw_upload_32_gbps",
                                "save_vs_raw_upload", "raw_upload_gbps",      "save_s",
-                               "snapshot_s",       "cold_load_gbps",       "raw_get_16_gbps",
-                               "raw_get_32_gbps",  "cold_load_vs_raw_get", "raw_get_gbps",
-                               "warm_load_gbps",   "warm_load_vs_raw_get", "save_copy_busy_s",
-                               "save_write_busy_s", "save_commit_s",       "cold_read_busy_s"};
+                               "snapshot_s",         "cold_load_gbps",       "raw_get_16_gbps",
+                               "raw_get_32_gbps",    "raw_get_32x16m_gbps",  "cold_load_vs_raw_get",
+                               "raw_get_gbps",       "warm_load_gbps",       "warm_load_vs_raw_get",
+                               "save_copy_busy_s",   "save_write_busy_s",    "save_commit_s",
+                               "cold_read_busy_s"};
 _Static_assert(sizeof(kNames) / sizeof(kNames[0]) == K_COUNT, "a JSON key per series");
 
 static void report_json(FILE *out, const sb *s, const sb_run *runs, int n, const ckptio_options *f,
@@ -328,14 +336,20 @@ static void report_json(FILE *out, const sb *s, const sb_run *runs, int n, const
   cli_json_string(out, s->base);
   fprintf(out, ",\"limits_via\":\"ckptio_ctx_storage verbs\",\"part_bytes\":%llu,\"depths\":[%d,%d]",
           (unsigned long long)SB_PART, kDepth[0], kDepth[1]);
+  fputs(",\"get_ways\":[", out);
+  for (int w = 0; w < SB_GET_WAYS; w++)
+    fprintf(out, "%s{\"depth\":%d,\"range_bytes\":%llu}", w ? "," : "", kGet[w].depth,
+            (unsigned long long)kGet[w].range);
+  fputc(']', out);
   fprintf(out, ",\"model\":{\"tensors\":%zu,\"bytes\":%" PRIu64 ",\"object_bytes\":%" PRIu64 "}", s->m->count,
           s->m->tensor_bytes, s->obj_bytes);
   fprintf(out, ",\"raw\":{\"upload_bytes\":%" PRIu64 ",\"get_bytes\":%" PRIu64 "}", s->raw_bytes, s->get_bytes);
   fputs(",\"runs\":[", out);
   for (int i = 0; i < n; i++)
     fprintf(out, "%s{\"save_s\":%.6f,\"snapshot_s\":%.6f,\"raw_upload_s\":[%.6f,%.6f],\"cold_s\":%.6f,"
-            "\"raw_get_s\":[%.6f,%.6f],\"warm_s\":%.6f}", i ? "," : "", runs[i].save_s, runs[i].snapshot_s,
-            runs[i].put_s[0], runs[i].put_s[1], runs[i].cold_s, runs[i].get_s[0], runs[i].get_s[1], runs[i].warm_s);
+            "\"raw_get_s\":[%.6f,%.6f,%.6f],\"warm_s\":%.6f}", i ? "," : "", runs[i].save_s, runs[i].snapshot_s,
+            runs[i].put_s[0], runs[i].put_s[1], runs[i].cold_s, runs[i].get_s[0], runs[i].get_s[1], runs[i].get_s[2],
+            runs[i].warm_s);
   fputs("]", out);
   for (int k = 0; k < K_COUNT; k++) {
     cli_stat st = stat_of(s, runs, n, k);
@@ -360,10 +374,11 @@ static void report_table(FILE *out, const sb *s, const sb_run *runs, int n, cons
           "          verbs, as the pipelines call them), with no format, staging ring or CRC:\n"
           "          raw upload: one multipart upload of the same bytes, %llu MiB parts straight from the\n"
           "          model's memory, %d or %d in flight, create + parts + complete timed;\n"
-          "          raw GET: %llu MiB ranged GETs of the saved object, %d or %d in flight, into one\n"
-          "          touched buffer, its HEAD timed; the best way of each run is the limit\n",
-          (unsigned long long)(SB_PART >> 20), kDepth[0], kDepth[1], (unsigned long long)(SB_PART >> 20), kDepth[0],
-          kDepth[1]);
+          "          raw GET: %llu MiB ranged GETs of the saved object, %d or %d in flight, and %llu MiB\n"
+          "          ones %d in flight, into one touched buffer, its HEAD timed; the best way of each run\n"
+          "          is the limit\n",
+          (unsigned long long)(SB_PART >> 20), kDepth[0], kDepth[1], (unsigned long long)(kGet[0].range >> 20),
+          kGet[0].depth, kGet[1].depth, (unsigned long long)(kGet[2].range >> 20), kGet[2].depth);
   fprintf(out, "options   threads %d, chunk %s, staging %s, crc %s, verify %s\n", f->threads,
           cli_fmt_bytes(f->chunk_bytes, b1, sizeof(b1)), cli_fmt_bytes(f->staging_bytes, b2, sizeof(b2)),
           f->crc ? "on" : "off", s->o->verify ? "on (every byte compared, every CRC checked)" : "off");
@@ -388,6 +403,7 @@ static void report_table(FILE *out, const sb *s, const sb_run *runs, int n, cons
   row(out, s, runs, n, "cold load (first fetch)", "GB/s", K_COLD);
   row(out, s, runs, n, "raw GET 16x8M", "GB/s", K_GET);
   row(out, s, runs, n, "raw GET 32x8M", "GB/s", K_GET + 1);
+  row(out, s, runs, n, "raw GET 32x16M", "GB/s", K_GET + 2);
   row(out, s, runs, n, "raw GET (best)", "GB/s", K_GET_BEST);
   row(out, s, runs, n, "cold load / raw GET", "x", K_COLD_RATIO);
   row(out, s, runs, n, "warm load (again)", "GB/s", K_WARM);

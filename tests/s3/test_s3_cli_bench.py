@@ -60,7 +60,7 @@ def test_table_reports_limits_and_ratios_then_cleans_up(s3):
         if m:
             rows[m.group(1)] = float(m.group(3))
     for name in ("save", "raw upload 16x8M", "raw upload 32x8M", "raw upload (best)", "cold load (first fetch)",
-                 "raw GET 16x8M", "raw GET 32x8M", "raw GET (best)", "warm load (again)"):
+                 "raw GET 16x8M", "raw GET 32x8M", "raw GET 32x16M", "raw GET (best)", "warm load (again)"):
         assert rows.get(name, 0) > 0, f"no rate for {name!r} in:\n{out}"
     for name, rate, limit in (("save / raw upload", "save", "raw upload (best)"),
                               ("cold load / raw GET", "cold load (first fetch)", "raw GET (best)"),
@@ -76,9 +76,11 @@ def test_json_names_the_limits(s3):
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     assert j["storage"] == f"s3://{s3.bucket}/{PREFIX}" and j["depths"] == [16, 32]
+    assert [(w["depth"], w["range_bytes"]) for w in j["get_ways"]] == [(16, 8 << 20), (32, 8 << 20), (32, 16 << 20)]
     assert j["model"]["object_bytes"] > j["model"]["bytes"] > 0
     run = j["runs"][0]
     assert run["save_s"] > 0 and min(run["raw_upload_s"]) > 0 and min(run["raw_get_s"]) > 0
+    assert len(run["raw_get_s"]) == 3 and j["raw_get_32x16m_gbps"]["median"] > 0
     assert j["save_vs_raw_upload"]["median"] > 0 and j["cold_load_vs_raw_get"]["median"] > 0
     assert left(s3) == ([PREFIX + "/keep.txt"], [])
 
