@@ -10,10 +10,10 @@
  * An upload is 8 MiB parts straight from the model's memory, 16 or 32 in
  * flight; a download is ranged GETs of the saved object into one touched
  * buffer, 8 MiB ones 16 or 32 in flight and 16 MiB ones (two whole parts,
- * as the library's loads into host memory) 32 in flight. So a ratio below 1 is what the pipeline
- * costs over the storage client; what the client itself costs next to other
- * clients is for bench/s3 (a plain libcurl client and boto3, in the same
- * rounds).
+ * as the library's loads into host memory) 32 in flight. So a ratio below
+ * 1 is what the pipeline costs over the storage client; what the client
+ * itself costs next to other clients is for bench/s3 (a plain libcurl
+ * client and boto3, in the same rounds).
  *
  * On object storage there is no page cache to drop or fill: both loads
  * fetch every byte. "cold" is the first load after the save, "warm" the
@@ -34,6 +34,7 @@
 #define SB_PART (8ull << 20) /* the parts and ranges of the limits: the library's default chunk */
 #define SB_WAYS 2
 static const int kDepth[SB_WAYS] = {16, 32}; /* runai's S3 concurrency; the library's default workers */
+/* The download's ways: requests in flight, bytes a GET. */
 #define SB_GET_WAYS 3
 static const struct {
   int depth;
