@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from . import _lib
 
@@ -79,11 +79,12 @@ class Placer:
     it is unmapped when the last of them goes (as the zero-copy load's
     views of one mapping). Each one's storage is its own bytes only."""
 
-    def __init__(self, wanted: Dict[int, Tuple[int, int]]) -> None:
-        """wanted: index -> (nbytes, file offset) of the tensors to place."""
+    def __init__(self, infos: Sequence[_lib.TensorInfo], indices: Iterable[int]) -> None:
+        """infos: the file's tensors; indices: those this load copies."""
         self.at: Dict[int, int] = {}
         end = 0
-        for i, (nbytes, file_offset) in wanted.items():
+        for i in indices:
+            nbytes, file_offset = infos[i].nbytes, infos[i].offset
             if nbytes < _PLACED_MIN:
                 continue
             end = -(-end // _PAGE) * _PAGE + file_offset % _PAGE

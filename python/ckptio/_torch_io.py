@@ -521,8 +521,7 @@ class TorchReader(Reader):
         reqs = (_lib.LoadRequest * max(len(indices), 1))()
         n = 0
         views = {i: self.view(i, mapping) for i in indices} if mapping is not None else {}
-        placer = (_mapped.Placer({i: (self.entries[i].nbytes, self.entries[i].offset) for i in indices
-                                  if views.get(i) is None})
+        placer = (_mapped.Placer(self.entries, (i for i in indices if views.get(i) is None))
                   if self.device.type == "cpu" else None)
         for i in indices:
             view = views.get(i)

@@ -21,7 +21,7 @@ import ctypes
 import os
 import tempfile
 from types import TracebackType
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -249,8 +249,8 @@ def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
         raise from_code(_lib.ERRORS["TENSOR_INFO"],
                         f"{r.shown}: tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
                         f"the file says {info.nbytes}")
-    itemsize = _itemsize(r, info)
     element = np_dtype if np_dtype is not None else np.dtype(np.uint8)
+    itemsize = element.itemsize
     flat: npt.NDArray[Any]
     if view_of is not None:
         # (numpy's stubs do not list ctypes arrays, which export the buffer protocol)
@@ -272,11 +272,6 @@ def _itemsize(r: Reader, info: _lib.TensorInfo) -> int:
     return np_dtype.itemsize if np_dtype is not None else 1
 
 
-def _placer(infos: List[_lib.TensorInfo], indices: Iterable[int]) -> _mapped.Placer:
-    """One mapping for the tensors of indices, which are copied."""
-    return _mapped.Placer({i: (infos[i].nbytes, infos[i].offset) for i in indices})
-
-
 def _load_many(r: Reader, reqs: List[_lib.LoadRequest]) -> None:
     if reqs:
         arr = (_lib.LoadRequest * len(reqs))(*reqs)
@@ -291,7 +286,7 @@ def _load_one(r: Reader, mmap: bool) -> Dict[str, Array]:
     reqs: List[_lib.LoadRequest] = []
     views = {i for i, info in enumerate(infos)
              if mapping is not None and _mapped.viewable(r, i, info, _itemsize(r, info))}
-    placer = _placer(infos, (i for i in range(len(infos)) if i not in views))
+    placer = _mapped.Placer(infos, (i for i in range(len(infos)) if i not in views))
     for i, info in enumerate(infos):
         out[info.name.decode()] = _array_of(r, i, info, mapping if i in views else None, reqs, placer)
     _load_many(r, reqs)
@@ -451,7 +446,7 @@ class safe_open(OpenReader[Reader]):
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        placer = _placer(self._infos, indices)
+        placer = _mapped.Placer(self._infos, indices)
         loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, placer)
                   for k in indices}
         _load_many(r, reqs)
