@@ -608,52 +608,55 @@ TEST_F(S3Storage, LoadsReadTheObjectByPairsOfParts) {
     ts.push_back(make_tensor("t" + std::to_string(k), CKPTIO_F32, {kib[k] * 256}, 70 + k));
   std::string key = "loads/stretches.safetensors", err;
   ASSERT_EQ(save(c.ctx, url(key), ts, nullptr, &err), 0) << err;
-  const std::vector<std::vector<size_t>> loads = {{0, 1, 2, 3, 4, 5, 6}, {3}, {0, 6}};
-  for (const auto &want : loads) {
+  // Loads the tensors of `want` (tensor `gpu` onto a GPU, -1: none) and
+  // checks every byte; returns the GETs it sent, and in *grids the
+  // tensors' 8 MiB and 16 MiB stretches.
+  auto load = [&](const std::vector<size_t> &want, long gpu, size_t grids[2]) -> uint64_t {
     ckptio_reader *r = nullptr;
-    ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+    EXPECT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+    if (!r) return 0;
     std::vector<std::vector<uint8_t>> out(ts.size());
     std::vector<ckptio_load_request> reqs;
+    void *dev = nullptr;
     for (size_t i : want) {
       out[i].assign(ts[i].bytes.size(), 0xEE);
       reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
                       CKPTIO_DEVICE_HOST});
+      if ((long)i == gpu) {
+        EXPECT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(0), out[i].size(), &dev), 0);
+        reqs.back().dst = dev, reqs.back().device = CKPTIO_DEVICE_CUDA(0);
+      }
     }
-    size_t expected = stretches(r, ts, want, 16 << 20).size();
-    if (want.size() == ts.size()) {
-      EXPECT_EQ(stretches(r, ts, want, 8 << 20).size(), 4u) << "the layout the comment describes";
-      EXPECT_EQ(expected, 2u) << "the layout the comment describes";
-    }
+    grids[0] = stretches(r, ts, want, 8 << 20).size();
+    grids[1] = stretches(r, ts, want, 16 << 20).size();
     uint64_t before = requests(c.ctx, url(key));
-    ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
-    EXPECT_EQ(requests(c.ctx, url(key)) - before, expected) << want.size() << " tensors";
-    for (size_t i : want) EXPECT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
+    int rc = ckptio_reader_load_many(r, reqs.data(), reqs.size());
+    uint64_t gets = requests(c.ctx, url(key)) - before;
+    if (dev) {
+      if (rc == 0) from_gpu(out[(size_t)gpu].data(), dev, out[(size_t)gpu].size());
+      ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(0), dev);
+    }
+    EXPECT_EQ(rc, 0) << ckptio_reader_last_error(r);
+    for (size_t i : want) EXPECT_TRUE(rc != 0 || out[i] == ts[i].bytes) << ts[i].name;
     ckptio_reader_close(r);
+    return gets;
+  };
+  const std::vector<size_t> all = {0, 1, 2, 3, 4, 5, 6};
+  for (const auto &want : std::vector<std::vector<size_t>>{all, {3}, {0, 6}}) {
+    size_t grids[2];
+    uint64_t gets = load(want, -1, grids);
+    if (want.size() == ts.size()) {
+      EXPECT_EQ(grids[0], 4u) << "the layout the comment describes";
+      EXPECT_EQ(grids[1], 2u) << "the layout the comment describes";
+    }
+    EXPECT_EQ(gets, grids[1]) << want.size() << " tensors";
   }
   if (!on_gpu()) return;
   // A part for a GPU goes through a slot, which holds one 8 MiB cell: with
   // t3 (across parts 1 and 2) on a GPU, no pair is host-only, and the four
   // parts are four GETs, every byte in place.
-  ckptio_reader *r = nullptr;
-  ASSERT_EQ(ckptio_reader_open(c.ctx, url(key).c_str(), nullptr, &r), 0) << ckptio_last_open_error();
-  std::vector<std::vector<uint8_t>> out(ts.size());
-  std::vector<ckptio_load_request> reqs;
-  void *dev = nullptr;
-  for (size_t i = 0; i < ts.size(); i++) {
-    out[i].assign(ts[i].bytes.size(), 0xEE);
-    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
-                    CKPTIO_DEVICE_HOST});
-  }
-  ASSERT_EQ(ckptio_device_alloc(c.ctx, CKPTIO_DEVICE_CUDA(0), out[3].size(), &dev), 0);
-  reqs[3].dst = dev, reqs[3].device = CKPTIO_DEVICE_CUDA(0);
-  uint64_t before = requests(c.ctx, url(key));
-  int rc = ckptio_reader_load_many(r, reqs.data(), reqs.size());
-  if (rc == 0) from_gpu(out[3].data(), dev, out[3].size());
-  ckptio_device_free(c.ctx, CKPTIO_DEVICE_CUDA(0), dev);
-  ASSERT_EQ(rc, 0) << ckptio_reader_last_error(r);
-  EXPECT_EQ(requests(c.ctx, url(key)) - before, 4u) << "t3 on a GPU";
-  for (size_t i = 0; i < ts.size(); i++) EXPECT_TRUE(out[i] == ts[i].bytes) << ts[i].name;
-  ckptio_reader_close(r);
+  size_t grids[2];
+  EXPECT_EQ(load(all, 3, grids), 4u) << "t3 on a GPU";
 }
 
 // A column slice is a run per row. From an object, runs under 64 KiB apart
