@@ -536,6 +536,34 @@ class TorchReader(Reader):
             self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, n), "load")
         return out
 
+    def load_into(self, targets: Mapping[int, torch.Tensor]) -> None:
+        """Reads tensor i straight into targets[i], each contiguous, of the
+        file's dtype and shape, on the CPU or a GPU ckptio can write (see
+        fits_in_place), in one parallel load; every CRC checked. The memory
+        is written before the CRCs are compared, so on an error a target may
+        hold part of the file."""
+        if not targets:
+            return
+        reqs = (_lib.LoadRequest * len(targets))()
+        for n, (i, t) in enumerate(targets.items()):
+            before_device_writes(t.device)
+            reqs[n] = _lib.LoadRequest(i, t.data_ptr(), self.entries[i].nbytes, load_device(t.device)[1])
+        self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, len(targets)), "load")
+        for t in targets.values():
+            # As copy_ would: autograd sees the tensor changed.
+            torch.autograd.graph.increment_version(t)
+
+    def fits_in_place(self, i: int, t: torch.Tensor) -> bool:
+        """Whether tensor i of the file can be read straight into t."""
+        if not t.is_contiguous() or t.device.type not in ("cpu", "cuda"):
+            return False
+        if t.device.type == "cuda" and cuda_unavailable(t.device):
+            return False
+        info = self.entries[i]
+        return (TORCH_DTYPES.get(self.dtype_name(info)) == t.dtype
+                and tuple(info.shape[:info.ndim]) == tuple(t.shape)
+                and t.nelement() * t.element_size() == info.nbytes)
+
     def view(self, i: int, mapping: "ctypes.Array[ctypes.c_uint8]") -> Optional[torch.Tensor]:
         """Tensor i as a view of the mapping, or None when it must be copied."""
         info = self.entries[i]

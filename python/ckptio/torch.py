@@ -279,20 +279,51 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
-               device: Device = "cpu", *, backend: str = "auto") -> Tuple[List[str], List[str]]:
+               device: Device = "cpu", *, backend: str = "auto",
+               in_place: bool = True) -> Tuple[List[str], List[str]]:
     """Loads a file written by save_model (or any file of the model's
     tensors) into `model`, as safetensors.torch.load_model: a name dropped by
     save_model because it shares storage with a saved one counts as loaded.
     Returns (missing, unexpected): the model's names the file did not set,
     the file's names the model lacks; with strict, either raises
-    RuntimeError naming them (as torch's load_state_dict)."""
-    state = load_file(filename, device, backend=backend)
+    RuntimeError naming them (as torch's load_state_dict).
+
+    With in_place (the default), a tensor of the file that matches its
+    parameter or buffer (dtype, shape, contiguous, on the CPU or a GPU) is
+    read straight into it, on the GPU without a stop in host memory: no
+    second copy of the model is made, and nothing is copied twice. Tensors
+    that share memory with another, modules that load their state their own
+    way (a _load_from_state_dict of their own, load_state_dict pre-hooks)
+    and everything that does not match go through a state dict loaded onto
+    `device` and model.load_state_dict, as with in_place=False. Every CRC is
+    checked either way, but in place the model's memory is written before
+    the check: after an error (a checksum mismatch, a read that failed) the
+    model may hold part of the file. in_place=False loads the whole file
+    first and leaves the model untouched by a failed load, at the cost of a
+    second copy of the model in memory; backend is that load's (in place,
+    everything is read as backend="pread" reads it)."""
+    if not in_place:
+        state = load_file(filename, device, backend=backend)
+        return _apply(model, state, set(state), {}, strict)
+    with TorchReader(filename, device, False) as r:
+        r.index()
+        targets = _in_place_targets(model, r)
+        r.load_into({r.by_name[name]: t for name, t in targets.items()})
+        state = r.load(i for i, e in enumerate(r.entries) if e.name.decode() not in targets)
+        return _apply(model, state, set(r.by_name), targets, strict)
+
+
+def _apply(model: torch.nn.Module, state: Dict[str, torch.Tensor], names: Set[str],
+           loaded: Mapping[str, torch.Tensor], strict: bool) -> Tuple[List[str], List[str]]:
+    """load_model's end: state (the file's tensors not loaded in place)
+    into the model, and its (missing, unexpected). names: every tensor of
+    the file; loaded: those read in place already."""
     shared = _shared_groups(model.state_dict())
     result = model.load_state_dict(state, strict=False)
-    missing: Set[str] = set(result.missing_keys)
+    missing: Set[str] = set(result.missing_keys) - set(loaded)
     unexpected: List[str] = list(result.unexpected_keys)
     for group in shared:
-        if any(name in state for name in group):
+        if any(name in names for name in group):
             missing.difference_update(group)
     if strict and (missing or unexpected):
         error = f"Error(s) in loading state_dict for {type(model).__name__}:"
@@ -304,6 +335,39 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
                 f'"{k}"' for k in sorted(unexpected))
         raise RuntimeError(error)
     return sorted(missing), unexpected
+
+
+def _in_place_targets(model: torch.nn.Module, r: TorchReader) -> Dict[str, torch.Tensor]:
+    """The model's state tensors that load_model reads the file straight
+    into, by name: those of modules that load their state as nn.Module
+    does, that match the file's tensor of that name, and that share no
+    memory with another state tensor (tied weights are written once, by
+    load_state_dict, as torch does)."""
+    modules = list(model.named_modules(remove_duplicate=False))
+    if any(m._load_state_dict_pre_hooks for _, m in modules):
+        return {}  # a hook may rename or change any name's tensor
+    own = torch.nn.Module._load_from_state_dict
+    candidates: Dict[str, torch.Tensor] = {}
+    for prefix, m in modules:
+        if type(m)._load_from_state_dict is not own:
+            continue
+        persistent = [(n, b) for n, b in m._buffers.items() if n not in m._non_persistent_buffers_set]
+        for n, t in list(m._parameters.items()) + persistent:
+            name = f"{prefix}.{n}" if prefix else n
+            i = r.by_name.get(name)
+            if t is not None and i is not None and r.fits_in_place(i, t):
+                candidates[name] = t.detach()
+    # Whatever overlaps another state tensor in memory is left out.
+    spans = sorted((str(t.device), t.data_ptr(), t.data_ptr() + t.nelement() * t.element_size(), name)
+                   for name, t in model.state_dict().items() if t.nelement())
+    shared: Set[str] = set()
+    reach: Tuple[str, int, str] = ("", 0, "")  # the furthest end so far: device, end, name
+    for dev, begin, end, name in spans:
+        if dev == reach[0] and begin < reach[1]:
+            shared.update((name, reach[2]))
+        if dev != reach[0] or end > reach[1]:
+            reach = (dev, end, name)
+    return {name: t for name, t in candidates.items() if name not in shared and t.nelement()}
 
 
 class safe_open(OpenReader[TorchReader]):

@@ -761,3 +761,113 @@ def test_large_copied_tensors_sit_in_huge_pages(tmp_path):
         offset = {i.name.decode(): i.offset for i in r.infos()}["big"]
     assert (got["big"].data_ptr() - offset % 4096) % (2 << 20) == 0
     assert torch.equal(got["big"], t["big"]) and torch.equal(got["small"], t["small"])
+
+
+# ------------------------------------------------------------ load_model
+
+class Net(torch.nn.Module):
+    """Linear layers, a LayerNorm, a BatchNorm (which loads its state its own
+    way: _load_from_state_dict) and a tied pair, as models have them."""
+
+    def __init__(self, width=64, big=0):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, width)
+        self.fc = torch.nn.Linear(width, width)
+        self.big = torch.nn.Linear(big, 1, bias=False) if big else None
+        self.norm = torch.nn.LayerNorm(width)
+        self.bn = torch.nn.BatchNorm1d(width)
+        self.head = torch.nn.Linear(width, 32, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def _differ(a, b):
+    return [n for n, v in a.state_dict().items() if not torch.equal(v, b.state_dict()[n])]
+
+
+def test_load_model_reads_into_the_models_own_memory(tmp_path, monkeypatch):
+    torch.manual_seed(1)
+    src = Net()
+    src.bn.running_mean.normal_()
+    path = tmp_path / "net.safetensors"
+    ct.save_model(src, path)
+    torch.manual_seed(2)
+    dst = Net()
+    before = {n: (t.data_ptr(), t._version) for n, t in dst.state_dict().items()}
+    # What goes through a state dict (load_state_dict) rather than in place.
+    through = []
+    real_load = ct.TorchReader.load
+
+    def load(self, indices, **kw):
+        indices = list(indices)
+        through.extend(self.entries[i].name.decode() for i in indices)
+        return real_load(self, indices, **kw)
+    monkeypatch.setattr(ct.TorchReader, "load", load)
+    assert ct.load_model(dst, path) == ([], [])
+    assert _differ(src, dst) == []
+    # The tied pair (one memory, two names) and BatchNorm's state go through
+    # load_state_dict; the rest was read in place.
+    assert sorted(through) == ["bn.bias", "bn.num_batches_tracked", "bn.running_mean",
+                               "bn.running_var", "bn.weight", "embed.weight"], through
+    for name, (ptr, version) in before.items():
+        t = dst.state_dict()[name]
+        assert t.data_ptr() == ptr, name
+        assert t._version > version, f"{name}: autograd was not told the tensor changed"
+    # in_place=False loads everything through the state dict, same result.
+    torch.manual_seed(3)
+    again = Net()
+    assert ct.load_model(again, path, in_place=False) == ([], [])
+    assert _differ(src, again) == []
+
+
+def test_load_model_in_place_makes_no_second_copy(tmp_path):
+    src = Net(big=64 * MiB // 4)
+    path = tmp_path / "big.safetensors"
+    ct.save_model(src, path)
+    dst = Net(big=64 * MiB // 4)
+    dst.big.weight.data.zero_()  # resident before the measurement
+    growth = peak_rss_growth(lambda: ct.load_model(dst, path))
+    assert torch.equal(dst.big.weight, src.big.weight)
+    assert growth < 24 * MiB, f"an in-place load of a 64 MiB model grew the RSS by {growth / MiB:.0f} MiB"
+    # The measurement sees a copy: the state-dict load holds a second one.
+    dst.big.weight.data.zero_()
+    growth_copy = peak_rss_growth(lambda: ct.load_model(dst, path, in_place=False))
+    assert torch.equal(dst.big.weight, src.big.weight)
+    assert growth_copy > 56 * MiB, f"the state-dict load showed as {growth_copy / MiB:.0f} MiB"
+    print(f"peak RSS growth of load_model, 64 MiB: in place {growth / MiB:.1f} MiB, "
+          f"through a state dict {growth_copy / MiB:.1f} MiB")
+
+
+def test_load_model_casts_and_reports_what_does_not_fit(tmp_path):
+    torch.manual_seed(1)
+    src = Net()
+    path = tmp_path / "net.safetensors"
+    ct.save_model(src, path)
+    # A half-precision model: nothing fits in place, load_state_dict casts.
+    half = Net().half()
+    assert ct.load_model(half, path) == ([], [])
+    for name, t in src.state_dict().items():
+        assert torch.equal(half.state_dict()[name], t.to(half.state_dict()[name].dtype)), name
+    # A wrong shape is torch's own error, as with safetensors.
+    with pytest.raises(RuntimeError, match="size mismatch for fc.weight"):
+        ct.load_model(Net(width=32), path)
+
+
+def test_load_model_in_place_raises_on_a_flipped_byte(tmp_path):
+    torch.manual_seed(1)
+    src = Net()
+    path = tmp_path / "net.safetensors"
+    ct.save_model(src, path)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40  # in the last tensor's bytes
+    path.write_bytes(bytes(data))
+    dst = Net()
+    keep = {n: t.clone() for n, t in dst.state_dict().items()}
+    with pytest.raises(ckptio.ChecksumError):
+        ct.load_model(dst, path, in_place=False)
+    assert _differ_dict(dst, keep) == [], "a failed load_model(in_place=False) changed the model"
+    with pytest.raises(ckptio.ChecksumError):
+        ct.load_model(dst, path)
+
+
+def _differ_dict(model, state):
+    return [n for n, v in model.state_dict().items() if not torch.equal(v, state[n])]

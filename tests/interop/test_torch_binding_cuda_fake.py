@@ -357,3 +357,28 @@ def test_load_refuses_a_host_destination_for_a_gpu(gpus, tmp_path, monkeypatch):
                        match="destination is host memory but the request says memory of GPU 1") as e:
         ct.load_file(path, device="cuda:1")
     assert e.value.code == ckptio.ERRORS["DEVICE"], e.value
+
+
+# ------------------------------------------------------------ load_model in place
+
+def test_load_into_gpu_tensors_in_place_after_their_streams(gpus, tmp_path):
+    """load_model's in-place path (TorchReader.load_into): the file's bytes
+    land in the model's own GPU memory on each tensor's GPU, after the work
+    queued on that GPU's current stream (a write queued there before the
+    load must not land over the loaded bytes)."""
+    want = {"a": torch.randn(1 << 16), "b": torch.randn(9 * 262144 + 3).bfloat16()}
+    path = tmp_path / "m.safetensors"
+    ct.save_file(want, path)
+    targets = {"a": gpus.empty((1 << 16,), torch.float32, 0),
+               "b": gpus.empty((9 * 262144 + 3,), torch.bfloat16, 1)}
+    with slow_write_queued(gpus, targets["a"], 7.0), ct.TorchReader(path, "cpu", False) as r:
+        r.index()
+        assert all(r.fits_in_place(r.by_name[n], t) for n, t in targets.items())
+        r.load_into({r.by_name[n]: t for n, t in targets.items()})
+    for name, t in targets.items():
+        assert read(t) == raw(want[name]), name
+    # A wrong shape or dtype never fits.
+    with ct.TorchReader(path, "cpu", False) as r:
+        r.index()
+        assert not r.fits_in_place(r.by_name["a"], gpus.empty((1 << 15,), torch.float32, 0))
+        assert not r.fits_in_place(r.by_name["a"], gpus.empty((1 << 16,), torch.float16, 0))
