@@ -355,7 +355,10 @@ def _in_place_targets(model: torch.nn.Module, r: TorchReader) -> Dict[str, torch
         for n, t in list(m._parameters.items()) + persistent:
             name = f"{prefix}.{n}" if prefix else n
             i = r.by_name.get(name)
-            if t is not None and i is not None and r.fits_in_place(i, t):
+            # Plain tensors only: a subclass (DTensor, a quantized wrapper)
+            # may hold other bytes than its shape says at data_ptr().
+            plain = type(t) in (torch.Tensor, torch.nn.Parameter)
+            if plain and i is not None and r.fits_in_place(i, t):
                 candidates[name] = t.detach()
     # Whatever overlaps another state tensor in memory is left out.
     spans = sorted((str(t.device), t.data_ptr(), t.data_ptr() + t.nelement() * t.element_size(), name)
