@@ -812,6 +812,15 @@ def test_load_model_reads_into_the_models_own_memory(tmp_path, monkeypatch):
         t = dst.state_dict()[name]
         assert t.data_ptr() == ptr, name
         assert t._version > version, f"{name}: autograd was not told the tensor changed"
+    # A tensor subclass (DTensor, a quantized wrapper) is never written
+    # through its data_ptr(): it goes through load_state_dict.
+    through.clear()
+
+    class Sub(torch.Tensor):
+        pass
+    dst.fc.weight = torch.nn.Parameter(torch.zeros_like(dst.fc.weight).as_subclass(Sub))
+    assert ct.load_model(dst, path) == ([], [])
+    assert "fc.weight" in through and torch.equal(dst.fc.weight, src.fc.weight)
     # in_place=False loads everything through the state dict, same result.
     torch.manual_seed(3)
     again = Net()
