@@ -316,11 +316,23 @@ class Contenders:
             return {k: z[k] for k in z.files}
 
     # The second ring (--peers2). Their modules are imported by prepare(),
-    # before the clock, as torch and safetensors are for everyone.
-    def prepare(self, name):
+    # before the clock, as torch and safetensors are for everyone; a load
+    # into a model (MODEL_LOADS) has its model built there too.
+    def prepare(self, name, path=None):
         mod = PEER_MODULES.get(name)
         if mod:
             __import__(mod)
+        self.model = built_model(self.ck_torch, path) if name in MODEL_LOADS and path else None
+
+    # A load into a model built before the clock (as an inference server
+    # restores weights); the model's state dict is what is touched.
+    def load_model_ckptio(self, path):
+        self.ck_torch.load_model(self.model, path)
+        return self.model.state_dict()
+
+    def load_model_safetensors(self, path):
+        self.st_torch.load_model(self.model, path)
+        return self.model.state_dict()
 
     def save_tensorizer(self, sd, path, durable):
         from tensorizer import TensorSerializer
@@ -448,7 +460,33 @@ LOADS = [
      lambda c, p: c.load_fastsafetensors(p)),
     ("tensorizer", "tensorizer TensorDeserializer (its own file; keep)", "tensorizer",
      lambda c, p: c.load_tensorizer(p)),
+    ("ckptio_model", "ckptio.torch.load_model into a model built before the clock", "ckptio_st",
+     lambda c, p: c.load_model_ckptio(p)),
+    ("safetensors_model", "safetensors.torch.load_model into a model built before the clock", "ckptio_st",
+     lambda c, p: c.load_model_safetensors(p)),
 ]
+MODEL_LOADS = ("ckptio_model", "safetensors_model")
+
+
+def built_model(ct, path):
+    """A module with a parameter of the file's shape and dtype for each of
+    its tensors (under the same dotted names), every page written: the
+    model an inference server builds before it loads the weights. ct:
+    ckptio.torch (its safe_open reads the header; s3:// too)."""
+    import torch
+    root = torch.nn.Module()
+    with ct.safe_open(path) as f:
+        for name in f.offset_keys():
+            s = f.get_slice(name)
+            *parents, leaf = name.split(".")
+            parent = root
+            for part in parents:
+                if not hasattr(parent, part):
+                    parent.add_module(part, torch.nn.Module())
+                parent = getattr(parent, part)
+            t = torch.zeros(s.get_shape(), dtype=s.dtype)
+            parent.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    return root
 # The streaming contenders: name -> (contenders, path, consume) -> None.
 STREAMS = {"ckptio_stream": lambda c, p, f: c.stream_ckptio(p, f),
            "ckptio_stream_keys": lambda c, p, f: c.stream_ckptio_keys(p, f),
@@ -843,7 +881,7 @@ class InProcess:
 def timed_load(c, name, path, sd=None):
     """One timed load + touch of `path` by contender `name`, checked against
     sd (untimed) when given: (seconds, None, usage)."""
-    c.prepare(name)
+    c.prepare(name, path)
     res = resident_fraction(path)
     dt, out, u = timed(lambda: _load_touch(LOAD_BY_NAME[name][3], c, path))
     u.update(resident_before=res, touch_s=out[1])
@@ -890,7 +928,7 @@ def step_child(step):
     c = Contenders()
     specs = model_specs(step["kind"], step["target"])[0]
     sd = build_state_dict(c.torch, specs) if step["op"] == "save" or step["verify"] else None
-    c.prepare(step["name"])  # a peer's module, imported before the clock
+    c.prepare(step["name"], step["path"])  # a peer's module, imported before the clock
     gc.collect()
     if step["op"] == "save":
         dt, _, u = timed(lambda: SAVE_BY_NAME[step["name"]][3](c, sd, step["path"],
@@ -1088,8 +1126,9 @@ def warm_up(c, d):
         for fkey in sorted(keys):
             SAVE_BY_NAME[fkey][3](c, sd, path + "." + fkey, True)
         for name, _, fkey, fn in LOADS:
-            c.prepare(name)
-            _load_touch(fn, c, path + "." + load_file_key(name, fkey))
+            file = path + "." + load_file_key(name, fkey)
+            c.prepare(name, file)
+            _load_touch(fn, c, file)
     finally:
         for k in FILE_EXT:
             rm(path + "." + k)
@@ -1122,7 +1161,7 @@ def rss_child(name, path):
     out = {}
     if name != "baseline":
         c = Contenders()
-        c.prepare(name)
+        c.prepare(name, path)
         warm_cache(path)
         fn = LOAD_BY_NAME[name][3]
         gc.collect()
@@ -1381,10 +1420,12 @@ def _against(rows, case, op, against):
     mine = [r for r in rows if (r["model"], r["size"], r["op"]) == (m, sz, op)]
     if against == "limit":
         return {r["run"]: (r["limit_gbps"], r["limit_gbps"], LIMIT_OF[op]) for r in mine}
+    # A load into a model is a job of its own: no goal compares with it.
+    mine_jobs = [r for r in mine if r["contender"] not in MODEL_LOADS]
     if against == "best":
-        peers = [r for r in mine if not r["contender"].startswith(("ckptio", "raw"))]
+        peers = [r for r in mine_jobs if not r["contender"].startswith(("ckptio", "raw"))]
     elif against == "best_other":
-        peers = [r for r in mine if not r["contender"].startswith(("ckptio", "raw", "runai"))]
+        peers = [r for r in mine_jobs if not r["contender"].startswith(("ckptio", "raw", "runai"))]
     else:
         peers = [r for r in mine if r["contender"] == against]
     out = {}
@@ -1441,11 +1482,14 @@ def format_rounds(rows, cases):
         by = {}
         for r in mine:
             by.setdefault(r["contender"], {})[r["run"]] = r["gbps"]
-        peers = [n for n in by if not n.startswith(("ckptio", "raw"))]
-        for ck in ("ckptio_default", "ckptio_torch_copy", "ckptio_stream", "ckptio_stream_keys"):
+        peers = [n for n in by if not n.startswith(("ckptio", "raw")) and n not in MODEL_LOADS]
+        for ck in ("ckptio_default", "ckptio_torch_copy", "ckptio_stream", "ckptio_stream_keys", "ckptio_model"):
             if ck not in by:
                 continue
-            for p in peers:
+            # A load into a model against the same job only.
+            for p in (["safetensors_model"] if ck == "ckptio_model" else peers):
+                if p not in by:
+                    continue
                 ratios = [by[ck][k] / by[p][k] for k in sorted(by[ck]) if k in by[p]]
                 if ratios:
                     lines.append(f"| {m} {sz} | {ck} | {p} | "

@@ -162,7 +162,7 @@ def child(a):
             for k, t in ct.load_file(a.url).items():
                 consume(k, t)
         elif kind == "ckptio_model":
-            model = built_model(ct, a.url)
+            model = peers.built_model(ct, a.url)
             base = vm_status("VmRSS")
             t0 = time.monotonic()
             ct.load_model(model, a.url)
@@ -196,26 +196,6 @@ def child(a):
     out["rss_base"] = base
     out["peak_rss"] = vm_status("VmHWM")
     print("S3PEERS " + json.dumps(out), flush=True)
-
-
-def built_model(ct, url):
-    """A module with a parameter of the file's shape and dtype for each of
-    its tensors (under the same dotted names), every page written: the
-    model an inference server builds before it loads the weights."""
-    import torch
-    root = torch.nn.Module()
-    with ct.safe_open(url) as f:
-        for name in f.offset_keys():
-            s = f.get_slice(name)
-            *path, leaf = name.split(".")
-            parent = root
-            for part in path:
-                if not hasattr(parent, part):
-                    parent.add_module(part, torch.nn.Module())
-                parent = getattr(parent, part)
-            t = torch.zeros(s.get_shape(), dtype=s.dtype)
-            parent.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
-    return root
 
 
 def child_save(a, ct, bucket, key, out):
