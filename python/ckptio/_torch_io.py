@@ -544,14 +544,17 @@ class TorchReader(Reader):
         hold part of the file."""
         if not targets:
             return
+        for device in {t.device for t in targets.values()}:
+            before_device_writes(device)
         reqs = (_lib.LoadRequest * len(targets))()
         for n, (i, t) in enumerate(targets.items()):
-            before_device_writes(t.device)
             reqs[n] = _lib.LoadRequest(i, t.data_ptr(), self.entries[i].nbytes, load_device(t.device)[1])
         self.check(self.lib.ckptio_reader_load_many(self.handle, reqs, len(targets)), "load")
+        # As copy_ would: autograd sees the tensors changed (by the public
+        # call where this torch has it).
+        bump = getattr(torch.autograd.graph, "increment_version", None) or torch._C._increment_version
         for t in targets.values():
-            # As copy_ would: autograd sees the tensor changed.
-            torch.autograd.graph.increment_version(t)
+            bump(t)
 
     def fits_in_place(self, i: int, t: torch.Tensor) -> bool:
         """Whether tensor i of the file can be read straight into t."""
