@@ -7,7 +7,7 @@
 #   bench/s3/run.sh [--sizes 256MiB,1GiB] [--rounds 5] [--out DIR]
 #                   [--workdir DIR] [--contenders ckptio,runai_stream,...]
 #                   [--savers ckptio_save,boto3_file,boto3_tuned] [--no-loads]
-#                   [--diagnose] [--alt-lib PATH --alt-label TEXT]
+#                   [--diagnose] [--alt-lib PATH --alt-label TEXT] [--split-cpus]
 #
 # Builds libckptio.so into build-s3bench/ (BUILD=dir another) and the plain
 # libcurl clients bench/s3/s3_get.c and s3_put.c next to it, then runs s3_peers.py with the

@@ -108,6 +108,11 @@ ALT_SAVE_RATIOS = [("ckptio save alt / ceiling", "put_ceiling"), ("ckptio save a
                                                                   "ckptio_save")]
 
 
+# --split-cpus: weed on the first CPU, every contender on the others (None:
+# all share every CPU).
+CPUS = {"server": None, "client": None}
+
+
 def vm_status(field):
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -306,7 +311,8 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
     # failure ends the run.
     for attempt in (1, 2, 3):
         t0 = time.monotonic()
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        pin = (lambda: os.sched_setaffinity(0, CPUS["client"])) if CPUS["client"] else None
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, preexec_fn=pin)
         wall = time.monotonic() - t0
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
         if p.returncode == 0 and lines:
@@ -458,7 +464,10 @@ def report(cases, a, command, machine):
     L = [f"# ckptio loads from and saves to S3 next to its peers", "", f"    {command}", "",
          f"Machine: {machine}. Server: SeaweedFS `weed` ({a.weed_version}) on 127.0.0.1, "
          f"data under {a.workdir}. Loopback to a local weed on this machine measures CPU and the "
-         f"server (which shares the cores with the client), not a network.",
+         f"server, not a network; "
+         + (f"weed ran on CPU {sorted(CPUS['server'])} and every contender and ceiling client on CPUs "
+            f"{sorted(CPUS['client'])} (--split-cpus), as with a server of its own."
+            if CPUS["server"] else "client and server shared every core."),
          f"runai-model-streamer {a.runai_version}, env: "
          + ", ".join(f"{k}={v}" for k, v in RUNAI_ENV.items()) + " (endpoint from AWS_ENDPOINT_URL).",
          f"Every load in a fresh interpreter, imports untimed, the touch pass (sum of every byte) "
@@ -602,6 +611,9 @@ def main():
     ap.add_argument("--url", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--sum", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--split-cpus", action="store_true",
+                    help="weed on the first CPU, the contenders (and the ceiling's clients) on the "
+                         "others, as with a server on a machine of its own; default: all share every CPU")
     ap.add_argument("--no-prime", dest="prime", action="store_false",
                     help="skip the memory primer before each contender (bench/peers' settle())")
     a = ap.parse_args()
@@ -643,8 +655,13 @@ def main():
     import runai_model_streamer  # noqa: F401  (fail early, before the server starts)
     from importlib.metadata import version
     a.runai_version = version("runai-model-streamer")
+    if a.split_cpus:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("s3_peers: --split-cpus needs at least 2 CPUs")
+        CPUS.update(server={cpus[0]}, client=set(cpus[1:]))
     try:
-        server = weed_server.WeedServer(bucket="ckptio-bench", workdir=a.workdir)
+        server = weed_server.WeedServer(bucket="ckptio-bench", workdir=a.workdir, cpus=CPUS["server"])
     except weed_server.Unavailable as e:
         raise SystemExit(f"s3_peers: {e}")
     a.weed_version = subprocess.run([server.weed, "version"], capture_output=True, text=True).stdout.strip()

@@ -75,7 +75,8 @@ def free_ports(n):
 
 
 class WeedServer:
-    def __init__(self, bucket="ckptio-test", workdir=None, startup_timeout=60.0):
+    def __init__(self, bucket="ckptio-test", workdir=None, startup_timeout=60.0, cpus=None):
+        """cpus: the CPUs weed and its threads may run on (all: None)."""
         self.weed = find_weed()
         if not self.weed:
             raise Unavailable("SeaweedFS's weed is not installed (scripts/setup.sh puts it in "
@@ -88,6 +89,7 @@ class WeedServer:
         self.dir = None
         self.ports = {}
         self.startup_seconds = None
+        self.cpus = cpus
         self.access_key, self.secret_key, self.region = ACCESS_KEY, SECRET_KEY, REGION
 
     # ------------------------------------------------------------ lifecycle
@@ -168,8 +170,10 @@ class WeedServer:
         with open(self.log, "w") as log:
             # Its own process group: stop() and kill() end weed and anything
             # it started, never the caller.
+            pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=pin)
         self.pid = self.proc.pid
         deadline = time.monotonic() + self.startup_timeout
         while True:
