@@ -33,7 +33,7 @@ for mod in ["numpy", "safetensors", "pytest"] + os.environ.get("CKPTIO_PYTEST_NE
             f.write(mod)
         os._exit(77)
 import pytest
-sys.exit(int(pytest.main(sys.argv[2:])))
+sys.exit(int(pytest.main(["-rs"] + sys.argv[2:])))  # -rs: every skip says why
 ' "$skipped" "$@"
 rc=$?
 if [[ $rc == 77 && -s "$skipped" ]]; then

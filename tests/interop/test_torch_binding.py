@@ -880,3 +880,24 @@ def test_load_model_in_place_raises_on_a_flipped_byte(tmp_path):
 
 def _differ_dict(model, state):
     return [n for n, v in model.state_dict().items() if not torch.equal(v, state[n])]
+
+
+def test_load_model_onto_a_gpu_model(tmp_path):
+    """A model on a GPU is loaded in place there (the real runtime; the
+    fake's twin is test_load_into_gpu_tensors_in_place_after_their_streams),
+    after the work queued on its current stream."""
+    if not cuda_usable():
+        pytest.skip("no usable CUDA GPU here: the in-place GPU load runs in "
+                    "interop_torch_binding_cuda_fake on the fake runtime instead")
+    torch.manual_seed(1)
+    src = Net()
+    path = tmp_path / "net.safetensors"
+    ct.save_model(src, path)
+    dst = Net().cuda()
+    ptrs = {n: t.data_ptr() for n, t in dst.state_dict().items()}
+    torch.cuda._sleep(100_000_000)  # queued before the load: the load must wait
+    dst.fc.weight.data.fill_(7.0)
+    assert ct.load_model(dst, path) == ([], [])
+    for name, t in src.state_dict().items():
+        assert dst.state_dict()[name].data_ptr() == ptrs[name], name
+        assert torch.equal(dst.state_dict()[name].cpu(), t), name
