@@ -57,6 +57,23 @@ def test_load_file_from_s3_bit_for_bit(s3, tmp_path):
     assert ckptio.verify(url) == 0  # every tensor has a CRC, every one checked
 
 
+def test_load_model_from_s3_in_place(s3, tmp_path):
+    """load_model from s3:// writes the model's own memory, every byte by
+    GETs; what the model lacks or the file lacks is reported as locally."""
+    t = {name.replace(".", "_"): v for name, v in state().items()}
+    url = upload(s3, tmp_path, "runs/model/model.safetensors", t)
+    model = torch.nn.Module()
+    for name, v in t.items():
+        model.register_buffer(name, torch.zeros_like(v))
+    ptrs = {n: b.data_ptr() for n, b in model.named_buffers()}
+    assert ct.load_model(model, url) == ([], [])
+    for name, b in model.named_buffers():
+        assert b.data_ptr() == ptrs[name] and torch.equal(b, t[name]), name
+    model.register_buffer("extra", torch.zeros(3))
+    missing, unexpected = ct.load_model(model, url, strict=False)
+    assert (missing, unexpected) == (["extra"], [])
+
+
 def test_slices_and_stats(s3, tmp_path):
     t = state()
     url = upload(s3, tmp_path, "runs/b/model.safetensors", t)
