@@ -520,7 +520,7 @@ static int run_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *out)
 static int run_cell(plain *p, ckptio_run *x) {
   ckptio_job *j = ckptio_run_job(x);
   const ckptio_part *first = ckptio_run_part(x, 0), *last = ckptio_run_part(x, j->nparts - 1);
-  uint64_t start = req_start(first->q) + first->off, end = req_start(last->q) + last->off + last->len;
+  uint64_t start = part_start(first), end = part_start(last) + last->len;
   size_t len;
   char *msg = ckptio_run_msg(x, &len);
   int rc;
@@ -533,7 +533,7 @@ static int run_cell(plain *p, ckptio_run *x) {
     uint64_t at = start;
     for (size_t k = 0; k < j->nparts; k++) {
       const ckptio_part *t = ckptio_run_part(x, k);
-      uint64_t from = req_start(t->q) + t->off;
+      uint64_t from = part_start(t);
       if (from > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(from - at)};
       spans[ns++] = (ckptio_scatter){ckptio_xreq_host(t->q) + t->off, (size_t)t->len};
       at = from + t->len;
@@ -544,7 +544,7 @@ static int run_cell(plain *p, ckptio_run *x) {
   for (size_t k = 0; k < j->nparts && rc == 0; k++) {
     ckptio_part *t = ckptio_run_part(x, k);
     unsigned char *host = ckptio_xreq_host(t->q) ? ckptio_xreq_host(t->q) + t->off : NULL;
-    const unsigned char *bytes = j->slot ? j->slot + (req_start(t->q) + t->off - start) : host;
+    const unsigned char *bytes = j->slot ? j->slot + (part_start(t) - start) : host;
     uint32_t *crc = t->q->check ? &t->crc : NULL;
     atomic_fetch_add((_Atomic uint64_t *)&t->q->read, t->len);
     if (host && bytes != host) {
