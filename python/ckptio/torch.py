@@ -302,23 +302,25 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     first and leaves the model untouched by a failed load, at the cost of a
     second copy of the model in memory; backend is that load's (in place,
     everything is read as backend="pread" reads it)."""
+    current = model.state_dict()
     if not in_place:
         state = load_file(filename, device, backend=backend)
-        return _apply(model, state, set(state), {}, strict)
+        return _apply(model, current, state, set(state), {}, strict)
     with TorchReader(filename, device, False) as r:
         r.index()
-        targets = _in_place_targets(model, r)
+        targets = _in_place_targets(model, current, r)
         r.load_into({r.by_name[name]: t for name, t in targets.items()})
         state = r.load(i for i, e in enumerate(r.entries) if e.name.decode() not in targets)
-        return _apply(model, state, set(r.by_name), targets, strict)
+        return _apply(model, current, state, set(r.by_name), targets, strict)
 
 
-def _apply(model: torch.nn.Module, state: Dict[str, torch.Tensor], names: Set[str],
-           loaded: Mapping[str, torch.Tensor], strict: bool) -> Tuple[List[str], List[str]]:
+def _apply(model: torch.nn.Module, current: Mapping[str, torch.Tensor], state: Dict[str, torch.Tensor],
+           names: Set[str], loaded: Mapping[str, torch.Tensor], strict: bool) -> Tuple[List[str], List[str]]:
     """load_model's end: state (the file's tensors not loaded in place)
-    into the model, and its (missing, unexpected). names: every tensor of
-    the file; loaded: those read in place already."""
-    shared = _shared_groups(model.state_dict())
+    into the model, and its (missing, unexpected). current: the model's
+    state dict; names: every tensor of the file; loaded: those read in
+    place already."""
+    shared = _shared_groups(current)
     result = model.load_state_dict(state, strict=False)
     missing: Set[str] = set(result.missing_keys) - set(loaded)
     unexpected: List[str] = list(result.unexpected_keys)
@@ -337,12 +339,13 @@ def _apply(model: torch.nn.Module, state: Dict[str, torch.Tensor], names: Set[st
     return sorted(missing), unexpected
 
 
-def _in_place_targets(model: torch.nn.Module, r: TorchReader) -> Dict[str, torch.Tensor]:
+def _in_place_targets(model: torch.nn.Module, current: Mapping[str, torch.Tensor],
+                      r: TorchReader) -> Dict[str, torch.Tensor]:
     """The model's state tensors that load_model reads the file straight
     into, by name: those of modules that load their state as nn.Module
     does, that match the file's tensor of that name, and that share no
-    memory with another state tensor (tied weights are written once, by
-    load_state_dict, as torch does)."""
+    memory with another tensor of current, the model's state dict (tied
+    weights are written once, by load_state_dict, as torch does)."""
     modules = list(model.named_modules(remove_duplicate=False))
     if any(m._load_state_dict_pre_hooks for _, m in modules):
         return {}  # a hook may rename or change any name's tensor
@@ -362,7 +365,7 @@ def _in_place_targets(model: torch.nn.Module, r: TorchReader) -> Dict[str, torch
                 candidates[name] = t.detach()
     # Whatever overlaps another state tensor in memory is left out.
     spans = sorted((str(t.device), t.data_ptr(), t.data_ptr() + t.nelement() * t.element_size(), name)
-                   for name, t in model.state_dict().items() if t.nelement())
+                   for name, t in current.items() if t.nelement())
     shared: Set[str] = set()
     reach: Tuple[str, int, str] = ("", 0, "")  # the furthest end so far: device, end, name
     for dev, begin, end, name in spans:
