@@ -487,6 +487,8 @@ def built_model(ct, path):
             t = torch.zeros(s.get_shape(), dtype=s.dtype)
             parent.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
     return root
+
+
 # The streaming contenders: name -> (contenders, path, consume) -> None.
 STREAMS = {"ckptio_stream": lambda c, p, f: c.stream_ckptio(p, f),
            "ckptio_stream_keys": lambda c, p, f: c.stream_ckptio_keys(p, f),
