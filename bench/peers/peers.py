@@ -833,6 +833,55 @@ def settle():
         del a
 
 
+# A timed child's word that its imports and setup are done (await_go).
+READY = "PEERS-READY"
+
+
+def await_go():
+    """In a timed child, its imports and setup done, just before its clock:
+    asks the parent (run_settled) to settle() now and waits for it. Settled
+    before the child started, the primed memory would be partly handed back
+    to the host by the clock's start: an interpreter's imports take 1.4-2 s
+    here, and free page reporting returns memory freed 2 s ago (the kernel's
+    page_reporting delay), so Python contenders would start on colder memory
+    than the C ceilings, which start at once, and by how much would vary
+    from run to run. Outside run_settled it returns at once."""
+    if os.environ.get("PEERS_SETTLED"):
+        print(READY, flush=True)
+        sys.stdin.readline()
+
+
+def run_settled(cmd, env, timeout=900, signals=True, **popen):
+    """Runs a timed child; the machine is settled just before its clock:
+    when it says so (await_go), or, for a child that does not (signals=False:
+    the C clients, which start their clocks at once), before it starts.
+    Returns a CompletedProcess with its stdout (without the ready line) and
+    stderr; the child is killed after timeout seconds."""
+    if not signals:
+        settle()
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **popen)
+    import tempfile
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, env=dict(env, PEERS_SETTLED="1"), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, text=True, **popen)
+        watchdog = threading.Timer(timeout, p.kill)
+        watchdog.start()
+        out = []
+        try:
+            for line in p.stdout:
+                if line.rstrip("\n") != READY:
+                    out.append(line)
+                    continue
+                settle()
+                p.stdin.write("go\n")
+                p.stdin.close()
+            p.wait()
+        finally:
+            watchdog.cancel()
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, p.returncode, "".join(out), err.read())
+
+
 def timed(fn):
     u0 = usage()
     t0 = time.perf_counter()
@@ -909,8 +958,7 @@ class Fresh:
 
     def _child(self, **step):
         step.update(kind=self.kind, target=self.target, touch=TOUCH["mode"])
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--step", json.dumps(step)],
-                           capture_output=True, text=True, env=os.environ)
+        p = run_settled([sys.executable, os.path.abspath(__file__), "--step", json.dumps(step)], os.environ)
         if p.returncode != 0:
             raise SystemExit(f"step {step} failed in its interpreter:\n{p.stderr}")
         got = json.loads(p.stdout.strip().splitlines()[-1])
@@ -932,6 +980,7 @@ def step_child(step):
     sd = build_state_dict(c.torch, specs) if step["op"] == "save" or step["verify"] else None
     c.prepare(step["name"], step["path"])  # a peer's module, imported before the clock
     gc.collect()
+    await_go()
     if step["op"] == "save":
         dt, _, u = timed(lambda: SAVE_BY_NAME[step["name"]][3](c, sd, step["path"],
                                                                step["durable"]))

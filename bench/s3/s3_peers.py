@@ -144,6 +144,7 @@ def child(a):
         def get(off):
             end = min(off + chunk, size) - 1
             return len(c.get_object(Bucket=bucket, Key=key, Range=f"bytes={off}-{end}")["Body"].read())
+        peers.await_go()
         base = vm_status("VmRSS")
         t0 = time.monotonic()
         with ThreadPoolExecutor(threads) as ex:
@@ -161,15 +162,16 @@ def child(a):
         def consume(_name, t):
             total[0] += peers.touch_one(t)
             total[1] += t.numel() * t.element_size()
+        # The model a load_model fills is built first (every page written),
+        # as an inference server builds it before it loads the weights.
+        model = peers.built_model(ct, a.url) if kind == "ckptio_model" else None
+        peers.await_go()
         base = vm_status("VmRSS")
         t0 = time.monotonic()
         if kind in ("ckptio", "ckptio_alt"):  # the same call; alt: another CKPTIO_LIB
             for k, t in ct.load_file(a.url).items():
                 consume(k, t)
         elif kind == "ckptio_model":
-            model = peers.built_model(ct, a.url)
-            base = vm_status("VmRSS")
-            t0 = time.monotonic()
             ct.load_model(model, a.url)
             for k, t in model.state_dict().items():
                 consume(k, t)
@@ -243,6 +245,7 @@ def child_save(a, ct, bucket, key, out):
         time.sleep(WARM_PAUSE_S)
     import gc
     gc.collect()
+    peers.await_go()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # VmHWM := VmRSS
     base = vm_status("VmRSS")
@@ -301,10 +304,11 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
         if model:
             cmd += ["--model", model]
     cmd = [*wrap, *cmd]
-    # Every contender starts from the same memory state: see peers.settle
-    # (memory freed a few seconds ago has gone back to this VM's host, and
-    # whoever allocates after a pause pays a host fault per page).
-    peers.settle()
+    # Every contender starts its clock from the same memory state: see
+    # peers.settle and peers.run_settled (memory freed 2 s ago has gone back
+    # to this VM's host, and whoever allocates after a pause pays a host
+    # fault per page).
+    #
     # A failure whose cause is the server (weed answers 503 under this VM's
     # load now and then; InternalError once its volumes fill, which
     # run_saves' compaction prevents) is retried (twice at most); a third
@@ -312,7 +316,7 @@ def run_child(name, url, nbytes, tsum, env, s3_get, workdir, alt_lib=None, wrap=
     for attempt in (1, 2, 3):
         t0 = time.monotonic()
         pin = (lambda: os.sched_setaffinity(0, CPUS["client"])) if CPUS["client"] else None
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, preexec_fn=pin)
+        p = peers.run_settled(cmd, env, preexec_fn=pin, signals=not name.startswith(("get_c", "put_c")))
         wall = time.monotonic() - t0
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("S3PEERS ") or ln.startswith("{")]
         if p.returncode == 0 and lines:
