@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "ckptio.h"
+#include "core/crc32.h"
 #include "core/error.h"
 #include "s3/request.h"
 #include "s3/s3.h"
@@ -152,10 +153,11 @@ static int closed_port(void) {
 
 /* A one-reply-per-connection HTTP server on 127.0.0.1: every request gets
  * `reply` (then the connection closes), for replies a real server gives
- * only when it breaks: 503 SlowDown, a cut body, a wrong Content-Range. */
+ * only when it breaks: 503 SlowDown, a cut body, a wrong Content-Range.
+ * With `then`, every request after the first gets that instead. */
 typedef struct {
   int fd, port, served, stop;
-  const char *reply;
+  const char *reply, *then;
   size_t reply_len;
   pthread_t thread;
 } liar;
@@ -177,17 +179,18 @@ static void *liar_main(void *arg) {
       buf[got] = '\0';
       if (strstr(buf, "\r\n\r\n")) break;
     }
-    __atomic_add_fetch(&l->served, 1, __ATOMIC_SEQ_CST);
-    ssize_t w = send(cfd, l->reply, l->reply_len, MSG_NOSIGNAL);
+    const char *reply = __atomic_add_fetch(&l->served, 1, __ATOMIC_SEQ_CST) > 1 && l->then ? l->then : l->reply;
+    ssize_t w = send(cfd, reply, reply == l->reply ? l->reply_len : strlen(reply), MSG_NOSIGNAL);
     (void)w;
     shutdown(cfd, SHUT_RDWR);
     close(cfd);
   }
 }
 
-static void liar_start(liar *l, const char *reply) {
+static void liar_start_then(liar *l, const char *reply, const char *then) {
   memset(l, 0, sizeof(*l));
   l->reply = reply;
+  l->then = then;
   l->reply_len = strlen(reply);
   l->fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -202,6 +205,8 @@ static void liar_start(liar *l, const char *reply) {
   l->port = ntohs(a.sin_port);
   pthread_create(&l->thread, NULL, liar_main, l);
 }
+
+static void liar_start(liar *l, const char *reply) { liar_start_then(l, reply, NULL); }
 
 static void liar_stop(liar *l) {
   __atomic_store_n(&l->stop, 1, __ATOMIC_SEQ_CST);
@@ -293,6 +298,27 @@ static void test_retry(void) {
   rc = ckptio_s3_get_range(c, "bkt", "k", 0, 100, buf, err, sizeof(err));
   CHECK(rc == CKPTIO_E_SHORT_IO && strstr(err, "after 2 attempts"), "rc %d: %s", rc, err);
   printf("cut body: %s\n", err);
+  ckptio_s3_client_free(c);
+  liar_stop(&l);
+
+  /* A cut body, then the whole one: the retry's bytes replace the first
+   * attempt's, and so does the CRC32 the client takes as they land. */
+  const char *body = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                     "0123456789abcdefghijklmnopqrstuvwxyzAB"; /* 100 bytes */
+  char cut[256], whole[256];
+  const char *head = "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-99/1000\r\nContent-Length: 100\r\n\r\n";
+  snprintf(cut, sizeof(cut), "%s%.50s", head, body);
+  snprintf(whole, sizeof(whole), "%s%s", head, body);
+  liar_start_then(&l, cut, whole);
+  c = client_at(l.port, 2);
+  uint32_t crc = 12345;
+  memset(buf, 0, sizeof(buf));
+  ckptio_scatter span = {buf, 100, &crc};
+  rc = ckptio_s3_get_spans_if(c, "bkt", "k", NULL, 0, &span, 1, err, sizeof(err));
+  CHECK(rc == 0 && memcmp(buf, body, 100) == 0, "rc %d: %s", rc, err);
+  CHECK(crc == ckptio_crc32(0, body, 100), "CRC %08x of the bytes that landed, not %08x of the object's", crc,
+        ckptio_crc32(0, body, 100));
+  CHECK(__atomic_load_n(&l.served, __ATOMIC_SEQ_CST) == 2, "served %d", l.served);
   ckptio_s3_client_free(c);
   liar_stop(&l);
 
