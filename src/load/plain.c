@@ -339,22 +339,6 @@ static int run_gather(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *ou
   return ckptio_run_deliver(x, 0, out, 1);
 }
 
-/* Object bytes [off, off + the spans' lengths) into the spans, each span's
- * CRC32 to its crc if it has one: from the bytes its open read when they
- * hold them all, else by its storage (the built-in S3 one with one GET). */
-static int read_spans(plain *p, const ckptio_scatter *spans, size_t n, uint64_t off, char *msg, size_t len) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < n; i++) total += spans[i].len;
-  if (off + total > p->f.nhead)
-    return ckptio_storage_read_spans(p->f.store, p->f.store_self, p->f.obj, spans, n, off, msg, len);
-  for (size_t i = 0; i < n; off += spans[i++].len) {
-    int rc = spans[i].dst ? ckptio_rfile_pread(&p->f, spans[i].dst, spans[i].len, off, msg, len) : 0;
-    if (rc < 0) return rc;
-    if (spans[i].crc) *spans[i].crc = ckptio_crc32(0, spans[i].dst, spans[i].len);
-  }
-  return 0;
-}
-
 /* One contiguous stretch of the file [abs, abs + len): what whole tensors
  * and checks read. Brings it to the host destination if there is one, else
  * into the slot (or, mapped, leaves it in the map), continuing the CRC. */
@@ -389,20 +373,14 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
     if (at < 0) return (int)at;
     bytes = j->slot + at;
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
-  } else if (p->f.store) {
-    /* An object in one read, as each read is a request (an HTTP GET: 256
-     * KiB steps sent 32x the requests and ran 2-3x slower,
-     * bench/RESULTS_S3.md); its CRC taken as the bytes land. */
-    ckptio_scatter whole = {host ? host : j->slot, (size_t)t->len, crc};
-    size_t len;
-    char *msg = ckptio_run_msg(x, &len);
-    if ((rc = read_spans(p, &whole, 1, abs, msg, len)) < 0) return rc;
-    bytes = whole.dst;
   } else {
-    /* A file a CRC step at a time, checked while in cache. */
     unsigned char *to = host ? host : j->slot;
-    for (uint64_t o = 0; o < t->len; o += CKPTIO_CRC_STEP) {
-      size_t n = (size_t)(t->len - o < CKPTIO_CRC_STEP ? t->len - o : CKPTIO_CRC_STEP);
+    /* A file is read a CRC step at a time, checked while in cache; an
+     * object in one read, as each read is a request (an HTTP GET: 256 KiB
+     * steps sent 32x the requests and ran 2-3x slower, bench/RESULTS_S3.md). */
+    uint64_t step = p->f.store ? t->len : CKPTIO_CRC_STEP;
+    for (uint64_t o = 0; o < t->len; o += step) {
+      size_t n = (size_t)(t->len - o < step ? t->len - o : step);
       size_t len;
       char *msg = ckptio_run_msg(x, &len);
       if ((rc = ckptio_rfile_pread(&p->f, to + o, n, abs + o, msg, len)) < 0) return rc;
@@ -447,6 +425,21 @@ static int direct_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
   return 0;
 }
 
+/* Object bytes [off, off + the spans' lengths) into the spans: from the
+ * bytes its open read when they hold them all, else by its storage (the
+ * built-in S3 one with one GET). */
+static int read_spans(plain *p, const ckptio_scatter *spans, size_t n, uint64_t off, char *msg, size_t len) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < n; i++) total += spans[i].len;
+  if (off + total > p->f.nhead)
+    return ckptio_storage_read_spans(p->f.store, p->f.store_self, p->f.obj, spans, n, off, msg, len);
+  for (size_t i = 0; i < n; off += spans[i++].len) {
+    int rc = spans[i].dst ? ckptio_rfile_pread(&p->f, spans[i].dst, spans[i].len, off, msg, len) : 0;
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
 /* An object's runs of a slice into out: runs at most COALESCE_GAP apart
  * read by one GET (the bytes between dropped), up to a slot of the object
  * a GET, each run's bytes going straight to its place. A GET per run was a
@@ -469,8 +462,8 @@ static int object_runs(plain *p, ckptio_run *x, ckptio_part *t, unsigned char *o
       ns = 0;
     }
     if (!ns) start = at = abs;
-    if (abs > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(abs - at), NULL};
-    spans[ns++] = (ckptio_scatter){out + (o - t->off), (size_t)nb, NULL};
+    if (abs > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(abs - at)};
+    spans[ns++] = (ckptio_scatter){out + (o - t->off), (size_t)nb};
     at = abs + nb;
   }
   if (rc == 0 && ns) rc = read_spans(p, spans, ns, start, msg, len);
@@ -539,10 +532,10 @@ static int run_cell(plain *p, ckptio_run *x) {
     if (!spans) return -ENOMEM;
     uint64_t at = start;
     for (size_t k = 0; k < j->nparts; k++) {
-      ckptio_part *t = ckptio_run_part(x, k);
+      const ckptio_part *t = ckptio_run_part(x, k);
       uint64_t from = part_start(t);
-      if (from > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(from - at), NULL};
-      spans[ns++] = (ckptio_scatter){ckptio_xreq_host(t->q) + t->off, (size_t)t->len, t->q->check ? &t->crc : NULL};
+      if (from > at) spans[ns++] = (ckptio_scatter){NULL, (size_t)(from - at)};
+      spans[ns++] = (ckptio_scatter){ckptio_xreq_host(t->q) + t->off, (size_t)t->len};
       at = from + t->len;
     }
     rc = read_spans(p, spans, ns, start, msg, len);
@@ -557,7 +550,7 @@ static int run_cell(plain *p, ckptio_run *x) {
     if (host && bytes != host) {
       ckptio_copy_crc(host, bytes, (size_t)t->len, crc);
       bytes = host;
-    } else if (crc && j->slot) { /* read into the host: its CRC taken then */
+    } else if (crc) {
       *crc = ckptio_crc32(0, bytes, (size_t)t->len);
     }
     rc = ckptio_run_deliver(x, k, bytes, 1);

@@ -63,7 +63,7 @@ int ckptio_s3_get_range(ckptio_s3_client *c, const char *bucket, const char *key
 
 int ckptio_s3_get_range_if(ckptio_s3_client *c, const char *bucket, const char *key, const char *etag,
                            uint64_t offset, size_t len, void *buf, char *err, size_t errlen) {
-  ckptio_scatter whole = {buf, len, NULL};
+  ckptio_scatter whole = {buf, len};
   if (!buf && len) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject: NULL argument");
   return ckptio_s3_get_spans_if(c, bucket, key, etag, offset, &whole, 1, err, errlen);
 }
@@ -83,7 +83,7 @@ int ckptio_s3_get_spans_if(ckptio_s3_client *c, const char *bucket, const char *
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "S3 GetObject s3://%s/%s: range overflows", bucket,
                           key);
   ckptio_s3_req r = {.verb = "GetObject", .method = "GET", .bucket = bucket, .key = key,
-                     .dst = spans, .dst_n = nspans, .dst_len = len, .range_off = offset, .if_match = etag};
+                     .dst = spans, .dst_len = len, .range_off = offset, .if_match = etag};
   rc = ckptio_s3_request(c, &r, err, errlen);
   ckptio_s3_buf_free(&r.resp);
   return rc;

@@ -10,7 +10,6 @@
 #include <time.h>
 
 #include "ckptio.h"
-#include "core/crc32.h"
 #include "core/error.h"
 #include "s3/curl_api.h"
 #include "s3/request.h"
@@ -139,7 +138,6 @@ static size_t on_body(char *p, size_t size, size_t n, void *arg) {
       const ckptio_scatter *s = &r->dst[r->span];
       size_t k = s->len - r->span_got < len ? s->len - r->span_got : len;
       if (s->dst) memcpy((char *)s->dst + r->span_got, p, k);
-      if (s->crc) *s->crc = ckptio_crc32(*s->crc, p, k);
       p += k, len -= k;
       if ((r->span_got += k) == s->len) r->span++, r->span_got = 0;
     }
@@ -179,8 +177,6 @@ static void reset_reply(ckptio_s3_req *r) {
   r->content_length = -1;
   r->dst_got = r->span = r->span_got = 0;
   r->overflow = 0;
-  for (size_t i = 0; i < r->dst_n; i++) /* each attempt's body from its first byte */
-    if (r->dst[i].crc) *r->dst[i].crc = 0;
 }
 
 static CURLcode attempt(ckptio_s3_client *c, CURL *h, ckptio_s3_req *r, const char *url, xfer *x,

@@ -60,7 +60,6 @@ typedef struct ckptio_s3_req {
   const void *body;    /* PUT / POST body, body_len bytes, borrowed */
   size_t body_len;
   const ckptio_scatter *dst; /* GET: where the body's bytes go, in order */
-  size_t dst_n;        /* how many spans */
   size_t dst_len;      /* bytes from range_off: the spans' lengths summed,
                           which bounds the walk over them */
   uint64_t range_off;

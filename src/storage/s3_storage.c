@@ -27,7 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/crc32.h"
 #include "core/error.h"
 #include "s3/s3.h"
 #include "storage/storage.h"
@@ -82,7 +81,6 @@ int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *o
     for (size_t i = 0; i < n; offset += spans[i++].len) {
       int rc = spans[i].dst && spans[i].len ? ops->read(self, obj, spans[i].dst, spans[i].len, offset, err, errlen) : 0;
       if (rc < 0) return rc;
-      if (spans[i].crc) *spans[i].crc = ckptio_crc32(0, spans[i].dst, spans[i].len);
     }
     return 0;
   }

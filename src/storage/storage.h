@@ -50,8 +50,7 @@ int ckptio_storage_unsized(const ckptio_storage *st);
 /* Bytes [offset, offset + the spans' lengths) of an object that ops opened
  * (obj), into the spans in order: the built-in S3 storage with one ranged
  * GET whose body goes straight to the spans; any other storage with its
- * read verb once per span that has a place. A span's crc, if any, gets the
- * CRC32 of its bytes. @return 0 or the verb's code,
+ * read verb once per span that has a place. @return 0 or the verb's code,
  * its sentence in err. */
 int ckptio_storage_read_spans(const ckptio_storage_ops *ops, void *self, void *obj, const ckptio_scatter *spans,
                               size_t n, uint64_t offset, char *err, size_t errlen);
