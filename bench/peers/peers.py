@@ -25,6 +25,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -860,7 +861,6 @@ def run_settled(cmd, env, timeout=900, signals=True, **popen):
     if not signals:
         settle()
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **popen)
-    import tempfile
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, env=dict(env, PEERS_SETTLED="1"), stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=err, text=True, **popen)

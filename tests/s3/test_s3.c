@@ -157,7 +157,6 @@ static int closed_port(void) {
 typedef struct {
   int fd, port, served, stop;
   const char *reply, *then;
-  size_t reply_len;
   pthread_t thread;
 } liar;
 
@@ -179,7 +178,7 @@ static void *liar_main(void *arg) {
       if (strstr(buf, "\r\n\r\n")) break;
     }
     const char *reply = __atomic_add_fetch(&l->served, 1, __ATOMIC_SEQ_CST) > 1 && l->then ? l->then : l->reply;
-    ssize_t w = send(cfd, reply, reply == l->reply ? l->reply_len : strlen(reply), MSG_NOSIGNAL);
+    ssize_t w = send(cfd, reply, strlen(reply), MSG_NOSIGNAL);
     (void)w;
     shutdown(cfd, SHUT_RDWR);
     close(cfd);
@@ -190,7 +189,6 @@ static void liar_start_then(liar *l, const char *reply, const char *then) {
   memset(l, 0, sizeof(*l));
   l->reply = reply;
   l->then = then;
-  l->reply_len = strlen(reply);
   l->fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(a);
