@@ -361,7 +361,7 @@ def _in_place_targets(model: torch.nn.Module, current: Mapping[str, torch.Tensor
             # Plain tensors only: a subclass (DTensor, a quantized wrapper)
             # may hold other bytes than its shape says at data_ptr().
             plain = type(t) in (torch.Tensor, torch.nn.Parameter)
-            if plain and i is not None and r.fits_in_place(i, t):
+            if plain and i is not None and t.nelement() and r.fits_in_place(i, t):
                 candidates[name] = t.detach()
     # Whatever overlaps another state tensor in memory is left out.
     spans = sorted((str(t.device), t.data_ptr(), t.data_ptr() + t.nelement() * t.element_size(), name)
@@ -373,7 +373,7 @@ def _in_place_targets(model: torch.nn.Module, current: Mapping[str, torch.Tensor
             shared.update((name, reach[2]))
         if dev != reach[0] or end > reach[1]:
             reach = (dev, end, name)
-    return {name: t for name, t in candidates.items() if name not in shared and t.nelement()}
+    return {name: t for name, t in candidates.items() if name not in shared}
 
 
 class safe_open(OpenReader[TorchReader]):

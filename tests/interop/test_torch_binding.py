@@ -780,6 +780,15 @@ class Net(torch.nn.Module):
         self.head.weight = self.embed.weight
 
 
+def saved_net(tmp_path):
+    """A Net of seed 1 and the file save_model wrote of it."""
+    torch.manual_seed(1)
+    src = Net()
+    path = tmp_path / "net.safetensors"
+    ct.save_model(src, path)
+    return src, path
+
+
 def _differ(model, state):
     """The names whose tensor in model differs from state's."""
     return [n for n, v in model.state_dict().items() if not torch.equal(v, state[n])]
@@ -848,10 +857,7 @@ def test_load_model_in_place_makes_no_second_copy(tmp_path):
 
 
 def test_load_model_casts_and_reports_what_does_not_fit(tmp_path):
-    torch.manual_seed(1)
-    src = Net()
-    path = tmp_path / "net.safetensors"
-    ct.save_model(src, path)
+    src, path = saved_net(tmp_path)
     # A half-precision model: nothing fits in place, load_state_dict casts.
     half = Net().half()
     assert ct.load_model(half, path) == ([], [])
@@ -863,10 +869,7 @@ def test_load_model_casts_and_reports_what_does_not_fit(tmp_path):
 
 
 def test_load_model_in_place_raises_on_a_flipped_byte(tmp_path):
-    torch.manual_seed(1)
-    src = Net()
-    path = tmp_path / "net.safetensors"
-    ct.save_model(src, path)
+    _, path = saved_net(tmp_path)
     data = bytearray(path.read_bytes())
     data[-5] ^= 0x40  # in the last tensor's bytes
     path.write_bytes(bytes(data))
@@ -886,10 +889,7 @@ def test_load_model_onto_a_gpu_model(tmp_path):
     if not cuda_usable():
         pytest.skip("no usable CUDA GPU here: the in-place GPU load runs in "
                     "interop_torch_binding_cuda_fake on the fake runtime instead")
-    torch.manual_seed(1)
-    src = Net()
-    path = tmp_path / "net.safetensors"
-    ct.save_model(src, path)
+    src, path = saved_net(tmp_path)
     dst = Net().cuda()
     ptrs = {n: t.data_ptr() for n, t in dst.state_dict().items()}
     torch.cuda._sleep(100_000_000)  # queued before the load: the load must wait
