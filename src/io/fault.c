@@ -58,6 +58,12 @@ static void env_arm(void) {
 static uint64_t disk_free_ns;          /* when the modeled disk is idle again */
 static pthread_mutex_t disk_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* A fork while a worker holds the modelled disk's lock would leave it held
+ * for ever in the child: fork waits for it instead. */
+static void disk_lock(void) { pthread_mutex_lock(&disk_mu); }
+static void disk_unlock(void) { pthread_mutex_unlock(&disk_mu); }
+__attribute__((constructor)) static void disk_atfork(void) { pthread_atfork(disk_lock, disk_unlock, disk_unlock); }
+
 void ckptio_fault_slow_writes(uint64_t bytes_per_second) { atomic_store(&write_rate, bytes_per_second); }
 void ckptio_fault_slow_reads(uint64_t bytes_per_second) {
   if (!bytes_per_second) atomic_store(&reads_shared, 0);

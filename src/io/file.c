@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -73,6 +75,23 @@ static int split_path(const char *path, char **dir, char **base) {
   return 0;
 }
 
+int ckptio_tmpfile_claim(int fd) {
+  /* A filesystem without locks (EINVAL, ENOLCK) leaves the temp unmarked:
+   * a sweep there cannot tell it from a dead save's, as before locks. */
+  if (flock(fd, LOCK_EX | LOCK_NB) < 0 && errno != EINVAL && errno != ENOLCK && errno != EOPNOTSUPP) return 0;
+  struct stat st;
+  return fstat(fd, &st) == 0 && st.st_nlink > 0;
+}
+
+int ckptio_tmpfile_unclaimed(int dirfd, const char *name) {
+  int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return 0; /* gone already, or not ours to judge */
+  int free_ = flock(fd, LOCK_EX | LOCK_NB) == 0 || (errno != EWOULDBLOCK && errno != EINTR);
+  if (free_) unlinkat(dirfd, name, 0); /* under our lock: no saver can claim it meanwhile */
+  close(fd);
+  return free_;
+}
+
 int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_t size,
                         char *err, size_t errlen) {
   static _Atomic unsigned counter;
@@ -98,7 +117,10 @@ int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_
     snprintf(t->tmp, n, "%s/.%s.ckptio-tmp-%d-%u-%lx", dir, base, (int)getpid(),
              atomic_fetch_add(&counter, 1), (unsigned long)ts.tv_nsec);
     t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (t->fd >= 0 || errno != EEXIST) break;
+    if (t->fd < 0 && errno != EEXIST) break;
+    if (t->fd >= 0 && ckptio_tmpfile_claim(t->fd)) break;
+    if (t->fd >= 0) close(t->fd); /* swept between its creation and our lock: take another name */
+    t->fd = -1;
   }
   if (t->fd < 0) {
     rc = ckptio_err_fmt(err, errlen, -errno, "%s: cannot create temp file in %s: %s", path, dir,

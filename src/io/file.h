@@ -35,6 +35,16 @@ typedef struct ckptio_tmpfile {
  * @return 0 or a negative code with the detail in err. */
 int ckptio_tmpfile_open(ckptio_tmpfile *t, const char *path, int direct, uint64_t size,
                         char *err, size_t errlen);
+/* A live save's temp file is marked by an advisory lock (flock) its
+ * descriptor holds until the file is renamed or removed; a process that
+ * dies drops it. So a sweep of the temps a killed save left never removes
+ * one that a concurrent save is writing.
+ * ckptio_tmpfile_claim: marks a temp just created; 0 when a sweep removed
+ * it first (the caller takes another name).
+ * ckptio_tmpfile_unclaimed: removes dirfd/name if no live save holds it.
+ * @return 1 when it was removed, 0 when it is live or could not be opened. */
+int ckptio_tmpfile_claim(int fd);
+int ckptio_tmpfile_unclaimed(int dirfd, const char *name);
 /* Truncates to size, syncs (if sync), renames over path, syncs the
  * directory, closes. On failure the temp file is removed and path keeps
  * what it had. The file the rename replaced, if any, goes into `held`

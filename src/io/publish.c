@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckptio.h"
@@ -36,11 +38,14 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
   int inject = ckptio_fault_check(CKPTIO_FAULT_RENAME);
   if (inject)
     return ckptio_err_fmt(err, errlen, -inject, "%s: rename from temp file: %s", t->path, ckptio_errno_text(inject));
-  if (renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_EXCHANGE) == 0) {
-    *how = CKPTIO_SWAP_EXCHANGED;
-    return 0;
-  }
-  if (errno == ENOENT && access(t->tmp, F_OK) == 0) {
+  /* A concurrent save of the same name may publish between our two tries:
+   * then the exchange is tried again (the last to publish wins). */
+  for (int tries = 0; tries < 8; tries++) {
+    if (renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_EXCHANGE) == 0) {
+      *how = CKPTIO_SWAP_EXCHANGED;
+      return 0;
+    }
+    if (errno != ENOENT || access(t->tmp, F_OK) != 0) break;
     /* Nothing at the final path yet. NOREPLACE: if one appears meanwhile we
      * fail rather than destroy it without a way back. */
     int ok = renameat2(AT_FDCWD, t->tmp, AT_FDCWD, t->path, RENAME_NOREPLACE) == 0;
@@ -51,7 +56,9 @@ int ckptio_tmpfile_swap_in(ckptio_tmpfile *t, ckptio_swap *how, char *err, size_
       *how = CKPTIO_SWAP_NEW;
       return 0;
     }
-  } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+    if (errno != EEXIST) break;
+  }
+  if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
     /* No exchange on this filesystem: a plain rename, which a later
      * failure cannot undo (the reader's save-id check still catches it). */
     if (rename(t->tmp, t->path) == 0) {
@@ -86,6 +93,23 @@ void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, ckptio_held *hel
   ckptio_tmpfile_abort(t); /* an exchange left the old file at tmp: removed */
 }
 
+int ckptio_dir_lock(const char *dir, int shared) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  /* A reader waits a bounded time (a publish is renames and a few syncs):
+   * a lock held for longer (this process's own manager on the directory,
+   * a stuck publisher) must not hang the open, which then reads unlocked. */
+  for (int waited_ms = 0; flock(fd, shared ? LOCK_SH | LOCK_NB : LOCK_EX) < 0; waited_ms++) {
+    if (errno != EINTR && (errno != EWOULDBLOCK || waited_ms >= 10000)) break;
+    if (errno == EWOULDBLOCK) nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  return fd; /* without the lock where the filesystem has none */
+}
+
+void ckptio_dir_unlock(int fd) {
+  if (fd >= 0) close(fd); /* drops the lock */
+}
+
 int ckptio_dir_sync(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return -errno;
@@ -95,13 +119,18 @@ int ckptio_dir_sync(const char *dir) {
 }
 
 /* Removes every file of dir whose name `doomed` says so, best effort; with
- * `held`, each is held there first (its blocks freed when it is closed). */
+ * `held`, each is held there first (its blocks freed when it is closed).
+ * Temp files (temps) only when no live save holds them (io/file.h). */
 static void sweep(const char *dir, int (*doomed)(const char *name, const void *arg), const void *arg,
-                  ckptio_held *held) {
+                  ckptio_held *held, int temps) {
   DIR *d = opendir(dir);
   struct dirent *e;
   while (d && (e = readdir(d))) {
     if (!doomed(e->d_name, arg)) continue;
+    if (temps) {
+      ckptio_tmpfile_unclaimed(dirfd(d), e->d_name);
+      continue;
+    }
     if (held) ckptio_held_add(held, ckptio_hold_blocks(dirfd(d), e->d_name));
     unlinkat(dirfd(d), e->d_name, 0);
   }
@@ -131,7 +160,7 @@ static int stale_shard(const char *n, const void *arg) {
  * save_pretrained does; only names exactly of the pattern. */
 void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards, ckptio_held *held) {
   set_names s = {prefix, nshards};
-  sweep(dir, stale_shard, &s, held);
+  sweep(dir, stale_shard, &s, held, 0);
 }
 
 /* ".{prefix}-KKKKK-of-MMMMM.safetensors.ckptio-tmp-*" or
@@ -149,7 +178,7 @@ static int set_temp(const char *n, const void *arg) {
 
 void ckptio_remove_stray_temps(const char *dir, const char *prefix) {
   set_names s = {prefix, 0};
-  sweep(dir, set_temp, &s, NULL);
+  sweep(dir, set_temp, &s, NULL, 1);
 }
 
 static int file_temp(const char *n, const void *arg) {
@@ -163,5 +192,5 @@ void ckptio_remove_stray_temps_of(const char *path) {
   char dir[4096], want[4096];
   snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1, slash ? path : ".");
   int n = snprintf(want, sizeof(want), ".%s.ckptio-tmp-", base);
-  if (n > 0 && (size_t)n < sizeof(want)) sweep(dir, file_temp, want, NULL);
+  if (n > 0 && (size_t)n < sizeof(want)) sweep(dir, file_temp, want, NULL, 1);
 }

@@ -40,12 +40,25 @@ void ckptio_tmpfile_swap_back(ckptio_tmpfile *t, ckptio_swap how);
  * caller to close; NULL: freed at once. */
 void ckptio_tmpfile_release(ckptio_tmpfile *t, ckptio_swap how, ckptio_held *held);
 
+/* Sets published into one directory one at a time: a set's publish
+ * (shards swapped in, then the index) holds an advisory lock (flock) on
+ * its directory, so that concurrent saves of a set never interleave their
+ * swaps and the last to publish wins whole; a reader opening a set holds
+ * it shared, so that it never pairs an index with shards of another save.
+ * ckptio_dir_lock waits for it (shared: 10 s at most, then goes on
+ * unlocked) and returns the descriptor that holds it (-1 when the
+ * directory cannot be opened: then no lock, as on a filesystem without
+ * locks); ckptio_dir_unlock drops it. */
+int ckptio_dir_lock(const char *dir, int shared);
+void ckptio_dir_unlock(int fd);
+
 /* After a set "{prefix}-KKKKK-of-NNNNN.safetensors" is published: removes
  * the files of that pattern with another count than nshards (an earlier
  * save's), each held in `held` first (NULL: freed at once). Best effort. */
 void ckptio_remove_stale_shards(const char *dir, const char *prefix, size_t nshards, ckptio_held *held);
-/* Removes the hidden temp files of a set's names that a killed save left
- * (only while no other save of that prefix runs in dir). Best effort. */
+/* Removes the hidden temp files of a set's names that a killed save left;
+ * a concurrent save's live temps stay (ckptio_tmpfile_unclaimed). Best
+ * effort. */
 void ckptio_remove_stray_temps(const char *dir, const char *prefix);
 /* The same for one file: ".{basename}.ckptio-tmp-*" next to path. */
 void ckptio_remove_stray_temps_of(const char *path);

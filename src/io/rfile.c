@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -99,10 +100,25 @@ static uint32_t dio_align(int fd) {
   return CKPTIO_IO_ALIGN;
 }
 
+/* The file f->fd holds, opened again with O_DIRECT: through /proc, or by
+ * its path when it is still the same file there. A save may have renamed
+ * another file over the path since the open: its bytes are not this
+ * reader's (the caller reads without O_DIRECT instead). */
+static int reopen_direct(const ckptio_rfile *f) {
+  char self[64];
+  snprintf(self, sizeof(self), "/proc/self/fd/%d", f->fd);
+  int fd = open(self, O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd >= 0 || errno == EINVAL) return fd; /* EINVAL: the filesystem refuses O_DIRECT */
+  struct stat a, b;
+  if ((fd = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC)) < 0) return -1;
+  if (fstat(fd, &a) == 0 && fstat(f->fd, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return fd;
+  close(fd);
+  return -1;
+}
+
 int ckptio_rfile_direct(ckptio_rfile *f) {
   if (f->store) return -1; /* objects: no O_DIRECT */
-  if (f->fd_direct < 0 && (f->fd_direct = open(f->path, O_RDONLY | O_DIRECT | O_CLOEXEC)) >= 0)
-    f->dio_align = dio_align(f->fd_direct);
+  if (f->fd_direct < 0 && (f->fd_direct = reopen_direct(f)) >= 0) f->dio_align = dio_align(f->fd_direct);
   return f->fd_direct;
 }
 

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "formats/hf_index.h"
 #include "io/file.h"
+#include "io/publish.h"
 #include "load/source.h"
 
 typedef struct set {
@@ -535,8 +536,13 @@ int ckptio_set_open(ckptio_ctx *ctx, const ckptio_options *opts, const char *pat
     x->dir = slash ? strndup(x->s.path, slash == x->s.path ? 1 : (size_t)(slash - x->s.path)) : strdup(".");
     if (!x->dir) rc = -ENOMEM;
   }
+  /* The index and the files it names, read while no save of the
+   * directory publishes (io/publish.h); once open, a later publish cannot
+   * change them. */
+  int lock = rc == 0 && !store ? ckptio_dir_lock(x->dir, 1) : -1;
   if (rc == 0 && (rc = parse_index(x)) == 0 && (rc = open_shards(x)) == 0 && (rc = cross_check(x)) == 0)
     rc = merge(x);
+  ckptio_dir_unlock(lock);
   if (rc < 0) {
     if (rc == -ENOMEM && !err[0]) ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "%s: out of memory opening the shards", path);
     ckptio_source_close(&x->s);
