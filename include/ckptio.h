@@ -305,7 +305,18 @@ typedef struct ckptio_options {
  * kernel older than 5.14 (no MADV_POPULATE_WRITE) the memory is touched
  * inside ckptio_ctx_create instead.
  * Thread safety: any number of writers and readers of one context may run
- * at once from different threads; they share the pool and the ring. */
+ * at once from different threads; they share the pool and the ring.
+ * Fork: a context belongs to the process that created it. fork() copies
+ * only the calling thread, so a child's copy of its parent's context has
+ * no workers: there, every call that would use them (an open on the
+ * context, a load of a reader opened before the fork, a writer's commit,
+ * waits and close) fails at once with CKPTIO_E_STATE and says to create a
+ * context in the child, and ckptio_ctx_free of it returns without
+ * touching it (the parent's memory is the parent's). A child creates its
+ * own context and uses it as any process does; the library keeps no
+ * process-wide lock a fork could leave held. CUDA does not survive a
+ * fork (the CUDA runtime's rule): a child that loads onto GPUs must not
+ * have inherited an initialised CUDA context, whichever library made it. */
 typedef struct ckptio_ctx ckptio_ctx;
 
 /*! ckptio_ctx_create() :
@@ -315,7 +326,8 @@ typedef struct ckptio_ctx ckptio_ctx;
  *  @return 0 and *out, or a negative code (*out is then NULL). */
 int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
 /*! Joins the workers and frees the ring. Every writer and reader of this
- *  context must have been closed first. Accepts NULL. */
+ *  context must have been closed first. Accepts NULL; in a forked child,
+ *  a parent's context is left as it is (see above). */
 void ckptio_ctx_free(ckptio_ctx *ctx);
 /*! The options in force (defaults resolved) into *out, whose size the
  *  caller sets (start from CKPTIO_OPTIONS_INIT; the rule of versioned
@@ -398,7 +410,10 @@ typedef struct ckptio_writer ckptio_writer;
  *  fsync), and a failed save leaves whatever was at `path` untouched. A
  *  process killed mid-save leaves `path` as it was and a hidden temp file
  *  (".NAME.ckptio-tmp-*") next to it, which the next successful save of
- *  `path` removes (so two saves of one path must not run at once).
+ *  `path` removes. A live save's temp file holds an advisory lock (flock)
+ *  that a dead process drops, and only unlocked ones are removed, so saves
+ *  of one path may run at once, from threads or processes: each succeeds,
+ *  the last to rename wins, and `path` always holds one whole save.
  *  The file's blocks are allocated at commit (-ENOSPC before any write when
  *  they do not fit; a save that finds no space first waits for the blocks
  *  of files that earlier saves replaced, below, and tries once more). A
@@ -794,8 +809,12 @@ int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
  * reads whole until a later save publishes. Without one, the reader refuses
  * the set, naming the shard (CKPTIO_E_SHARD). After a crash, left-over
  * hidden temp files (".NAME.ckptio-tmp-*") remain in `dir` until the next
- * save of the set publishes and removes those of its own names (so two
- * saves of one set must not run at once). Once the new
+ * save of the set publishes and removes those of its own names (a live
+ * save's temps are locked and stay, as for one file). Saves of one set may
+ * run at once: each publish (the swaps and the index) holds an advisory
+ * lock on `dir`, so publishes never interleave and the last wins whole, and
+ * a reader opening the set holds it shared (10 s at most) so that it never
+ * pairs an index with another save's shards. Once the new
  * index is in place, shards of an earlier save with another shard count
  * (`{prefix}-NNNNN-of-MMMMM.safetensors`, MMMMM != N) are removed, as
  * transformers' save_pretrained does; no other file is touched.

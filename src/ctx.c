@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/options.h"
 #include "core/sized.h"
@@ -65,6 +66,7 @@ static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   ckptio_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return -ENOMEM;
   ckptio_closer_init(&ctx->closer);
+  ctx->pid = getpid();
   char why[CKPTIO_ERRLEN];
   int rc = copy_options(opts, &ctx->opts, why);
   if (rc < 0) {
@@ -124,8 +126,20 @@ int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   return ckptio_open_error_end(rc, "ckptio_ctx_create", ckptio_last_open_error());
 }
 
+int ckptio_ctx_check_process(const ckptio_ctx *ctx, char *err, size_t errlen) {
+  if (ctx->pid == getpid()) return 0;
+  return ckptio_err_fmt(err, errlen, CKPTIO_E_STATE,
+                        "this context was created by process %d, before a fork: a forked child has none of its "
+                        "worker threads (nor its GPU state); create a context in the child (ckptio_ctx_create "
+                        "after fork)",
+                        (int)ctx->pid);
+}
+
 void ckptio_ctx_free(ckptio_ctx *ctx) {
-  if (!ctx) return;
+  /* A parent's context in a forked child: its threads and GPU state are
+   * not there to stop, and its memory is the parent's, copied on write.
+   * Left as it is: joining or freeing it could wait forever. */
+  if (!ctx || ctx->pid != getpid()) return;
   /* The preparer first (told to stop between slots: a context freed at
    * once does not fault in memory it will never use); then the workers: a
    * queued job may still hold a slot of the ring; then the GPU streams,
@@ -204,6 +218,8 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr) {
 
 int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, ckptio_options *out, char *err) {
   *out = ctx->opts;
+  int forked = ckptio_ctx_check_process(ctx, err, CKPTIO_ERRLEN);
+  if (forked < 0) return forked;
   if (!call) return 0;
   ckptio_options c;
   int rc = copy_options(call, &c, err);

@@ -2,6 +2,8 @@
 #ifndef CKPTIO_INTERNAL_H
 #define CKPTIO_INTERNAL_H
 
+#include <sys/types.h>
+
 #include "ckptio.h"
 #include "core/error.h"
 #include "core/hold.h"
@@ -34,7 +36,13 @@ struct ckptio_ctx {
   ckptio_closer closer; /* the files its saves replaced, closed after them */
   pthread_t preparer;  /* faults in (and pins) snapshot memory; see ctx.c */
   int preparing;       /* preparer started: join it at free */
+  pid_t pid;           /* the creating process: its threads are not a forked child's */
 };
+
+/* 0 in the process that created ctx; in a forked child, whose copy of the
+ * context has no workers (fork copies only the calling thread),
+ * CKPTIO_E_STATE with the advice to create a context there, in err. */
+int ckptio_ctx_check_process(const ckptio_ctx *ctx, char *err, size_t errlen);
 
 /* Compressions or decompressions ctx runs at once: its workers, at most
  * CKPTIO_CODEC_JOBS. */

@@ -95,6 +95,21 @@ def _ctx_free() -> None:
         _ctx_handle = _map_ctx_handle = None
 
 
+def _forget_in_child() -> None:
+    """After os.fork, in the child (DataLoader workers, multiprocessing's
+    fork, preforking servers): the parent's contexts have none of their
+    worker threads here, so the child makes its own at its first call; the
+    parent's are left alone (freeing them would wait for those threads).
+    configure()'s settings carry over; the lock is new, since another
+    thread of the parent may have held it at the fork."""
+    global _ctx_lock, _ctx_handle, _map_ctx_handle
+    _ctx_lock = threading.Lock()
+    _ctx_handle = _map_ctx_handle = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def map_ctx() -> ctypes.c_void_p:
     """The context for zero-copy loads: the process's context once it exists
     (its staging ring is paid for), else a light one whose ring is two

@@ -345,6 +345,19 @@ class SaveHandle:
         state = "closed" if self._closed.is_set() else "open"
         return f"<ckptio.torch.SaveHandle {self.filename!r} {state}>"
 
+    def _leave_to_parent(self) -> None:
+        """In a forked child: the save runs in the parent, whose threads the
+        child has not; the handle ends here as closed, its calls raise at
+        once, and the writer is never touched."""
+        self._cv = threading.Condition()
+        self._closing = True
+        self._closed = threading.Event()
+        self._closed.set()
+        self._w = None
+        self._keep = None
+        self._error = from_code(_lib.ERRORS["STATE"], f"{self.filename}: this save runs in the process "
+                                f"{os.getppid()} that forked this one; only it can wait for the save")
+
 
 # Handles whose writer is open: the context must not be freed under them at
 # exit. Registered after the context's own atexit hook, so it runs before it.
@@ -356,6 +369,17 @@ _atexit_done = False
 def _close_live() -> None:
     for h in list(_live):
         h.close()
+
+
+def _leave_live_to_parent() -> None:
+    global _atexit_lock
+    _atexit_lock = threading.Lock()
+    for h in list(_live):
+        h._leave_to_parent()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_leave_live_to_parent)
 
 
 def _register_atexit() -> None:

@@ -10,6 +10,10 @@
  * is not thread-safe (ThreadSanitizer caught two contexts created at once):
  * one topology load at a time. Contexts are made rarely; this costs nothing. */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Held across fork, so that a child never inherits it locked. */
+static void load_lock(void) { pthread_mutex_lock(&load_mu); }
+static void load_unlock(void) { pthread_mutex_unlock(&load_mu); }
+__attribute__((constructor)) static void load_atfork(void) { pthread_atfork(load_lock, load_unlock, load_unlock); }
 
 int ckptio_numa_place(const char *busid, void *mem, size_t bytes, const pthread_t *threads,
                       int nthreads, char *report, size_t len) {

@@ -279,6 +279,8 @@ static int check_crcs(exec *x, ckptio_xreq *qs, size_t n) {
 
 int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, size_t n, const ckptio_exec_out *out) {
   exec x = {.ctx = ctx, .plan = {.ctx = ctx, .opts = opts}, .out = out};
+  int forked = ckptio_ctx_check_process(ctx, out->err, CKPTIO_ERRLEN);
+  if (forked < 0) return forked;
   if (!(x.copies = calloc(ckptio_ring_slots(ctx->ring), sizeof(copying)))) {
     snprintf(out->err, CKPTIO_ERRLEN, "out of memory starting a load");
     return -ENOMEM;

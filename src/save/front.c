@@ -7,6 +7,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
+#include "internal.h"
 #include "save/save.h"
 
 /* The public opens: ckptio_last_open_error is cleared on entry and holds
@@ -78,11 +79,16 @@ int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {
   return w->verbs->abort(w, code, why);
 }
 
-int ckptio_writer_commit_async(ckptio_writer *w) { return w ? w->verbs->commit_async(w) : CKPTIO_E_INVALID_ARG; }
-int ckptio_writer_wait_snapshot(ckptio_writer *w) { return w ? w->verbs->wait_snapshot(w) : CKPTIO_E_INVALID_ARG; }
-int ckptio_writer_wait_durable(ckptio_writer *w) { return w ? w->verbs->wait_durable(w) : CKPTIO_E_INVALID_ARG; }
-int ckptio_writer_poll_snapshot(ckptio_writer *w) { return w ? w->verbs->poll_snapshot(w) : CKPTIO_E_INVALID_ARG; }
-int ckptio_writer_poll_durable(ckptio_writer *w) { return w ? w->verbs->poll_durable(w) : CKPTIO_E_INVALID_ARG; }
+/* In a forked child a parent's writer has no coordinator or workers: the
+ * calls that would start or wait for them refuse at once instead. */
+static int forked(ckptio_writer *w) { return ckptio_ctx_check_process(w->ctx, w->err, sizeof(w->err)); }
+
+#define DRIVE(w, verb) (!(w) ? CKPTIO_E_INVALID_ARG : forked(w) < 0 ? CKPTIO_E_STATE : (w)->verbs->verb(w))
+int ckptio_writer_commit_async(ckptio_writer *w) { return DRIVE(w, commit_async); }
+int ckptio_writer_wait_snapshot(ckptio_writer *w) { return DRIVE(w, wait_snapshot); }
+int ckptio_writer_wait_durable(ckptio_writer *w) { return DRIVE(w, wait_durable); }
+int ckptio_writer_poll_snapshot(ckptio_writer *w) { return DRIVE(w, poll_snapshot); }
+int ckptio_writer_poll_durable(ckptio_writer *w) { return DRIVE(w, poll_durable); }
 
 int ckptio_writer_commit(ckptio_writer *w) {
   if (w) w->sync = 1;
@@ -105,6 +111,8 @@ int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out) {
 
 size_t ckptio_writer_shard_count(const ckptio_writer *w) { return w ? w->verbs->shard_count(w) : 0; }
 
-int ckptio_writer_close(ckptio_writer *w) { return w ? w->verbs->close(w) : 0; }
+/* A parent's writer is left to the parent in a forked child (closing
+ * it would join threads the child does not have). */
+int ckptio_writer_close(ckptio_writer *w) { return !w ? 0 : forked(w) < 0 ? CKPTIO_E_STATE : w->verbs->close(w); }
 
 const char *ckptio_writer_last_error(const ckptio_writer *w) { return w ? w->err : ""; }

@@ -97,6 +97,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->base.verbs = &ranks_verbs;
+  w->base.ctx = ctx;
   w->ctx = ctx;
   w->comm = c;
   w->store = object ? store : NULL;

@@ -44,6 +44,7 @@ typedef struct ckptio_writer_verbs {
 /* The head of every kind's struct. */
 struct ckptio_writer {
   const ckptio_writer_verbs *verbs;
+  const ckptio_ctx *ctx;          /* whose process alone may drive the save */
   char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
   int sync;                       /* committed by ckptio_writer_commit: the caller
                                      waits for the durable point, so an early

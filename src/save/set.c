@@ -100,6 +100,7 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->base.verbs = &set_verbs;
+  w->base.ctx = ctx;
   w->ctx = ctx;
   w->max_shard_bytes = max_shard_bytes;
   w->order = order;
@@ -360,7 +361,9 @@ static void *shard_main(void *arg) {
   }
   if (rc == 0) {
     uint64_t t = ckptio_now_ns();
+    int lock = w->store ? -1 : ckptio_dir_lock(w->dir, 0);
     rc = w->store ? publish_objects(w) : publish(w);
+    ckptio_dir_unlock(lock);
     atomic_store(&w->publish_ns, ckptio_now_ns() - t);
   } else
     for (size_t k = 0; k < w->nshards; k++) ckptio_tmpfile_abort(&w->files[k]);

@@ -141,6 +141,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
     return rc < 0 ? rc : -ENOMEM;
   }
   w->base.verbs = &file_verbs;
+  w->base.ctx = ctx;
   w->ctx = ctx;
   w->format = format;
   w->file.fd = w->file.fd_direct = -1;

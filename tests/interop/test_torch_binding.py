@@ -898,3 +898,36 @@ def test_load_model_onto_a_gpu_model(tmp_path):
     for name, t in src.state_dict().items():
         assert dst.state_dict()[name].data_ptr() == ptrs[name], name
         assert torch.equal(dst.state_dict()[name].cpu(), t), name
+
+
+class _ShardsDataset(torch.utils.data.Dataset):
+    """Each item loads one file with ckptio in whichever process asks: a
+    DataLoader worker, forked from a parent that has used ckptio."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        out = ct.load_file(self.paths[i])
+        ct.save_file(out, self.paths[i] + f".worker{os.getpid()}")
+        return out["x"]
+
+
+def test_dataloader_workers_forked_after_loads_and_an_async_save(tmp_path):
+    paths = []
+    for i in range(6):
+        paths.append(str(tmp_path / f"s{i}.safetensors"))
+        ct.save_file({"x": torch.full((1000,), float(i))}, paths[-1])
+    assert torch.equal(ct.load_file(paths[0])["x"], torch.zeros(1000))
+    # A save still running in the parent when the workers fork.
+    handle = ct.save_file_async({"big": torch.ones(1 << 22)}, str(tmp_path / "big.safetensors"))
+    loader = torch.utils.data.DataLoader(_ShardsDataset(paths), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork", timeout=60)
+    got = [int(x[0]) for x in loader]
+    assert sorted(got) == list(range(6))
+    handle.wait_durable()
+    assert torch.equal(ct.load_file(str(tmp_path / "big.safetensors"))["big"], torch.ones(1 << 22))
+    assert len([p for p in os.listdir(tmp_path) if ".worker" in p]) == 6
