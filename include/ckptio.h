@@ -202,20 +202,34 @@ typedef enum ckptio_format {
 } ckptio_format;
 
 typedef enum ckptio_load_method {
-  CKPTIO_LOAD_AUTO = 0,  /* PREAD when the page cache holds most of the data,
-                            else DIRECT (a sample of pages, mincore:
-                            ckptio_reader_resident); see bench/RESULTS.md.
+  CKPTIO_LOAD_AUTO = 0,  /* PREAD when the page cache holds most of the data
+                            (a sample of pages, mincore:
+                            ckptio_reader_resident), and when the load fits
+                            in memory: its bytes at most half the memory
+                            this process can still take (MemAvailable, or
+                            its memory cgroup's limit less its usage, v1 or
+                            v2), so that the file's pages and the
+                            destinations both fit. Such a cold load reads as
+                            fast through the page cache as by O_DIRECT
+                            (bench/RESULTS_PEERS.md) and leaves the file
+                            there, so that the next load of it (a restarted
+                            process's too) reads memory. Else DIRECT: a
+                            load that does not fit leaves the cache as it
+                            was. ckptio_stats.load_methods says which ran;
+                            CKPTIO_LOAD_DIRECT always bypasses the cache.
                             A cold DIRECT load into fresh memory pays a
                             fault per page it fills: destinations in
                             transparent huge pages (MADV_HUGEPAGE, from a
                             2 MiB boundary) loaded 1.4-1.6x faster here
                             (bench/RESULTS_PEERS.md, issue 26) */
-  CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations */
+  CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations,
+                            through the page cache (which keeps the file) */
   CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping; pages the file
                             lost since it was opened give CKPTIO_E_SHORT_IO
                             (strided PyTorch views gather from the map
                             unchecked, as any mapping would: SIGBUS) */
-  CKPTIO_LOAD_DIRECT,    /* O_DIRECT reads into staging, then copies: cold cache */
+  CKPTIO_LOAD_DIRECT,    /* O_DIRECT reads into staging (or in place), then
+                            copies: the page cache neither read nor filled */
 } ckptio_load_method;
 
 #define CKPTIO_AUTO (-1)
@@ -1407,11 +1421,12 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
 /*! ckptio_reader_resident() :
  *  The share (0 to 1) of the checkpoint's stored tensor bytes that the page
  *  cache holds now, from a sample of up to 64 pages of each file (mincore:
- *  no I/O; a compressed file's share of its compressed bytes). What
- *  CKPTIO_LOAD_AUTO decides by (PREAD from a half on, else DIRECT), and what
- *  a caller choosing between ckptio_reader_map_private and a copying load
- *  asks: a mapping of a resident file reads nothing, while a cold one fills
- *  the page cache, slower than O_DIRECT reads on many disks
+ *  no I/O; a compressed file's share of its compressed bytes). One of
+ *  what CKPTIO_LOAD_AUTO decides by (PREAD from a half on; below, PREAD
+ *  when the load fits in memory, else DIRECT), and what a caller choosing
+ *  between ckptio_reader_map_private and a copying load asks: a mapping of
+ *  a resident file reads nothing, while a cold one faults the page cache
+ *  in a page at a time, slower than parallel reads on many disks
  *  (bench/RESULTS_PEERS.md). @return 0, or CKPTIO_E_INVALID_ARG. */
 int ckptio_reader_resident(ckptio_reader *r, double *share);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */

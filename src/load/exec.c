@@ -292,6 +292,7 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
     bytes += qs[i].g.nbytes;
     if (qs[i].gpu >= 0 && qs[i].g.nbytes) gpus |= 1ull << qs[i].gpu;
   }
+  x.plan.load_bytes = bytes;
   if (gpus) {
     char msg[CKPTIO_ERRLEN];
     rc = ckptio_gpu_after_callers(ctx->gpu, gpus, out->user_stream, CKPTIO_GPU_H2D, events, msg, sizeof(msg));

@@ -16,6 +16,7 @@
 #include "device/transfer.h"
 #include "formats/safetensors.h"
 #include "formats/torch_read.h"
+#include "io/cache.h"
 #include "io/file.h"
 #include "load/exec.h"
 #include "load/view.h"
@@ -105,21 +106,26 @@ static int parse_header(plain *p) {
 
 /* ------------------------------------------------------------ plan */
 
-static ckptio_load_method pick_method(plain *p, ckptio_xreq **qs, size_t n) {
+static ckptio_load_method pick_method(plain *p, const ckptio_plan *pl, ckptio_xreq **qs, size_t n) {
   ckptio_load_method method = p->s.opts->load_method;
   if (method == CKPTIO_LOAD_AUTO) {
-    /* pread from a warm cache, O_DIRECT from a cold one. Never the map:
-     * populated a piece at a time and dropped once copied, MMAP measured
-     * the same as pread here (bench/RESULTS.md), and pread wins beyond
-     * speed: a file cut short under us is a read error, not a SIGBUS, and
-     * GPU loads need no registration of the file's pages. */
+    /* pread from a warm cache, and from a cold one when the load fits in
+     * memory (io/cache.h): it reads as fast as O_DIRECT and leaves the file
+     * cached for the next load, a restarted process's included. O_DIRECT
+     * for a cold load that does not fit. Never the map: populated a piece
+     * at a time and dropped once copied, MMAP measured the same as pread
+     * here (bench/RESULTS.md), and pread wins beyond speed: a file cut
+     * short under us is a read error, not a SIGBUS, and GPU loads need no
+     * registration of the file's pages. */
     uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL, min_run = UINT64_MAX;
     for (size_t i = 0; i < n; i++) {
       if (!qs[i]->g.full && qs[i]->g.nbytes && qs[i]->g.run < min_run) min_run = qs[i]->g.run;
       if (off) off[i] = qs[i]->e->offset, len[i] = qs[i]->e->nbytes;
     }
-    method = !off || min_run < DIRECT_MIN_RUN || ckptio_rfile_mostly_cached(&p->f, off, len, n) ? CKPTIO_LOAD_PREAD
-                                                                                                : CKPTIO_LOAD_DIRECT;
+    method = !off || min_run < DIRECT_MIN_RUN || ckptio_cache_fits(pl->load_bytes) ||
+                     ckptio_rfile_mostly_cached(&p->f, off, len, n)
+                 ? CKPTIO_LOAD_PREAD
+                 : CKPTIO_LOAD_DIRECT;
     free(off);
   }
   if (method == CKPTIO_LOAD_DIRECT && ckptio_rfile_direct(&p->f) < 0) method = CKPTIO_LOAD_PREAD;
@@ -253,7 +259,7 @@ static int plan_object(plain *p, ckptio_plan *pl, ckptio_xreq **qs, size_t n, ui
 
 static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t n) {
   plain *p = P(s);
-  ckptio_load_method method = pick_method(p, qs, n);
+  ckptio_load_method method = pick_method(p, pl, qs, n);
   uint64_t slot = ckptio_source_slot_bytes(s);
   if (p->f.store && method == CKPTIO_LOAD_PREAD) return plan_object(p, pl, qs, n, slot);
   int gpu = 0;

@@ -96,6 +96,8 @@ typedef struct ckptio_job {
 typedef struct ckptio_plan {
   ckptio_ctx *ctx;
   const ckptio_options *opts;
+  uint64_t load_bytes; /* what the whole load moves, all its sources together:
+                          CKPTIO_LOAD_AUTO's page cache policy (io/cache.h) */
   ckptio_job *jobs;
   size_t njobs, jobs_cap;
   ckptio_part *parts;

@@ -1,0 +1,152 @@
+// CKPTIO_LOAD_AUTO and the page cache (issue 45): a cold load that fits in
+// memory reads through the cache and leaves the file there for the next
+// load (a restarted process's included); CKPTIO_LOAD_DIRECT, or a load that
+// does not fit (a memory cgroup's limit), reads by O_DIRECT and leaves it
+// cold. The stats say which.
+#define CKPTIO_EXPERIMENTAL  // ckptio_reader_resident
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "ckpt_fixture.h"
+extern "C" {
+#include "io/cache.h"
+}
+
+using namespace ckptio_test;
+
+namespace {
+
+// Evicts path's pages (synced first: dirty pages stay); false where the
+// filesystem keeps them (tmpfs) and the test cannot see a cold file.
+bool drop_cache(const std::string &path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  fsync(fd);
+  bool ok = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+  close(fd);
+  return ok;
+}
+
+double resident(ckptio_ctx *ctx, const std::string &path) {
+  ckptio_reader *r = nullptr;
+  double share = -1;
+  if (ckptio_reader_open(ctx, path.c_str(), nullptr, &r) == 0) ckptio_reader_resident(r, &share);
+  ckptio_reader_close(r);
+  return share;
+}
+
+// Loads every tensor of path with `method`; the stats' load_methods.
+uint32_t load_all(ckptio_ctx *ctx, const std::string &path, ckptio_load_method method, const std::vector<Tensor> &ts) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.load_method = method;
+  ckptio_reader *r = nullptr;
+  EXPECT_EQ(ckptio_reader_open(ctx, path.c_str(), &o, &r), 0) << ckptio_last_open_error();
+  if (!r) return 0;
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<ckptio_load_request> reqs;
+  for (const Tensor &t : ts) out.emplace_back(t.bytes.size());
+  for (size_t i = 0; i < ts.size(); i++)
+    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(), CKPTIO_DEVICE_HOST});
+  EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  for (size_t i = 0; i < ts.size(); i++) EXPECT_EQ(out[i], ts[i].bytes) << ts[i].name;
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  EXPECT_EQ(ckptio_reader_stats(r, &st), 0);
+  ckptio_reader_close(r);
+  return st.load_methods;
+}
+
+std::vector<Tensor> model(int mib) {
+  std::vector<Tensor> ts;
+  for (int i = 0; i < mib / 4; i++) ts.push_back(make_tensor("w" + std::to_string(i), CKPTIO_F32, {1 << 20}, i));
+  return ts;
+}
+
+}  // namespace
+
+TEST(CachePolicy, AvailableMemoryIsReadAndBoundsTheCache) {
+  uint64_t avail = ckptio_memory_available();
+  ASSERT_NE(avail, UINT64_MAX) << "no /proc/meminfo";
+  EXPECT_GT(avail, 0u);
+  EXPECT_TRUE(ckptio_cache_fits(1 << 20));
+  EXPECT_TRUE(ckptio_cache_fits(avail / 2));
+  EXPECT_FALSE(ckptio_cache_fits(avail / 2 + (avail / 4)));
+}
+
+TEST(CachePolicy, AutoLeavesAColdFileCachedAndDirectDoesNot) {
+  TempDir dir;
+  TestContext c(small_options(1 << 20, 8 << 20, 4));
+  auto ts = model(16);
+  const std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, ts), 0);
+  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
+    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  EXPECT_EQ(load_all(c.ctx, path, CKPTIO_LOAD_AUTO, ts), 1u << CKPTIO_LOAD_PREAD);
+  EXPECT_GT(resident(c.ctx, path), 0.9) << "the next load would read the disk again";
+  EXPECT_EQ(load_all(c.ctx, path, CKPTIO_LOAD_AUTO, ts), 1u << CKPTIO_LOAD_PREAD);  // warm: from memory
+
+  ASSERT_TRUE(drop_cache(path));
+  uint32_t m = load_all(c.ctx, path, CKPTIO_LOAD_DIRECT, ts);
+  if (m == 1u << CKPTIO_LOAD_PREAD) GTEST_SKIP() << "O_DIRECT refused on " << dir.path();
+  EXPECT_EQ(m, 1u << CKPTIO_LOAD_DIRECT);
+  EXPECT_LT(resident(c.ctx, path), 0.1) << "an O_DIRECT load filled the page cache";
+}
+
+// A child in a memory cgroup (v1 or v2) whose limit leaves less than twice
+// the file: AUTO reads it by O_DIRECT, and the load completes inside the
+// limit. Skipped where no cgroup can be made (not root, no controller).
+TEST(CachePolicy, AMemoryLimitTurnsAutoToDirect) {
+  TempDir dir;
+  auto ts = model(48);
+  const std::string path = dir.file("m.safetensors");
+  {
+    TestContext c(small_options(1 << 20, 8 << 20, 4));
+    ASSERT_EQ(save(c.ctx, path, ts), 0);
+  }
+  // This process's memory cgroup directory and its files' names.
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, group, limit_file;
+  while (std::getline(cg, line)) {
+    size_t v1 = line.find(":memory:");
+    if (v1 != std::string::npos) {
+      group = "/sys/fs/cgroup/memory" + line.substr(v1 + 8), limit_file = "memory.limit_in_bytes";
+      break;
+    }
+    if (line.rfind("0::", 0) == 0) group = "/sys/fs/cgroup" + line.substr(3), limit_file = "memory.max";
+  }
+  std::string child = group + "/ckptio-cache-test-" + std::to_string(getpid());
+  if (group.empty() || mkdir(child.c_str(), 0755) != 0 || access((child + "/" + limit_file).c_str(), W_OK) != 0) {
+    rmdir(child.c_str());
+    GTEST_SKIP() << "cannot make a memory cgroup under '" << group << "' here";
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(60);
+    auto put = [&](const std::string &file, const std::string &v) {
+      std::ofstream f(child + "/" + file);
+      f << v;
+      return (bool)f.flush();
+    };
+    // 80 MiB: the 48 MiB file does not fit twice; its 48 MiB of
+    // destinations and a small context do.
+    if (!put(limit_file, std::to_string(80 << 20)) || !put("cgroup.procs", std::to_string(getpid()))) _exit(10);
+    if (ckptio_cache_fits(48 << 20)) _exit(11);
+    if (!drop_cache(path)) _exit(12);
+    ckptio_options o = small_options(1 << 20, 4 << 20, 4);
+    ckptio_ctx *ctx = nullptr;
+    if (ckptio_ctx_create(&o, &ctx) != 0) _exit(13);
+    uint32_t m = load_all(ctx, path, CKPTIO_LOAD_AUTO, ts);
+    _exit(::testing::Test::HasFailure() ? 14 : m == 1u << CKPTIO_LOAD_DIRECT ? 0 : 15);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  rmdir(child.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status) << " (over its limit?)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10-13: setup, 14: a wrong byte, 15: not read by O_DIRECT";
+}
