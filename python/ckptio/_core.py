@@ -166,10 +166,11 @@ MAP_RESIDENT = 0.5
 
 
 def backend_choice(backend: str, mmap: Optional[bool]) -> Optional[bool]:
-    """A load's backend ("auto", "mmap" or "pread"; mmap, ckptio's older
-    keyword, overrides it when given) as Reader's mapped: None, True, False."""
-    if backend not in ("auto", "mmap", "pread"):
-        raise ValueError(f"backend must be 'auto', 'mmap' or 'pread', got {backend!r}")
+    """A load's backend ("auto", "mmap", "pread" or "direct"; mmap,
+    ckptio's older keyword, overrides it when given) as Reader's mapped:
+    None, True, False ("direct" is a copying load: Reader's direct)."""
+    if backend not in ("auto", "mmap", "pread", "direct"):
+        raise ValueError(f"backend must be 'auto', 'mmap', 'pread' or 'direct', got {backend!r}")
     if mmap is not None:
         return bool(mmap)
     return None if backend == "auto" else backend == "mmap"
@@ -178,18 +179,26 @@ def backend_choice(backend: str, mmap: Optional[bool]) -> Optional[bool]:
 class Reader:
     """An open ckptio_reader (a context manager closing it)."""
 
-    def __init__(self, path: PathLike, crc: bool = True, mapped: Optional[bool] = False) -> None:
+    def __init__(self, path: PathLike, crc: bool = True, mapped: Optional[bool] = False,
+                 direct: bool = False) -> None:
         """mapped: True, the caller wants a zero-copy load, which runs on the
         light context of map_ctx(); None, a zero-copy load if the page cache
         holds the file (resident()), else a copying one; False, a copying
         load. A compressed file cannot be mapped, and a cold one is read
-        faster by O_DIRECT than through the page cache (bench/RESULTS_PEERS.md):
-        both are copied, on the full context whose staging ring copies need.
+        faster by parallel reads than by a mapping's page faults
+        (bench/RESULTS_PEERS.md): both are copied, on the full context whose
+        staging ring copies need, by CKPTIO_LOAD_AUTO (through the page
+        cache when the file fits in memory, leaving it there for the next
+        load; O_DIRECT when it does not). direct: copying loads by O_DIRECT
+        (CKPTIO_LOAD_DIRECT), which leave the page cache as it was.
         self.mapped says which it is. (A sharded set is mapped shard by
         shard: shards().)"""
         self.lib: Any = _lib.lib()
         self.path: bytes = os.fsencode(os.fspath(path))
         self.handle: Optional[ctypes.c_void_p] = None
+        self.direct = direct
+        if direct:
+            mapped = False
         # An object of a storage ("s3://...") is never mapped: "auto" copies
         # it without opening it twice.
         self.mapped = mapped is True or (mapped is None and b"://" not in self.path)
@@ -223,6 +232,8 @@ class Reader:
 
     def _open(self, context: ctypes.c_void_p, crc: bool) -> None:
         opts = options(context, crc)
+        if self.direct:
+            opts.load_method = _lib.LOAD_METHODS.index("direct")
         handle = ctypes.c_void_p()
         check(self.lib.ckptio_reader_open(context, self.path, ctypes.byref(opts),
                                           ctypes.byref(handle)),

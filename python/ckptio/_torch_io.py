@@ -485,10 +485,12 @@ def numel_size(shape: Tuple[int, ...], dtype: torch.dtype) -> Tuple[int, int]:
 class TorchReader(Reader):
     """A Reader whose loads make torch tensors on one device."""
 
-    def __init__(self, path: PathLike, device: Device, mmap: Optional[bool] = False) -> None:
-        """mmap as Reader's mapped (None: map a resident file), on the CPU only."""
+    def __init__(self, path: PathLike, device: Device, mmap: Optional[bool] = False,
+                 direct: bool = False) -> None:
+        """mmap as Reader's mapped (None: map a resident file), on the CPU
+        only; direct as Reader's."""
         self.device, self.code = load_device(device)
-        super().__init__(path, crc=True, mapped=mmap if self.device.type == "cpu" else False)
+        super().__init__(path, crc=True, mapped=mmap if self.device.type == "cpu" else False, direct=direct)
         self.entries: List[_lib.TensorInfo] = []
         self.by_name: Dict[str, int] = {}
         self._indexed = False

@@ -212,14 +212,17 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
     copied; a sharded set maps each shard on its own; a compressed file is
     always copied.
     backend="pread": every tensor is copied into fresh memory (parallel
-    reads, O_DIRECT from a cold file); the arrays are independent of the
-    file (the large ones share one anonymous mapping in 2 MiB pages,
-    unmapped when the last of them goes). backend="auto" (the default): "mmap" when the page cache holds
-    the file, "pread" when it is cold, whichever is faster for it now (see
+    reads, through the page cache where the file fits in memory, which then
+    keeps it for the next load; O_DIRECT where it does not); the arrays are
+    independent of the file (the large ones share one anonymous mapping in
+    2 MiB pages, unmapped when the last of them goes). backend="direct": as
+    "pread", always by O_DIRECT, leaving the page cache as it was.
+    backend="auto" (the default): "mmap" when the page cache holds the file,
+    "pread" when it is cold, whichever is faster for it now (see
     ckptio.torch.load_file). mmap (keyword-only, ckptio's older spelling)
     overrides backend when given."""
     mapped = backend_choice(backend, mmap)
-    with Reader(filename, crc, mapped=mapped) as r:
+    with Reader(filename, crc, mapped=mapped, direct=backend == "direct") as r:
         shards = r.shards() if r.mapped else []
         if not shards:
             return _load_one(r, r.mapped)
@@ -398,7 +401,7 @@ class safe_open(OpenReader[Reader]):
         if device != "cpu":
             raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
         self._mmap = backend_choice(backend, None)
-        r = Reader(filename)
+        r = Reader(filename, direct=backend == "direct")
         try:
             self._infos = r.infos()
         except BaseException:

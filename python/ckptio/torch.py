@@ -246,20 +246,26 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     the same path) while the tensors live makes reading them raise SIGBUS or
     see the new bytes. backend="pread" gives tensors in fresh memory,
     independent of the file (the large ones share one anonymous mapping in
-    2 MiB pages, unmapped when the last of them goes; parallel reads:
-    O_DIRECT from a cold file,
-    about half the mapping's speed from a warm cache). backend="auto" (the
-    default) is the faster of the two for this file now: "mmap" when the
-    page cache holds it (nothing to read), "pread" when it is cold (the page
-    cache fills slower than O_DIRECT reads; bench/RESULTS_PEERS.md); the
-    tensors are views or copies accordingly. mmap (keyword-only, ckptio's
+    2 MiB pages, unmapped when the last of them goes; parallel reads,
+    about half the mapping's speed from a warm cache). A cold file that
+    fits in memory (at most half of what this process can still take:
+    MemAvailable, or its memory cgroup's limit less its usage) is read
+    through the page cache, as fast as by O_DIRECT here, and stays there,
+    so the next load of it, a restarted process's too, reads memory; one
+    that does not fit is read by O_DIRECT. backend="direct" is "pread"
+    always by O_DIRECT, leaving the page cache as it was (a file read once,
+    memory kept for other work). backend="auto" (the default) is the
+    faster for this file now: "mmap" when the page cache holds it (nothing
+    to read), "pread" when it is cold (a mapping's faults fill the page
+    cache slower than parallel reads; bench/RESULTS_PEERS.md); the tensors
+    are views or copies accordingly. mmap (keyword-only, ckptio's
     older spelling: True is "mmap", False "pread") overrides backend when
     given. Strided views and big-endian entries of .pt files, and
     misaligned tensors, are always copied. A sharded set maps each shard on
     its own (and "auto" decides shard by shard); a compressed file is
     always copied. The backend has no effect for a CUDA device."""
     mapped = backend_choice(backend, mmap)
-    with TorchReader(filename, device, mapped) as r:
+    with TorchReader(filename, device, mapped, direct=backend == "direct") as r:
         shards = r.shards() if r.mapped else []
         if not shards:
             return r.load(range(len(r.index())), mmap=r.mapped)
@@ -301,12 +307,13 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     model may hold part of the file. in_place=False loads the whole file
     first and leaves the model untouched by a failed load, at the cost of a
     second copy of the model in memory; backend is that load's (in place,
-    everything is read as backend="pread" reads it)."""
+    everything is read as backend="pread" reads it, or "direct" when asked)."""
     current = model.state_dict()
     if not in_place:
         state = load_file(filename, device, backend=backend)
         return _apply(model, current, state, set(state), {}, strict)
-    with TorchReader(filename, device, False) as r:
+    backend_choice(backend, None)  # refuses an unknown one, as load_file does
+    with TorchReader(filename, device, False, direct=backend == "direct") as r:
         r.index()
         targets = _in_place_targets(model, current, r)
         r.load_into({r.by_name[name]: t for name, t in targets.items()})
@@ -394,7 +401,7 @@ class safe_open(OpenReader[TorchReader]):
             raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
                              f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
         self._mmap = backend_choice(backend, None)
-        r = TorchReader(filename, device)
+        r = TorchReader(filename, device, direct=backend == "direct")
         try:
             r.index()
         except BaseException:

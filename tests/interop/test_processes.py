@@ -8,6 +8,8 @@ sanitizer build too (the DataLoader case is in test_torch_binding.py)."""
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -95,3 +97,45 @@ def test_parents_open_file_raises_in_the_child_instead_of_hanging(used_parent):
             return 1
         assert _forked(body) == 0
         assert np.array_equal(f.get_tensor("w"), _tensors(1)["w"])  # still the parent's to use
+
+
+def _drop(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _resident(path):
+    from ckptio._core import Reader
+    with Reader(path) as r:
+        return r.resident()
+
+
+def _load_in_a_fresh_process(path, backend):
+    code = ("import sys, ckptio; d = ckptio.load_file(sys.argv[1], backend=sys.argv[2]); "
+            "print(sum(int(a.view('u1').sum()) for a in d.values()))")
+    out = subprocess.run([sys.executable, "-c", code, path, backend], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return int(out)
+
+
+@pytest.mark.parametrize("backend, cached", [("auto", True), ("pread", True), ("direct", False)])
+def test_a_restart_finds_the_file_in_the_page_cache(tmp_path, backend, cached):
+    """A cold load in a fresh process leaves the file in the page cache for
+    the next process ("auto", "pread"), or leaves the cache as it was
+    ("direct"); every byte arrives either way."""
+    path = str(tmp_path / "m.safetensors")
+    t = {f"w{i}": np.full((1 << 20,), i, np.uint32) for i in range(8)}
+    ckptio.save_file(t, path)
+    _drop(path)
+    if _resident(path) > 0.1:
+        pytest.skip(f"the page cache keeps {path} (tmpfs?): a cold file cannot be made here")
+    want = sum(int(a.view(np.uint8).sum()) for a in t.values())
+    assert _load_in_a_fresh_process(path, backend) == want
+    if cached:
+        assert _resident(path) > 0.9, "the next process would read the disk again"
+    else:
+        assert _resident(path) < 0.1, "backend='direct' filled the page cache"
