@@ -1335,7 +1335,8 @@ def op_titles():
     return [("save", "save, durable (fsync of file and directory)", "raw_write"),
             ("save_nofsync", "save, without fsync", "raw_write"),
             ("load_cold", f"load, cold page cache (+ {touch_words()})", "raw_read"),
-            ("load_warm", f"load, warm page cache (+ {touch_words()})", "memcpy")]
+            ("load_warm", f"load, warm page cache (the file read once by 8 MiB reads just before; "
+                          f"+ {touch_words()})", "memcpy")]
 
 
 def _ratio(v):
