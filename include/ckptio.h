@@ -1429,6 +1429,16 @@ int ckptio_reader_map_private(ckptio_reader *r, void **base, uint64_t *size);
  *  in a page at a time, slower than parallel reads on many disks
  *  (bench/RESULTS_PEERS.md). @return 0, or CKPTIO_E_INVALID_ARG. */
 int ckptio_reader_resident(ckptio_reader *r, double *share);
+/*! ckptio_reader_fits_cache() :
+ *  Whether a load of every stored tensor byte of the checkpoint fits in
+ *  memory by CKPTIO_LOAD_AUTO's rule (at most half of what this process can
+ *  still take: MemAvailable, or its memory cgroup's limit less its usage),
+ *  so that reading it through the page cache, which then keeps it, is
+ *  what AUTO does with it cold. What a caller choosing between
+ *  ckptio_reader_map_private (the page cache's pages, shared, cached for
+ *  the next load) and an O_DIRECT copy asks of a cold file. Since 1.1
+ *  (symbol version CKPTIO_1.1). @return 1, 0, or CKPTIO_E_INVALID_ARG. */
+int ckptio_reader_fits_cache(ckptio_reader *r);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 

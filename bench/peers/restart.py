@@ -12,6 +12,8 @@ Contenders, by format:
     ckptio_direct  backend="direct": O_DIRECT, nothing left cached
                    (what "auto" did for a cold file before this issue)
     ckptio_c       the C reader with CKPTIO_LOAD_AUTO (restart_load.c)
+    ckptio_c_direct  the same with CKPTIO_LOAD_DIRECT (what AUTO did with
+                   a cold file before this issue)
     safetensors    safetensors.torch.load_file
   sharded set (written by ckptio, 256 MB shards):
     ckptio_set     ckptio.torch.load_file of the directory
@@ -44,10 +46,15 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import peers  # noqa: E402  settle, await_go, run_settled, touch, drop_cache
 
-FILES = {"ckptio": "single", "ckptio_direct": "single", "ckptio_c": "single", "safetensors": "single",
+FILES = {"ckptio": "single", "ckptio_direct": "single", "ckptio_c": "single", "ckptio_c_direct": "single",
+         "safetensors": "single",
          "ckptio_set": "set", "safetensors_set": "set", "ckptio_pt": "pt", "torch_pt": "pt"}
 PEER = {"ckptio": "safetensors", "ckptio_c": "safetensors", "ckptio_direct": "safetensors",
+        "ckptio_c_direct": "safetensors",
         "ckptio_set": "safetensors_set", "ckptio_pt": "torch_pt"}
+# What the same load did with a cold file before issue 45 (O_DIRECT, nothing
+# left cached): its first load is the one not to fall behind.
+BEFORE = {"ckptio": "ckptio_direct", "ckptio_c": "ckptio_c_direct"}
 
 
 def parse_size(s):
@@ -120,10 +127,10 @@ def drop(path):
 
 
 def run_child(name, path, env, c_loader):
-    if name == "ckptio_c":
+    if name.startswith("ckptio_c"):
         peers.settle()
-        t = time.perf_counter()
-        r = subprocess.run([c_loader, os.path.join(path)], env=env, capture_output=True, text=True, timeout=900)
+        r = subprocess.run([c_loader, path] + (["direct"] if name.endswith("direct") else []), env=env,
+                           capture_output=True, text=True, timeout=900)
         if r.returncode:
             raise SystemExit(f"{name}: {r.stderr}")
         secs, n, methods = r.stdout.split()
@@ -249,6 +256,11 @@ def main():
                     f"{statistics.median(a_ / b_ for a_, b_ in zip(loads[k], rows[peer][k])):.2f} "
                     f"[{' '.join(f'{a_ / b_:.2f}' for a_, b_ in zip(loads[k], rows[peer][k]))}]" for k in range(3))
                 ratio = f"{ratio} (x {peer})"
+            if BEFORE.get(name) in rows:
+                b = rows[BEFORE[name]][0]
+                ratio += (f"; 1st x {BEFORE[name]} "
+                          f"{statistics.median(x / y for x, y in zip(loads[0], b)):.2f} "
+                          f"[{' '.join(f'{x / y:.2f}' for x, y in zip(loads[0], b))}]")
             report.append(f"| {name} | " + " | ".join(
                 f"{m:.2f} [{' '.join(f'{v:.2f}' for v in loads[k])}]" for k, m in enumerate(med)) + f" | {ratio} |")
         if press:

@@ -1,5 +1,6 @@
 /* The C reader's side of bench/peers/restart.py: opens a checkpoint (file,
- * set directory) with CKPTIO_LOAD_AUTO, loads every tensor into fresh
+ * set directory) with CKPTIO_LOAD_AUTO (or CKPTIO_LOAD_DIRECT with a second
+ * argument "direct"), loads every tensor into fresh
  * memory (one anonymous mapping in transparent huge pages), touches every
  * byte, and prints "seconds bytes methods" (methods: the stats' ways of
  * reading, e.g. "pread" or "direct"). The clock covers the context, the
@@ -21,14 +22,16 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: restart_load PATH\n");
+  if (argc < 2 || argc > 3) {
+    fprintf(stderr, "usage: restart_load PATH [direct]\n");
     return 2;
   }
   double t0 = now();
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
-  if (ckptio_ctx_create(NULL, &ctx) < 0 || ckptio_reader_open(ctx, argv[1], NULL, &r) < 0) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  if (argc == 3) o.load_method = CKPTIO_LOAD_DIRECT;
+  if (ckptio_ctx_create(NULL, &ctx) < 0 || ckptio_reader_open(ctx, argv[1], &o, &r) < 0) {
     fprintf(stderr, "%s\n", ckptio_last_open_error());
     return 1;
   }

@@ -161,7 +161,7 @@ def dtype_code(name: str) -> int:
 
 # A file at least this resident is mapped by the "auto" backend, as
 # CKPTIO_LOAD_AUTO reads it by pread (through the page cache) rather than by
-# O_DIRECT.
+# O_DIRECT; so is a cold one that fits in memory (Reader.cacheable).
 MAP_RESIDENT = 0.5
 
 
@@ -182,14 +182,16 @@ class Reader:
     def __init__(self, path: PathLike, crc: bool = True, mapped: Optional[bool] = False,
                  direct: bool = False) -> None:
         """mapped: True, the caller wants a zero-copy load, which runs on the
-        light context of map_ctx(); None, a zero-copy load if the page cache
-        holds the file (resident()), else a copying one; False, a copying
-        load. A compressed file cannot be mapped, and a cold one is read
-        faster by parallel reads than by a mapping's page faults
-        (bench/RESULTS_PEERS.md): both are copied, on the full context whose
-        staging ring copies need, by CKPTIO_LOAD_AUTO (through the page
-        cache when the file fits in memory, leaving it there for the next
-        load; O_DIRECT when it does not). direct: copying loads by O_DIRECT
+        light context of map_ctx(); None, a zero-copy load if the file is in
+        the page cache or fits in memory (cacheable()), else a copying one;
+        False, a copying load. A cold file that fits is mapped because its
+        pages land in the page cache either way: the mapping's parallel
+        fill ran as fast as an O_DIRECT copy here and needs no memory of its
+        own, and the next load (a restarted process's) finds it cached; a
+        copy through the cache paid both (bench/RESULTS_PEERS.md, issue
+        45). A compressed file cannot be mapped, and one that does not fit
+        is copied by O_DIRECT (CKPTIO_LOAD_AUTO), both on the full context
+        whose staging ring copies need. direct: copying loads by O_DIRECT
         (CKPTIO_LOAD_DIRECT), which leave the page cache as it was.
         self.mapped says which it is. (A sharded set is mapped shard by
         shard: shards().)"""
@@ -205,7 +207,7 @@ class Reader:
         self._open(map_ctx() if self.mapped else ctx(), crc)
         if self.mapped and (
                 self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1
-                or (mapped is None and not self.shards() and self.resident() < MAP_RESIDENT)):
+                or (mapped is None and not self.shards() and not self.cacheable())):
             self.mapped = False
             self.lib.ckptio_reader_close(self.handle)
             self._open(ctx(), crc)
@@ -216,7 +218,17 @@ class Reader:
         the file. A set is never mapped as a whole."""
         if mapped is False or self.shards():
             return False
-        return mapped is True or self.resident() >= MAP_RESIDENT
+        return mapped is True or self.cacheable()
+
+    def cacheable(self) -> bool:
+        """Whether a load through the page cache is the right one for this
+        file now: it is mostly there already (resident()), or it fits in
+        memory by CKPTIO_LOAD_AUTO's rule (ckptio_reader_fits_cache)."""
+        if self.resident() >= MAP_RESIDENT:
+            return True
+        fits = int(self.lib.ckptio_reader_fits_cache(self.handle))
+        self.check(min(fits, 0), "fits_cache")
+        return fits == 1
 
     def resident(self) -> float:
         """The share (0 to 1) of the tensors' stored bytes the page cache

@@ -316,10 +316,11 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                                  ctypes.c_size_t]),
     # Zero-copy loads and stage timings.
     "ckptio_reader_view": (_I, [_P, ctypes.c_size_t, _PP, ctypes.POINTER(ctypes.c_uint64)]),
-    # experimental: map_private, map_free, resident
+    # experimental: map_private, map_free, resident, fits_cache
     "ckptio_reader_map_private": (_I, [_P, _PP, ctypes.POINTER(ctypes.c_uint64)]),
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
     "ckptio_reader_resident": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
+    "ckptio_reader_fits_cache": (_I, [_P]),
     "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     # Sharded saves (ckptio.torch.save_torch_state_dict): a ckptio_writer

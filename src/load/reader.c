@@ -2,6 +2,7 @@
  * questions about it, and turn loads and verifies into executor requests. */
 #include "load/reader.h"
 
+#include "io/cache.h"
 #include "load/box.h"
 
 #include <errno.h>
@@ -336,6 +337,17 @@ int ckptio_reader_resident(ckptio_reader *r, double *share) {
   }
   *share = total > 0 ? held / total : 1;
   return 0;
+}
+
+int ckptio_reader_fits_cache(ckptio_reader *r) {
+  if (!r) return CKPTIO_E_INVALID_ARG;
+  uint64_t total = 0;
+  for (size_t k = 0; k < r->src->nfiles; k++) {
+    uint64_t bytes = 0;
+    ckptio_reader_shard(r, k, NULL, NULL, &bytes);
+    total += bytes;
+  }
+  return ckptio_cache_fits(total);
 }
 
 int ckptio_map_free(void *base, uint64_t size) {

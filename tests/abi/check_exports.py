@@ -37,13 +37,15 @@ AGAIN = "#include \"ckptio.h\"\n#define CKPTIO_EXPERIMENTAL\n#include \"ckptio.h
 
 
 def map_functions(source):
+    """{function: the version node src/ckptio.map lists it under}: the first
+    node ('NODE { global: ... local: *; };') and the later releases' nodes
+    ('NODE { global: ... } PREVIOUS;')."""
     text = open(os.path.join(source, "src", "ckptio.map")).read()
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
-    node = re.search(r"([\w.]+)\s*\{\s*global:(.*?)local:", text, flags=re.S)
-    if not node:
-        sys.exit("src/ckptio.map: no 'NODE { global: ... local:' block")
-    names = [n.strip() for n in node.group(2).split(";") if n.strip()]
-    return node.group(1), set(names)
+    nodes = re.findall(r"([\w.]+)\s*\{\s*global:(.*?)(?:local:[^}]*)?\}", text, flags=re.S)
+    if not nodes:
+        sys.exit("src/ckptio.map: no 'NODE { global: ... }' block")
+    return {n.strip(): node for node, body in nodes for n in body.split(";") if n.strip()}
 
 
 def exported(lib):
@@ -64,7 +66,8 @@ def main():
     cc = sys.argv[3] if len(sys.argv) > 3 else "cc"
     header = header_functions(source, cc, ALL)
     stable = header_functions(source, cc, STABLE)
-    node, listed = map_functions(source)
+    node_of = map_functions(source)
+    listed = set(node_of)
     built = exported(lib)
     problems = []
     for what, program in (("without", STABLE), ("with", ALL)):
@@ -86,14 +89,15 @@ def main():
         where = ("listed in src/ckptio.map but not declared in ckptio.h" if name in listed
                  else "declared in ckptio.h but not listed in src/ckptio.map")
         problems.append(f"{name}: {where}")
-    for name in sorted(header & set(built)):
-        if built[name] != node:
-            problems.append(f"{name}: exported under version '{built[name]}', not {node}")
+    for name in sorted(header & set(built) & listed):
+        if built[name] != node_of[name]:
+            problems.append(f"{name}: exported under version '{built[name]}', not {node_of[name]}")
     for p in problems:
         print("FAIL " + p)
     print(f"check_exports: {len(header)} functions declared ({len(stable)} stable, {len(header - stable)} "
           f"experimental), {len(listed)} listed, {len(built)} exported "
-          f"(node {node}): {'OK' if not problems else str(len(problems)) + ' problems'}")
+          f"(nodes {', '.join(sorted(set(node_of.values())))}): "
+          f"{'OK' if not problems else str(len(problems)) + ' problems'}")
     return 1 if problems else 0
 
 

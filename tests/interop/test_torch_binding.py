@@ -608,10 +608,12 @@ def _views_of_one_mapping(sd, path):
     return all((_vma(t.data_ptr()) or (0, 0, "", 0))[2] == real for t in sd.values())
 
 
-def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
-    """backend="auto": a cold file is read into fresh tensors through the
-    page cache (it fits in memory), which keeps it, so that the next load
-    maps it; backend="direct" reads it by O_DIRECT, leaving it cold."""
+def test_default_load_maps_a_file_that_fits_and_direct_copies_it(tmp_path):
+    """backend="auto": a cold file that fits in memory is mapped (its pages
+    filled in parallel), and the page cache keeps it for the next load,
+    which maps it too; backend="pread" copies; backend="direct" copies by
+    O_DIRECT, leaving it cold. (A file that does not fit is copied by
+    O_DIRECT: CKPTIO_LOAD_AUTO's rule, tests/unit/test_cache_policy.cc.)"""
     t = {f"w{k}": torch.arange(1 << 18, dtype=torch.float32) * k for k in range(8)}
     path = tmp_path / "m.safetensors"
     ct.save_file(t, path)
@@ -620,13 +622,15 @@ def test_default_load_maps_a_resident_file_and_copies_a_cold_one(tmp_path):
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
     except OSError:
         pytest.skip("this filesystem refuses O_DIRECT: a cold load reads through the page cache")
-    cold = ct.load_file(path)
-    assert not _views_of_one_mapping(cold, path), "a cold file is copied"
     with ckptio._core.Reader(path) as r:
-        assert r.resident() > 0.9, "the copying load left the file out of the page cache"
+        assert r.resident() < 0.2 and r.cacheable(), "a cold file that fits"
+    cold = ct.load_file(path)
+    assert _views_of_one_mapping(cold, path), "a cold file that fits is mapped"
+    with ckptio._core.Reader(path) as r:
+        assert r.resident() > 0.9, "the mapped load left the file out of the page cache"
     for name in t:
         assert torch.equal(cold[name], t[name])
-    warm = ct.load_file(path)
+    warm = ct.load_file(path)  # the next load, as a restarted process's
     assert _views_of_one_mapping(warm, path), "a resident file is mapped"
     for name in t:
         assert torch.equal(warm[name], t[name])
