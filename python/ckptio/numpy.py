@@ -217,8 +217,8 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
     independent of the file (the large ones share one anonymous mapping in
     2 MiB pages, unmapped when the last of them goes). backend="direct": as
     "pread", always by O_DIRECT, leaving the page cache as it was.
-    backend="auto" (the default): "mmap" when the page cache holds the file,
-    "pread" when it is cold, whichever is faster for it now (see
+    backend="auto" (the default): "mmap" when the page cache holds the file
+    or it fits in memory, else a copy by O_DIRECT (see
     ckptio.torch.load_file). mmap (keyword-only, ckptio's older spelling)
     overrides backend when given."""
     mapped = backend_choice(backend, mmap)

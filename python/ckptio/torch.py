@@ -254,11 +254,12 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     so the next load of it, a restarted process's too, reads memory; one
     that does not fit is read by O_DIRECT. backend="direct" is "pread"
     always by O_DIRECT, leaving the page cache as it was (a file read once,
-    memory kept for other work). backend="auto" (the default) is the
-    faster for this file now: "mmap" when the page cache holds it (nothing
-    to read), "pread" when it is cold (a mapping's faults fill the page
-    cache slower than parallel reads; bench/RESULTS_PEERS.md); the tensors
-    are views or copies accordingly. mmap (keyword-only, ckptio's
+    memory kept for other work). backend="auto" (the default): "mmap" when
+    the page cache holds the file (nothing to read) or when it fits in
+    memory (its pages filled in parallel, as fast as the O_DIRECT copy
+    here, with no memory of its own, and kept for the next load;
+    bench/RESULTS_PEERS.md), else a copy by O_DIRECT; the tensors are views
+    or copies accordingly. mmap (keyword-only, ckptio's
     older spelling: True is "mmap", False "pread") overrides backend when
     given. Strided views and big-endian entries of .pt files, and
     misaligned tensors, are always copied. A sharded set maps each shard on
