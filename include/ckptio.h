@@ -209,11 +209,12 @@ typedef enum ckptio_load_method {
                             this process can still take (MemAvailable, or
                             its memory cgroup's limit less its usage, v1 or
                             v2), so that the file's pages and the
-                            destinations both fit. Such a cold load reads as
-                            fast through the page cache as by O_DIRECT
-                            (bench/RESULTS_PEERS.md) and leaves the file
-                            there, so that the next load of it (a restarted
-                            process's too) reads memory. Else DIRECT: a
+                            destinations both fit. Such a cold load leaves
+                            the file there, so that the next load of it (a
+                            restarted process's too) reads memory; it pays
+                            the cache's fill, which costs more than an
+                            O_DIRECT read on some machines (this VM's
+                            figures: bench/RESULTS_PEERS.md). Else DIRECT: a
                             load that does not fit leaves the cache as it
                             was. ckptio_stats.load_methods says which ran;
                             CKPTIO_LOAD_DIRECT always bypasses the cache.

@@ -1,9 +1,10 @@
 /* Whether a load may leave the file it reads in the page cache: the policy
  * CKPTIO_LOAD_AUTO follows for a cold file (ckptio.h). Reading through the
- * cache costs the first load nothing on the disks measured (a cold
- * buffered parallel read ran as fast as O_DIRECT: bench/RESULTS_PEERS.md)
- * and makes every later load of the file a read of memory; but the pages
- * it keeps are memory, so only a load that fits comfortably takes it. */
+ * cache makes every later load of the file, a restarted process's too, a
+ * read of memory, for the price of the cache's fill on the first (pages
+ * allocated besides the destinations': bench/RESULTS_PEERS.md, issue 45,
+ * has what it costs on this VM); the pages it keeps are memory, so only a
+ * load that fits comfortably takes it. */
 #ifndef CKPTIO_IO_CACHE_H
 #define CKPTIO_IO_CACHE_H
 

@@ -110,9 +110,9 @@ static ckptio_load_method pick_method(plain *p, const ckptio_plan *pl, ckptio_xr
   ckptio_load_method method = p->s.opts->load_method;
   if (method == CKPTIO_LOAD_AUTO) {
     /* pread from a warm cache, and from a cold one when the load fits in
-     * memory (io/cache.h): it reads as fast as O_DIRECT and leaves the file
-     * cached for the next load, a restarted process's included. O_DIRECT
-     * for a cold load that does not fit. Never the map: populated a piece
+     * memory (io/cache.h): it leaves the file cached for the next load, a
+     * restarted process's included. O_DIRECT for a cold load that does not
+     * fit. Never the map: populated a piece
      * at a time and dropped once copied, MMAP measured the same as pread
      * here (bench/RESULTS.md), and pread wins beyond speed: a file cut
      * short under us is a read error, not a SIGBUS, and GPU loads need no
