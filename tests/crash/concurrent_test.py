@@ -14,28 +14,13 @@ usage: concurrent_test.py DRIVER WORKDIR [--kinds K,K] [--savers N] [--count N]
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 
+from kill_test import check as look, target  # the path of a kind; the save a reader finds there
+
 KINDS = ["single", "pt", "sharded", "zstd"]
-
-
-def target(workdir, kind):
-    base = os.path.join(workdir, kind)
-    if kind == "sharded":
-        return base, base
-    return base, os.path.join(base, {"pt": "model.pt", "zstd": "model.safetensors.zst"}.get(kind, "model.safetensors"))
-
-
-def look(driver, kind, path):
-    """The save a reader finds at path now: (seq, strays), or exits."""
-    r = subprocess.run([driver, "check", kind, path], capture_output=True, text=True, timeout=60)
-    m = re.search(r"seq=(\d+) strays=(\d+)", r.stdout)
-    if r.returncode != 0 or not m:
-        sys.exit(f"FAIL {kind}: a reader found no whole save at {path}:\n{r.stdout}{r.stderr}")
-    return int(m[1]), int(m[2])
 
 
 def run_kind(a, kind):
