@@ -74,9 +74,12 @@ TEST(CachePolicy, AvailableMemoryIsReadAndBoundsTheCache) {
   uint64_t avail = ckptio_memory_available();
   ASSERT_NE(avail, UINT64_MAX) << "no /proc/meminfo";
   EXPECT_GT(avail, 0u);
+  // Far from the half on either side: the tests running beside this one
+  // move MemAvailable between the calls (the half itself is the cgroup
+  // test's, below, where the limit is fixed).
   EXPECT_TRUE(ckptio_cache_fits(1 << 20));
-  EXPECT_TRUE(ckptio_cache_fits(avail / 2));
-  EXPECT_FALSE(ckptio_cache_fits(avail / 2 + (avail / 4)));
+  EXPECT_TRUE(ckptio_cache_fits(avail / 8));
+  EXPECT_FALSE(ckptio_cache_fits(avail * 2));
 }
 
 TEST(CachePolicy, AutoLeavesAColdFileCachedAndDirectDoesNot) {
