@@ -122,8 +122,8 @@ static ckptio_load_method pick_method(plain *p, const ckptio_plan *pl, ckptio_xr
       if (!qs[i]->g.full && qs[i]->g.nbytes && qs[i]->g.run < min_run) min_run = qs[i]->g.run;
       if (off) off[i] = qs[i]->e->offset, len[i] = qs[i]->e->nbytes;
     }
-    method = !off || min_run < DIRECT_MIN_RUN || ckptio_cache_fits(pl->load_bytes) ||
-                     ckptio_rfile_mostly_cached(&p->f, off, len, n)
+    method = !off || min_run < DIRECT_MIN_RUN || ckptio_rfile_mostly_cached(&p->f, off, len, n) ||
+                     ckptio_cache_fits(pl->load_bytes) /* reads /proc: only for a cold file */
                  ? CKPTIO_LOAD_PREAD
                  : CKPTIO_LOAD_DIRECT;
     free(off);
