@@ -949,9 +949,18 @@ typedef struct ckptio_comm {
   /* The `bytes` bytes at `buf` on rank `root` are copied to `buf` on every
    * rank. */
   int (*broadcast)(void *user, void *buf, size_t bytes, int root);
+  /* Since 1.1 (what a group load exchanges; saves do not call it). Every
+   * rank sends send_counts[r] bytes to rank r and receives recv_counts[r]
+   * bytes from rank r: both buffers packed in rank order (rank 0's bytes
+   * first, no gaps), this rank's own share included. What rank a sends
+   * rank b is what b expects from a. NULL in a 1.0 communicator. */
+  int (*alltoallv)(void *user, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts);
 } ckptio_comm;
 
-/*! The one-process communicator: rank 0 of 1, collectives are copies. */
+/*! The one-process communicator: rank 0 of 1, collectives are copies.
+ *  Fills the whole ckptio_comm of the header the program was built with: a
+ *  program built against 1.0's header calls the symbol of version
+ *  CKPTIO_1.0, which writes 1.0's shorter struct and nothing past it. */
 void ckptio_comm_single(ckptio_comm *out);
 
 /*! ckptio_writer_open_ranks() :
@@ -1440,6 +1449,42 @@ int ckptio_reader_resident(ckptio_reader *r, double *share);
  *  the next load) and an O_DIRECT copy asks of a cold file. Since 1.1
  *  (symbol version CKPTIO_1.1). @return 1, 0, or CKPTIO_E_INVALID_ARG. */
 int ckptio_reader_fits_cache(ckptio_reader *r);
+
+/* ------------------------------------------------------ group loads (1.1) */
+
+/*! ckptio_reader_load_boxes_group() :
+ *  Collective over `comm` (every rank calls it, with the same checkpoint
+ *  opened, each with its own boxes: whole tensors, slices, any mix, none):
+ *  every stored byte that any rank needs is read from storage once, by one
+ *  rank of the group, and every rank receives from the others exactly the
+ *  bytes of its boxes (ckptio_comm's alltoallv). The stored parts needed
+ *  are ordered as they lie in the files and split between the ranks by
+ *  bytes in contiguous spans; a part is read whole by one rank, which
+ *  checks its CRC32 (a part that some rank needs only a corner of is still
+ *  read whole: its CRC is what makes the others' bytes trustworthy). Reads
+ *  and the exchange run in rounds, the read of the next round beside the
+ *  exchange of this one, so each rank holds at most about
+ *  `staging_bytes` (0: 256 MiB; the smallest of the ranks' values is
+ *  used) of read, send and receive buffers besides its destinations.
+ *  Failures are the group's: a bad box, a missing tensor, another
+ *  checkpoint opened on some rank (its tensors, shapes, parts or CRCs
+ *  differ), a failed read or CRC on the reading rank, or a failed
+ *  collective stop every rank after the round in flight, and every rank
+ *  returns an error naming the failed rank and its cause (CKPTIO_E_RANK
+ *  on the others; the failed rank its own code); then no box counts as
+ *  loaded (their contents are unspecified). A rank that dies is the
+ *  communicator's to report: the call returns when its collective does
+ *  (MPI ends the job; torch.distributed's collectives time out).
+ *  Boxes land on the host or a GPU as in ckptio_reader_load_boxes;
+ *  `verified` says every stored part the box touches had a CRC (all were
+ *  checked by their reader); `bytes_read` counts what this rank read for
+ *  the group, each part under the first of its boxes that touches it.
+ *  @comm  with alltoallv (a 1.0 communicator is refused); its allgather
+ *         and alltoallv are called from this thread only.
+ *  @return 0, CKPTIO_E_RANK, CKPTIO_E_INVALID_ARG, or this rank's own
+ *          failure (the codes of ckptio_reader_load_boxes, -ENOMEM). */
+int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ckptio_box_request *reqs, size_t n,
+                                   uint64_t staging_bytes);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 

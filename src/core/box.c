@@ -171,3 +171,61 @@ ckptio_box_result ckptio_box_cover_check(int ndim, const int64_t *shape, const i
   free(live);
   return res;
 }
+
+/* ------------------------------------------------------------ runs */
+
+int ckptio_box_meet(int ndim, const int64_t *alo, const int64_t *ahi, const int64_t *blo, const int64_t *bhi,
+                    int64_t *lo, int64_t *hi) {
+  int any = 1;
+  for (int d = 0; d < ndim; d++) {
+    lo[d] = alo[d] > blo[d] ? alo[d] : blo[d];
+    hi[d] = ahi[d] < bhi[d] ? ahi[d] : bhi[d];
+    if (hi[d] <= lo[d]) any = 0;
+  }
+  return any;
+}
+
+/* Elements to bytes, failing when they end off a byte boundary. */
+static int bits_to_bytes(uint64_t elems, int bits, uint64_t *out) {
+  if ((elems % 8) * (uint64_t)bits % 8) return CKPTIO_E_MISALIGNED;
+  *out = elems / 8 * (uint64_t)bits + elems % 8 * (uint64_t)bits / 8;
+  return 0;
+}
+
+int ckptio_box_runs(int ndim, int bits, const int64_t *lo, const int64_t *hi, const int64_t *a_off,
+                    const int64_t *a_size, const int64_t *b_off, const int64_t *b_size, ckptio_box_run_fn emit,
+                    void *arg) {
+  uint64_t as[CKPTIO_MAX_DIMS], bs[CKPTIO_MAX_DIMS], idx[CKPTIO_MAX_DIMS] = {0}, s[CKPTIO_MAX_DIMS];
+  uint64_t sa = 1, sb = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    if (hi[d] <= lo[d]) return 0;
+    s[d] = (uint64_t)(hi[d] - lo[d]);
+    as[d] = sa, bs[d] = sb;
+    sa *= (uint64_t)a_size[d], sb *= (uint64_t)b_size[d];
+  }
+  /* The run: dimensions from k on, which the region holds whole in both
+   * arrays (but k itself), and k's span. */
+  int k = ndim ? ndim - 1 : 0;
+  while (k > 0 && s[k] == (uint64_t)a_size[k] && s[k] == (uint64_t)b_size[k]) k--;
+  uint64_t run = 1;
+  for (int d = k; d < ndim; d++) run *= s[d];
+  uint64_t run_bytes;
+  int rc = bits_to_bytes(run, bits, &run_bytes);
+  for (;;) {
+    uint64_t a = 0, b = 0, ab, bb;
+    for (int d = 0; d < ndim; d++) {
+      uint64_t i = d < k ? idx[d] : 0;
+      a += ((uint64_t)(lo[d] - a_off[d]) + i) * as[d];
+      b += ((uint64_t)(lo[d] - b_off[d]) + i) * bs[d];
+    }
+    if (rc || (rc = bits_to_bytes(a, bits, &ab)) || (rc = bits_to_bytes(b, bits, &bb)) ||
+        (rc = emit(arg, ab, bb, run_bytes)))
+      return rc;
+    int d = k - 1;
+    for (; d >= 0; d--) { /* next index of the outer dimensions */
+      if (++idx[d] < s[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return 0;
+  }
+}

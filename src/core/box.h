@@ -31,6 +31,25 @@ typedef enum {
 ckptio_box_result ckptio_box_cover_check(int ndim, const int64_t *shape, const int64_t (*off)[CKPTIO_MAX_DIMS],
                                          const int64_t (*size)[CKPTIO_MAX_DIMS], size_t n, size_t *a, size_t *b);
 
+/*! The box both [alo, ahi) and [blo, bhi) hold, into [lo, hi).
+ *  @return 1 when it holds an element (a 0-d box always does), else 0. */
+int ckptio_box_meet(int ndim, const int64_t *alo, const int64_t *ahi, const int64_t *blo, const int64_t *bhi,
+                    int64_t *lo, int64_t *hi);
+
+/* A contiguous run of a region copied between two arrays: `n` bytes at
+ * byte `a` of the one and byte `b` of the other. @return 0 or a code that
+ * stops the walk. */
+typedef int (*ckptio_box_run_fn)(void *arg, uint64_t a, uint64_t b, uint64_t n);
+
+/*! Walks the region [lo, hi) (inside both arrays) of two row-major arrays
+ *  of `bits`-bit elements, array a holding the box at a_off of sizes
+ *  a_size and b the box at b_off of sizes b_size, as runs as long as both
+ *  layouts allow, in row-major order of the region. @return 0, emit's
+ *  code, or CKPTIO_E_MISALIGNED (a run off a byte boundary). */
+int ckptio_box_runs(int ndim, int bits, const int64_t *lo, const int64_t *hi, const int64_t *a_off,
+                    const int64_t *a_size, const int64_t *b_off, const int64_t *b_size, ckptio_box_run_fn emit,
+                    void *arg);
+
 /*! Elements of a box; 0 with *overflow = 1 when they overflow 64 bits. */
 uint64_t ckptio_box_volume(int ndim, const int64_t *size, int *overflow);
 

@@ -5,10 +5,12 @@
  * undoing this rank's swap if any rank fails before the index is in place.
  * See ckptio.h ("ranks") and docs/FORMATS.md for the guarantees. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/collective.h"
 #include "core/error.h"
 #include "core/sized.h"
 #include "core/stats.h"
@@ -60,8 +62,33 @@ static int single_broadcast(void *user, void *buf, size_t bytes, int root) {
   return 0;
 }
 
-void ckptio_comm_single(ckptio_comm *out) {
-  if (out) *out = (ckptio_comm){sizeof(ckptio_comm), 0, 1, NULL, single_allgather, single_broadcast};
+static int single_alltoallv(void *user, const void *send, const size_t *send_counts, void *recv,
+                            const size_t *recv_counts) {
+  (void)user;
+  if (send_counts[0] != recv_counts[0]) return CKPTIO_E_INVALID_ARG;
+  memmove(recv, send, send_counts[0]);
+  return 0;
+}
+
+/* Two symbols of one name (ckptio.h): ckptio_comm_single@@CKPTIO_1.1, the
+ * default, and, for a program linked against 1.0, ckptio_comm_single@CKPTIO_1.0,
+ * given 1.0's struct, which ends before alltoallv (src/ckptio.map lists the
+ * name under both nodes). */
+__attribute__((visibility("default"))) void ckptio_comm_single_v1_1(ckptio_comm *out);
+__attribute__((visibility("default"))) void ckptio_comm_single_v1_0(ckptio_comm *out);
+__asm__(".symver ckptio_comm_single_v1_1, ckptio_comm_single@@CKPTIO_1.1");
+__asm__(".symver ckptio_comm_single_v1_0, ckptio_comm_single@CKPTIO_1.0");
+
+void ckptio_comm_single_v1_1(ckptio_comm *out) {
+  if (out)
+    *out = (ckptio_comm){sizeof(ckptio_comm), 0, 1, NULL, single_allgather, single_broadcast, single_alltoallv};
+}
+
+void ckptio_comm_single_v1_0(ckptio_comm *out) {
+  ckptio_comm c;
+  ckptio_comm_single_v1_1(&c);
+  c.size = offsetof(ckptio_comm, alltoallv);
+  if (out) memcpy(out, &c, c.size);
 }
 
 int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const char *dir, const char *prefix,
@@ -318,7 +345,7 @@ static int publish_objects(ranks_writer *w) {
   int mine = w->file.obj != NULL, rc = 0;
   if (mine) rc = ckptio_tmpfile_commit(&w->file, 0, w->opts.fsync, NULL, err, CKPTIO_ERRLEN);
   int published = mine && rc == 0;
-  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
   if (rc == 0 && w->comm.rank == 0) {
     ckptio_json_out o = {0};
     char name[4096], *path;
@@ -329,7 +356,7 @@ static int publish_objects(ranks_writer *w) {
     free(o.data);
     free(path);
   }
-  rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->dir, err);
   char **paths = calloc(w->plan.nfiles + 1, sizeof(char *));
   for (size_t k = 0; paths && k < w->plan.nfiles; k++) paths[k] = file_path(w, k);
   if (rc < 0 && published && paths && paths[w->plan.file_of[w->comm.rank]])
@@ -348,7 +375,7 @@ static int agree_and_publish(ranks_writer *w) {
     ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
   if (rc == 0 && w->sub && (rc = ckptio_file_writer_take_file(w->sub, &w->file)) < 0)
     ckptio_fail(w->base.err, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
-  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   uint64_t t0 = ckptio_now_ns();
   if (w->store) {
@@ -357,16 +384,16 @@ static int agree_and_publish(ranks_writer *w) {
     return rc;
   }
   if (w->file.tmp) rc = ckptio_tmpfile_swap_in(&w->file, &w->how, err, CKPTIO_ERRLEN);
-  rc = ckptio_rstatus_exchange(&w->comm, rc, err, w->dir, err);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   int late = 0;
   if (w->comm.rank == 0) rc = publish_index(w, &late);
-  rc = ckptio_rstatus_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->dir, err);
   if (rc < 0) goto undo;
   /* Published; nothing below undoes it. Every rank learns whether the
    * index is known durable: if not, the old files stay (under their temp
    * names, strays a later save removes) and the save reports the error. */
-  rc = ckptio_rstatus_broadcast(&w->comm, 0, late, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, late, err, w->dir, err);
   ckptio_held held = {0}; /* the replaced and the stale files, closed off the save */
   if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, rc < 0 ? CKPTIO_SWAP_NONE : w->how, &held);
   if (rc == 0 && w->comm.rank == 0) {

@@ -47,13 +47,4 @@ int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int s
                       const char *save_id, ckptio_rplan *out, char *err);
 void ckptio_rplan_free(ckptio_rplan *p);
 
-/* Collective. Every rank tells the others its status rc (and, failing, the
- * message msg). @return 0 when every rank succeeded; else this rank's rc
- * when it failed, or CKPTIO_E_RANK with err naming the lowest failed rank
- * and its reason ("what" says which step). */
-int ckptio_rstatus_exchange(const ckptio_comm *comm, int rc, const char *msg, const char *what, char *err);
-
-/* Collective. Rank `root`'s status reaches every rank, as above. */
-int ckptio_rstatus_broadcast(const ckptio_comm *comm, int root, int rc, const char *msg, const char *what, char *err);
-
 #endif

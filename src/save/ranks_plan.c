@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/box.h"
+#include "core/collective.h"
 #include "core/error.h"
 
 /* ------------------------------------------------------------ bytes */
@@ -60,32 +61,6 @@ static int describe(const ckptio_collect *c, int status, const char *msg, const 
          put(b, t->offsets, dims) | put(b, t->t.shape, dims);
   }
   return rc ? -ENOMEM : 0;
-}
-
-/* Every rank's bytes: all-gather of the lengths, then of the strings padded
- * to the longest. */
-static int gather(const ckptio_comm *c, const bytes *mine, unsigned char **all, uint64_t **lens, uint64_t *stride,
-                  char *err) {
-  size_t n = (size_t)c->nranks;
-  uint64_t len = mine->len, max = 0;
-  *all = NULL;
-  *lens = calloc(n, sizeof(uint64_t));
-  if (!*lens) return -ENOMEM;
-  int rc = c->allgather(c->user, &len, *lens, sizeof(len));
-  if (rc < 0) return ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "rank %d: the communicator's all-gather failed: %s", c->rank, ckptio_strerror(rc));
-  for (size_t r = 0; r < n; r++) max = (*lens)[r] > max ? (*lens)[r] : max;
-  unsigned char *send = calloc(1, (size_t)max + 1);
-  *all = calloc(n, (size_t)max + 1);
-  if (!send || !*all) {
-    free(send);
-    return -ENOMEM;
-  }
-  memcpy(send, mine->p, mine->len);
-  rc = c->allgather(c->user, send, *all, (size_t)max);
-  free(send);
-  *stride = max;
-  if (rc < 0) return ckptio_err_fmt(err, CKPTIO_ERRLEN, rc, "rank %d: the communicator's all-gather failed: %s", c->rank, ckptio_strerror(rc));
-  return 0;
 }
 
 /* ------------------------------------------------------------ plan */
@@ -270,7 +245,7 @@ int ckptio_rplan_make(const ckptio_comm *comm, const ckptio_collect *mine, int s
     if (local < 0) return -ENOMEM; /* not even a status fits: the others will wait on this rank */
   }
   uint64_t *lens = NULL, stride = 0;
-  int rc = gather(comm, &b, &out->buf, &lens, &stride, err);
+  int rc = ckptio_comm_gather(comm, b.p, b.len, &out->buf, &lens, &stride, err);
   free(b.p);
   entry *e = NULL;
   size_t ne = 0, cap = 0, nr = (size_t)comm->nranks;
@@ -323,47 +298,4 @@ void ckptio_rplan_free(ckptio_rplan *p) {
   free(p->first);
   free(p->file_of);
   memset(p, 0, sizeof(*p));
-}
-
-/* ------------------------------------------------------------ status */
-
-typedef struct status {
-  int32_t rc;
-  char msg[CKPTIO_ERRLEN];
-} status;
-
-static int verdict(const ckptio_comm *comm, const status *all, size_t n, int rc, const char *what, char *err) {
-  for (size_t r = 0; r < n; r++)
-    if (all[r].rc < 0) {
-      if (rc < 0) return rc; /* this rank failed too: its own code and message stand */
-      return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_RANK, "%s: rank %zu of %d failed: %.*s", what, r,
-                            comm->nranks, CKPTIO_ERRLEN - 64, all[r].msg);
-    }
-  return 0;
-}
-
-int ckptio_rstatus_exchange(const ckptio_comm *comm, int rc, const char *msg, const char *what, char *err) {
-  status mine = {.rc = rc < 0 ? rc : 0};
-  snprintf(mine.msg, sizeof(mine.msg), "%s", rc < 0 && msg ? msg : "");
-  status *all = calloc((size_t)comm->nranks, sizeof(status));
-  if (!all) return rc < 0 ? rc : -ENOMEM;
-  int crc = comm->allgather(comm->user, &mine, all, sizeof(status));
-  int out = crc < 0 ? ckptio_err_fmt(err, CKPTIO_ERRLEN, crc, "%s: rank %d: the communicator's all-gather failed: %s",
-                                     what, comm->rank, ckptio_strerror(crc))
-                    : verdict(comm, all, (size_t)comm->nranks, rc, what, err);
-  free(all);
-  return out;
-}
-
-int ckptio_rstatus_broadcast(const ckptio_comm *comm, int root, int rc, const char *msg, const char *what,
-                             char *err) {
-  status s = {.rc = rc < 0 ? rc : 0};
-  snprintf(s.msg, sizeof(s.msg), "%s", rc < 0 && msg ? msg : "");
-  int crc = comm->broadcast(comm->user, &s, sizeof(s), root);
-  if (crc < 0)
-    return ckptio_err_fmt(err, CKPTIO_ERRLEN, crc, "%s: rank %d: the communicator's broadcast failed: %s", what,
-                          comm->rank, ckptio_strerror(crc));
-  if (comm->rank == root || s.rc >= 0) return comm->rank == root ? (rc < 0 ? rc : 0) : 0;
-  return ckptio_err_fmt(err, CKPTIO_ERRLEN, CKPTIO_E_RANK, "%s: rank %d of %d failed: %.*s", what, root, comm->nranks,
-                        CKPTIO_ERRLEN - 64, s.msg);
 }

@@ -55,8 +55,35 @@ def exported(lib):
         f = line.split()
         if len(f) == 3 and f[1] in "TtWi":
             name, _, version = f[2].partition("@")
-            names[name] = version.lstrip("@")
+            if version.startswith("@") or name not in names:  # the default version: '@@'
+                names[name] = version.lstrip("@")
     return names
+
+
+# ckptio_comm grew in 1.1 (alltoallv). A program built against 1.0 calls
+# ckptio_comm_single@CKPTIO_1.0 with 1.0's struct, 40 bytes on LP64: that
+# symbol must write those and nothing past them.
+COMM_1_0_BYTES = 40
+
+
+def check_old_comm_single(lib):
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.dlvsym.restype = ctypes.c_void_p
+    libc.dlvsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+    handle = ctypes.CDLL(os.path.abspath(lib))._handle
+    addr = libc.dlvsym(handle, b"ckptio_comm_single", b"CKPTIO_1.0")
+    if not addr:
+        return ["ckptio_comm_single@CKPTIO_1.0: missing (programs built against 1.0 would not start)"]
+    buf = (ctypes.c_ubyte * 128)(*([0xAB] * 128))
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(addr)(ctypes.addressof(buf))
+    size = int.from_bytes(bytes(buf[:8]), "little")
+    problems = []
+    if size != COMM_1_0_BYTES:
+        problems.append(f"ckptio_comm_single@CKPTIO_1.0 set size {size}, not 1.0's {COMM_1_0_BYTES}")
+    if any(b != 0xAB for b in buf[COMM_1_0_BYTES:]):
+        problems.append("ckptio_comm_single@CKPTIO_1.0 wrote past 1.0's struct")
+    return problems
 
 
 def main():
@@ -92,6 +119,7 @@ def main():
     for name in sorted(header & set(built) & listed):
         if built[name] != node_of[name]:
             problems.append(f"{name}: exported under version '{built[name]}', not {node_of[name]}")
+    problems += check_old_comm_single(lib)
     for p in problems:
         print("FAIL " + p)
     print(f"check_exports: {len(header)} functions declared ({len(stable)} stable, {len(header - stable)} "

@@ -125,7 +125,7 @@ static int add_tensors(ckptio_writer *w, uint64_t seq, uint32_t **bufs, int rank
 /* One rank's side of a ranks3 save, on its own context (as a process would). */
 static void *rank_save(void *arg) {
   rank_job *j = arg;
-  ckptio_comm c = {sizeof(ckptio_comm), j->rank, NRANKS, j, group_allgather, group_broadcast};
+  ckptio_comm c = {sizeof(ckptio_comm), j->rank, NRANKS, j, group_allgather, group_broadcast, NULL};
   ckptio_writer *w = NULL;
   int rc = ckptio_writer_open_ranks(j->ctx, &c, j->path, "model", NULL, &w);
   if (rc == 0) rc = add_tensors(w, j->seq, j->bufs, j->rank, NRANKS);

@@ -69,7 +69,7 @@ std::vector<RankResult> save_ranks(const std::string &dir, int n,
   for (int r = 0; r < n; r++)
     th.emplace_back([&, r] {
       Member m{&g, r};
-      ckptio_comm comm = {sizeof(ckptio_comm), r, n, &m, group_allgather, group_broadcast};
+      ckptio_comm comm = {sizeof(ckptio_comm), r, n, &m, group_allgather, group_broadcast, group_alltoallv};
       ckptio_options o = small_options();
       ckptio_ctx *ctx = nullptr;
       RankResult &res = out[(size_t)r];
