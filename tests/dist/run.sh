@@ -13,6 +13,12 @@
 #                 checks every part (and names a damaged one), `convert`
 #                 consolidates into one file and into a set of whole tensors,
 #                 which 1 and 2 ranks load (CLI = the ckptio command, 4th argument)
+#   group         group loads (DRIVER: group_driver): 2, 3 and 4 ranks load a
+#                 48 MiB model whole, then as tensor-parallel shares; the
+#                 group reads at most 1.02x the union of the boxes from storage
+#   group-faults  a damaged byte, a missing tensor, another checkpoint on one
+#                 rank: every rank fails naming it; a rank SIGKILLed mid-load:
+#                 mpirun ends the job, no rank hangs
 #   s3            the same checkpoints in S3 (run under tests/s3/weed_server.py,
 #                 which sets AWS_* and CKPTIO_S3_BUCKET): 4 ranks save to a
 #                 prefix, 1 and 3 load it; rank 2 is SIGKILLed mid-save: the
@@ -68,6 +74,31 @@ case "$SCENARIO" in
     printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 7 )) conv=notrunc status=none
     if "$CLI" verify "$WORK/ckpt" >"$WORK/bad.txt" 2>&1; then cat "$WORK/bad.txt"; echo "FAIL: damage not found"; exit 1; fi
     grep -q "model-00003-of-00004.safetensors.*checksum" "$WORK/bad.txt" || { cat "$WORK/bad.txt"; echo "FAIL: the damaged file is not named"; exit 1; }
+    ;;
+  group)
+    f="$WORK/model.safetensors"
+    mpi 1 prepare "$f"
+    for n in 2 3 4; do mpi "$n" whole "$f"; mpi "$n" tp "$f"; done ;;
+  group-faults)
+    f="$WORK/model.safetensors"
+    mpi 1 prepare "$f"
+    mpi 1 prepare-other "$f.other"
+    mpi 3 missing "$f"
+    mpi 3 different "$f"
+    # A damaged byte in the middle of the largest tensor (the first rank's span).
+    cp "$f" "$f.good"
+    printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") / 4 )) conv=notrunc status=none
+    mpi 3 fail-crc "$f"
+    cp "$f.good" "$f"
+    set +e
+    mpi 3 kill "$f" >"$WORK/kill.log" 2>&1
+    rc=$?
+    set -e
+    if ((rc == 0 || rc == 124)); then
+      cat "$WORK/kill.log"; echo "FAIL: the job with a killed rank exited $rc (124: it hung)"; exit 1
+    fi
+    echo "the killed job ended as expected (exit $rc): $(grep -m1 -i 'signal\|killed\|exited' "$WORK/kill.log" || true)"
+    mpi 3 whole "$f"  # the file is untouched: the next group load succeeds
     ;;
   s3)
     [[ -n "${CKPTIO_S3_BUCKET:-}" ]] || { echo "FAIL: the s3 scenario runs under tests/s3/weed_server.py"; exit 1; }
