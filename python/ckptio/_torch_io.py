@@ -24,14 +24,17 @@ import os
 import sys
 import threading
 import weakref
-from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import torch
 
 from . import _lib, _mapped
 from ._core import PathLike, Reader, ctx, dtype_code, options
 from .errors import CkptioError, check, from_code
+
+if TYPE_CHECKING:
+    from ._group import Group
 
 __all__ = ["TORCH_DTYPES", "NAME_OF", "Device", "code_of", "cuda_unavailable", "load_device",
            "before_device_writes", "as_saveable", "WriterOps", "SaveHandle", "Plan", "plan",
@@ -581,6 +584,34 @@ class TorchReader(Reader):
         bump = getattr(torch.autograd.graph, "increment_version", None) or torch._C._increment_version
         for t in targets.values():
             bump(t)
+
+    def load_group(self, boxes: Sequence[Tuple[int, Sequence[int], Sequence[int], Optional[torch.Tensor]]],
+                   group: "Group", staging_bytes: Optional[int]) -> List[torch.Tensor]:
+        """Collective over `group`: box (i, start, stop, into) of each entry,
+        into `into` (contiguous, of the box's dtype and shape) or a new
+        tensor on this reader's device, read once per group
+        (ckptio_reader_load_boxes_group). Raises the group's failure (the
+        communicator's own error chained)."""
+        out: List[torch.Tensor] = []
+        reqs = (_lib.BoxRequest * max(len(boxes), 1))()
+        for n, (i, start, stop, into) in enumerate(boxes):
+            shape = tuple(b - a for a, b in zip(start, stop))
+            t = into if into is not None else torch.empty(shape, dtype=self.torch_dtype(i), device=self.device)
+            q = reqs[n]
+            q.index = i
+            for d, (a, b) in enumerate(zip(start, stop)):
+                q.start[d], q.stop[d] = a, b
+            q.dst, q.dst_bytes, q.device = t.data_ptr(), t.nelement() * t.element_size(), load_device(t.device)[1]
+            out.append(t)
+        for device in {t.device for t in out}:
+            before_device_writes(device)
+        rc = self.lib.ckptio_reader_load_boxes_group(self.handle, ctypes.byref(group.comm), reqs, len(boxes),
+                                                     staging_bytes or 0)
+        if rc < 0 and group.error is not None:
+            detail = self.lib.ckptio_reader_last_error(self.handle).decode(errors="replace")
+            raise from_code(rc, f"{detail}: {group.error}", detail, self.shown) from group.error
+        self.check(rc, "group load")
+        return out
 
     def fits_in_place(self, i: int, t: torch.Tensor) -> bool:
         """Whether tensor i of the file can be read straight into t."""

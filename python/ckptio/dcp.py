@@ -30,6 +30,7 @@ stream of their device.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import io
 import os
 import threading
@@ -46,6 +47,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from . import _lib
+from ._group import Group
 from ._core import ctx, options
 from ._torch_io import TORCH_DTYPES, as_saveable, code_of
 from .errors import check, from_code
@@ -56,68 +58,6 @@ BYTES_PREFIX = "__dcp_bytes__."
 PREFIX = "model"
 _T = TypeVar("_T")
 CheckpointId = Union[str, "os.PathLike[str]"]
-
-
-# ------------------------------------------------------------ the communicator
-
-class _Group:
-    """ckptio_comm over torch.distributed: an all-gather and a broadcast of
-    byte strings on a gloo group, called by the library only from the thread
-    that calls it (DCP's). One process without torch.distributed: rank 0 of 1."""
-
-    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
-        self.error: Optional[BaseException] = None
-        self.group: Optional[dist.ProcessGroup]
-        if dist.is_available() and dist.is_initialized():
-            self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-            backend = dist.get_backend(group)
-            # Byte strings live on the CPU: a group that is not gloo gets a
-            # gloo twin (collective: every rank builds its Writer alike).
-            if backend == "gloo":
-                self.group = group
-            else:
-                twin = dist.new_group(ranks=dist.get_process_group_ranks(group)
-                                      if group is not None else None, backend="gloo")
-                if not isinstance(twin, dist.ProcessGroup):
-                    raise RuntimeError(f"ckptio.dcp: this process is not in the group {group}")
-                self.group = twin
-        else:
-            self.rank, self.size, self.group = 0, 1, None
-        self._allgather = _lib.ALLGATHER_FN(self._allgather_cb)
-        self._broadcast = _lib.BROADCAST_FN(self._broadcast_cb)
-        self.comm = _lib.Comm(ctypes.sizeof(_lib.Comm), self.rank, self.size, None,
-                              self._allgather, self._broadcast)
-
-    def _fail(self, e: BaseException) -> int:
-        self.error = e
-        return _lib.ERRORS["RANK"]
-
-    def _allgather_cb(self, user: Optional[int], send: int, recv: int, nbytes: int) -> int:
-        try:
-            mine = torch.frombuffer(bytearray(ctypes.string_at(send, nbytes)), dtype=torch.uint8) if nbytes \
-                else torch.empty(0, dtype=torch.uint8)
-            if self.size == 1:
-                out = [mine]
-            else:
-                out = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.size)]
-                dist.all_gather(out, mine, group=self.group)
-            for r, t in enumerate(out):
-                if nbytes:
-                    ctypes.memmove(recv + r * nbytes, t.data_ptr(), nbytes)
-            return 0
-        except Exception as e:  # noqa: BLE001 - reported by the save
-            return self._fail(e)
-
-    def _broadcast_cb(self, user: Optional[int], buf: int, nbytes: int, root: int) -> int:
-        try:
-            if self.size > 1 and nbytes:
-                t = torch.frombuffer(bytearray(ctypes.string_at(buf, nbytes)), dtype=torch.uint8)
-                src = dist.get_global_rank(self.group, root) if self.group is not None else root
-                dist.broadcast(t, src=src, group=self.group)
-                ctypes.memmove(buf, t.data_ptr(), nbytes)
-            return 0
-        except Exception as e:  # noqa: BLE001
-            return self._fail(e)
 
 
 def _done(value: _T) -> Future[_T]:
@@ -143,7 +83,7 @@ class Writer(StorageWriter):
         self.process_group = process_group
         self.crc = crc
         self.prefix = prefix
-        self._group: Optional[_Group] = None
+        self._group: Optional[Group] = None
 
     def reset(self, checkpoint_id: Optional[CheckpointId] = None) -> None:
         if checkpoint_id is not None:
@@ -152,7 +92,7 @@ class Writer(StorageWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
         if self._group is None:
-            self._group = _Group(self.process_group)
+            self._group = Group(self.process_group)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         return plan
@@ -170,7 +110,7 @@ class Writer(StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[List[WriteResult]]:
         if self._group is None:
-            self._group = _Group(self.process_group)
+            self._group = Group(self.process_group)
         if "://" not in self.path:  # a storage's prefix (s3://bucket/dir) has no directory to make
             os.makedirs(self.path, exist_ok=True)
         lib, context = _lib.lib(), ctx()
@@ -252,12 +192,20 @@ class Reader(StorageReader):
     """A DCP StorageReader of a ckptio checkpoint at `path`: a multi-rank
     checkpoint (any number of ranks may load it, each reading only the bytes
     of the chunks it asks for), a sharded set or a single file. Every part a
-    read covers whole has its CRC32 checked."""
+    read covers whole has its CRC32 checked.
 
-    def __init__(self, path: CheckpointId, *, crc: bool = True) -> None:
+    group (a torch.distributed process group: dist.group.WORLD, or one per
+    node): each load is a group load over it (ckptio.torch.load_boxes):
+    the chunks every rank's plan asks for are read from storage once per
+    group and exchanged, staging_bytes and timeout as there. Every rank of
+    the group must load (DCP's load does)."""
+
+    def __init__(self, path: CheckpointId, *, crc: bool = True, group: Optional[dist.ProcessGroup] = None,
+                 staging_bytes: Optional[int] = None, timeout: Optional[datetime.timedelta] = None) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.crc = crc
+        self.group, self.staging_bytes, self.timeout = group, staging_bytes, timeout
         self._r: Optional[ctypes.c_void_p] = None
         self._lock = threading.Lock()
         self.storage_data: Dict[MetadataIndex, int] = {}
@@ -369,8 +317,15 @@ class Reader(StorageReader):
             q.dst, q.dst_bytes, q.device = dst.data_ptr(), dst.numel() * dst.element_size(), _lib.DEVICE_HOST
             reqs.append(q)
             targets.append((item, target, dst, direct))
-        if reqs:
-            arr = (_lib.BoxRequest * len(reqs))(*reqs)
+        arr = (_lib.BoxRequest * max(len(reqs), 1))(*reqs)
+        if self.group is not None:  # collective: every rank, with chunks to read or not
+            g = Group(self.group, self.timeout)
+            rc = lib.ckptio_reader_load_boxes_group(r, ctypes.byref(g.comm), arr, len(reqs), self.staging_bytes or 0)
+            detail = lib.ckptio_reader_last_error(r)
+            if rc < 0 and g.error is not None:
+                detail += f": {g.error}".encode()
+            check(rc, f"cannot load {self.path}", detail)
+        elif reqs:
             check(lib.ckptio_reader_load_boxes(r, arr, len(reqs)), f"cannot load {self.path}",
                    lib.ckptio_reader_last_error(r))
         for item, target, dst, direct in targets:

@@ -22,17 +22,19 @@ from __future__ import annotations
 import re
 import tempfile
 from types import TracebackType
+import datetime
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 
 import torch
+import torch.distributed as dist
 
-from . import _lib, _mapped
+from . import _lib, _mapped, _torch_group
 from ._core import MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, scratch_dir
 from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
 
-__all__ = ["save", "save_file", "load", "load_file", "safe_open", "save_model", "load_model",
+__all__ = ["save", "save_file", "load", "load_file", "load_boxes", "safe_open", "save_model", "load_model",
            "storage_ptr", "storage_size", "save_file_async", "save_torch_state_dict",
            "save_torch_state_dict_async", "parse_size", "SaveHandle", "TorchSlice",
            "CkptioError", "TORCH_DTYPES"]
@@ -228,7 +230,9 @@ def save_torch_state_dict(tensors: Mapping[str, torch.Tensor], save_directory: P
 # --------------------------------------------------------------------- load
 
 def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "auto",
-              mmap: Optional[bool] = None) -> Dict[str, torch.Tensor]:
+              mmap: Optional[bool] = None, group: Optional[dist.ProcessGroup] = None,
+              staging_bytes: Optional[int] = None,
+              timeout: Optional[datetime.timedelta] = None) -> Dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors or torch.save (.pt) file (or a
     sharded set: its index or directory) onto `device` ("cpu", "cuda",
     "cuda:N", an int N, or a torch.device), as safetensors.torch.load_file:
@@ -264,7 +268,17 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     given. Strided views and big-endian entries of .pt files, and
     misaligned tensors, are always copied. A sharded set maps each shard on
     its own (and "auto" decides shard by shard); a compressed file is
-    always copied. The backend has no effect for a CUDA device."""
+    always copied. The backend has no effect for a CUDA device.
+
+    group (a torch.distributed process group, e.g. dist.group.WORLD, or
+    one per node): a group load, collective over the group. Every rank
+    gets every tensor (in fresh memory on `device`), but each stored byte
+    is read once, by one rank, and sent to the others over the group (a
+    gloo twin of a group of another backend); see load_boxes, whose
+    staging_bytes and timeout it takes. backend and mmap do not apply."""
+    if group is not None:
+        backend_choice(backend, mmap)
+        return _torch_group.named(filename, device, None, group, staging_bytes, timeout)
     mapped = backend_choice(backend, mmap)
     with TorchReader(filename, device, mapped, direct=backend == "direct") as r:
         shards = r.shards() if r.mapped else []
@@ -277,6 +291,37 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     return out
 
 
+def load_boxes(filename: PathLike, boxes: Mapping[str, Any], device: Device = "cpu", *,
+               group: Optional[dist.ProcessGroup] = None, staging_bytes: Optional[int] = None,
+               timeout: Optional[datetime.timedelta] = None) -> Dict[str, torch.Tensor]:
+    """Loads parts of tensors: boxes maps a tensor's name to None (the whole
+    tensor) or to slices of its leading dimensions (a slice, or a tuple of
+    them: start:stop, step 1), e.g. a tensor-parallel rank's share
+
+        {"qkv.weight": (slice(None), slice(r * n, (r + 1) * n)),  # columns
+         "out.weight": slice(r * m, (r + 1) * m),                  # rows
+         "norm.weight": None}                                      # replicated
+
+    and returns {name: a new contiguous tensor of the box} on `device`.
+
+    With group (a torch.distributed process group: dist.group.WORLD, or one
+    per node for node-local disks), the call is collective and each rank
+    passes its own boxes (any mix, different per rank, none at all): every
+    stored tensor byte that any rank needs is read once, by one rank (the
+    ranks take contiguous, byte-balanced spans of the file), which checks
+    its CRC32, and each rank receives exactly the bytes of its boxes over
+    the group (gloo; a group of another backend gets a gloo twin, made once
+    and collectively). Reads and the exchange overlap in rounds, each rank
+    holding at most about staging_bytes (default 256 MiB; the smallest of
+    the ranks' values) besides its tensors. A failure on any rank (a
+    missing file or tensor, another checkpoint opened, a checksum
+    mismatch, a read error) raises on every rank, naming the rank and the
+    cause; a rank that died makes the others' collective fail after
+    `timeout` (a datetime.timedelta; None: the group's own) instead of
+    waiting. Without group, one process loads its boxes alone."""
+    return _torch_group.named(filename, device, boxes, group, staging_bytes, timeout)
+
+
 def load(data: bytes) -> Dict[str, torch.Tensor]:
     """Loads the tensors of a safetensors (or .pt) file held in `data`, as
     safetensors.torch.load: a dict of str -> CPU torch.Tensor, independent of
@@ -287,7 +332,9 @@ def load(data: bytes) -> Dict[str, torch.Tensor]:
 
 def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
                device: Device = "cpu", *, backend: str = "auto",
-               in_place: bool = True) -> Tuple[List[str], List[str]]:
+               in_place: bool = True, group: Optional[dist.ProcessGroup] = None,
+               staging_bytes: Optional[int] = None,
+               timeout: Optional[datetime.timedelta] = None) -> Tuple[List[str], List[str]]:
     """Loads a file written by save_model (or any file of the model's
     tensors) into `model`, as safetensors.torch.load_model: a name dropped by
     save_model because it shares storage with a saved one counts as loaded.
@@ -308,8 +355,15 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     model may hold part of the file. in_place=False loads the whole file
     first and leaves the model untouched by a failed load, at the cost of a
     second copy of the model in memory; backend is that load's (in place,
-    everything is read as backend="pread" reads it, or "direct" when asked)."""
+    everything is read as backend="pread" reads it, or "direct" when asked).
+
+    group: a group load (collective; see load_file), each stored byte read
+    once per group; the tensors that match their parameter in place are
+    received straight into it, the rest go through load_state_dict."""
     current = model.state_dict()
+    if group is not None:
+        backend_choice(backend, None)
+        return _load_model_group(model, current, filename, strict, device, in_place, group, staging_bytes, timeout)
     if not in_place:
         state = load_file(filename, device, backend=backend)
         return _apply(model, current, state, set(state), {}, strict)
@@ -320,6 +374,29 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
         r.load_into({r.by_name[name]: t for name, t in targets.items()})
         state = r.load(i for i, e in enumerate(r.entries) if e.name.decode() not in targets)
         return _apply(model, current, state, set(r.by_name), targets, strict)
+
+
+def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor], filename: PathLike,
+                      strict: bool, device: Device, in_place: bool, group: dist.ProcessGroup,
+                      staging_bytes: Optional[int], timeout: Optional[datetime.timedelta]
+                      ) -> Tuple[List[str], List[str]]:
+    """load_model with a group: one group load of every tensor of the file,
+    into the model's tensors where they fit (in_place), else new ones."""
+    targets: Dict[str, torch.Tensor] = {}
+    names: List[str] = []
+
+    def boxes_of(r: TorchReader) -> List[_torch_group.Box]:
+        targets.update(_in_place_targets(model, current, r) if in_place else {})
+        names.extend(info.name.decode() for info in r.entries)
+        return [(i, [0] * info.ndim, list(info.shape[:info.ndim]), targets.get(names[i]))
+                for i, info in enumerate(r.entries)]
+
+    _, tensors = _torch_group.run(filename, device, boxes_of, group, staging_bytes, timeout)
+    bump = getattr(torch.autograd.graph, "increment_version", None) or torch._C._increment_version
+    for t in targets.values():
+        bump(t)
+    state = {name: t for name, t in zip(names, tensors) if name not in targets}
+    return _apply(model, current, state, set(names), targets, strict)
 
 
 def _apply(model: torch.nn.Module, current: Mapping[str, torch.Tensor], state: Dict[str, torch.Tensor],

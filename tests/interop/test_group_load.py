@@ -1,0 +1,283 @@
+"""Group loads over real torch.distributed gloo processes: load_file,
+load_boxes and load_model with group= give every rank exactly what a
+single-process load gives (files written by ckptio, by torch.save and by
+safetensors), each stored byte read once per group; and every failure (a
+missing tensor on one rank, another checkpoint on one rank, a damaged
+byte, a rank killed mid-load) raises on every surviving rank, naming the
+rank and the cause, within the timeout: nothing hangs."""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing")
+st = pytest.importorskip("safetensors.torch")
+
+import ckptio.torch as ct  # noqa: E402
+from ckptio import _group  # noqa: E402
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def model():
+    g = torch.Generator().manual_seed(7)
+    return {
+        "embed.weight": torch.randn(2000, 64, generator=g).to(torch.bfloat16),
+        "layers.0.qkv.weight": torch.randn(64, 192, generator=g),
+        "layers.0.out.weight": torch.randn(64, 64, generator=g),
+        "layers.0.norm.weight": torch.randn(64, generator=g),
+        "layers.0.mlp.weight": torch.randn(300, 64, generator=g).half(),
+        "step": torch.tensor(12, dtype=torch.int64),
+        "flags": torch.tensor([True, False, True]),
+    }
+
+
+def tp_boxes(rank, world):
+    """A tensor-parallel rank's share: columns of qkv, rows of out and
+    mlp, a vocabulary slice of embed, the rest replicated."""
+    def part(n):
+        return slice(n * rank // world, n * (rank + 1) // world)
+    return {"layers.0.qkv.weight": (slice(None), part(192)), "layers.0.out.weight": part(64),
+            "layers.0.mlp.weight": part(300), "embed.weight": part(2000), "layers.0.norm.weight": None,
+            "step": None}
+
+
+def read_bytes():
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def drop_cache(path):
+    for root, _, files in os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [path])]:
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+def scenario(rank, world, name, path):
+    """This rank's part of scenario `name`; returns what the parent checks."""
+    group = dist.group.WORLD
+    timeout = __import__("datetime").timedelta(seconds=20)
+    if name == "whole":
+        if rank == 0:
+            drop_cache(path)
+        dist.barrier()
+        before = read_bytes()
+        got = ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout)
+        read = read_bytes() - before
+        want = ct.load_file(path)
+        assert list(got) == list(want), (list(got), list(want))
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+        return {"read": read, "tensor_bytes": sum(t.nelement() * t.element_size() for t in want.values())}
+    if name == "tp":
+        boxes = tp_boxes(rank, world)
+        got = ct.load_boxes(path, boxes, group=group, staging_bytes=1 << 20, timeout=timeout)
+        want = ct.load_file(path)
+        for k, sl in boxes.items():
+            ref = want[k] if sl is None else want[k][sl]
+            assert torch.equal(got[k], ref.contiguous()), k
+        return {}
+    if name == "model":
+        m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+        m2 = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+        missing, unexpected = ct.load_model(m2, path, group=group)
+        ref = ct.load_file(path)
+        for k, v in m2.state_dict().items():
+            assert torch.equal(v, ref[k]), k
+        return {"missing": missing, "unexpected": unexpected}
+    if name == "dcp":  # saved row-sharded by ckptio.dcp.Writer, loaded column-sharded by group
+        import torch.distributed.checkpoint as dcp
+        import ckptio.dcp
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (world,))
+        full = model()
+        del full["step"], full["flags"]
+        sd = {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in full.items()}
+        dcp.save(sd, storage_writer=ckptio.dcp.Writer(path))
+        back = {k: distribute_tensor(torch.zeros_like(v), mesh, [Shard(v.dim() - 1) if v.dim() > 1 else Replicate()])
+                for k, v in full.items()}
+        dcp.load(back, storage_reader=ckptio.dcp.Reader(path, group=group, staging_bytes=1 << 20, timeout=timeout))
+        for k, v in full.items():
+            assert torch.equal(back[k].full_tensor(), v), k
+        return {}
+    if name == "missing":
+        boxes = {"layers.0.norm.weight": None}
+        if rank == 1:
+            boxes["no.such.tensor"] = None
+        ct.load_boxes(path, boxes, group=group, timeout=timeout)
+    if name == "different":
+        ct.load_file(path + ".other" if rank == world - 1 else path, group=group, timeout=timeout)
+    if name == "damaged":
+        ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout)
+    if name == "killed":
+        if rank == 1:  # dies in its third exchange
+            calls = [0]
+            real = _group.Group._alltoallv_cb
+
+            def dying(self, *a):
+                calls[0] += 1
+                if calls[0] == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(self, *a)
+            _group.Group._alltoallv_cb = dying
+        ct.load_file(path, group=group, staging_bytes=1 << 20,
+                     timeout=__import__("datetime").timedelta(seconds=5))
+    return {}
+
+
+def worker(rank, world, port, name, path, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    t0 = time.monotonic()
+    try:
+        res = {"ok": True, **scenario(rank, world, name, path)}
+    except BaseException as e:  # noqa: BLE001 - the parent checks it
+        res = {"ok": False, "type": type(e).__name__, "error": str(e)}
+    res["seconds"] = time.monotonic() - t0
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # without the interpreter's teardown, nor the group's (a peer may be dead)
+
+
+def run(world, name, path, tmp_path):
+    """Each rank's result (None: it died)."""
+    out = tmp_path / f"out-{name}-{world}"
+    out.mkdir()
+    ctx = mp.start_processes(worker, args=(world, free_port(), name, str(path), str(out)), nprocs=world,
+                             join=False, start_method="spawn")
+    for p in ctx.processes:
+        p.join(120)
+        assert not p.is_alive(), f"{name}: a rank still runs after 120 s: it hangs"
+    res = []
+    for r in range(world):
+        f = out / f"rank{r}.json"
+        res.append(json.loads(f.read_text()) if f.exists() else None)
+    return res
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("group")
+    m = model()
+    paths = {"ckptio": d / "m.safetensors", "safetensors": d / "st.safetensors", "torch": d / "m.pt",
+             "set": d / "set", "zstd": d / "m.safetensors.zst"}
+    ct.save_file(m, paths["ckptio"])
+    st.save_file(m, str(paths["safetensors"]))
+    torch.save(m, paths["torch"])
+    paths["set"].mkdir()
+    ct.save_torch_state_dict(m, paths["set"], max_shard_size=100_000)
+    # (ckptio.numpy writes the compressed kind; numpy has no bfloat16)
+    import ckptio
+    ckptio.save_file({k: (v.float() if v.dtype == torch.bfloat16 else v).numpy() for k, v in m.items()},
+                     paths["zstd"], compress=3)
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["ckptio", "safetensors", "torch", "set", "zstd"])
+def test_every_rank_gets_the_whole_file(files, kind, tmp_path):
+    res = run(3, "whole", files[kind], tmp_path)
+    for r, x in enumerate(res):
+        assert x and x["ok"], (r, x)
+
+
+@pytest.mark.parametrize("writer", ["ckptio", "safetensors"])
+def test_the_group_reads_each_byte_once(writer, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    m = {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(6)}  # 24 MiB
+    path = tmp_path / "big.safetensors"
+    ct.save_file(m, path) if writer == "ckptio" else st.save_file(m, str(path))
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # (safetensors does not: dirty pages would stay in the cache)
+    os.close(fd)
+    res = run(3, "whole", path, tmp_path)
+    for r, x in enumerate(res):
+        assert x and x["ok"], (r, x)
+    total = sum(x["read"] for x in res)
+    # Once by the group (each rank's header and readahead past its span
+    # aside), where three loads alone would read it three times.
+    assert total <= 1.02 * res[0]["tensor_bytes"], res
+    assert total >= 0.9 * res[0]["tensor_bytes"], ("the file was not read from the disk", res)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_tensor_parallel_shares(files, world, tmp_path):
+    res = run(world, "tp", files["ckptio"], tmp_path)
+    for r, x in enumerate(res):
+        assert x and x["ok"], (r, x)
+
+
+def test_load_model_with_a_group(tmp_path):
+    m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+    path = tmp_path / "model.safetensors"
+    ct.save_model(m, path)
+    for r, x in enumerate(run(2, "model", path, tmp_path)):
+        assert x and x["ok"] and x["missing"] == [] and x["unexpected"] == [], (r, x)
+
+
+def test_dcp_reader_with_a_group(tmp_path):
+    for r, x in enumerate(run(2, "dcp", tmp_path / "ckpt", tmp_path)):
+        assert x and x["ok"], (r, x)
+
+
+def test_a_missing_tensor_on_one_rank_fails_every_rank(files, tmp_path):
+    res = run(3, "missing", files["ckptio"], tmp_path)
+    assert not res[1]["ok"] and "no.such.tensor" in res[1]["error"], res[1]
+    for r in (0, 2):
+        assert not res[r]["ok"] and "rank 1" in res[r]["error"] and "no.such.tensor" in res[r]["error"], res[r]
+
+
+def test_another_checkpoint_on_one_rank_fails_every_rank(files, tmp_path):
+    other = str(files["ckptio"]) + ".other"
+    m = model()
+    m["step"] = torch.tensor(13, dtype=torch.int64)
+    ct.save_file(m, other)
+    res = run(3, "different", files["ckptio"], tmp_path)
+    for r, x in enumerate(res):
+        assert not x["ok"] and "rank 2 opened another checkpoint" in x["error"], (r, x)
+
+
+def test_a_damaged_byte_fails_every_rank(files, tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    data = bytearray(files["ckptio"].read_bytes())
+    data[len(data) // 3] ^= 0x10  # inside embed.weight, the first rank's span
+    bad.write_bytes(bytes(data))
+    res = run(3, "damaged", bad, tmp_path)
+    kinds = sorted(x["type"] for x in res)
+    assert all(not x["ok"] for x in res), res
+    assert kinds.count("ChecksumError") == 1, res
+    for x in res:
+        assert "checksum" in x["error"] or "embed.weight" in x["error"], x
+
+
+def test_a_rank_killed_mid_load_fails_the_others_within_the_timeout(tmp_path):
+    path = tmp_path / "big.safetensors"
+    ct.save_file({f"w{i}": torch.ones(1024, 1024) * i for i in range(6)}, path)  # 24 rounds of 1 MiB
+    res = run(3, "killed", path, tmp_path)
+    assert res[1] is None, "rank 1 was to die"
+    for r in (0, 2):
+        x = res[r]
+        assert x is not None and not x["ok"], (r, x)
+        assert x["seconds"] < 60, x
+        assert "the communicator's alltoallv failed" in x["error"], x
