@@ -1452,20 +1452,34 @@ int ckptio_reader_fits_cache(ckptio_reader *r);
 
 /* ------------------------------------------------------ group loads (1.1) */
 
+/* ckptio_reader_load_boxes_group's flags. */
+#define CKPTIO_GROUP_EXCHANGE 1u /* exchange bytes even where the ranks share a page cache (below) */
+
 /*! ckptio_reader_load_boxes_group() :
  *  Collective over `comm` (every rank calls it, with the same checkpoint
  *  opened, each with its own boxes: whole tensors, slices, any mix, none):
- *  every stored byte that any rank needs is read from storage once, by one
- *  rank of the group, and every rank receives from the others exactly the
- *  bytes of its boxes (ckptio_comm's alltoallv). The stored parts needed
- *  are ordered as they lie in the files and split between the ranks by
- *  bytes in contiguous spans; a part is read whole by one rank, which
- *  checks its CRC32 (a part that some rank needs only a corner of is still
- *  read whole: its CRC is what makes the others' bytes trustworthy). Reads
- *  and the exchange run in rounds, the read of the next round beside the
- *  exchange of this one, so each rank holds at most about
- *  `staging_bytes` (0: 256 MiB; the smallest of the ranks' values is
- *  used) of read, send and receive buffers besides its destinations.
+ *  every stored byte that any rank needs is read from storage once for the
+ *  group, and every rank gets exactly the bytes of its boxes.
+ *  Two ways, chosen alike on every rank from what they all report:
+ *  - Ranks on one machine (one kernel boot id) that opened one local file
+ *    (one device and inode) that fits in the page cache by
+ *    CKPTIO_LOAD_AUTO's rule, on every rank, share that page cache: each
+ *    rank loads its own boxes through it (PREAD), and the kernel reads
+ *    each page from storage once for all of them; nothing is exchanged.
+ *  - Otherwise (ranks on several machines, an object storage's object, a
+ *    file too large for the cache, or CKPTIO_GROUP_EXCHANGE): the stored
+ *    parts needed are ordered as they lie in the files and split between
+ *    the ranks by bytes in contiguous spans; a part is read whole by one
+ *    rank, which checks its CRC32 (a part that some rank needs only a
+ *    corner of is still read whole: its CRC is what makes the others'
+ *    bytes trustworthy), and each rank receives from the others exactly
+ *    the bytes of its boxes (ckptio_comm's alltoallv). Reads and the
+ *    exchange run in rounds, the read of the next round beside the
+ *    exchange of this one, so each rank holds at most about
+ *    `staging_bytes` (0: 256 MiB; the smallest of the ranks' values is
+ *    used) of read, send and receive buffers besides its destinations (a
+ *    rank reads a part straight into its own box when the box holds it
+ *    contiguous on the host).
  *  Failures are the group's: a bad box, a missing tensor, another
  *  checkpoint opened on some rank (its tensors, shapes, parts or CRCs
  *  differ), a failed read or CRC on the reading rank, or a failed
@@ -1476,15 +1490,19 @@ int ckptio_reader_fits_cache(ckptio_reader *r);
  *  communicator's to report: the call returns when its collective does
  *  (MPI ends the job; torch.distributed's collectives time out).
  *  Boxes land on the host or a GPU as in ckptio_reader_load_boxes;
- *  `verified` says every stored part the box touches had a CRC (all were
- *  checked by their reader); `bytes_read` counts what this rank read for
- *  the group, each part under the first of its boxes that touches it.
+ *  `verified` says every stored part the box touches had its CRC checked
+ *  (by whichever rank read it); `bytes_read` counts what this rank read:
+ *  its boxes' bytes when sharing a page cache; when exchanging, what it
+ *  read for the group, each part under the first of its boxes that
+ *  touches it. ckptio_reader_stats and progress count what landed in this
+ *  rank's boxes.
  *  @comm  with alltoallv (a 1.0 communicator is refused); its allgather
  *         and alltoallv are called from this thread only.
+ *  @flags 0, or CKPTIO_GROUP_EXCHANGE.
  *  @return 0, CKPTIO_E_RANK, CKPTIO_E_INVALID_ARG, or this rank's own
  *          failure (the codes of ckptio_reader_load_boxes, -ENOMEM). */
 int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ckptio_box_request *reqs, size_t n,
-                                   uint64_t staging_bytes);
+                                   uint64_t staging_bytes, unsigned flags);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 

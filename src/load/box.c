@@ -180,6 +180,30 @@ int ckptio_box_reqs(ckptio_reader *r, size_t index, const int64_t *start, const 
   return 0;
 }
 
+int ckptio_box_check_reqs(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop,
+                          ckptio_xreqs *v, int *verified) {
+  const ckptio_entry *te = ckptio_reader_entry(r, index);
+  const ckptio_spart *parts;
+  ckptio_spart one;
+  size_t n = ckptio_reader_parts_of(r, index, &parts, &one);
+  int all = 1;
+  for (size_t i = 0; i < n; i++) {
+    const ckptio_entry *e = &parts[i].src->idx.entries[parts[i].local];
+    cut c;
+    int empty, whole = 1;
+    cut_of(te->ndim, start, stop, parts[i].off, e->shape, &c, &empty);
+    if (empty) continue;
+    for (int d = 0; d < te->ndim; d++) whole &= c.s[d] == e->shape[d];
+    if (!e->has_crc) all = 0;
+    if (whole || !e->has_crc) continue; /* a whole part is checked as it is read */
+    ckptio_xreq q = {.src = parts[i].src, .e = e, .gpu = -1, .raw = 1, .check = 1,
+                     .g = {0, e->nbytes, e->nbytes, e->nbytes ? 1 : 0, e->nbytes, 1}};
+    if (ckptio_xreqs_push(v, &q) < 0) return -ENOMEM;
+  }
+  *verified = all;
+  return 0;
+}
+
 /* ------------------------------------------------------------ public */
 
 int64_t ckptio_reader_box_nbytes(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop) {

@@ -30,4 +30,11 @@ int ckptio_box_check(ckptio_reader *r, size_t index, const int64_t *start, const
 int ckptio_box_reqs(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop, unsigned char *dst,
                     int gpu, int check, ckptio_xreqs *v, int *verified);
 
+/* Appends a read-and-check request (no destination) for each stored part
+ * with a CRC that the box [start, stop) touches but does not hold whole,
+ * so that its CRC is checked too; *verified says whether every part it
+ * touches has a CRC. @return 0 or -ENOMEM. */
+int ckptio_box_check_reqs(ckptio_reader *r, size_t index, const int64_t *start, const int64_t *stop,
+                          ckptio_xreqs *v, int *verified);
+
 #endif

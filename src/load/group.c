@@ -8,10 +8,12 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bigbuf.h"
 #include "core/box.h"
 #include "core/collective.h"
 #include "core/crc32.h"
@@ -31,7 +33,7 @@ typedef struct gread {
   const ckptio_gplan *p;
   ckptio_gunit *units;      /* this rank's copy: the running CRCs */
   size_t first, end;        /* the chunks */
-  unsigned char *buf;
+  unsigned char *const *where; /* [chunk]: where its bytes are read to */
   int keep_stats;
   int rc;
   char msg[CKPTIO_ERRLEN];
@@ -44,9 +46,14 @@ typedef struct group {
   ckptio_gplan p;
   ckptio_box_request *reqs;
   int *gpu;                 /* [request]: its GPU, or -1 */
-  unsigned char *rbuf[2];
+  unsigned char *rbuf[2];   /* the chunks this rank reads for others alone */
+  size_t rbuf_bytes;
+  unsigned char **where;    /* [chunk]: where this rank's chunk is read to,
+                               its own destination when one of its boxes
+                               holds the chunk's bytes contiguous */
+  size_t *direct;           /* [chunk]: that box's index, or SIZE_MAX */
   unsigned char *send, *recv;
-  size_t send_cap, recv_cap;
+  size_t send_bytes, recv_bytes;
   size_t *send_counts, *recv_counts;
   int status;               /* this rank's first failure */
   char why[CKPTIO_ERRLEN];
@@ -64,7 +71,7 @@ static void *read_batch(void *arg) {
     const ckptio_gchunk *ch = &p->chunks[c];
     int64_t lo[CKPTIO_MAX_DIMS], hi[CKPTIO_MAX_DIMS];
     ckptio_gchunk_box(p, ch, lo, hi);
-    rc = ckptio_box_reqs(r, p->units[ch->unit].index, lo, hi, g->buf + ch->at, -1, r->opts.crc, &v, NULL);
+    rc = ckptio_box_reqs(r, p->units[ch->unit].index, lo, hi, g->where[c], -1, r->opts.crc, &v, NULL);
   }
   /* The reader's progress and stats count what lands in this rank's boxes:
    * the reads keep their own counts (the timers are the reader's). */
@@ -79,7 +86,7 @@ static void *read_batch(void *arg) {
     const ckptio_gchunk *ch = &p->chunks[c];
     ckptio_gunit *u = &g->units[ch->unit];
     if (ch->first && ch->last) continue;
-    u->crc = ckptio_crc32(ch->first ? 0 : u->crc, g->buf + ch->at, ch->bytes);
+    u->crc = ckptio_crc32(ch->first ? 0 : u->crc, g->where[c], ch->bytes);
     if (ch->last && u->e->has_crc && u->crc != u->e->crc)
       rc = ckptio_fail(r->err, CKPTIO_E_CHECKSUM, "%s: tensor '%s': checksum mismatch in %s (stored %08x, read %08x)",
                        r->src->path, ckptio_reader_entry(r, u->index)->name, u->part.src->path, u->e->crc, u->crc);
@@ -145,9 +152,8 @@ static int copy_run(void *arg, uint64_t a, uint64_t b, uint64_t n) {
                               CKPTIO_ERRLEN);
 }
 
-/* Packing: the piece from its chunk (in the read buffer) into the message. */
+/* Packing: the piece from its chunk (where it was read) into the message. */
 typedef struct packing {
-  const unsigned char *chunks; /* the read buffer */
   size_t at;                   /* the message's next byte */
 } packing;
 
@@ -159,7 +165,7 @@ static int pack_piece(group *g, const ckptio_gchunk *c, const ckptio_gwant *w, c
   int64_t clo[CKPTIO_MAX_DIMS], chi[CKPTIO_MAX_DIMS], csz[CKPTIO_MAX_DIMS], sz[CKPTIO_MAX_DIMS];
   ckptio_gchunk_box(&g->p, c, clo, chi);
   for (int d = 0; d < u->e->ndim; d++) csz[d] = chi[d] - clo[d], sz[d] = hi[d] - lo[d];
-  runs x = {g, g->send + out->at, out->chunks + c->at, -1};
+  runs x = {g, g->send + out->at, g->where[c - g->p.chunks], -1};
   out->at += (size_t)bytes;
   return ckptio_box_runs(u->e->ndim, ckptio_dtype_bits(u->e->dtype), lo, hi, clo, csz, lo, sz, copy_run, &x);
 }
@@ -167,9 +173,8 @@ static int pack_piece(group *g, const ckptio_gchunk *c, const ckptio_gwant *w, c
 /* Landing: a piece, from a message or straight from this rank's read
  * buffer, into the box that asked for it. */
 typedef struct landing {
-  const unsigned char *buf; /* the messages, or the read buffer */
-  int packed;               /* 1: pieces packed one after another from `at` */
-  size_t at;
+  const unsigned char *buf; /* the messages, or NULL: this rank's chunks */
+  size_t at;                /* the next piece in the messages */
 } landing;
 
 static int land_piece(group *g, const ckptio_gchunk *c, const ckptio_gwant *w, const int64_t *lo,
@@ -180,14 +185,18 @@ static int land_piece(group *g, const ckptio_gchunk *c, const ckptio_gwant *w, c
   ckptio_box_request *q = &g->reqs[w->k];
   int64_t qsz[CKPTIO_MAX_DIMS], from_lo[CKPTIO_MAX_DIMS], from_hi[CKPTIO_MAX_DIMS], from_sz[CKPTIO_MAX_DIMS];
   runs x = {g, q->dst, NULL, g->gpu[w->k]};
-  if (in->packed) { /* the piece on its own */
+  if (!in->buf && g->direct[c - g->p.chunks] == w->k) { /* read into this box */
+    atomic_fetch_add(&g->r->done_bytes, bytes);
+    return 0;
+  }
+  if (in->buf) { /* the piece on its own */
     memcpy(from_lo, lo, sizeof(from_lo));
     memcpy(from_hi, hi, sizeof(from_hi));
     x.from = in->buf + in->at;
     in->at += (size_t)bytes;
   } else { /* the piece inside its chunk */
     ckptio_gchunk_box(&g->p, c, from_lo, from_hi);
-    x.from = in->buf + c->at;
+    x.from = g->where[c - g->p.chunks];
   }
   for (int d = 0; d < nd; d++) qsz[d] = q->stop[d] - q->start[d], from_sz[d] = from_hi[d] - from_lo[d];
   int rc = ckptio_box_runs(nd, ckptio_dtype_bits(u->e->dtype), lo, hi, from_lo, from_sz, q->start, qsz, copy_run, &x);
@@ -212,16 +221,16 @@ static void count_round(group *g, size_t round, size_t *send, size_t *recv) {
   }
 }
 
-/* Exchanges round `round` (this rank's batch read into `mine`). *stop is
+/* Exchanges round `round` (this rank's batch read). *stop is
  * set when any rank reported a failure. A failure here (a destination
  * copy) becomes this rank's status, which the others learn next round.
  * @return 0, or the communicator's failure: this rank can take no further
  * part. */
-static int exchange(group *g, size_t round, const unsigned char *mine, int *stop) {
+static int exchange(group *g, size_t round, int *stop) {
   int nr = g->comm->nranks, me = g->comm->rank, rc = 0;
   size_t send_total, recv_total;
   count_round(g, round, &send_total, &recv_total);
-  packing out = {mine, 0};
+  packing out = {0};
   for (int j = 0; j < nr; j++) {
     ghdr h = {g->status, 0};
     size_t end = out.at + g->send_counts[j];
@@ -242,11 +251,11 @@ static int exchange(group *g, size_t round, const unsigned char *mine, int *stop
     at += g->recv_counts[s];
   }
   if (*stop) return 0;
-  landing self = {mine, 0, 0};
+  landing self = {NULL, 0};
   rc = pieces(g, round, me, me, land_piece, &self);
   at = 0;
   for (int s = 0; s < nr && rc == 0; s++) {
-    landing in = {g->recv, 1, at + sizeof(ghdr)};
+    landing in = {g->recv, at + sizeof(ghdr)};
     if (s != me) rc = pieces(g, round, s, me, land_piece, &in);
     at += g->recv_counts[s];
   }
@@ -265,8 +274,52 @@ static void batch_of(const ckptio_gplan *p, size_t round, size_t *first, size_t 
   if (round < p->nbatches[me]) *first = p->batch[me][round], *end = p->batch[me][round + 1];
 }
 
-static uint64_t batch_bytes(const ckptio_gplan *p, size_t first, size_t end) {
-  return first < end ? p->chunks[end - 1].at + p->chunks[end - 1].bytes : 0;
+/* The box of this rank's that holds chunk c's bytes contiguous in host
+ * memory, where the chunk can be read straight into: *at is its offset
+ * there. @return the box's index, or SIZE_MAX. */
+static size_t direct_box(const group *g, size_t c, uint64_t *at) {
+  const ckptio_gplan *p = &g->p;
+  const ckptio_gchunk *ch = &p->chunks[c];
+  const ckptio_gunit *u = &p->units[ch->unit];
+  int64_t clo[CKPTIO_MAX_DIMS], chi[CKPTIO_MAX_DIMS];
+  ckptio_gchunk_box(p, ch, clo, chi);
+  size_t first, end;
+  ckptio_gplan_wants_of(p, u->index, &first, &end);
+  for (size_t i = first; i < end; i++) {
+    const ckptio_gwant *w = &p->wants[i];
+    const ckptio_box_request *q = &g->reqs[w->k];
+    if (w->rank != p->rank || g->gpu[w->k] >= 0 || !q->dst || u->e->strided || u->e->byteswap) continue;
+    int fits = u->e->ndim == 0 || (w->box->start[0] <= clo[0] && chi[0] <= w->box->stop[0]);
+    uint64_t row = (uint64_t)ckptio_dtype_bits(u->e->dtype) / 8;
+    for (int d = 1; d < u->e->ndim && fits; d++) {
+      fits = w->box->start[d] == clo[d] && w->box->stop[d] == chi[d];
+      row *= (uint64_t)(chi[d] - clo[d]);
+    }
+    if (fits) {
+      *at = u->e->ndim ? (uint64_t)(clo[0] - w->box->start[0]) * row : 0;
+      return w->k;
+    }
+  }
+  return SIZE_MAX;
+}
+
+/* Where each chunk of this rank's batch `round` is read to: a box of its
+ * own, else the read buffer `buf` (set 0: only count). @return the read
+ * buffer's bytes it takes. */
+static uint64_t place(group *g, size_t round, int set, unsigned char *buf) {
+  size_t first, end;
+  uint64_t staged = 0;
+  batch_of(&g->p, round, &first, &end);
+  for (size_t c = first; c < end; c++) {
+    uint64_t at = 0;
+    size_t k = direct_box(g, c, &at);
+    if (set) {
+      g->direct[c] = k;
+      g->where[c] = k != SIZE_MAX ? (unsigned char *)g->reqs[k].dst + at : buf + staged;
+    }
+    if (k == SIZE_MAX) staged += g->p.chunks[c].bytes;
+  }
+  return staged;
 }
 
 /* The buffers of every round, sized for the largest, allocated before the
@@ -274,27 +327,30 @@ static uint64_t batch_bytes(const ckptio_gplan *p, size_t first, size_t end) {
  * @return 0 or -ENOMEM. */
 static int buffers(group *g) {
   ckptio_gplan *p = &g->p;
-  size_t nr = (size_t)g->comm->nranks, most_send = 0, most_recv = 0;
-  uint64_t most = 0;
-  if (!(g->send_counts = calloc(nr, sizeof(size_t))) || !(g->recv_counts = calloc(nr, sizeof(size_t))))
+  size_t nr = (size_t)g->comm->nranks;
+  if (!(g->send_counts = calloc(nr, sizeof(size_t))) || !(g->recv_counts = calloc(nr, sizeof(size_t))) ||
+      !(g->where = calloc(p->nchunks + 1, sizeof(*g->where))) ||
+      !(g->direct = calloc(p->nchunks + 1, sizeof(size_t))))
     return -ENOMEM;
   for (size_t k = 0; k < p->rounds; k++) {
-    size_t first, end, s, r;
-    batch_of(p, k, &first, &end);
-    uint64_t b = batch_bytes(p, first, end);
-    most = b > most ? b : most;
+    size_t s, r;
+    uint64_t b = place(g, k, 0, NULL);
+    g->rbuf_bytes = b > g->rbuf_bytes ? b : g->rbuf_bytes;
     count_round(g, k, &s, &r);
-    most_send = s > most_send ? s : most_send;
-    most_recv = r > most_recv ? r : most_recv;
+    g->send_bytes = s > g->send_bytes ? s : g->send_bytes;
+    g->recv_bytes = r > g->recv_bytes ? r : g->recv_bytes;
   }
   for (int i = 0; i < 2; i++)
-    if (most && posix_memalign((void **)&g->rbuf[i], 4096, most)) return -ENOMEM;
-  if (!(g->send = malloc(most_send + 1)) || !(g->recv = malloc(most_recv + 1))) return -ENOMEM;
+    if (g->rbuf_bytes && !(g->rbuf[i] = ckptio_bigbuf_alloc(g->rbuf_bytes))) return -ENOMEM;
+  if ((g->send_bytes && !(g->send = ckptio_bigbuf_alloc(g->send_bytes))) ||
+      (g->recv_bytes && !(g->recv = ckptio_bigbuf_alloc(g->recv_bytes))))
+    return -ENOMEM;
   return 0;
 }
 
 static void read_into(group *g, gread *rd, size_t round) {
-  *rd = (gread){.r = g->r, .p = &g->p, .units = g->p.units, .buf = g->rbuf[round & 1], .keep_stats = round > 0};
+  place(g, round, 1, g->rbuf[round & 1]);
+  *rd = (gread){.r = g->r, .p = &g->p, .units = g->p.units, .where = g->where, .keep_stats = round > 0};
   batch_of(&g->p, round, &rd->first, &rd->end);
 }
 
@@ -325,7 +381,7 @@ static int run_rounds(group *g, uint64_t *read) {
       running = pthread_create(&th, NULL, read_batch, &rd[(k + 1) & 1]) == 0;
       if (!running) read_batch(&rd[(k + 1) & 1]);
     }
-    rc = exchange(g, k, g->rbuf[k & 1], &stop);
+    rc = exchange(g, k, &stop);
     if (running) pthread_join(th, NULL);
     if (k + 1 < p->rounds && g->status == 0) absorb(g, &rd[(k + 1) & 1], read);
   }
@@ -382,8 +438,63 @@ static void report(group *g, size_t n, uint64_t read) {
   for (size_t i = 0; i < n && !charged; i++) g->reqs[i].bytes_read = read, charged = 1;
 }
 
+/* Ranks that share one machine's page cache and one file: each loads its
+ * own boxes through that cache (PREAD), which reads each stored byte from
+ * storage once for all of them and copies nothing between them; each
+ * checks the CRC of every part its boxes touch.
+ * @return 0 or this rank's failure (message in r->err). */
+static int load_shared(group *g, size_t n) {
+  ckptio_reader *r = g->r;
+  ckptio_xreqs v = {0};
+  size_t *first = calloc(n + 1, sizeof(size_t));
+  int rc = first ? 0 : -ENOMEM;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    ckptio_box_request *q = &g->reqs[i];
+    uint64_t nb = 0;
+    first[i] = v.n;
+    if (ckptio_box_check(r, q->index, q->start, q->stop, &nb) < 0) continue;
+    if (!nb) {
+      q->verified = 1; /* nothing to check */
+      continue;
+    }
+    rc = ckptio_box_reqs(r, q->index, q->start, q->stop, q->dst, g->gpu[i], r->opts.crc, &v, NULL);
+    /* Every part the box touches is checked, as the exchange checks it
+     * (the cache holds the rest of the part: reading it costs no I/O). */
+    if (rc == 0 && r->opts.crc) rc = ckptio_box_check_reqs(r, q->index, q->start, q->stop, &v, &q->verified);
+  }
+  if (first) first[n] = v.n;
+  ckptio_options o = r->opts;
+  o.load_method = CKPTIO_LOAD_PREAD;
+  ckptio_exec_out out = {r->err, &r->done_bytes, &r->total_bytes, &r->timers, r->user_stream, 0};
+  if (rc == 0) rc = ckptio_exec(r->ctx, &o, v.q, v.n, &out);
+  for (size_t i = 0; first && i < n; i++)
+    for (size_t k = first[i]; k < first[i + 1]; k++) g->reqs[i].bytes_read += atomic_load(&v.q[k].read);
+  free(v.q);
+  free(first);
+  return rc;
+}
+
+/* The exchange: every round, then the verdict. @return 0 or the group's
+ * failure. */
+static int load_exchanged(group *g, size_t n) {
+  ckptio_reader *r = g->r;
+  const ckptio_comm *c = g->comm;
+  uint64_t read = 0;
+  int alloc = buffers(g);
+  if (alloc < 0) ckptio_fail(r->err, alloc, "%s: rank %d: out of memory for a group load's buffers", r->src->path,
+                             c->rank);
+  int rc = ckptio_comm_status_exchange(c, alloc, r->err, r->src->path, r->err);
+  if (rc == 0 && (rc = run_rounds(g, &read)) == 0) {
+    /* (A communicator that failed can agree on nothing more.) */
+    rc = ckptio_comm_status_exchange(c, g->status, g->why, r->src->path, r->err);
+    if (rc < 0 && rc == g->status) snprintf(r->err, CKPTIO_ERRLEN, "%s", g->why);
+  }
+  if (rc == 0) report(g, n, read);
+  return rc;
+}
+
 int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ckptio_box_request *reqs, size_t n,
-                                   uint64_t staging_bytes) {
+                                   uint64_t staging_bytes, unsigned flags) {
   if (!r || !comm || (n && !reqs)) return CKPTIO_E_INVALID_ARG;
   ckptio_comm c;
   memset(&c, 0, sizeof(c));
@@ -400,27 +511,23 @@ int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ck
   atomic_store(&r->done_bytes, 0);
   atomic_store(&r->total_bytes, 0);
   int status = mine && g.gpu ? check_boxes(&g, reqs, n, mine) : -ENOMEM;
-  uint64_t read = 0;
   rc = ckptio_gplan_make(r, &c, mine, n, staging_bytes, status, r->err, &g.p);
-  if (rc == 0) {
-    int alloc = buffers(&g);
-    if (alloc < 0) ckptio_fail(r->err, alloc, "%s: rank %d: out of memory for a group load's buffers", r->src->path,
-                               c.rank);
-    rc = ckptio_comm_status_exchange(&c, alloc, r->err, r->src->path, r->err);
+  if (rc == 0 && g.p.shared && !(flags & CKPTIO_GROUP_EXCHANGE)) {
+    int mine_rc = load_shared(&g, n);
+    snprintf(g.why, sizeof(g.why), "%s", r->err);
+    rc = ckptio_comm_status_exchange(&c, mine_rc, g.why, r->src->path, r->err);
+    if (rc < 0 && rc == mine_rc) snprintf(r->err, CKPTIO_ERRLEN, "%s", g.why);
+  } else if (rc == 0) {
+    rc = load_exchanged(&g, n);
   }
-  if (rc == 0 && (rc = run_rounds(&g, &read)) == 0) {
-    /* (A communicator that failed can agree on nothing more.) */
-    rc = ckptio_comm_status_exchange(&c, g.status, g.why, r->src->path, r->err);
-    if (rc < 0 && rc == g.status) snprintf(r->err, CKPTIO_ERRLEN, "%s", g.why);
-  }
-  if (rc == 0) report(&g, n, read);
-  else
+  if (rc < 0)
     for (size_t i = 0; i < n; i++) reqs[i].verified = 0;
   ckptio_gplan_free(&g.p);
-  free(g.rbuf[0]);
-  free(g.rbuf[1]);
-  free(g.send);
-  free(g.recv);
+  for (int i = 0; i < 2; i++) ckptio_bigbuf_free(g.rbuf[i], g.rbuf_bytes);
+  ckptio_bigbuf_free(g.send, g.send_bytes);
+  ckptio_bigbuf_free(g.recv, g.recv_bytes);
+  free(g.where);
+  free(g.direct);
   free(g.send_counts);
   free(g.recv_counts);
   free(g.gpu);

@@ -46,7 +46,6 @@ typedef struct ckptio_gchunk {
   size_t unit;
   int64_t row0, row1;
   uint64_t bytes;
-  uint64_t at;              /* its offset in its batch's read buffer */
   int first, last;          /* the unit's first / last chunk */
 } ckptio_gchunk;
 
@@ -63,6 +62,9 @@ typedef struct ckptio_gplan {
   size_t *nbatches;         /* [owner] */
   size_t rounds;            /* the most batches of any owner */
   uint64_t chunk;           /* the batch limit, bytes */
+  int shared;               /* every rank opened one local file on one
+                               machine, and it fits in the page cache,
+                               which they then share */
   unsigned char *gathered;  /* the gathered bytes the wants point into */
   uint64_t *lens;
 } ckptio_gplan;

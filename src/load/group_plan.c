@@ -6,10 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/box.h"
 #include "core/collective.h"
 #include "core/error.h"
+#include "io/cache.h"
 #include "load/box.h"
 #include "load/group.h"
 
@@ -17,9 +19,12 @@
 #define MIN_CHUNK (64ull << 10)
 
 /* What each rank sends first: its checkpoint's fingerprint, its staging
- * budget, and how many boxes follow. */
+ * budget, where it is (its kernel's boot id and the file's device and
+ * inode: equal on every rank when they share one page cache and one
+ * file), whether the checkpoint fits in that cache (io/cache.h's rule),
+ * and how many boxes follow. */
 typedef struct ghead {
-  uint64_t fingerprint, staging, n;
+  uint64_t fingerprint, staging, boot, dev, ino, fits, n;
 } ghead;
 
 /* ------------------------------------------------------------ fingerprint */
@@ -51,6 +56,18 @@ static uint64_t fingerprint(ckptio_reader *r) {
     }
   }
   return h;
+}
+
+/* This kernel's boot id, hashed: ranks that agree on it run on one
+ * machine, under one page cache. 0 when unknown. */
+static uint64_t boot_id(void) {
+  char id[64] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(id, sizeof(id), f)) id[0] = 0;
+    fclose(f);
+  }
+  return id[0] ? fnv(14695981039346656037ull, id, strlen(id)) : 0;
 }
 
 /* ------------------------------------------------------------ wants */
@@ -195,7 +212,6 @@ static int make_chunks(ckptio_gplan *p) {
     uint64_t fill = 0;
     for (size_t c = first; c < p->nchunks; c++) {
       if (c == first || fill + p->chunks[c].bytes > p->chunk) p->batch[o][n++] = c, fill = 0;
-      p->chunks[c].at = fill;
       fill += p->chunks[c].bytes;
     }
     p->batch[o][n] = p->nchunks;
@@ -223,7 +239,12 @@ int ckptio_gplan_make(ckptio_reader *r, const ckptio_comm *comm, const ckptio_gb
   size_t len = sizeof(ghead) + n * sizeof(ckptio_gbox);
   unsigned char *send = malloc(len);
   if (!send) return -ENOMEM;
-  ghead h = {fingerprint(r), staging ? staging : DEFAULT_STAGING, n};
+  uint64_t stored = 0;
+  for (size_t i = 0; i < r->src->idx.count; i++) stored += ckptio_reader_entry(r, i)->nbytes;
+  ghead h = {fingerprint(r), staging ? staging : DEFAULT_STAGING, boot_id(), 0, 0, (uint64_t)ckptio_cache_fits(stored),
+             n};
+  struct stat st;
+  if (h.boot && stat(r->src->path, &st) == 0) h.dev = (uint64_t)st.st_dev, h.ino = (uint64_t)st.st_ino;
   memcpy(send, &h, sizeof(h));
   if (n) memcpy(send + sizeof(h), mine, n * sizeof(ckptio_gbox));
   uint64_t stride = 0;
@@ -232,17 +253,20 @@ int ckptio_gplan_make(ckptio_reader *r, const ckptio_comm *comm, const ckptio_gb
   if (rc < 0) return rc;
   /* Every rank checks the same gathered bytes: the same verdict everywhere. */
   uint64_t budget = UINT64_MAX, fp0 = 0;
+  ghead h0 = {0};
   for (int k = 0; k < comm->nranks; k++) {
     ghead hk;
     if (p->lens[k] < sizeof(hk)) return ckptio_fail(r->err, CKPTIO_E_RANK, "%s: rank %d sent no plan", r->src->path, k);
     memcpy(&hk, p->gathered + (size_t)k * stride, sizeof(hk));
-    if (k == 0) fp0 = hk.fingerprint;
+    if (k == 0) fp0 = hk.fingerprint, h0 = hk;
     if (hk.fingerprint != fp0)
       return ckptio_fail(r->err, CKPTIO_E_RANK,
                          "%s: rank %d opened another checkpoint than rank 0 (its tensors, shapes, stored parts or "
                          "CRCs differ): every rank of a group load opens the same one",
                          r->src->path, k);
     budget = hk.staging < budget ? hk.staging : budget;
+    if (k == 0) p->shared = hk.ino != 0;
+    p->shared &= hk.boot == h0.boot && hk.dev == h0.dev && hk.ino == h0.ino && hk.fits;
     p->nwants += (size_t)hk.n;
   }
   uint64_t ways = 2 + 2 * (uint64_t)(comm->nranks - 1);

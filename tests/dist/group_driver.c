@@ -13,6 +13,10 @@
  *   group_driver different FILE      the last rank opens another checkpoint
  *   group_driver kill FILE           rank 1 is SIGKILLed mid-load (mpirun then ends the job)
  *
+ * A mode ending in -x passes CKPTIO_GROUP_EXCHANGE: the ranks exchange
+ * bytes although they share this machine's page cache (the failures need
+ * it: they are the exchange's).
+ *
  * whole and tp also count the bytes each process read from storage
  * (/proc/self/io read_bytes, the file's pages dropped from the page cache
  * first) and fail when the group read more than 1.02x the bytes its boxes
@@ -32,6 +36,7 @@
 
 static int rank, nranks, failures;
 static uint64_t salt; /* 1: the other checkpoint's bytes */
+static int exchange;  /* a mode ending in -x: CKPTIO_GROUP_EXCHANGE */
 
 #define CHECK(cond, ...)                                    \
   do {                                                      \
@@ -208,7 +213,7 @@ static void group_load(const char *mode, const char *file) {
   MPI_Barrier(MPI_COMM_WORLD);
   uint64_t before = read_bytes();
   double t0 = MPI_Wtime();
-  int rc = ckptio_reader_load_boxes_group(r, &comm, q, n, 0);
+  int rc = ckptio_reader_load_boxes_group(r, &comm, q, n, 0, exchange ? CKPTIO_GROUP_EXCHANGE : 0);
   double secs = MPI_Wtime() - t0;
   uint64_t mine = read_bytes() - before;
   const char *err = ckptio_reader_last_error(r);
@@ -265,7 +270,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: see the top of tests/dist/group_driver.c\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  const char *mode = argv[1], *file = argv[2];
+  char mode[64];
+  const char *file = argv[2];
+  snprintf(mode, sizeof(mode), "%s", argv[1]);
+  size_t len = strlen(mode);
+  if (len > 2 && !strcmp(mode + len - 2, "-x")) exchange = 1, mode[len - 2] = 0;
   if (!strcmp(mode, "prepare") || !strcmp(mode, "prepare-other")) {
     salt = strcmp(mode, "prepare") != 0;
     if (rank == 0) prepare(file);

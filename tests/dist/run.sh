@@ -14,8 +14,9 @@
 #                 consolidates into one file and into a set of whole tensors,
 #                 which 1 and 2 ranks load (CLI = the ckptio command, 4th argument)
 #   group         group loads (DRIVER: group_driver): 2, 3 and 4 ranks load a
-#                 48 MiB model whole, then as tensor-parallel shares; the
-#                 group reads at most 1.02x the union of the boxes from storage
+#                 48 MiB model whole, then as tensor-parallel shares, through
+#                 their shared page cache and exchanged; the group reads at
+#                 most 1.02x the union of the boxes from storage
 #   group-faults  a damaged byte, a missing tensor, another checkpoint on one
 #                 rank: every rank fails naming it; a rank SIGKILLed mid-load:
 #                 mpirun ends the job, no rank hangs
@@ -78,27 +79,30 @@ case "$SCENARIO" in
   group)
     f="$WORK/model.safetensors"
     mpi 1 prepare "$f"
-    for n in 2 3 4; do mpi "$n" whole "$f"; mpi "$n" tp "$f"; done ;;
+    for n in 2 3 4; do
+      mpi "$n" whole "$f"; mpi "$n" tp "$f"          # through the shared page cache
+      mpi "$n" whole-x "$f"; mpi "$n" tp-x "$f"      # exchanged
+    done ;;
   group-faults)
     f="$WORK/model.safetensors"
     mpi 1 prepare "$f"
     mpi 1 prepare-other "$f.other"
-    mpi 3 missing "$f"
-    mpi 3 different "$f"
+    mpi 3 missing-x "$f"
+    mpi 3 different-x "$f"
     # A damaged byte in the middle of the largest tensor (the first rank's span).
     cp "$f" "$f.good"
     printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") / 4 )) conv=notrunc status=none
-    mpi 3 fail-crc "$f"
+    mpi 3 fail-crc-x "$f"
     cp "$f.good" "$f"
     set +e
-    mpi 3 kill "$f" >"$WORK/kill.log" 2>&1
+    mpi 3 kill-x "$f" >"$WORK/kill.log" 2>&1
     rc=$?
     set -e
     if ((rc == 0 || rc == 124)); then
       cat "$WORK/kill.log"; echo "FAIL: the job with a killed rank exited $rc (124: it hung)"; exit 1
     fi
     echo "the killed job ended as expected (exit $rc): $(grep -m1 -i 'signal\|killed\|exited' "$WORK/kill.log" || true)"
-    mpi 3 whole "$f"  # the file is untouched: the next group load succeeds
+    mpi 3 whole-x "$f"  # the file is untouched: the next group load succeeds
     ;;
   s3)
     [[ -n "${CKPTIO_S3_BUCKET:-}" ]] || { echo "FAIL: the s3 scenario runs under tests/s3/weed_server.py"; exit 1; }

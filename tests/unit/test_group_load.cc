@@ -69,14 +69,16 @@ struct RankOut {
   std::vector<std::vector<uint8_t>> got;  // each box's bytes
   std::vector<int> verified;
   uint64_t read = 0;         // the boxes' bytes_read
-  uint64_t stats_bytes = 0;  // ckptio_reader_stats: what this rank read
+  uint64_t stats_bytes = 0;  // ckptio_reader_stats: what landed in this rank's boxes
+  uint32_t methods = 0;      // ckptio_reader_stats: how it was read
 };
 
 // Every rank opens `path` (rank r opens paths[r] when given) and loads its
 // boxes as one group.
 std::vector<RankOut> group_load(const std::string &path, int n, const std::vector<Tensor> &model,
                                 const std::function<std::vector<Want>(int)> &wants_of, uint64_t staging = 1 << 20,
-                                const std::vector<std::string> &paths = {}, size_t comm_size = sizeof(ckptio_comm)) {
+                                const std::vector<std::string> &paths = {}, size_t comm_size = sizeof(ckptio_comm),
+                                unsigned flags = CKPTIO_GROUP_EXCHANGE) {
   Group g(n);
   std::vector<RankOut> out((size_t)n);
   std::vector<std::thread> th;
@@ -118,7 +120,7 @@ std::vector<RankOut> group_load(const std::string &path, int n, const std::vecto
           q[i].dst = dev[i];
         }
       }
-      res.rc = ckptio_reader_load_boxes_group(rd, &comm, q.data(), q.size(), staging);
+      res.rc = ckptio_reader_load_boxes_group(rd, &comm, q.data(), q.size(), staging, flags);
       res.err = ckptio_reader_last_error(rd);
       for (size_t i = 0; i < q.size(); i++) {
         if (dev[i]) {
@@ -131,6 +133,7 @@ std::vector<RankOut> group_load(const std::string &path, int n, const std::vecto
       ckptio_stats st = CKPTIO_STATS_INIT;
       EXPECT_EQ(ckptio_reader_stats(rd, &st), 0);
       res.stats_bytes = st.bytes;
+      res.methods = st.load_methods;
       ckptio_reader_close(rd);
       ckptio_ctx_free(ctx);
     });
@@ -203,6 +206,36 @@ TEST(GroupLoad, EveryRankGetsTheWholeModelAndEachByteIsReadOnce) {
       EXPECT_EQ(readers, n) << "every rank reads a share";
     }
   }
+}
+
+TEST(GroupLoad, RanksSharingAPageCacheEachReadThroughIt) {
+  // Threads of one process: one machine, one file. Without
+  // CKPTIO_GROUP_EXCHANGE each rank loads its boxes through the page cache.
+  TempDir dir;
+  TestContext c;
+  auto m = model();
+  std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, m), 0);
+  auto wants = [&](int r) {
+    std::vector<Want> w = everything(m);
+    w.push_back(split(m, 1, 1, r, 3));
+    return w;
+  };
+  auto out = group_load(path, 3, m, wants, 1 << 20, {}, sizeof(ckptio_comm), 0);
+  expect_boxes(out, m, wants);
+  for (auto &o : out) {
+    EXPECT_EQ(o.methods, 1u << CKPTIO_LOAD_PREAD);
+    // Each rank read its own boxes, and the whole of qkv to check the CRC
+    // of the part its slice cuts.
+    EXPECT_EQ(o.read, model_bytes(m) + o.got.back().size() + m[1].bytes.size());
+    for (int v : o.verified) EXPECT_EQ(v, 1);
+  }
+  // A damaged byte: every rank reads it, every rank fails on its own.
+  std::vector<uint8_t> bytes = read_file(path);
+  bytes[bytes.size() - 100] ^= 1;
+  write_file(path, bytes);
+  out = group_load(path, 3, m, wants, 1 << 20, {}, sizeof(ckptio_comm), 0);
+  for (auto &o : out) EXPECT_EQ(o.rc, CKPTIO_E_CHECKSUM) << o.err;
 }
 
 TEST(GroupLoad, TensorParallelSlicesAndReplicasLandExactly) {
