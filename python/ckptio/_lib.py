@@ -200,6 +200,8 @@ class BoxRequest(ctypes.Structure):  # ckptio_box_request
     ]
 
 
+GROUP_EXCHANGE = 1  # CKPTIO_GROUP_EXCHANGE
+
 # ckptio_comm's callbacks: allgather(user, send, recv, bytes), broadcast(user, buf, bytes, root),
 # alltoallv(user, send, send_counts, recv, recv_counts)
 ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
@@ -341,7 +343,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_reader_box_nbytes": (ctypes.c_int64, [_P, ctypes.c_size_t, c_int64_p, c_int64_p]),
     "ckptio_reader_load_boxes": (_I, [_P, ctypes.POINTER(BoxRequest), ctypes.c_size_t]),
     "ckptio_reader_load_boxes_group": (_I, [_P, ctypes.POINTER(Comm), ctypes.POINTER(BoxRequest), ctypes.c_size_t,
-                                            ctypes.c_uint64]),
+                                            ctypes.c_uint64, ctypes.c_uint]),
     # The checkpoint manager (ckptio.manager).
     "ckptio_manager_open": (_I, [_P, _S, ctypes.POINTER(ManagerOptions), ctypes.POINTER(Options),
                                  _PP]),

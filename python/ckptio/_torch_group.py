@@ -49,7 +49,7 @@ def box_of(r: TorchReader, name: str, want: Want) -> Box:
 
 def run(filename: PathLike, device: Device, boxes_of: Callable[[TorchReader], List[Box]],
         group: Optional[dist.ProcessGroup], staging_bytes: Optional[int],
-        timeout: Optional[datetime.timedelta]) -> Tuple[TorchReader, List[torch.Tensor]]:
+        timeout: Optional[datetime.timedelta], exchange: bool = False) -> Tuple[TorchReader, List[torch.Tensor]]:
     """Collective: opens filename, asks boxes_of(reader) for this rank's
     boxes and loads them as one group. A rank that cannot open the file or
     name its boxes fails every rank, naming it, before any byte is read
@@ -78,14 +78,14 @@ def run(filename: PathLike, device: Device, boxes_of: Callable[[TorchReader], Li
     if why is not None or r is None:
         raise failure
     try:
-        return r, r.load_group(boxes, g, staging_bytes)
+        return r, r.load_group(boxes, g, staging_bytes, exchange)
     finally:
         r.close()
 
 
 def named(filename: PathLike, device: Device, wants: Optional[Mapping[str, Want]],
-          group: Optional[dist.ProcessGroup],
-          staging_bytes: Optional[int], timeout: Optional[datetime.timedelta]) -> "dict[str, torch.Tensor]":
+          group: Optional[dist.ProcessGroup], staging_bytes: Optional[int],
+          timeout: Optional[datetime.timedelta], exchange: bool = False) -> "dict[str, torch.Tensor]":
     """{name: tensor} of the boxes `wants` names (None: every tensor whole,
     in file order)."""
     names: List[str] = []
@@ -95,5 +95,5 @@ def named(filename: PathLike, device: Device, wants: Optional[Mapping[str, Want]
         names.extend(chosen)
         return [box_of(r, name, want) for name, want in chosen.items()]
 
-    _, tensors = run(filename, device, boxes_of, group, staging_bytes, timeout)
+    _, tensors = run(filename, device, boxes_of, group, staging_bytes, timeout, exchange)
     return dict(zip(names, tensors))

@@ -586,12 +586,12 @@ class TorchReader(Reader):
             bump(t)
 
     def load_group(self, boxes: Sequence[Tuple[int, Sequence[int], Sequence[int], Optional[torch.Tensor]]],
-                   group: "Group", staging_bytes: Optional[int]) -> List[torch.Tensor]:
+                   group: "Group", staging_bytes: Optional[int], exchange: bool = False) -> List[torch.Tensor]:
         """Collective over `group`: box (i, start, stop, into) of each entry,
         into `into` (contiguous, of the box's dtype and shape) or a new
         tensor on this reader's device, read once per group
-        (ckptio_reader_load_boxes_group). Raises the group's failure (the
-        communicator's own error chained)."""
+        (ckptio_reader_load_boxes_group; exchange: CKPTIO_GROUP_EXCHANGE).
+        Raises the group's failure (the communicator's own error chained)."""
         out: List[torch.Tensor] = []
         reqs = (_lib.BoxRequest * max(len(boxes), 1))()
         for n, (i, start, stop, into) in enumerate(boxes):
@@ -606,7 +606,7 @@ class TorchReader(Reader):
         for device in {t.device for t in out}:
             before_device_writes(device)
         rc = self.lib.ckptio_reader_load_boxes_group(self.handle, ctypes.byref(group.comm), reqs, len(boxes),
-                                                     staging_bytes or 0)
+                                                     staging_bytes or 0, _lib.GROUP_EXCHANGE if exchange else 0)
         if rc < 0 and group.error is not None:
             detail = self.lib.ckptio_reader_last_error(self.handle).decode(errors="replace")
             raise from_code(rc, f"{detail}: {group.error}", detail, self.shown) from group.error

@@ -320,7 +320,7 @@ class Reader(StorageReader):
         arr = (_lib.BoxRequest * max(len(reqs), 1))(*reqs)
         if self.group is not None:  # collective: every rank, with chunks to read or not
             g = Group(self.group, self.timeout)
-            rc = lib.ckptio_reader_load_boxes_group(r, ctypes.byref(g.comm), arr, len(reqs), self.staging_bytes or 0)
+            rc = lib.ckptio_reader_load_boxes_group(r, ctypes.byref(g.comm), arr, len(reqs), self.staging_bytes or 0, 0)
             detail = lib.ckptio_reader_last_error(r)
             if rc < 0 and g.error is not None:
                 detail += f": {g.error}".encode()

@@ -231,8 +231,8 @@ def save_torch_state_dict(tensors: Mapping[str, torch.Tensor], save_directory: P
 
 def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "auto",
               mmap: Optional[bool] = None, group: Optional[dist.ProcessGroup] = None,
-              staging_bytes: Optional[int] = None,
-              timeout: Optional[datetime.timedelta] = None) -> Dict[str, torch.Tensor]:
+              staging_bytes: Optional[int] = None, timeout: Optional[datetime.timedelta] = None,
+              exchange: bool = False) -> Dict[str, torch.Tensor]:
     """Loads every tensor of a safetensors or torch.save (.pt) file (or a
     sharded set: its index or directory) onto `device` ("cpu", "cuda",
     "cuda:N", an int N, or a torch.device), as safetensors.torch.load_file:
@@ -275,10 +275,11 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     gets every tensor (in fresh memory on `device`), but each stored byte
     is read once, by one rank, and sent to the others over the group (a
     gloo twin of a group of another backend); see load_boxes, whose
-    staging_bytes and timeout it takes. backend and mmap do not apply."""
+    staging_bytes, timeout and exchange it takes. backend and mmap do not
+    apply."""
     if group is not None:
         backend_choice(backend, mmap)
-        return _torch_group.named(filename, device, None, group, staging_bytes, timeout)
+        return _torch_group.named(filename, device, None, group, staging_bytes, timeout, exchange)
     mapped = backend_choice(backend, mmap)
     with TorchReader(filename, device, mapped, direct=backend == "direct") as r:
         shards = r.shards() if r.mapped else []
@@ -293,7 +294,7 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
 
 def load_boxes(filename: PathLike, boxes: Mapping[str, Any], device: Device = "cpu", *,
                group: Optional[dist.ProcessGroup] = None, staging_bytes: Optional[int] = None,
-               timeout: Optional[datetime.timedelta] = None) -> Dict[str, torch.Tensor]:
+               timeout: Optional[datetime.timedelta] = None, exchange: bool = False) -> Dict[str, torch.Tensor]:
     """Loads parts of tensors: boxes maps a tensor's name to None (the whole
     tensor) or to slices of its leading dimensions (a slice, or a tuple of
     them: start:stop, step 1), e.g. a tensor-parallel rank's share
@@ -306,20 +307,25 @@ def load_boxes(filename: PathLike, boxes: Mapping[str, Any], device: Device = "c
 
     With group (a torch.distributed process group: dist.group.WORLD, or one
     per node for node-local disks), the call is collective and each rank
-    passes its own boxes (any mix, different per rank, none at all): every
-    stored tensor byte that any rank needs is read once, by one rank (the
-    ranks take contiguous, byte-balanced spans of the file), which checks
-    its CRC32, and each rank receives exactly the bytes of its boxes over
-    the group (gloo; a group of another backend gets a gloo twin, made once
-    and collectively). Reads and the exchange overlap in rounds, each rank
-    holding at most about staging_bytes (default 256 MiB; the smallest of
-    the ranks' values) besides its tensors. A failure on any rank (a
+    passes its own boxes (any mix, different per rank, none at all), and
+    every stored tensor byte that any rank needs is read from storage once
+    for the group, every CRC32 checked. Ranks on one machine that opened
+    one local file that fits in memory share its page cache: each reads its
+    boxes through it, the kernel reading each page once for all. Otherwise
+    (several machines, s3:// objects, a file larger than memory, or
+    exchange=True), each byte is read by one rank (the ranks take
+    contiguous, byte-balanced spans of the file) and each rank receives
+    exactly the bytes of its boxes over the group (gloo; a group of
+    another backend gets a gloo twin, made once and collectively). Reads
+    and the exchange overlap in rounds, each rank holding at most about
+    staging_bytes (default 256 MiB; the smallest of the ranks' values)
+    besides its tensors. A failure on any rank (a
     missing file or tensor, another checkpoint opened, a checksum
     mismatch, a read error) raises on every rank, naming the rank and the
     cause; a rank that died makes the others' collective fail after
     `timeout` (a datetime.timedelta; None: the group's own) instead of
     waiting. Without group, one process loads its boxes alone."""
-    return _torch_group.named(filename, device, boxes, group, staging_bytes, timeout)
+    return _torch_group.named(filename, device, boxes, group, staging_bytes, timeout, exchange)
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:

@@ -73,7 +73,11 @@ def drop_cache(path):
 
 
 def scenario(rank, world, name, path):
-    """This rank's part of scenario `name`; returns what the parent checks."""
+    """This rank's part of scenario `name` (ending in -x: exchange=True, the
+    ranks exchange bytes although they share this machine's page cache);
+    returns what the parent checks."""
+    x = name.endswith("-x")
+    name = name[:-2] if x else name
     group = dist.group.WORLD
     timeout = __import__("datetime").timedelta(seconds=20)
     if name == "whole":
@@ -81,7 +85,7 @@ def scenario(rank, world, name, path):
             drop_cache(path)
         dist.barrier()
         before = read_bytes()
-        got = ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout)
+        got = ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout, exchange=x)
         read = read_bytes() - before
         want = ct.load_file(path)
         assert list(got) == list(want), (list(got), list(want))
@@ -90,7 +94,7 @@ def scenario(rank, world, name, path):
         return {"read": read, "tensor_bytes": sum(t.nelement() * t.element_size() for t in want.values())}
     if name == "tp":
         boxes = tp_boxes(rank, world)
-        got = ct.load_boxes(path, boxes, group=group, staging_bytes=1 << 20, timeout=timeout)
+        got = ct.load_boxes(path, boxes, group=group, staging_bytes=1 << 20, timeout=timeout, exchange=x)
         want = ct.load_file(path)
         for k, sl in boxes.items():
             ref = want[k] if sl is None else want[k][sl]
@@ -128,7 +132,7 @@ def scenario(rank, world, name, path):
     if name == "different":
         ct.load_file(path + ".other" if rank == world - 1 else path, group=group, timeout=timeout)
     if name == "damaged":
-        ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout)
+        ct.load_file(path, group=group, staging_bytes=1 << 20, timeout=timeout, exchange=x)
     if name == "killed":
         if rank == 1:  # dies in its third exchange
             calls = [0]
@@ -141,7 +145,7 @@ def scenario(rank, world, name, path):
                 return real(self, *a)
             _group.Group._alltoallv_cb = dying
         ct.load_file(path, group=group, staging_bytes=1 << 20,
-                     timeout=__import__("datetime").timedelta(seconds=5))
+                     timeout=__import__("datetime").timedelta(seconds=5), exchange=True)
     return {}
 
 
@@ -163,7 +167,7 @@ def worker(rank, world, port, name, path, out):
 
 def run(world, name, path, tmp_path):
     """Each rank's result (None: it died)."""
-    out = tmp_path / f"out-{name}-{world}"
+    out = tmp_path / f"out-{name}-{world}-{time.monotonic_ns()}"
     out.mkdir()
     ctx = mp.start_processes(worker, args=(world, free_port(), name, str(path), str(out)), nprocs=world,
                              join=False, start_method="spawn")
@@ -196,14 +200,16 @@ def files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", ["ckptio", "safetensors", "torch", "set", "zstd"])
-def test_every_rank_gets_the_whole_file(files, kind, tmp_path):
-    res = run(3, "whole", files[kind], tmp_path)
+@pytest.mark.parametrize("how", ["whole", "whole-x"])
+def test_every_rank_gets_the_whole_file(files, kind, how, tmp_path):
+    res = run(3, how, files[kind], tmp_path)
     for r, x in enumerate(res):
         assert x and x["ok"], (r, x)
 
 
 @pytest.mark.parametrize("writer", ["ckptio", "safetensors"])
-def test_the_group_reads_each_byte_once(writer, tmp_path):
+@pytest.mark.parametrize("how", ["whole", "whole-x"])
+def test_the_group_reads_each_byte_once(writer, how, tmp_path):
     g = torch.Generator().manual_seed(3)
     m = {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(6)}  # 24 MiB
     path = tmp_path / "big.safetensors"
@@ -211,7 +217,7 @@ def test_the_group_reads_each_byte_once(writer, tmp_path):
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)  # (safetensors does not: dirty pages would stay in the cache)
     os.close(fd)
-    res = run(3, "whole", path, tmp_path)
+    res = run(3, how, path, tmp_path)
     for r, x in enumerate(res):
         assert x and x["ok"], (r, x)
     total = sum(x["read"] for x in res)
@@ -222,8 +228,9 @@ def test_the_group_reads_each_byte_once(writer, tmp_path):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_tensor_parallel_shares(files, world, tmp_path):
-    res = run(world, "tp", files["ckptio"], tmp_path)
+@pytest.mark.parametrize("how", ["tp", "tp-x"])
+def test_tensor_parallel_shares(files, world, how, tmp_path):
+    res = run(world, how, files["ckptio"], tmp_path)
     for r, x in enumerate(res):
         assert x and x["ok"], (r, x)
 
@@ -278,12 +285,15 @@ def test_a_damaged_byte_fails_every_rank(files, tmp_path):
     data = bytearray(files["ckptio"].read_bytes())
     data[len(data) // 3] ^= 0x10  # inside embed.weight, the first rank's span
     bad.write_bytes(bytes(data))
-    res = run(3, "damaged", bad, tmp_path)
+    res = run(3, "damaged-x", bad, tmp_path)
     kinds = sorted(x["type"] for x in res)
     assert all(not x["ok"] for x in res), res
     assert kinds.count("ChecksumError") == 1, res
     for x in res:
         assert "checksum" in x["error"] or "embed.weight" in x["error"], x
+    # Sharing the page cache, every rank reads the damaged part itself.
+    res = run(3, "damaged", bad, tmp_path)
+    assert [x["type"] for x in res] == ["ChecksumError"] * 3, res
 
 
 def test_a_rank_killed_mid_load_fails_the_others_within_the_timeout(tmp_path):
