@@ -12,15 +12,20 @@ of SeaweedFS on 127.0.0.1 (tests/s3/weed_server.py; its volume files
 dropped from the page cache before each run: the server's disk is the
 shared resource). Contenders (each rank loads every tensor whole):
 
-  mpi_alone / mpi_group      C over Open MPI (build/bench/group_bench):
-                             ckptio_reader_load_boxes / _group
-  ckptio_alone / ckptio_group  ckptio.torch.load_file, without and with
-                             group= (gloo processes)
+  mpi_alone / mpi_group / mpi_group_x   C over Open MPI
+                             (build/bench/group_bench): ckptio_reader_load_boxes,
+                             ckptio_reader_load_boxes_group, and the same with
+                             CKPTIO_GROUP_EXCHANGE (on one machine the group
+                             otherwise shares the page cache instead)
+  ckptio_alone / ckptio_group / ckptio_group_x   ckptio.torch.load_file,
+                             without group=, with it, and with exchange=True
+                             (gloo processes)
   runai_alone / runai_dist   runai-model-streamer SafetensorsStreamer,
                              alone and with is_distributed=True and
                              RUNAI_STREAMER_DIST=1 (gloo, device cpu)
-  ckptio_group_warm / ckptio_alone_warm   the local file in the page cache
-                             first: what the exchange itself costs
+  mpi_group_x_warm / ckptio_group_x_warm / ckptio_alone_warm   the local
+                             file in the page cache first: what the exchange
+                             itself costs (MPI's shared memory, gloo's TCP)
 
 The time of a run is the group's: barrier, load, one byte of every page
 touched, barrier (bench/group/worker.py, bench/group_bench.c). Reported per
@@ -38,11 +43,15 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 HERE = os.path.dirname(os.path.abspath(__file__))
-ALL = ["mpi_alone", "mpi_group", "ckptio_alone", "ckptio_group", "runai_alone", "runai_dist"]
-WARM = ["ckptio_alone_warm", "ckptio_group_warm"]
+ALL = ["mpi_alone", "mpi_group", "mpi_group_x", "ckptio_alone", "ckptio_group", "ckptio_group_x", "runai_alone",
+       "runai_dist"]
+WARM = ["mpi_group_x_warm", "ckptio_group_x_warm", "ckptio_alone_warm"]
 RATIOS = [("mpi: alone / group", "mpi_alone", "mpi_group", 1.5),
+          ("mpi: alone / group exchanging", "mpi_alone", "mpi_group_x", 1.5),
           ("torch: alone / group", "ckptio_alone", "ckptio_group", 1.5),
+          ("torch: alone / group exchanging", "ckptio_alone", "ckptio_group_x", 1.5),
           ("runai dist / ckptio group", "runai_dist", "ckptio_group", 1.2),
+          ("runai dist / ckptio group exchanging", "runai_dist", "ckptio_group_x", 1.2),
           ("runai alone / ckptio alone", "runai_alone", "ckptio_alone", None)]
 
 
@@ -115,8 +124,8 @@ def run_torch(contender, path, ranks, env, out):
 
 
 def run_mpi(contender, path, ranks, env, bench):
-    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", bench, path,
-           contender.split("_")[1]]
+    mode = contender.replace("_warm", "").split("_", 1)[1].replace("_", "-")  # alone, group, group-x
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", bench, path, mode]
     e = dict(env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     out = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
@@ -213,11 +222,14 @@ def report(runs, a, total, out_dir):
                              f"{'>= ' + str(goal) if goal else ''} |")
         warm = {c: statistics.median(r["seconds"] for r in rows if r["contender"] == c)
                 for c in WARM if any(r["contender"] == c for r in rows)}
-        if len(warm) == 2:
-            per_gib = warm["ckptio_group_warm"] / (total / 2**30)
-            lines += ["", f"Exchange cost, from the page cache (no disk): a group load holds {a.ranks} x "
-                      f"{total / 2**30:.2f} GiB in {warm['ckptio_group_warm']:.3f} s ({per_gib:.3f} s per GiB "
-                      f"each rank receives), each rank alone {warm['ckptio_alone_warm']:.3f} s."]
+        for c, how in (("mpi_group_x_warm", "MPI (shared memory)"), ("ckptio_group_x_warm", "gloo (TCP loopback)")):
+            if c in warm:
+                got = total * (a.ranks - 1) / a.ranks / 2**30  # what each rank receives from the others
+                lines += ["", f"Exchange over {how}, the file in the page cache (no disk): every rank holds "
+                          f"{total / 2**30:.2f} GiB after {warm[c]:.3f} s, {got:.2f} GiB of it received: "
+                          f"{warm[c] / got:.3f} s per GiB received per rank"
+                          + (f" (each rank alone from the cache: {warm['ckptio_alone_warm']:.3f} s)."
+                             if "ckptio_alone_warm" in warm else ".")]
         lines.append("")
     text = "\n".join(lines)
     print(text)

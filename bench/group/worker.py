@@ -5,7 +5,8 @@ starts N of these with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set):
 
 Contenders: ckptio_alone (ckptio.torch.load_file, each rank alone),
 ckptio_group (load_file with group=, each stored byte read once per
-group), runai_alone (SafetensorsStreamer.stream_file, each rank alone),
+group: on one machine through the shared page cache), ckptio_group_x (the
+same exchanging bytes over gloo, exchange=True), runai_alone (SafetensorsStreamer.stream_file, each rank alone),
 runai_dist (the same with is_distributed=True and RUNAI_STREAMER_DIST=1:
 runai's distributed mode over gloo, device cpu). Every rank then reads one
 byte of every 4 KiB page of every tensor (what makes a mapped result
@@ -38,8 +39,8 @@ def read_bytes() -> int:
 def load(contender: str, path: str):
     if contender.startswith("ckptio"):
         import ckptio.torch as ct
-        group = dist.group.WORLD if contender == "ckptio_group" else None
-        return ct.load_file(path, group=group)
+        group = dist.group.WORLD if contender.startswith("ckptio_group") else None
+        return ct.load_file(path, group=group, exchange=contender == "ckptio_group_x")
     from runai_model_streamer import SafetensorsStreamer
     out = {}
     with SafetensorsStreamer() as s:

@@ -1,7 +1,10 @@
 """Group loads for ckptio.torch (load_file, load_boxes and load_model with
 group=): every rank of a torch.distributed group asks for its own boxes of
-one checkpoint, each stored byte any of them needs is read once by one
-rank, and the ranks exchange exactly what each asked for
+one checkpoint, and each stored byte any of them needs is read once for
+the group: ranks sharing one machine's page cache and one local file that
+fits in it each load as they would alone (the kernel reads each page once
+for all of them, and a mapped load copies nothing); otherwise one rank
+reads each byte and the ranks exchange exactly what each asked for
 (ckptio_reader_load_boxes_group)."""
 from __future__ import annotations
 
@@ -47,29 +50,52 @@ def box_of(r: TorchReader, name: str, want: Want) -> Box:
     return i, start, stop, None
 
 
+def cache_key(r: TorchReader, filename: PathLike) -> Optional[Tuple[str, int, int]]:
+    """What ranks sharing this machine's page cache and this local file
+    agree on (the kernel's boot id, the file's device and inode), when the
+    checkpoint fits in that cache; else None."""
+    path = os.fsdecode(filename)
+    if "://" in path or not r.cacheable():
+        return None
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(path)
+    except OSError:
+        return None
+    return boot, st.st_dev, st.st_ino
+
+
 def run(filename: PathLike, device: Device, boxes_of: Callable[[TorchReader], List[Box]],
         group: Optional[dist.ProcessGroup], staging_bytes: Optional[int],
-        timeout: Optional[datetime.timedelta], exchange: bool = False) -> Tuple[TorchReader, List[torch.Tensor]]:
+        timeout: Optional[datetime.timedelta], exchange: bool = False
+        ) -> Tuple[bool, List[torch.Tensor]]:
     """Collective: opens filename, asks boxes_of(reader) for this rank's
     boxes and loads them as one group. A rank that cannot open the file or
     name its boxes fails every rank, naming it, before any byte is read
     (the others would otherwise wait for it). group None: this process
-    alone."""
+    alone. Returns (shared, tensors): shared when every rank shares this
+    machine's page cache and the file (and exchange is off): the caller
+    may then load as it would alone (the kernel reads each page once for
+    all), and tensors is empty."""
     g = Group(group, timeout, alone=group is None)
     r: Optional[TorchReader] = None
     boxes: List[Box] = []
     why: Optional[str] = None
+    key: Optional[Tuple[str, int, int]] = None
     try:
         r = TorchReader(filename, device, False)
         r.index()
         boxes = boxes_of(r)
+        key = cache_key(r, filename)
     except Exception as e:  # noqa: BLE001 - every rank learns it below
         why = f"{type(e).__name__}: {e}"
         failure: BaseException = e
+    seen: List[Tuple[Optional[str], Optional[Tuple[str, int, int]]]] = [(why, key)]
     if g.size > 1:
-        seen: List[Optional[str]] = [None] * g.size
-        dist.all_gather_object(seen, why, group=g.group)
-        for rank, w in enumerate(seen):
+        seen = [(None, None)] * g.size
+        dist.all_gather_object(seen, (why, key), group=g.group)
+        for rank, (w, _) in enumerate(seen):
             if w is not None and why is None:
                 if r is not None:
                     r.close()
@@ -78,16 +104,19 @@ def run(filename: PathLike, device: Device, boxes_of: Callable[[TorchReader], Li
     if why is not None or r is None:
         raise failure
     try:
-        return r, r.load_group(boxes, g, staging_bytes, exchange)
+        if not exchange and g.size > 1 and key is not None and all(k == key for _, k in seen):
+            return True, []
+        return False, r.load_group(boxes, g, staging_bytes, exchange)
     finally:
         r.close()
 
 
 def named(filename: PathLike, device: Device, wants: Optional[Mapping[str, Want]],
           group: Optional[dist.ProcessGroup], staging_bytes: Optional[int],
-          timeout: Optional[datetime.timedelta], exchange: bool = False) -> "dict[str, torch.Tensor]":
+          timeout: Optional[datetime.timedelta], exchange: bool,
+          alone: Callable[[], "dict[str, torch.Tensor]"]) -> "dict[str, torch.Tensor]":
     """{name: tensor} of the boxes `wants` names (None: every tensor whole,
-    in file order)."""
+    in file order); alone() where the ranks share the page cache."""
     names: List[str] = []
 
     def boxes_of(r: TorchReader) -> List[Box]:
@@ -95,5 +124,5 @@ def named(filename: PathLike, device: Device, wants: Optional[Mapping[str, Want]
         names.extend(chosen)
         return [box_of(r, name, want) for name, want in chosen.items()]
 
-    _, tensors = run(filename, device, boxes_of, group, staging_bytes, timeout, exchange)
-    return dict(zip(names, tensors))
+    shared, tensors = run(filename, device, boxes_of, group, staging_bytes, timeout, exchange)
+    return alone() if shared else dict(zip(names, tensors))

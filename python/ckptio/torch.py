@@ -272,14 +272,17 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
 
     group (a torch.distributed process group, e.g. dist.group.WORLD, or
     one per node): a group load, collective over the group. Every rank
-    gets every tensor (in fresh memory on `device`), but each stored byte
-    is read once, by one rank, and sent to the others over the group (a
-    gloo twin of a group of another backend); see load_boxes, whose
-    staging_bytes, timeout and exchange it takes. backend and mmap do not
-    apply."""
+    gets every tensor, and each stored byte is read once for the group:
+    ranks of one machine that opened one local file that fits in memory
+    share its page cache, each loading as it would alone (backend as
+    given); otherwise each byte is read by one rank and sent to the others
+    over the group (into fresh memory on `device`; a gloo twin of a group
+    of another backend); see load_boxes, whose staging_bytes, timeout and
+    exchange it takes."""
     if group is not None:
         backend_choice(backend, mmap)
-        return _torch_group.named(filename, device, None, group, staging_bytes, timeout, exchange)
+        return _torch_group.named(filename, device, None, group, staging_bytes, timeout, exchange,
+                                  lambda: load_file(filename, device, backend=backend, mmap=mmap))
     mapped = backend_choice(backend, mmap)
     with TorchReader(filename, device, mapped, direct=backend == "direct") as r:
         shards = r.shards() if r.mapped else []
@@ -325,7 +328,8 @@ def load_boxes(filename: PathLike, boxes: Mapping[str, Any], device: Device = "c
     cause; a rank that died makes the others' collective fail after
     `timeout` (a datetime.timedelta; None: the group's own) instead of
     waiting. Without group, one process loads its boxes alone."""
-    return _torch_group.named(filename, device, boxes, group, staging_bytes, timeout, exchange)
+    return _torch_group.named(filename, device, boxes, group, staging_bytes, timeout, exchange,
+                              lambda: load_boxes(filename, boxes, device))
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
@@ -365,11 +369,13 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
 
     group: a group load (collective; see load_file), each stored byte read
     once per group; the tensors that match their parameter in place are
-    received straight into it, the rest go through load_state_dict."""
+    received straight into it, the rest go through load_state_dict (ranks
+    sharing one machine's page cache load as they would alone)."""
     current = model.state_dict()
     if group is not None:
         backend_choice(backend, None)
-        return _load_model_group(model, current, filename, strict, device, in_place, group, staging_bytes, timeout)
+        return _load_model_group(model, current, filename, strict, device, backend, in_place, group, staging_bytes,
+                                 timeout)
     if not in_place:
         state = load_file(filename, device, backend=backend)
         return _apply(model, current, state, set(state), {}, strict)
@@ -383,7 +389,7 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
 
 
 def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor], filename: PathLike,
-                      strict: bool, device: Device, in_place: bool, group: dist.ProcessGroup,
+                      strict: bool, device: Device, backend: str, in_place: bool, group: dist.ProcessGroup,
                       staging_bytes: Optional[int], timeout: Optional[datetime.timedelta]
                       ) -> Tuple[List[str], List[str]]:
     """load_model with a group: one group load of every tensor of the file,
@@ -397,7 +403,9 @@ def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor
         return [(i, [0] * info.ndim, list(info.shape[:info.ndim]), targets.get(names[i]))
                 for i, info in enumerate(r.entries)]
 
-    _, tensors = _torch_group.run(filename, device, boxes_of, group, staging_bytes, timeout)
+    shared, tensors = _torch_group.run(filename, device, boxes_of, group, staging_bytes, timeout)
+    if shared:  # each rank as alone: the page cache is the group's
+        return load_model(model, filename, strict, device, backend=backend, in_place=in_place)
     bump = getattr(torch.autograd.graph, "increment_version", None) or torch._C._increment_version
     for t in targets.values():
         bump(t)
