@@ -1453,33 +1453,37 @@ int ckptio_reader_fits_cache(ckptio_reader *r);
 /* ------------------------------------------------------ group loads (1.1) */
 
 /* ckptio_reader_load_boxes_group's flags. */
-#define CKPTIO_GROUP_EXCHANGE 1u /* exchange bytes even where the ranks share a page cache (below) */
+#define CKPTIO_GROUP_EXCHANGE 1u /* alltoallv even where the ranks share a machine (below) */
 
 /*! ckptio_reader_load_boxes_group() :
  *  Collective over `comm` (every rank calls it, with the same checkpoint
  *  opened, each with its own boxes: whole tensors, slices, any mix, none):
  *  every stored byte that any rank needs is read from storage once for the
  *  group, and every rank gets exactly the bytes of its boxes.
- *  Two ways, chosen alike on every rank from what they all report:
+ *  Three ways, chosen alike on every rank from what they all report:
  *  - Ranks on one machine (one kernel boot id) that opened one local file
  *    (one device and inode) that fits in the page cache by
  *    CKPTIO_LOAD_AUTO's rule, on every rank, share that page cache: each
  *    rank loads its own boxes through it (PREAD), and the kernel reads
  *    each page from storage once for all of them; nothing is exchanged.
- *  - Otherwise (ranks on several machines, an object storage's object, a
- *    file too large for the cache, or CKPTIO_GROUP_EXCHANGE): the stored
- *    parts needed are ordered as they lie in the files and split between
- *    the ranks by bytes in contiguous spans; a part is read whole by one
- *    rank, which checks its CRC32 (a part that some rank needs only a
- *    corner of is still read whole: its CRC is what makes the others'
- *    bytes trustworthy), and each rank receives from the others exactly
- *    the bytes of its boxes (ckptio_comm's alltoallv). Reads and the
- *    exchange run in rounds, the read of the next round beside the
- *    exchange of this one, so each rank holds at most about
- *    `staging_bytes` (0: 256 MiB; the smallest of the ranks' values is
- *    used) of read, send and receive buffers besides its destinations (a
- *    rank reads a part straight into its own box when the box holds it
- *    contiguous on the host).
+ *  - Otherwise the stored parts needed are ordered as they lie in the
+ *    files and split between the ranks by bytes in contiguous spans; a
+ *    part is read whole by one rank (a cold local file by O_DIRECT, so no
+ *    read-ahead runs into another rank's span), which checks its CRC32 (a
+ *    part that some rank needs only a corner of is still read whole: its
+ *    CRC is what makes the others' bytes trustworthy), in rounds of at
+ *    most about `staging_bytes` per rank (0: 256 MiB; the smallest of the
+ *    ranks' values), the read of the next round beside the moving of this
+ *    one. Ranks on one machine (an object storage's object, a copy of the
+ *    file per rank, a file too large for the cache) move bytes through
+ *    two windows of shared memory (a POSIX shared memory object, sized
+ *    first, unlinked once every rank has it): each rank reads into its
+ *    region and copies its boxes' bytes from every region, each received
+ *    byte copied once. Ranks on several machines, ranks that cannot share
+ *    memory (every rank falls back alike), or CKPTIO_GROUP_EXCHANGE:
+ *    each rank sends every other rank exactly the bytes of its boxes
+ *    (ckptio_comm's alltoallv), reading a part straight into its own box
+ *    when the box holds it contiguous on the host.
  *  Failures are the group's: a bad box, a missing tensor, another
  *  checkpoint opened on some rank (its tensors, shapes, parts or CRCs
  *  differ), a failed read or CRC on the reading rank, or a failed

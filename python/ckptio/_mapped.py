@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import sys
+import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import _lib
 
@@ -60,6 +62,38 @@ _PLACED_MIN = 64 << 10  # the library reads smaller tensors through a slot
 _HUGE = 2 << 20  # a transparent huge page
 
 
+class Arenas:
+    """The mappings of a stream of loads (safe_open's read-ahead windows),
+    reused once nothing made from them is left: a stream whose caller drops
+    each tensor after using it reads every window into pages faulted in
+    already (a cold 4 GiB stream into new mappings faults 4 GiB of fresh
+    pages), and holds at most `keep` windows' mappings. A mapping still
+    used by any tensor or array (each holds a reference to it) is never
+    handed out; beyond `keep` the pool forgets the oldest, which is then
+    unmapped when its last tensor goes."""
+
+    def __init__(self, keep: int = 3) -> None:
+        self.keep = keep
+        self.made = 0  # mappings made so far
+        self._pool: List[mmap.mmap] = []  # oldest first
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> mmap.mmap:
+        """A private anonymous mapping of at least size bytes."""
+        with self._lock:
+            for k in range(len(self._pool)):
+                m = self._pool[k]
+                # Referenced by the pool, `m` and getrefcount's argument only: free.
+                if len(m) >= size and sys.getrefcount(m) <= 3:
+                    self._pool.append(self._pool.pop(k))  # the most recently used last
+                    return m
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+            self.made += 1
+            self._pool.append(m)
+            del self._pool[:-self.keep]
+            return m
+
+
 class Placer:
     """Memory for the destinations of one copying load: every tensor of
     at least _PLACED_MIN bytes in one anonymous mapping of their sizes
@@ -79,8 +113,10 @@ class Placer:
     it is unmapped when the last of them goes (as the zero-copy load's
     views of one mapping). Each one's storage is its own bytes only."""
 
-    def __init__(self, infos: Sequence[_lib.TensorInfo], indices: Iterable[int]) -> None:
-        """infos: the file's tensors; indices: those this load copies."""
+    def __init__(self, infos: Sequence[_lib.TensorInfo], indices: Iterable[int],
+                 arenas: Optional[Arenas] = None) -> None:
+        """infos: the file's tensors; indices: those this load copies;
+        arenas: where the mapping comes from (None: a new one)."""
         self.at: Dict[int, int] = {}
         end = 0
         for i in indices:
@@ -95,7 +131,8 @@ class Placer:
         if not end:
             return
         huge = end >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE")
-        self.map = mmap.mmap(-1, end + (_HUGE if huge else 0), flags=mmap.MAP_PRIVATE)
+        size = end + (_HUGE if huge else 0)
+        self.map = arenas.take(size) if arenas is not None else mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         if huge:
             view = ctypes.c_char.from_buffer(self.map)
             self.base = -ctypes.addressof(view) % _HUGE

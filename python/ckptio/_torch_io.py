@@ -539,9 +539,11 @@ class TorchReader(Reader):
             t = torch.empty(shape, dtype=dtype, device=self.device)
         return name, t, _lib.LoadRequest(i, t.data_ptr(), info.nbytes, self.code)
 
-    def load(self, indices: Iterable[int], mmap: bool = False) -> Dict[str, torch.Tensor]:
+    def load(self, indices: Iterable[int], mmap: bool = False,
+             arenas: Optional[_mapped.Arenas] = None) -> Dict[str, torch.Tensor]:
         """New tensors for `indices`; with mmap (CPU only), views of a private
-        mapping of the file where possible (see load_file), the rest copied."""
+        mapping of the file where possible (see load_file), the rest copied
+        (the large ones into a mapping from `arenas` when given)."""
         indices = list(indices)
         mapping = None
         if mmap and indices and self.device.type == "cpu":
@@ -550,7 +552,7 @@ class TorchReader(Reader):
         reqs = (_lib.LoadRequest * max(len(indices), 1))()
         n = 0
         views = {i: self.view(i, mapping) for i in indices} if mapping is not None else {}
-        placer = (_mapped.Placer(self.entries, (i for i in indices if views.get(i) is None))
+        placer = (_mapped.Placer(self.entries, (i for i in indices if views.get(i) is None), arenas)
                   if self.device.type == "cpu" else None)
         for i in indices:
             view = views.get(i)

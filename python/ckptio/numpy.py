@@ -410,6 +410,7 @@ class safe_open(OpenReader[Reader]):
         self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
         self._sizes: List[Optional[int]] = [x.nbytes for x in self._infos]
         self._r = r
+        self._arenas = _mapped.Arenas()  # a stream's windows reuse their mappings
         self._ahead = ReadAhead(self._load, list(self._by_name))
 
     def _info(self, name: str) -> _lib.TensorInfo:
@@ -449,7 +450,7 @@ class safe_open(OpenReader[Reader]):
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        placer = _mapped.Placer(self._infos, indices)
+        placer = _mapped.Placer(self._infos, indices, self._arenas)
         loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, placer)
                   for k in indices}
         _load_many(r, reqs)

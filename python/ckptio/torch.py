@@ -500,7 +500,9 @@ class safe_open(OpenReader[TorchReader]):
             r.close()
             raise
         self._r = r
-        self._ahead = ReadAhead(r.load, [e.name.decode() for e in r.entries])
+        # A stream's windows reuse their mappings once their tensors are gone.
+        self._arenas = arenas = _mapped.Arenas()
+        self._ahead = ReadAhead(lambda indices: r.load(indices, arenas=arenas), [e.name.decode() for e in r.entries])
         self._makeable: Optional[List[Optional[int]]] = None
 
     def _index(self, name: str) -> int:

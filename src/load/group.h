@@ -62,6 +62,7 @@ typedef struct ckptio_gplan {
   size_t *nbatches;         /* [owner] */
   size_t rounds;            /* the most batches of any owner */
   uint64_t chunk;           /* the batch limit, bytes */
+  int node;                 /* every rank runs on one machine (one boot id) */
   int shared;               /* every rank opened one local file on one
                                machine, and it fits in the page cache,
                                which they then share */

@@ -265,7 +265,8 @@ int ckptio_gplan_make(ckptio_reader *r, const ckptio_comm *comm, const ckptio_gb
                          "CRCs differ): every rank of a group load opens the same one",
                          r->src->path, k);
     budget = hk.staging < budget ? hk.staging : budget;
-    if (k == 0) p->shared = hk.ino != 0;
+    if (k == 0) p->shared = hk.ino != 0, p->node = hk.boot != 0 && comm->nranks > 1;
+    p->node &= hk.boot == h0.boot;
     p->shared &= hk.boot == h0.boot && hk.dev == h0.dev && hk.ino == h0.ino && hk.fits;
     p->nwants += (size_t)hk.n;
   }

@@ -107,7 +107,7 @@ static int parse_header(plain *p) {
 /* ------------------------------------------------------------ plan */
 
 static ckptio_load_method pick_method(plain *p, const ckptio_plan *pl, ckptio_xreq **qs, size_t n) {
-  ckptio_load_method method = p->s.opts->load_method;
+  ckptio_load_method method = pl->opts->load_method; /* the call's (a group load's may differ) */
   if (method == CKPTIO_LOAD_AUTO) {
     /* pread from a warm cache, and from a cold one when the load fits in
      * memory (io/cache.h): it leaves the file cached for the next load, a

@@ -15,7 +15,9 @@
  *
  * A mode ending in -x passes CKPTIO_GROUP_EXCHANGE: the ranks exchange
  * bytes although they share this machine's page cache (the failures need
- * it: they are the exchange's).
+ * it: they are the exchange's). One ending in -w has rank r open its own
+ * copy, FILE.copyR: one machine, no shared page cache, so the ranks share
+ * windows of memory.
  *
  * whole and tp also count the bytes each process read from storage
  * (/proc/self/io read_bytes, the file's pages dropped from the page cache
@@ -37,6 +39,7 @@
 static int rank, nranks, failures;
 static uint64_t salt; /* 1: the other checkpoint's bytes */
 static int exchange;  /* a mode ending in -x: CKPTIO_GROUP_EXCHANGE */
+static int copies;    /* a mode ending in -w: rank r opens FILE.copyR (windows of shared memory) */
 
 #define CHECK(cond, ...)                                    \
   do {                                                      \
@@ -138,6 +141,7 @@ static uint64_t read_bytes(void) {
 static void drop_cache(const char *file) {
   int fd = open(file, O_RDONLY);
   if (fd >= 0) {
+    fsync(fd); /* dirty pages (a copy just made) are not dropped */
     posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     close(fd);
   }
@@ -178,7 +182,11 @@ static void group_load(const char *mode, const char *file) {
   CHECK(ckptio_comm_from_mpi(&world, &comm) == 0, "no communicator");
   if (!strcmp(mode, "kill") && rank == 1) comm.alltoallv = kill_alltoallv;
   const char *path = file;
-  char other[4096];
+  char other[4096], copy[4096];
+  if (copies) {
+    snprintf(copy, sizeof(copy), "%s.copy%d", file, rank);
+    path = copy;
+  }
   if (!strcmp(mode, "different") && rank == nranks - 1) {
     snprintf(other, sizeof(other), "%s.other", file);
     path = other;
@@ -210,6 +218,7 @@ static void group_load(const char *mode, const char *file) {
     got[n++] = NULL;
   }
   if (rank == 0) drop_cache(file);
+  if (copies) drop_cache(path);
   MPI_Barrier(MPI_COMM_WORLD);
   uint64_t before = read_bytes();
   double t0 = MPI_Wtime();
@@ -275,6 +284,7 @@ int main(int argc, char **argv) {
   snprintf(mode, sizeof(mode), "%s", argv[1]);
   size_t len = strlen(mode);
   if (len > 2 && !strcmp(mode + len - 2, "-x")) exchange = 1, mode[len - 2] = 0;
+  if (len > 2 && !strcmp(mode + len - 2, "-w")) copies = 1, mode[len - 2] = 0;
   if (!strcmp(mode, "prepare") || !strcmp(mode, "prepare-other")) {
     salt = strcmp(mode, "prepare") != 0;
     if (rank == 0) prepare(file);

@@ -224,9 +224,11 @@ def test_the_group_reads_each_byte_once(writer, how, tmp_path):
     for r, x in enumerate(res):
         assert x and x["ok"], (r, x)
     total = sum(x["read"] for x in res)
-    # Once by the group (each rank's header and readahead past its span
-    # aside), where three loads alone would read it three times.
-    assert total <= 1.02 * res[0]["tensor_bytes"], res
+    # Once by the group, where three loads alone would read it three times;
+    # besides, each rank's header, and (exchanging: O_DIRECT reads) the 4 KiB
+    # pages at the edges of its staged reads, which a file safetensors wrote
+    # puts off page boundaries: at most 256 KiB a rank at this size.
+    assert total <= 1.02 * res[0]["tensor_bytes"] + 3 * (256 << 10), res
     assert total >= 0.9 * res[0]["tensor_bytes"], ("the file was not read from the disk", res)
 
 

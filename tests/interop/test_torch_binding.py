@@ -704,6 +704,27 @@ def test_get_tensor_loads_the_next_window_in_the_background(tmp_path, monkeypatc
             f.get_tensor(names[5])  # read again now: the damage is found
 
 
+def test_a_stream_reuses_its_windows_memory_but_never_a_kept_tensors(tmp_path, monkeypatch):
+    """A caller that drops each tensor after using it gets the next windows
+    in the mappings of windows it is done with (pages faulted in already):
+    at most three mappings for eight windows; a tensor it keeps keeps its
+    window's mapping out of the pool, and its bytes stay its own."""
+    monkeypatch.setattr(ckptio._core, "READ_AHEAD_BYTES", 4 << 20)  # windows of 4 tensors
+    t = {f"w{k:02d}": torch.full((1 << 18,), float(k)) for k in range(32)}  # 1 MiB each: 8 windows
+    path = tmp_path / "m.safetensors"
+    ct.save_file(t, path)
+    _cold(path)
+    with ct.safe_open(path, "pt") as f:
+        names = f.offset_keys()
+        kept = f.get_tensor(names[0])
+        for name in names[1:]:
+            x = f.get_tensor(name)
+            assert torch.equal(x, t[name]), name
+            del x
+        assert torch.equal(kept, t[names[0]]), "a kept tensor's window was reused"
+        assert f._arenas.made <= 4, f"{f._arenas.made} mappings for 8 windows (1 kept + 3 in turn)"
+
+
 def test_get_tensor_reads_ahead_in_the_order_of_keys(tmp_path, monkeypatch):
     """`for k in f.keys(): f.get_tensor(k)`, the usual loop, asks in sorted
     name order, which is not file order when dtypes are mixed (a file lays

@@ -15,9 +15,14 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
+
 #define CKPTIO_EXPERIMENTAL
 #include "ckpt_fixture.h"
 #include "thread_comm.h"
+extern "C" {
+#include "io/fault.h"
+}
 
 using namespace ckptio_test;
 
@@ -238,6 +243,93 @@ TEST(GroupLoad, RanksSharingAPageCacheEachReadThroughIt) {
   for (auto &o : out) EXPECT_EQ(o.rc, CKPTIO_E_CHECKSUM) << o.err;
 }
 
+void expect_all_fail(const std::vector<RankOut> &out, int culprit, int code, const std::string &cause) {
+  for (size_t r = 0; r < out.size(); r++) {
+    if ((int)r == culprit) {
+      EXPECT_EQ(out[r].rc, code) << out[r].err;
+    } else {
+      EXPECT_EQ(out[r].rc, CKPTIO_E_RANK) << "rank " << r << ": " << out[r].err;
+      if (culprit >= 0) {
+        EXPECT_NE(out[r].err.find("rank " + std::to_string(culprit)), std::string::npos) << out[r].err;
+      }
+    }
+    EXPECT_NE(out[r].err.find(cause), std::string::npos) << "rank " << r << ": " << out[r].err;
+    for (int v : out[r].verified) EXPECT_EQ(v, 0);
+  }
+}
+
+// Each rank opens its own copy of the file: one machine, no shared page
+// cache, so the ranks share windows of memory (no CKPTIO_GROUP_EXCHANGE).
+std::vector<std::string> copies(const TempDir &dir, const std::string &path, int n) {
+  std::vector<std::string> out;
+  for (int r = 0; r < n; r++) {
+    out.push_back(dir.file("copy" + std::to_string(r) + ".safetensors"));
+    write_file(out.back(), read_file(path));
+  }
+  return out;
+}
+
+// /dev/shm entries of the library's windows.
+int windows_left() {
+  int n = 0;
+  for (const auto &e : std::filesystem::directory_iterator("/dev/shm"))
+    n += e.path().filename().string().rfind("ckptio-group-", 0) == 0;
+  return n;
+}
+
+TEST(GroupLoad, RanksOfOneMachineShareWindowsOfMemory) {
+  TempDir dir;
+  TestContext c;
+  auto m = model();
+  std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, m), 0);
+  auto paths = copies(dir, path, 3);
+  auto wants = [&](int r) {
+    std::vector<Want> w = everything(m);
+    w.push_back(split(m, 1, 1, r, 3));
+    w.push_back(split(m, 4, 0, r, 3));
+    return w;
+  };
+  auto out = group_load("", 3, m, wants, 256 << 10, paths, sizeof(ckptio_comm), 0);
+  expect_boxes(out, m, wants);
+  EXPECT_EQ(total_read(out), model_bytes(m)) << "each part read once, by one rank";
+  for (auto &o : out)
+    for (int v : o.verified) EXPECT_EQ(v, 1);
+  EXPECT_EQ(windows_left(), 0) << "the shared memory object is unlinked";
+}
+
+TEST(GroupLoad, ADamagedByteInAWindowFailsEveryRankNamingTheReader) {
+  TempDir dir;
+  TestContext c;
+  auto m = model();
+  std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, m), 0);
+  auto paths = copies(dir, path, 3);
+  for (auto &p : paths) {
+    std::vector<uint8_t> bytes = read_file(p);
+    bytes[bytes.size() - 1000] ^= 0x20;  // in the last tensor of the file: the last rank's span
+    write_file(p, bytes);
+  }
+  auto out = group_load("", 3, m, [&](int) { return everything(m); }, 256 << 10, paths, sizeof(ckptio_comm), 0);
+  expect_all_fail(out, 2, CKPTIO_E_CHECKSUM, "checksum mismatch");
+  EXPECT_EQ(windows_left(), 0);
+}
+
+TEST(GroupLoad, WithoutSharedMemoryTheRanksExchangeInstead) {
+  TempDir dir;
+  TestContext c;
+  auto m = model();
+  std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, m), 0);
+  auto paths = copies(dir, path, 3);
+  ckptio_fault_arm(CKPTIO_FAULT_FALLOCATE, 1, ENOSPC);  // rank 0's /dev/shm is full
+  auto out = group_load("", 3, m, [&](int) { return everything(m); }, 256 << 10, paths, sizeof(ckptio_comm), 0);
+  ckptio_fault_clear();
+  expect_boxes(out, m, [&](int) { return everything(m); });
+  EXPECT_EQ(total_read(out), model_bytes(m));
+  EXPECT_EQ(windows_left(), 0);
+}
+
 TEST(GroupLoad, TensorParallelSlicesAndReplicasLandExactly) {
   TempDir dir;
   TestContext c;
@@ -318,21 +410,6 @@ TEST(GroupLoad, EverySourceKind) {
 }
 
 // ------------------------------------------------------------ failures
-
-void expect_all_fail(const std::vector<RankOut> &out, int culprit, int code, const std::string &cause) {
-  for (size_t r = 0; r < out.size(); r++) {
-    if ((int)r == culprit) {
-      EXPECT_EQ(out[r].rc, code) << out[r].err;
-    } else {
-      EXPECT_EQ(out[r].rc, CKPTIO_E_RANK) << "rank " << r << ": " << out[r].err;
-      if (culprit >= 0) {
-        EXPECT_NE(out[r].err.find("rank " + std::to_string(culprit)), std::string::npos) << out[r].err;
-      }
-    }
-    EXPECT_NE(out[r].err.find(cause), std::string::npos) << "rank " << r << ": " << out[r].err;
-    for (int v : out[r].verified) EXPECT_EQ(v, 0);
-  }
-}
 
 TEST(GroupLoad, ABadBoxOnOneRankFailsEveryRankNamingIt) {
   TempDir dir;
