@@ -14,9 +14,10 @@ shared resource). Contenders (each rank loads every tensor whole):
 
   mpi_alone / mpi_group / mpi_group_x   C over Open MPI
                              (build/bench/group_bench): ckptio_reader_load_boxes,
-                             ckptio_reader_load_boxes_group, and the same with
-                             CKPTIO_GROUP_EXCHANGE (on one machine the group
-                             otherwise shares the page cache instead)
+                             ckptio_reader_load_boxes_group (on one machine:
+                             through the shared page cache for a local file,
+                             windows of shared memory for s3://), and the same
+                             with CKPTIO_GROUP_EXCHANGE (alltoallv)
   ckptio_alone / ckptio_group / ckptio_group_x   ckptio.torch.load_file,
                              without group=, with it, and with exchange=True
                              (gloo processes)
@@ -116,6 +117,8 @@ def run_torch(contender, path, ranks, env, out):
                                        contender.replace("_warm", ""), path, out], env=e))
     for p in procs:
         if p.wait(timeout=900) != 0:
+            for q in procs:
+                q.kill()
             raise RuntimeError(f"{contender}: a rank exited {p.returncode}")
     with open(out) as f:
         res = json.load(f)
@@ -165,7 +168,7 @@ def main():
         weed_files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(a.dir, "weed")) for f in fs
                       if f.endswith((".dat", ".idx"))]
         sources["s3"] = ("s3://group/model.safetensors", weed_files)
-    runs = []
+    runs, failures = [], []
     try:
         for rnd in range(a.rounds):
             for src in [s for s in a.sources.split(",") if s in sources]:
@@ -179,8 +182,13 @@ def main():
                     else:
                         drop(files)
                     tmp = os.path.join(a.dir, "run.json")
-                    res = (run_mpi(c, url, a.ranks, env, a.bench) if c.startswith("mpi")
-                           else run_torch(c, url, a.ranks, env, tmp))
+                    try:
+                        res = (run_mpi(c, url, a.ranks, env, a.bench) if c.startswith("mpi")
+                               else run_torch(c, url, a.ranks, env, tmp))
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:  # a peer's failure is a result too
+                        failures.append(f"round {rnd} {src} {c}: {e}")
+                        print(f"round {rnd} {src:5} {c:18} FAILED: {e}", flush=True)
+                        continue
                     res.update(contender=c, source=src, round=rnd)
                     runs.append(res)
                     print(f"round {rnd} {src:5} {c:18} {res['seconds']:7.3f} s  read {res['read_bytes'] / 2**30:6.2f} GiB"
@@ -188,10 +196,10 @@ def main():
     finally:
         if server is not None:
             server.__exit__(None, None, None)
-    report(runs, a, total, out_dir)
+    report(runs, failures, a, total, out_dir)
 
 
-def report(runs, a, total, out_dir):
+def report(runs, failures, a, total, out_dir):
     lines = [f"# Group loads: {a.ranks} ranks, a {a.size} model ({total} tensor bytes), {a.rounds} rounds",
              "", f"Command: `bench/group/run.sh --size {a.size} --ranks {a.ranks} --rounds {a.rounds} "
              f"--sources {a.sources}`", ""]
@@ -231,6 +239,8 @@ def report(runs, a, total, out_dir):
                           + (f" (each rank alone from the cache: {warm['ckptio_alone_warm']:.3f} s)."
                              if "ckptio_alone_warm" in warm else ".")]
         lines.append("")
+    if failures:
+        lines += ["## Runs that failed", ""] + [f"- {f}" for f in failures] + [""]
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(out_dir, "results.md"), "w") as f:

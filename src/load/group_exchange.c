@@ -107,12 +107,10 @@ static int exchange(ckptio_group *g, size_t round, int *stop) {
  * there. @return the box's index, or SIZE_MAX. */
 static size_t direct_box(const ckptio_group *g, size_t c, uint64_t *at) {
   const ckptio_gplan *p = &g->p;
-  const ckptio_gchunk *ch = &p->chunks[c];
-  const ckptio_gunit *u = &p->units[ch->unit];
+  const ckptio_gunit *u = &p->units[p->chunks[c].unit];
   int64_t clo[CKPTIO_MAX_DIMS], chi[CKPTIO_MAX_DIMS];
-  ckptio_gchunk_box(p, ch, clo, chi);
   size_t first, end;
-  ckptio_gplan_wants_of(p, u->index, &first, &end);
+  ckptio_grp_chunk(p, c, clo, chi, &first, &end);
   for (size_t i = first; i < end; i++) {
     const ckptio_gwant *w = &p->wants[i];
     const ckptio_box_request *q = &g->reqs[w->k];

@@ -58,6 +58,11 @@ void ckptio_grp_batch(const ckptio_gplan *p, int o, size_t round, size_t *first,
   if (round < p->nbatches[o]) *first = p->batch[o][round], *end = p->batch[o][round + 1];
 }
 
+void ckptio_grp_chunk(const ckptio_gplan *p, size_t c, int64_t *lo, int64_t *hi, size_t *first, size_t *end) {
+  ckptio_gchunk_box(p, &p->chunks[c], lo, hi);
+  ckptio_gplan_wants_of(p, p->units[p->chunks[c].unit].index, first, end);
+}
+
 int ckptio_grp_pieces(ckptio_group *g, size_t round, int o, int to, ckptio_grp_piece_fn fn, void *arg) {
   const ckptio_gplan *p = &g->p;
   if (round >= p->nbatches[o]) return 0;
@@ -65,9 +70,8 @@ int ckptio_grp_pieces(ckptio_group *g, size_t round, int o, int to, ckptio_grp_p
     const ckptio_gchunk *ch = &p->chunks[c];
     const ckptio_gunit *u = &p->units[ch->unit];
     int64_t clo[CKPTIO_MAX_DIMS], chi[CKPTIO_MAX_DIMS];
-    ckptio_gchunk_box(p, ch, clo, chi);
     size_t first, end;
-    ckptio_gplan_wants_of(p, u->index, &first, &end);
+    ckptio_grp_chunk(p, c, clo, chi, &first, &end);
     for (size_t i = first; i < end; i++) {
       const ckptio_gwant *w = &p->wants[i];
       int64_t lo[CKPTIO_MAX_DIMS], hi[CKPTIO_MAX_DIMS], sz[CKPTIO_MAX_DIMS];

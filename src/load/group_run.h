@@ -54,6 +54,10 @@ typedef int (*ckptio_grp_piece_fn)(struct ckptio_group *g, const ckptio_gchunk *
 /* Chunks [*first, *end) of owner o's batch `round` (empty past its last). */
 void ckptio_grp_batch(const ckptio_gplan *p, int o, size_t round, size_t *first, size_t *end);
 
+/* Chunk c's box in its tensor, and the wants of that tensor:
+ * p->wants[*first, *end). */
+void ckptio_grp_chunk(const ckptio_gplan *p, size_t c, int64_t *lo, int64_t *hi, size_t *first, size_t *end);
+
 /* Calls fn for each piece of round `round` from owner `o` to rank `to`:
  * the part of each of `to`'s boxes that each chunk of o's batch holds, in
  * the order both sides walk them. @return fn's first failure, or 0. */

@@ -35,21 +35,13 @@
 #define CKPTIO_EXPERIMENTAL
 #include "ckptio.h"
 #include "ckptio_mpi.h"
+#include "check.h"
 
 static int rank, nranks, failures;
 static uint64_t salt; /* 1: the other checkpoint's bytes */
 static int exchange;  /* a mode ending in -x: CKPTIO_GROUP_EXCHANGE */
 static int copies;    /* a mode ending in -w: rank r opens FILE.copyR (windows of shared memory) */
 
-#define CHECK(cond, ...)                                    \
-  do {                                                      \
-    if (!(cond)) {                                          \
-      fprintf(stderr, "rank %d: FAILED %s: ", rank, #cond); \
-      fprintf(stderr, __VA_ARGS__);                         \
-      fprintf(stderr, "\n");                                \
-      failures++;                                           \
-    }                                                       \
-  } while (0)
 
 /* ------------------------------------------------------------ the model */
 

@@ -19,18 +19,10 @@
 
 #include "ckptio.h"
 #include "ckptio_mpi.h"
+#include "check.h"
 
 static int rank, nranks, failures;
 
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      fprintf(stderr, "rank %d: FAILED %s: ", rank, #cond); \
-      fprintf(stderr, __VA_ARGS__);                       \
-      fprintf(stderr, "\n");                              \
-      failures++;                                         \
-    }                                                     \
-  } while (0)
 
 /* ------------------------------------------------------------ the model */
 

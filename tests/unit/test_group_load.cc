@@ -190,14 +190,19 @@ std::vector<Want> everything(const std::vector<Tensor> &m) {
   return w;
 }
 
-// ------------------------------------------------------------ what lands
-
-TEST(GroupLoad, EveryRankGetsTheWholeModelAndEachByteIsReadOnce) {
+// Every test: a model saved by ckptio at `path`.
+class GroupLoad : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(save(c.ctx, path, m), 0); }
   TempDir dir;
   TestContext c;
-  auto m = model();
+  std::vector<Tensor> m = model();
   std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+};
+
+// ------------------------------------------------------------ what lands
+
+TEST_F(GroupLoad, EveryRankGetsTheWholeModelAndEachByteIsReadOnce) {
   for (int n = 1; n <= 4; n++) {
     auto wants = [&](int) { return everything(m); };
     auto out = group_load(path, n, m, wants);
@@ -213,14 +218,9 @@ TEST(GroupLoad, EveryRankGetsTheWholeModelAndEachByteIsReadOnce) {
   }
 }
 
-TEST(GroupLoad, RanksSharingAPageCacheEachReadThroughIt) {
+TEST_F(GroupLoad, RanksSharingAPageCacheEachReadThroughIt) {
   // Threads of one process: one machine, one file. Without
   // CKPTIO_GROUP_EXCHANGE each rank loads its boxes through the page cache.
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
   auto wants = [&](int r) {
     std::vector<Want> w = everything(m);
     w.push_back(split(m, 1, 1, r, 3));
@@ -277,12 +277,7 @@ int windows_left() {
   return n;
 }
 
-TEST(GroupLoad, RanksOfOneMachineShareWindowsOfMemory) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, RanksOfOneMachineShareWindowsOfMemory) {
   auto paths = copies(dir, path, 3);
   auto wants = [&](int r) {
     std::vector<Want> w = everything(m);
@@ -298,12 +293,7 @@ TEST(GroupLoad, RanksOfOneMachineShareWindowsOfMemory) {
   EXPECT_EQ(windows_left(), 0) << "the shared memory object is unlinked";
 }
 
-TEST(GroupLoad, ADamagedByteInAWindowFailsEveryRankNamingTheReader) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, ADamagedByteInAWindowFailsEveryRankNamingTheReader) {
   auto paths = copies(dir, path, 3);
   for (auto &p : paths) {
     std::vector<uint8_t> bytes = read_file(p);
@@ -315,12 +305,7 @@ TEST(GroupLoad, ADamagedByteInAWindowFailsEveryRankNamingTheReader) {
   EXPECT_EQ(windows_left(), 0);
 }
 
-TEST(GroupLoad, WithoutSharedMemoryTheRanksExchangeInstead) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, WithoutSharedMemoryTheRanksExchangeInstead) {
   auto paths = copies(dir, path, 3);
   ckptio_fault_arm(CKPTIO_FAULT_FALLOCATE, 1, ENOSPC);  // rank 0's /dev/shm is full
   auto out = group_load("", 3, m, [&](int) { return everything(m); }, 256 << 10, paths, sizeof(ckptio_comm), 0);
@@ -330,12 +315,7 @@ TEST(GroupLoad, WithoutSharedMemoryTheRanksExchangeInstead) {
   EXPECT_EQ(windows_left(), 0);
 }
 
-TEST(GroupLoad, TensorParallelSlicesAndReplicasLandExactly) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, TensorParallelSlicesAndReplicasLandExactly) {
   const int n = 3;
   // Column-parallel qkv, row-parallel out and mlp, a vocabulary split of
   // the embedding, replicated norm and step, and on rank 1 a corner box.
@@ -351,12 +331,7 @@ TEST(GroupLoad, TensorParallelSlicesAndReplicasLandExactly) {
   EXPECT_EQ(total_read(out), model_bytes(m));
 }
 
-TEST(GroupLoad, RanksWithNothingToLoadStillServeTheirShare) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, RanksWithNothingToLoadStillServeTheirShare) {
   // Rank 2 asks for everything, rank 1 for nothing, ranks 0 and 3 for the
   // scalar (whose bytes_read then carries what they read for rank 2).
   auto wants = [&](int r) {
@@ -375,10 +350,7 @@ TEST(GroupLoad, RanksWithNothingToLoadStillServeTheirShare) {
   EXPECT_EQ(out[0].stats_bytes, 8u);
 }
 
-TEST(GroupLoad, EverySourceKind) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
+TEST_F(GroupLoad, EverySourceKind) {
   m.pop_back();  // .pt and zstd take the same model without the empty tensor
   std::string err;
   std::string pt = dir.file("m.pt"), zst = dir.file("m.safetensors.zst"), set = dir.file("set");
@@ -411,12 +383,7 @@ TEST(GroupLoad, EverySourceKind) {
 
 // ------------------------------------------------------------ failures
 
-TEST(GroupLoad, ABadBoxOnOneRankFailsEveryRankNamingIt) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, ABadBoxOnOneRankFailsEveryRankNamingIt) {
   auto out = group_load(path, 3, m, [&](int r) {
     std::vector<Want> w = everything(m);
     if (r == 2) w.push_back(Want{2, {0, 90}, {96, 97}});
@@ -425,10 +392,8 @@ TEST(GroupLoad, ABadBoxOnOneRankFailsEveryRankNamingIt) {
   expect_all_fail(out, 2, CKPTIO_E_INVALID_ARG, "outside the tensor");
 }
 
-TEST(GroupLoad, RanksThatOpenedDifferentCheckpointsAllFail) {
-  TempDir dir;
-  TestContext c;
-  auto m = model(), m2 = model();
+TEST_F(GroupLoad, RanksThatOpenedDifferentCheckpointsAllFail) {
+  auto m2 = model();
   m2[1] = make_tensor("layers.0.qkv", CKPTIO_F32, {96, 289}, 2);
   ASSERT_EQ(save(c.ctx, dir.file("a.safetensors"), m), 0);
   ASSERT_EQ(save(c.ctx, dir.file("b.safetensors"), m2), 0);
@@ -437,12 +402,7 @@ TEST(GroupLoad, RanksThatOpenedDifferentCheckpointsAllFail) {
   expect_all_fail(out, -1, CKPTIO_E_RANK, "rank 2 opened another checkpoint");
 }
 
-TEST(GroupLoad, ADamagedByteFailsEveryRankNamingTheReader) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, ADamagedByteFailsEveryRankNamingTheReader) {
   // The last tensor's bytes end the file; the last rank reads them.
   std::vector<uint8_t> bytes = read_file(path);
   {
@@ -466,12 +426,7 @@ TEST(GroupLoad, ADamagedByteFailsEveryRankNamingTheReader) {
   }
 }
 
-TEST(GroupLoad, AOneZeroCommunicatorIsRefusedOnEveryRank) {
-  TempDir dir;
-  TestContext c;
-  auto m = model();
-  std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, m), 0);
+TEST_F(GroupLoad, AOneZeroCommunicatorIsRefusedOnEveryRank) {
   auto out = group_load(path, 2, m, [&](int) { return everything(m); }, 0, {}, offsetof(ckptio_comm, alltoallv));
   for (auto &o : out) {
     EXPECT_EQ(o.rc, CKPTIO_E_INVALID_ARG);
