@@ -31,8 +31,8 @@ shared resource). Contenders (each rank loads every tensor whole):
 The time of a run is the group's: barrier, load, one byte of every page
 touched, barrier (bench/group/worker.py, bench/group_bench.c). Reported per
 round and as medians of per-round ratios; plus the bytes the ranks read
-from storage (local: /proc/self/io read_bytes summed) and the largest peak
-RSS of a rank."""
+from storage (local: /proc/self/io read_bytes summed; s3: the bytes the
+server sent, its /proc/PID/io wchar) and the largest peak RSS of a rank."""
 import argparse
 import json
 import os
@@ -103,6 +103,22 @@ def prime(path):
     with open(path, "rb") as f:
         while f.read(64 << 20):
             pass
+
+
+def served_bytes(pid):
+    """Bytes the S3 server's process has written through system calls
+    (/proc/PID/io wchar): what it sent to its clients, counted on the
+    server's side (its logs and metadata writes are small beside them)."""
+    if pid is None:
+        return 0
+    total = 0
+    for p in [pid] + [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]:
+        try:
+            with open(f"/proc/{p}/io") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+        except OSError:
+            pass
+    return total
 
 
 def run_torch(contender, path, ranks, env, out):
@@ -182,6 +198,7 @@ def main():
                     else:
                         drop(files)
                     tmp = os.path.join(a.dir, "run.json")
+                    served = served_bytes(server.pid if server is not None and src == "s3" else None)
                     try:
                         res = (run_mpi(c, url, a.ranks, env, a.bench) if c.startswith("mpi")
                                else run_torch(c, url, a.ranks, env, tmp))
@@ -190,6 +207,8 @@ def main():
                         print(f"round {rnd} {src:5} {c:18} FAILED: {e}", flush=True)
                         continue
                     res.update(contender=c, source=src, round=rnd)
+                    if src == "s3":  # the server's count, in place of the processes' (their disk reads are 0)
+                        res["read_bytes"] = served_bytes(server.pid) - served
                     runs.append(res)
                     print(f"round {rnd} {src:5} {c:18} {res['seconds']:7.3f} s  read {res['read_bytes'] / 2**30:6.2f} GiB"
                           f"  peak RSS {res['maxrss_kib'] / 2**20:5.2f} GiB", flush=True)
