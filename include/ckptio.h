@@ -1496,10 +1496,11 @@ int ckptio_reader_fits_cache(ckptio_reader *r);
  *  Boxes land on the host or a GPU as in ckptio_reader_load_boxes;
  *  `verified` says every stored part the box touches had its CRC checked
  *  (by whichever rank read it); `bytes_read` counts what this rank read:
- *  its boxes' bytes when sharing a page cache; when exchanging, what it
- *  read for the group, each part under the first of its boxes that
- *  touches it. ckptio_reader_stats and progress count what landed in this
- *  rank's boxes.
+ *  sharing a page cache, its boxes' bytes and the parts they cut (read
+ *  whole from the cache to check their CRCs); otherwise what it read for
+ *  the group, all of it under its first box (a rank with no box reads its
+ *  share too, and has nowhere to report it). ckptio_reader_stats and
+ *  progress count what landed in this rank's boxes.
  *  @comm  with alltoallv (a 1.0 communicator is refused); its allgather
  *         and alltoallv are called from this thread only.
  *  @flags 0, or CKPTIO_GROUP_EXCHANGE.

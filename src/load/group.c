@@ -3,7 +3,6 @@
  * picks alike (the shared page cache, windows of shared memory, or the
  * exchange), and agrees on the verdict, naming the rank that failed. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,7 +51,6 @@ static int check_boxes(ckptio_group *g, ckptio_box_request *reqs, size_t n, ckpt
 static void report(ckptio_group *g, size_t n, uint64_t read) {
   const ckptio_gplan *p = &g->p;
   for (size_t i = 0; i < n; i++) g->reqs[i].verified = 1;
-  int charged = 0;
   for (size_t u = 0; u < p->nunits; u++) {
     const ckptio_gunit *un = &p->units[u];
     size_t first, end;
@@ -66,7 +64,7 @@ static void report(ckptio_group *g, size_t n, uint64_t read) {
     }
   }
   /* What this rank read, under its first box (the reads are the group's). */
-  for (size_t i = 0; i < n && !charged; i++) g->reqs[i].bytes_read = read, charged = 1;
+  if (n) g->reqs[0].bytes_read = read;
 }
 
 /* Ranks that share one machine's page cache and one file: each loads its
