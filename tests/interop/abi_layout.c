@@ -99,6 +99,7 @@ int main(void) {
   FIELD(ckptio_comm, user);
   FIELD(ckptio_comm, allgather);
   FIELD(ckptio_comm, broadcast);
+  FIELD(ckptio_comm, alltoallv);
   FIELD(ckptio_stats, size);
   FIELD(ckptio_stats, bytes);
   FIELD(ckptio_stats, seconds);
