@@ -152,36 +152,51 @@ def scenario(rank, world, name, path):
     return {}
 
 
-def worker(rank, world, port, name, path, out):
+def worker(rank, world, port, steps, out):
+    """Runs the steps [(name, path)] in order in one process group (a
+    spawn costs seconds: torch's import), each step's result in
+    out/step{i}-rank{r}.json."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    t0 = time.monotonic()
-    try:
-        res = {"ok": True, **scenario(rank, world, name, path)}
-    except BaseException as e:  # noqa: BLE001 - the parent checks it
-        res = {"ok": False, "type": type(e).__name__, "error": str(e)}
-    res["seconds"] = time.monotonic() - t0
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(res, f)
+    for i, (name, path) in enumerate(steps):
+        t0 = time.monotonic()
+        try:
+            res = {"ok": True, **scenario(rank, world, name, path)}
+        except BaseException as e:  # noqa: BLE001 - the parent checks it
+            res = {"ok": False, "type": type(e).__name__, "error": str(e)}
+        res["seconds"] = time.monotonic() - t0
+        with open(os.path.join(out, f"step{i}-rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+        try:
+            dist.barrier()  # every rank done with a step before any starts the next
+        except Exception:  # noqa: BLE001 - a rank died (the killed step): no next step
+            break
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # without the interpreter's teardown, nor the group's (a peer may be dead)
 
 
-def run(world, name, path, tmp_path):
-    """Each rank's result (None: it died)."""
-    out = tmp_path / f"out-{name}-{world}-{time.monotonic_ns()}"
+def run_steps(world, steps, tmp_path):
+    """{(name, path): each rank's result (None: it died)} of the steps, run
+    in order by one group of `world` processes."""
+    out = tmp_path / f"out-{world}-{time.monotonic_ns()}"
     out.mkdir()
-    ctx = mp.start_processes(worker, args=(world, free_port(), name, str(path), str(out)), nprocs=world,
+    steps = [(name, str(path)) for name, path in steps]
+    ctx = mp.start_processes(worker, args=(world, free_port(), steps, str(out)), nprocs=world,
                              join=False, start_method="spawn")
     for p in ctx.processes:
-        p.join(120)
-        assert not p.is_alive(), f"{name}: a rank still runs after 120 s: it hangs"
-    res = []
-    for r in range(world):
-        f = out / f"rank{r}.json"
-        res.append(json.loads(f.read_text()) if f.exists() else None)
-    return res
+        p.join(300)
+        assert not p.is_alive(), f"{steps}: a rank still runs after 300 s: it hangs"
+    results = {}
+    for i, step in enumerate(steps):
+        files = [out / f"step{i}-rank{r}.json" for r in range(world)]
+        results[step] = [json.loads(f.read_text()) if f.exists() else None for f in files]
+    return results
+
+
+def run(world, name, path, tmp_path):
+    """Each rank's result of one step in a group of its own."""
+    return run_steps(world, [(name, path)], tmp_path)[(name, str(path))]
 
 
 @pytest.fixture(scope="module")
@@ -202,25 +217,58 @@ def files(tmp_path_factory):
     return paths
 
 
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """24 MiB files written by ckptio and by safetensors, synced (safetensors
+    does not: dirty pages would stay in the cache)."""
+    d = tmp_path_factory.mktemp("big")
+    g = torch.Generator().manual_seed(3)
+    m = {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(6)}
+    paths = {"ckptio": d / "ck.safetensors", "safetensors": d / "st.safetensors"}
+    ct.save_file(m, paths["ckptio"])
+    st.save_file(m, str(paths["safetensors"]))
+    for p in paths.values():
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def bad(files, tmp_path_factory):
+    """The ckptio file with a byte of embed.weight (the first rank's span)
+    damaged, and another checkpoint beside it (.other: step 13)."""
+    path = tmp_path_factory.mktemp("bad") / "bad.safetensors"
+    data = bytearray(files["ckptio"].read_bytes())
+    data[len(data) // 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    m = model()
+    m["step"] = torch.tensor(13, dtype=torch.int64)
+    ct.save_file(m, str(files["ckptio"]) + ".other")
+    return path
+
+
+@pytest.fixture(scope="module")
+def three(files, big, bad, tmp_path_factory):
+    """Every three-rank step of this module, run by one group."""
+    steps = [(how, files[kind]) for kind in files for how in ("whole", "whole-x")]
+    steps += [(how, big[w]) for w in big for how in ("whole", "whole-x")]
+    steps += [("tp", files["ckptio"]), ("tp-x", files["ckptio"]), ("missing", files["ckptio"]),
+              ("different", files["ckptio"]), ("damaged-x", bad), ("damaged", bad)]
+    return run_steps(3, steps, tmp_path_factory.mktemp("three"))
+
+
 @pytest.mark.parametrize("kind", ["ckptio", "safetensors", "torch", "set", "zstd"])
 @pytest.mark.parametrize("how", ["whole", "whole-x"])
-def test_every_rank_gets_the_whole_file(files, kind, how, tmp_path):
-    res = run(3, how, files[kind], tmp_path)
-    for r, x in enumerate(res):
+def test_every_rank_gets_the_whole_file(three, files, kind, how):
+    for r, x in enumerate(three[(how, str(files[kind]))]):
         assert x and x["ok"], (r, x)
 
 
 @pytest.mark.parametrize("writer", ["ckptio", "safetensors"])
 @pytest.mark.parametrize("how", ["whole", "whole-x"])
-def test_the_group_reads_each_byte_once(writer, how, tmp_path):
-    g = torch.Generator().manual_seed(3)
-    m = {f"w{i}": torch.randn(1024, 1024, generator=g) for i in range(6)}  # 24 MiB
-    path = tmp_path / "big.safetensors"
-    ct.save_file(m, path) if writer == "ckptio" else st.save_file(m, str(path))
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)  # (safetensors does not: dirty pages would stay in the cache)
-    os.close(fd)
-    res = run(3, how, path, tmp_path)
+def test_the_group_reads_each_byte_once(three, big, writer, how):
+    res = three[(how, str(big[writer]))]
     for r, x in enumerate(res):
         assert x and x["ok"], (r, x)
     total = sum(x["read"] for x in res)
@@ -233,23 +281,23 @@ def test_the_group_reads_each_byte_once(writer, how, tmp_path):
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("how", ["tp", "tp-x"])
-def test_tensor_parallel_shares(files, world, how, tmp_path):
-    res = run(world, how, files["ckptio"], tmp_path)
-    for r, x in enumerate(res):
-        assert x and x["ok"], (r, x)
+def test_tensor_parallel_shares(three, files, world, tmp_path):
+    steps = [("tp", files["ckptio"]), ("tp-x", files["ckptio"])]
+    res = ({s: three[(s[0], str(s[1]))] for s in steps} if world == 3
+           else {s: v for s, v in zip(steps, run_steps(world, steps, tmp_path).values())})
+    for step, ranks in res.items():
+        for r, x in enumerate(ranks):
+            assert x and x["ok"], (step, r, x)
 
 
-def test_load_model_with_a_group(tmp_path):
+def test_load_model_and_the_dcp_reader_with_a_group(tmp_path):
     m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
     path = tmp_path / "model.safetensors"
     ct.save_model(m, path)
-    for r, x in enumerate(run(2, "model", path, tmp_path)):
+    res = run_steps(2, [("model", path), ("dcp", tmp_path / "ckpt")], tmp_path)
+    for r, x in enumerate(res[("model", str(path))]):
         assert x and x["ok"] and x["missing"] == [] and x["unexpected"] == [], (r, x)
-
-
-def test_dcp_reader_with_a_group(tmp_path):
-    for r, x in enumerate(run(2, "dcp", tmp_path / "ckpt", tmp_path)):
+    for r, x in enumerate(res[("dcp", str(tmp_path / "ckpt"))]):
         assert x and x["ok"], (r, x)
 
 
@@ -263,41 +311,32 @@ def s3():
 def test_a_group_loads_an_s3_object(s3, files, tmp_path):
     s3.client().upload_file(str(files["ckptio"]), s3.bucket, "g/m.safetensors")
     url = f"s3://{s3.bucket}/g/m.safetensors"
-    for name in ("whole", "tp"):
-        for r, x in enumerate(run(3, name, url, tmp_path)):
-            assert x and x["ok"], (name, r, x)
+    for step, ranks in run_steps(3, [("whole", url), ("tp", url)], tmp_path).items():
+        for r, x in enumerate(ranks):
+            assert x and x["ok"], (step, r, x)
 
 
-def test_a_missing_tensor_on_one_rank_fails_every_rank(files, tmp_path):
-    res = run(3, "missing", files["ckptio"], tmp_path)
+def test_a_missing_tensor_on_one_rank_fails_every_rank(three, files):
+    res = three[("missing", str(files["ckptio"]))]
     assert not res[1]["ok"] and "no.such.tensor" in res[1]["error"], res[1]
     for r in (0, 2):
         assert not res[r]["ok"] and "rank 1" in res[r]["error"] and "no.such.tensor" in res[r]["error"], res[r]
 
 
-def test_another_checkpoint_on_one_rank_fails_every_rank(files, tmp_path):
-    other = str(files["ckptio"]) + ".other"
-    m = model()
-    m["step"] = torch.tensor(13, dtype=torch.int64)
-    ct.save_file(m, other)
-    res = run(3, "different", files["ckptio"], tmp_path)
-    for r, x in enumerate(res):
+def test_another_checkpoint_on_one_rank_fails_every_rank(three, files):
+    for r, x in enumerate(three[("different", str(files["ckptio"]))]):
         assert not x["ok"] and "rank 2 opened another checkpoint" in x["error"], (r, x)
 
 
-def test_a_damaged_byte_fails_every_rank(files, tmp_path):
-    bad = tmp_path / "bad.safetensors"
-    data = bytearray(files["ckptio"].read_bytes())
-    data[len(data) // 3] ^= 0x10  # inside embed.weight, the first rank's span
-    bad.write_bytes(bytes(data))
-    res = run(3, "damaged-x", bad, tmp_path)
+def test_a_damaged_byte_fails_every_rank(three, bad):
+    res = three[("damaged-x", str(bad))]
     kinds = sorted(x["type"] for x in res)
     assert all(not x["ok"] for x in res), res
     assert kinds.count("ChecksumError") == 1, res
     for x in res:
         assert "checksum" in x["error"] or "embed.weight" in x["error"], x
     # Sharing the page cache, every rank reads the damaged part itself.
-    res = run(3, "damaged", bad, tmp_path)
+    res = three[("damaged", str(bad))]
     assert [x["type"] for x in res] == ["ChecksumError"] * 3, res
 
 
