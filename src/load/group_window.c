@@ -48,7 +48,7 @@ static uint64_t region_bytes(const ckptio_gplan *p) {
  * round % 2, one after another. */
 static void place_window(ckptio_group *g, size_t round) {
   const ckptio_gplan *p = &g->p;
-  uint64_t region = region_bytes(p);
+  uint64_t region = g->window_bytes / 2 / (uint64_t)p->nranks; /* load_windows sized it */
   for (int o = 0; o < p->nranks; o++) {
     size_t first, end;
     uint64_t at = ((round & 1) * (uint64_t)p->nranks + (uint64_t)o) * region;

@@ -198,4 +198,22 @@ int open_removed_files(const char *part) {
   return n;
 }
 
+// The box [off, off + size) of a row-major tensor's bytes, contiguous.
+std::vector<uint8_t> extract(const Tensor &t, const std::vector<int64_t> &off, const std::vector<int64_t> &size) {
+  size_t es = (size_t)ckptio_dtype_bits(t.dtype) / 8, nd = t.shape.size(), total = 1;
+  for (auto s : size) total *= (size_t)s;
+  std::vector<uint8_t> out(total * es);
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t i = 0; i < total; i++) {
+    size_t rem = i, src = 0;
+    for (size_t d = nd; d-- > 0;) {
+      idx[d] = (int64_t)(rem % (size_t)size[d]);
+      rem /= (size_t)size[d];
+    }
+    for (size_t d = 0; d < nd; d++) src = src * (size_t)t.shape[d] + (size_t)(off[d] + idx[d]);
+    memcpy(&out[i * es], &t.bytes[src * es], es);
+  }
+  return out;
+}
+
 }  // namespace ckptio_test

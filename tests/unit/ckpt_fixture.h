@@ -22,6 +22,9 @@ struct Tensor {
 // Shape's bytes filled with pattern(seed).
 Tensor make_tensor(const std::string &name, ckptio_dtype dtype, std::vector<int64_t> shape, uint64_t seed);
 
+// The box [off, off + size) of t's row-major bytes, contiguous.
+std::vector<uint8_t> extract(const Tensor &t, const std::vector<int64_t> &off, const std::vector<int64_t> &size);
+
 // The descriptor of t's bytes in host memory (name and data borrowed from t).
 ckptio_tensor host_desc(const Tensor &t);
 

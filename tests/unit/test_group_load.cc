@@ -30,25 +30,6 @@ namespace {
 
 size_t elem_size(ckptio_dtype dt) { return (size_t)ckptio_dtype_bits(dt) / 8; }
 
-// The box [start, stop) of a row-major tensor, contiguous.
-std::vector<uint8_t> extract(const Tensor &t, const std::vector<int64_t> &start, const std::vector<int64_t> &stop) {
-  size_t es = elem_size(t.dtype), nd = t.shape.size(), total = 1;
-  for (size_t d = 0; d < nd; d++) total *= (size_t)(stop[d] - start[d]);
-  std::vector<uint8_t> out(total * es);
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t i = 0; i < total; i++) {
-    size_t rem = i, src = 0;
-    for (size_t d = nd; d-- > 0;) {
-      int64_t span = stop[d] - start[d];
-      idx[d] = (int64_t)(rem % (size_t)span);
-      rem /= (size_t)span;
-    }
-    for (size_t d = 0; d < nd; d++) src = src * (size_t)t.shape[d] + (size_t)(start[d] + idx[d]);
-    memcpy(&out[i * es], &t.bytes[src * es], es);
-  }
-  return out;
-}
-
 // A box one rank asks for: tensor `t` (by position in the model), [start, stop).
 struct Want {
   size_t t;
@@ -154,7 +135,9 @@ void expect_boxes(const std::vector<RankOut> &out, const std::vector<Tensor> &mo
     std::vector<Want> wants = wants_of((int)r);
     for (size_t i = 0; i < wants.size(); i++) {
       const Want &w = wants[i];
-      EXPECT_TRUE(out[r].got[i] == extract(model[w.t], w.start, w.stop))
+      std::vector<int64_t> size(w.start.size());
+      for (size_t d = 0; d < size.size(); d++) size[d] = w.stop[d] - w.start[d];
+      EXPECT_TRUE(out[r].got[i] == extract(model[w.t], w.start, size))
           << "rank " << r << " box " << i << " of " << model[w.t].name;
     }
   }
