@@ -292,12 +292,24 @@ typedef struct ckptio_options {
                                by staging_bytes. CKPTIO_SNAPSHOT_AUTO: a quarter
                                of the machine's physical memory. See "The
                                snapshot point" at ckptio_writer_commit_async. */
+  unsigned open_flags;      /* load only (1.1). CKPTIO_OPEN_* bits; 0: none */
 } ckptio_options;
+
+/* open_flags: a torch.save archive is indexed as its records, not its
+ * tensors: "data.pkl" and each storage record its pickle uses,
+ * "data/<key>", each a 1-D CKPTIO_U8 tensor of the whole record (CRC
+ * checked on load as a tensor is), so that a caller can rebuild the saved
+ * object itself: nested containers, scalars, views and shared storages
+ * (ckptio.torch.load_checkpoint does). Every check of a plain open is
+ * still made (the pickle's allowlist, each storage's record and size,
+ * each tensor's view inside its record). Other formats ignore it; a
+ * big-endian archive is refused. */
+#define CKPTIO_OPEN_TORCH_RECORDS 1u
 
 #define CKPTIO_SNAPSHOT_AUTO ((size_t)-1)
 
 #define CKPTIO_OPTIONS_INIT \
-  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0, 0 }
+  { sizeof(ckptio_options), 0, 0, 0, 1, CKPTIO_AUTO, 1, CKPTIO_LOAD_AUTO, CKPTIO_AUTO, CKPTIO_AUTO, 0, 0, 0, 0 }
 
 /* ---------------------------------------------------------------- context */
 
@@ -1322,6 +1334,8 @@ const char *ckptio_manager_last_error(const ckptio_manager *m);
  *    link the day a call becomes stable), and the ABI check of the tests
  *    covers it. A call leaves this section for the stable part once its
  *    shape has held through a release.
+ *  - The field open_flags of ckptio_options is experimental as its bit
+ *    CKPTIO_OPEN_TORCH_RECORDS is: where it is is stable.
  *  - The fields direct_bytes and load_methods of ckptio_stats are
  *    experimental in the same way: where they are is stable (the struct's
  *    layout is), what they count may change (a new read method).
@@ -1508,6 +1522,30 @@ int ckptio_reader_fits_cache(ckptio_reader *r);
  *          failure (the codes of ckptio_reader_load_boxes, -ENOMEM). */
 int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ckptio_box_request *reqs, size_t n,
                                    uint64_t staging_bytes, unsigned flags);
+
+/* ------------------------------------------------ nested PyTorch objects */
+
+/* Why experimental: a save of any object torch.save would write (nested
+ * containers, scalars, views and shared storages), the caller pickling
+ * it, is new in 1.1; its reading half is the open_flags bit
+ * CKPTIO_OPEN_TORCH_RECORDS. Both serve ckptio.torch.save_checkpoint and
+ * load_checkpoint. */
+
+/*! ckptio_writer_set_torch_pickle() :
+ *  For a writer of one CKPTIO_FORMAT_PYTORCH file, before commit: the
+ *  archive's data.pkl is pickle[0, len) (copied) instead of the
+ *  OrderedDict of the tensors added, and the tensors added are its storage
+ *  records, in order: the i-th added (counting from 0) is record
+ *  "data/<i>", its bytes written as they are (dtype and shape only say
+ *  how many). The pickle's persistent ids, ('storage', class, "<i>",
+ *  location, numel) as torch.save writes them, must name exactly those
+ *  records with their byte counts. At commit the pickle is run on ckptio's
+ *  safe reader: anything outside torch's weights_only allowlist, or a
+ *  storage that is not an added tensor of its size, fails the save
+ *  before a byte is written (CKPTIO_E_PICKLE, CKPTIO_E_INVALID_ARG).
+ *  @return 0; CKPTIO_E_INVALID_ARG (another kind of writer, pickle NULL);
+ *          CKPTIO_E_STATE (committed already); -ENOMEM. */
+int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t len);
 /*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 

@@ -234,5 +234,6 @@ int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, c
   out->load_method = c.load_method;
   out->compress_level = c.compress_level;
   out->shuffle = c.shuffle;
+  out->open_flags = c.open_flags;
   return 0;
 }

@@ -52,7 +52,8 @@ static inline int ckptio_codec_jobs(const ckptio_ctx *ctx) {
 }
 
 /* The options of one save or load: the context's, with the per-call
- * fields (crc, direct_io, fsync, load_method, compress_level, shuffle) of
+ * fields (crc, direct_io, fsync, load_method, compress_level, shuffle,
+ * open_flags) of
  * `call` when not NULL. A refused struct (core/sized.h), value or
  * context-only field that differs from the context's (core/options.h) is
  * said in err (CKPTIO_ERRLEN bytes). */

@@ -180,7 +180,7 @@ class Reader:
     """An open ckptio_reader (a context manager closing it)."""
 
     def __init__(self, path: PathLike, crc: bool = True, mapped: Optional[bool] = False,
-                 direct: bool = False) -> None:
+                 direct: bool = False, open_flags: int = 0) -> None:
         """mapped: True, the caller wants a zero-copy load, which runs on the
         light context of map_ctx(); None, a zero-copy load if the file is in
         the page cache or fits in memory (cacheable()), else a copying one;
@@ -199,6 +199,7 @@ class Reader:
         self.path: bytes = os.fsencode(os.fspath(path))
         self.handle: Optional[ctypes.c_void_p] = None
         self.direct = direct
+        self.open_flags = open_flags
         if direct:
             mapped = False
         # An object of a storage ("s3://...") is never mapped: "auto" copies
@@ -246,6 +247,7 @@ class Reader:
         opts = options(context, crc)
         if self.direct:
             opts.load_method = _lib.LOAD_METHODS.index("direct")
+        opts.open_flags = self.open_flags
         handle = ctypes.c_void_p()
         check(self.lib.ckptio_reader_open(context, self.path, ctypes.byref(opts),
                                           ctypes.byref(handle)),

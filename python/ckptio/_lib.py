@@ -115,12 +115,17 @@ class Options(ctypes.Structure):  # ckptio_options
         ("compress_level", ctypes.c_int),
         ("shuffle", ctypes.c_int),
         ("snapshot_bytes", ctypes.c_size_t),
+        ("open_flags", ctypes.c_uint),
     ]
 
     @classmethod
     def init(cls) -> "Options":
         """CKPTIO_OPTIONS_INIT."""
-        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0, 0)
+        return cls(ctypes.sizeof(cls), 0, 0, 0, 1, AUTO, 1, 0, AUTO, AUTO, 0, 0, 0, 0)
+
+
+# open_flags: a torch.save archive's records (data.pkl, data/<key>), not its tensors.
+OPEN_TORCH_RECORDS = 1
 
 
 # ckptio_load_method, by code.
@@ -276,6 +281,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_ctx_options": (ctypes.c_int, [_P, ctypes.POINTER(Options)]),
     "ckptio_writer_open": (_I, [_P, _S, _I, ctypes.POINTER(Options), _PP]),
     "ckptio_writer_set_metadata": (_I, [_P, _S, _S]),
+    "ckptio_writer_set_torch_pickle": (_I, [_P, ctypes.c_char_p, ctypes.c_size_t]),  # experimental
     "ckptio_writer_add": (_I, [_P, ctypes.POINTER(Tensor_)]),
     "ckptio_writer_commit": (_I, [_P]),
     "ckptio_writer_close": (_I, [_P]),

@@ -489,11 +489,12 @@ class TorchReader(Reader):
     """A Reader whose loads make torch tensors on one device."""
 
     def __init__(self, path: PathLike, device: Device, mmap: Optional[bool] = False,
-                 direct: bool = False) -> None:
+                 direct: bool = False, open_flags: int = 0) -> None:
         """mmap as Reader's mapped (None: map a resident file), on the CPU
-        only; direct as Reader's."""
+        only; direct and open_flags as Reader's."""
         self.device, self.code = load_device(device)
-        super().__init__(path, crc=True, mapped=mmap if self.device.type == "cpu" else False, direct=direct)
+        super().__init__(path, crc=True, mapped=mmap if self.device.type == "cpu" else False, direct=direct,
+                         open_flags=open_flags)
         self.entries: List[_lib.TensorInfo] = []
         self.by_name: Dict[str, int] = {}
         self._indexed = False

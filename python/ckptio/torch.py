@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 import torch
 import torch.distributed as dist
 
-from . import _lib, _mapped, _torch_group
+from . import _checkpoint, _lib, _mapped, _torch_group
 from ._core import MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, scratch_dir
 from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
 from .errors import CkptioError, from_code
@@ -36,7 +36,8 @@ from .torch_slice import TorchSlice
 
 __all__ = ["save", "save_file", "load", "load_file", "load_boxes", "safe_open", "save_model", "load_model",
            "storage_ptr", "storage_size", "save_file_async", "save_torch_state_dict",
-           "save_torch_state_dict_async", "parse_size", "SaveHandle", "TorchSlice",
+           "save_torch_state_dict_async", "save_checkpoint", "save_checkpoint_async", "load_checkpoint",
+           "parse_size", "SaveHandle", "TorchSlice",
            "CkptioError", "TORCH_DTYPES"]
 
 
@@ -91,6 +92,60 @@ def save_file(tensors: Mapping[str, torch.Tensor], filename: PathLike,
     Contiguous tensors are read in place; others are first copied by
     .contiguous() (and conjugate / negative views resolved)."""
     save_file_async(tensors, filename, metadata, format=format, crc=crc).wait_durable()
+
+
+def save_checkpoint_async(obj: Any, path: PathLike, *, format: Optional[str] = None,
+                          crc: bool = True) -> SaveHandle:
+    """Starts saving a nested training checkpoint and returns a SaveHandle
+    at once (see save_checkpoint). Do not modify its tensors until
+    handle.wait_snapshot() returns; the file exists (atomically) once
+    handle.wait_durable() returns."""
+    return _checkpoint.start(obj, path, format, crc)
+
+
+def save_checkpoint(obj: Any, path: PathLike, *, format: Optional[str] = None, crc: bool = True) -> None:
+    """Saves a training checkpoint as people write it, e.g.
+    {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3},
+    atomically (nothing appears at `path` unless the whole save succeeds).
+
+    obj: dicts (and OrderedDicts), lists, tuples, sets, str, int, float,
+        bool, None, bytes, torch.Size, torch.dtype, torch.device, tensors
+        (CPU or CUDA; nn.Parameter kept) and numpy arrays and scalars (RNG
+        states), nested up to 100 levels. Anything else is refused before a
+        byte is written (TypeError naming its place, e.g.
+        "optim.param_groups[0].foo"), as is a container inside itself.
+    format: "pt" (torch.save's archive: torch.load reads it, with
+        weights_only=True too; numpy values need torch's
+        serialization.safe_globals there, as for torch.save's own files;
+        storages shared by several tensors are written once and views stay
+        views), or "safetensors" (every tensor under its path, "optim.state.0.
+        exp_avg", and the rest as JSON in the metadata key
+        "checkpoint.structure", docs/FORMATS.md; one tensor met twice is
+        saved once, views of one storage are saved each as its own). None:
+        "safetensors" when `path` ends in .safetensors, else "pt".
+    crc: record a CRC32 of every stored part (checked by load_checkpoint)."""
+    save_checkpoint_async(obj, path, format=format, crc=crc).wait_durable()
+
+
+def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = None,
+                    mmap: bool = False) -> Any:
+    """Loads a checkpoint back as the object that was saved: one written
+    by save_checkpoint (either format) or by torch.save (its zip archives),
+    without running any pickled code: data.pkl may name only the globals
+    torch.load(weights_only=True) allows, and numpy's array and scalar
+    rebuilders; any other is refused naming it (CkptioError, PICKLE).
+    A safetensors file without a structure loads as its dict of tensors.
+
+    map_location: as torch.load's: None (each tensor where it was saved),
+        "cpu", "cuda:1", a torch.device or an int, or a dict of saved
+        location -> device ({"cuda:0": "cpu"}).
+    select: a key, or a tuple of keys, naming one part to load, e.g.
+        "model" or ("optim", "state"): only the tensors of that part are
+        read.
+    mmap: CPU tensors are views of a private mapping of the file (zero-copy;
+        the pages are read as they are touched), as torch.load(mmap=True).
+    Every CRC stored for what is read is checked."""
+    return _checkpoint.load(path, map_location, select, mmap)
 
 
 def save(tensors: Mapping[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,

@@ -18,6 +18,8 @@ int ckptio_options_check(const ckptio_options *o, char *err, size_t errlen) {
     return out_of(err, errlen, "load_method", (int)o->load_method, "CKPTIO_LOAD_AUTO to CKPTIO_LOAD_DIRECT");
   if (o->threads < 0) return out_of(err, errlen, "threads", o->threads, "0 (the default) or more");
   if (o->shuffle < 0 || o->shuffle > 1) return out_of(err, errlen, "shuffle", o->shuffle, "0 or 1");
+  if (o->open_flags & ~CKPTIO_OPEN_TORCH_RECORDS)
+    return out_of(err, errlen, "open_flags", (int)o->open_flags, "0 or CKPTIO_OPEN_TORCH_RECORDS");
   return 0;
 }
 

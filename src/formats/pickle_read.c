@@ -57,8 +57,12 @@ enum {
   G_ODICT = 1, G_COUNTER, G_REBUILD, G_REBUILD_V2, G_REBUILD_V3, G_PARAM, G_PARAM_STATE,
   G_SIZE, G_DEVICE, G_ENCODE, G_SET, G_BYTEARRAY, G_COMPLEX, G_DTYPE, G_STORAGE, G_UNTYPED,
   G_LAYOUT, /* torch.serialization._get_layout: called only under CKPTIO_PICKLE_DCP */
+  G_NUMPY,  /* numpy's array, scalar and dtype reducers: an OTHER value with one BUILD */
   G_OTHER,  /* in torch's allowlist, but nothing ckptio can represent */
 };
+
+/* aux of an OTHER value a numpy reducer made: BUILD once, then never. */
+enum { NUMPY_UNBUILT = 1, NUMPY_BUILT };
 
 static const struct {
   const char *name;
@@ -94,6 +98,15 @@ static const struct {
     {"torch.per_channel_affine", G_OTHER},
     {"torch.per_channel_symmetric", G_OTHER},
     {"torch.per_channel_affine_float_qparams", G_OTHER},
+    /* Beyond torch's default allowlist (torch.load takes them under
+     * torch.serialization.safe_globals, as accelerate and transformers
+     * load RNG states): numpy arrays and scalars, never called here. */
+    {"numpy._core.multiarray._reconstruct", G_NUMPY},
+    {"numpy.core.multiarray._reconstruct", G_NUMPY},
+    {"numpy._core.multiarray.scalar", G_NUMPY},
+    {"numpy.core.multiarray.scalar", G_NUMPY},
+    {"numpy.dtype", G_NUMPY},
+    {"numpy.ndarray", G_NUMPY},
 };
 
 /* CKPTIO_PICKLE_DCP's classes (ckptio_dcp_class), read as data only. */
@@ -599,6 +612,11 @@ static int op_reduce(parser *s, int newobj) {
       V(s, r)->u.off = V(s, a[0])->u.off;
       V(s, r)->n = V(s, a[0])->n;
       break;
+    case G_NUMPY:  /* its state comes by one BUILD (aux counts it) */
+      if (newobj) return unsupported(s, fn);
+      if ((rc = new_value(s, CKPTIO_PV_OTHER, &r)) < 0) return rc;
+      V(s, r)->aux = NUMPY_UNBUILT;
+      break;
     case G_SET:  /* unordered: its items name nothing */
     case G_DEVICE:
     case G_BYTEARRAY:
@@ -735,6 +753,10 @@ static int step(parser *s, uint8_t op) {
         if (V(s, id)->u.index != UINT32_MAX || V(s, id)->last != UINT32_MAX)
           return perr(s, CKPTIO_E_PICKLE, "pickle BUILD on an instance that already has its state");
         V(s, id)->u.index = v;
+        return 0;
+      }
+      if (V(s, id)->type == CKPTIO_PV_OTHER && V(s, id)->aux == NUMPY_UNBUILT) {  /* an array's or dtype's state */
+        V(s, id)->aux = NUMPY_BUILT;
         return 0;
       }
       if (V(s, id)->type != CKPTIO_PV_DICT || !V(s, id)->aux)

@@ -72,7 +72,8 @@ typedef enum ckptio_dcp_class {
 typedef struct ckptio_pv {
   uint8_t type;       /* ckptio_pv_type */
   uint8_t walking;    /* set while the torch walk is inside this container (cycles) */
-  uint16_t aux;       /* GLOBAL: its kind; DICT: 1 when built by a class (BUILD allowed) */
+  uint16_t aux;       /* GLOBAL: its kind; DICT: 1 when built by a class (BUILD allowed);
+                         OTHER: 1 or 2 when a numpy reducer made it (its one BUILD to come, done) */
   uint32_t n;         /* TUPLE/LIST/DICT: items; STR/BYTES/BIGINT: bytes */
   union {
     int64_t i;        /* BOOL, INT */
@@ -131,7 +132,8 @@ typedef struct ckptio_pickle {
  *  Runs the pickle in buf[0, len) (borrowed: strings point into it, so it
  *  must outlive *out) on the value arena and fills *out (free with
  *  ckptio_pickle_free). Opcodes and globals outside torch's weights_only
- *  allowlist are refused by name; allowlisted ones that ckptio cannot
+ *  allowlist (and numpy's array, scalar and dtype reducers, which torch
+ *  takes under safe_globals; kept as CKPTIO_PV_OTHER) are refused by name; allowlisted ones that ckptio cannot
  *  represent (quantized, sparse, subclass tensors, ...) are refused as
  *  unsupported.
  *  @return 0; CKPTIO_E_PICKLE (an opcode or global not allowed, a malformed

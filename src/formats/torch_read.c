@@ -172,17 +172,13 @@ fail:
 
 /* ------------------------------------------------------------ entries */
 
-static int add_tensor(build *b, size_t ti) {
+/* The view of tensor ti stays inside its storage record; *numel its
+ * element count. `name` says which tensor in a message. */
+static int check_view(build *b, size_t ti, const char *name, uint64_t *numel_out) {
   const ckptio_pickle_tensor *t = &b->pk.tensors[ti];
   const storage_info *si = &b->st[t->storage];
   const ckptio_torch_dtype *dt = ckptio_torch_dtype_at(t->dtype);
-  const char *name = b->path;
-  ckptio_index *ix = b->out;
-  uint64_t el = (uint64_t)dt->elsize, numel = 1, last = t->offset, expect = 1, ob;
-  int contiguous = 1;
-  if (dt->ckptio < 0)
-    return ckptio_err_fmt(b->err, b->errlen, CKPTIO_E_DTYPE,
-                          "tensor '%.200s': dtype torch.%s has no ckptio equivalent", name, dt->name);
+  uint64_t el = (uint64_t)dt->elsize, numel = 1, last = t->offset;
   for (int d = 0; d < t->ndim; d++)
     if (__builtin_mul_overflow(numel, (uint64_t)t->size[d], &numel))
       return ckptio_err_fmt(b->err, b->errlen, CKPTIO_E_OVERFLOW,
@@ -200,6 +196,22 @@ static int add_tensor(build *b, size_t ti) {
                           "tensor '%.200s' reaches element %" PRIu64 " of record '%s', which holds %" PRIu64
                           " elements of torch.%s (%" PRIu64 " bytes)", name, last, si->rec->name,
                           si->nbytes / el, dt->name, si->nbytes);
+  *numel_out = numel;
+  return 0;
+}
+
+static int add_tensor(build *b, size_t ti) {
+  const ckptio_pickle_tensor *t = &b->pk.tensors[ti];
+  const storage_info *si = &b->st[t->storage];
+  const ckptio_torch_dtype *dt = ckptio_torch_dtype_at(t->dtype);
+  const char *name = b->path;
+  ckptio_index *ix = b->out;
+  uint64_t el = (uint64_t)dt->elsize, numel = 1, expect = 1, ob;
+  int contiguous = 1, rc;
+  if (dt->ckptio < 0)
+    return ckptio_err_fmt(b->err, b->errlen, CKPTIO_E_DTYPE,
+                          "tensor '%.200s': dtype torch.%s has no ckptio equivalent", name, dt->name);
+  if ((rc = check_view(b, ti, name, &numel)) < 0) return rc;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->size[d] != 1 && (uint64_t)t->stride[d] != expect) contiguous = 0;
     expect *= (uint64_t)t->size[d];
@@ -508,7 +520,54 @@ static int open_archive(build *b, const uint8_t *map, uint64_t size, const ckpti
   return 0;
 }
 
+/* ------------------------------------------------------------ records */
+
+/* One record as a 1-D U8 entry named by its path in the archive. */
+static int add_record(build *b, const ckptio_zip_entry *rec) {
+  ckptio_index *ix = b->out;
+  size_t skip = strlen(b->prefix) + 1;
+  if (grow((void **)&ix->entries, &b->entries_cap, ix->count, sizeof(*ix->entries)) < 0) return oom(b);
+  ckptio_entry *e = memset(&ix->entries[ix->count], 0, sizeof(*e));
+  if (!(e->name = dup_n(rec->name + skip, rec->name_len - skip))) return oom(b);
+  ix->count++;
+  e->dtype = CKPTIO_U8;
+  e->ndim = 1;
+  e->shape[0] = (int64_t)rec->size;
+  e->offset = rec->data_offset;
+  e->nbytes = rec->size;
+  e->has_crc = rec->crc != 0 || rec->size == 0;
+  e->crc = rec->crc;
+  return 0;
+}
+
+/* CKPTIO_TORCH_RECORDS: data.pkl and every storage record the pickle uses,
+ * once each, after every tensor's view was checked against its record. */
+static int add_records(build *b, const ckptio_zip_entry *pkl) {
+  char name[64];
+  int rc;
+  if (b->big)
+    return ckptio_err_fmt(b->err, b->errlen, CKPTIO_E_FORMAT,
+                          "a big-endian archive cannot be read as records; load its tensors instead");
+  for (size_t i = 0; i < b->pk.ntensors; i++) {
+    uint64_t numel;
+    snprintf(name, sizeof(name), "the tensor at pickle byte %" PRIu64, b->pk.tensors[i].pos);
+    if ((rc = check_view(b, i, name, &numel)) < 0) return rc;
+  }
+  if ((rc = add_record(b, pkl)) < 0) return rc;
+  for (size_t i = 0; i < b->pk.nstorages; i++) {
+    int seen = 0;
+    for (size_t k = 0; k < i && !seen; k++) seen = b->st[k].rec == b->st[i].rec;
+    if (!seen && (rc = add_record(b, b->st[i].rec)) < 0) return rc;
+  }
+  return 0;
+}
+
 int ckptio_torch_parse(const uint8_t *map, uint64_t size, ckptio_index *out, char *err, size_t errlen) {
+  return ckptio_torch_parse_flags(map, size, 0, out, err, errlen);
+}
+
+int ckptio_torch_parse_flags(const uint8_t *map, uint64_t size, unsigned flags, ckptio_index *out, char *err,
+                             size_t errlen) {
   build b;
   const ckptio_zip_entry *pkl = NULL;
   int rc;
@@ -537,8 +596,12 @@ int ckptio_torch_parse(const uint8_t *map, uint64_t size, ckptio_index *out, cha
     goto fail;
   }
   b.path[0] = '\0';
-  if ((rc = walk_value(&b, b.pk.root, 0)) < 0 || (rc = read_meta_record(&b, map)) < 0) goto fail;
-  if ((rc = check_unique(&b)) < 0) goto fail;
+  if (flags & CKPTIO_TORCH_RECORDS) {
+    if ((rc = add_records(&b, pkl)) < 0 || (rc = read_meta_record(&b, map)) < 0) goto fail;
+  } else {
+    if ((rc = walk_value(&b, b.pk.root, 0)) < 0 || (rc = read_meta_record(&b, map)) < 0) goto fail;
+    if ((rc = check_unique(&b)) < 0) goto fail;
+  }
   if (out->count) qsort(out->entries, out->count, sizeof(*out->entries), cmp_entry);
   out->format = CKPTIO_INDEX_PYTORCH;
   out->header_bytes = out->count ? out->entries[0].offset : size;

@@ -33,4 +33,19 @@
  *          the record, tensor or pickle byte. *out is empty on failure. */
 int ckptio_torch_parse(const uint8_t *map, uint64_t size, ckptio_index *out, char *err, size_t errlen);
 
+/* Flags of ckptio_torch_parse_flags. */
+#define CKPTIO_TORCH_RECORDS 1u  /* index the archive's records, not its tensors */
+
+/*! As ckptio_torch_parse; with CKPTIO_TORCH_RECORDS the entries are the
+ *  records a caller needs to rebuild the saved object itself (as
+ *  ckptio.torch.load_checkpoint does): "data.pkl" and each storage record
+ *  the pickle uses, "data/<key>", each a 1-D U8 entry of the whole record
+ *  with the zip's CRC (names relative to the archive folder). Every check
+ *  of the tensor walk is still made (the pickle's allowlist, each storage's
+ *  record and size, each tensor's view inside its record), but the walk
+ *  itself is not: containers, keys and scalars are the caller's to read.
+ *  A big-endian archive is refused (CKPTIO_E_FORMAT). */
+int ckptio_torch_parse_flags(const uint8_t *map, uint64_t size, unsigned flags, ckptio_index *out, char *err,
+                             size_t errlen);
+
 #endif

@@ -15,6 +15,7 @@
 #include "core/crc32.h"
 #include "core/error.h"
 #include "formats/json.h"
+#include "formats/pickle_read.h"
 #include "formats/pickle_write.h"
 
 /* --------------------------------------------------------------- dtypes */
@@ -529,9 +530,49 @@ static int write_extents(torch_plan *tp, ckptio_layout *out, uint64_t cd_off, ui
   return 0;
 }
 
+/* A caller's data.pkl: the safe reader's allowlist, and every storage it
+ * names is an input ("<i>", i < n) of exactly the input's bytes, so that
+ * what is written is a file ckptio and torch.load(weights_only=True) read. */
+static int take_pickle(const uint8_t *pickle, size_t len, const ckptio_layout_input *in, size_t n,
+                       ckptio_pickle_w *out, char *err, size_t errlen) {
+  ckptio_pickle pk;
+  char msg[CKPTIO_ERRLEN];
+  int rc = ckptio_pickle_parse(pickle, len, &pk, msg, sizeof(msg));
+  if (rc < 0) return ckptio_err_fmt(err, errlen, rc, "the given data.pkl: %s", msg);
+  for (size_t i = 0; rc == 0 && i < pk.nstorages; i++) {
+    const ckptio_pickle_storage *s = &pk.storages[i];
+    size_t kl, key = 0, k;
+    const char *ks = ckptio_pickle_str(&pk, s->key, &kl);
+    for (k = 0; k < kl && k < 19 && ks[k] >= '0' && ks[k] <= '9'; k++) key = key * 10 + (size_t)(ks[k] - '0');
+    const ckptio_torch_dtype *dt = ckptio_torch_dtype_at(s->dtype);
+    uint64_t el = dt ? (uint64_t)dt->elsize : 1, nb;
+    if (!kl || k != kl || key >= n)
+      rc = ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG,
+                          "the given data.pkl names storage '%.*s'; storages are the inputs 0 to %zu",
+                          (int)(kl > 40 ? 40 : kl), ks, n ? n - 1 : 0);
+    else if (__builtin_mul_overflow(s->numel, el, &nb) || nb != in[key].nbytes)
+      rc = ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG,
+                          "the given data.pkl's storage %zu is %" PRIu64 " elements of %" PRIu64
+                          " bytes but input %zu ('%.200s') holds %" PRIu64 " bytes",
+                          key, s->numel, el, key, in[key].name, in[key].nbytes);
+  }
+  ckptio_pickle_free(&pk);
+  if (rc < 0) return rc;
+  if (!(out->data = malloc(len ? len : 1))) return ckptio_err_fmt(err, errlen, -ENOMEM, "out of memory");
+  memcpy(out->data, pickle, len);
+  out->len = out->cap = len;
+  return 0;
+}
+
 int ckptio_torch_layout(const ckptio_layout_input *in, size_t n, const ckptio_kv *meta,
                         size_t nmeta, int with_crc, const char *archive_name,
                         ckptio_layout *out, char *err, size_t errlen) {
+  return ckptio_torch_layout_pickle(in, n, NULL, 0, meta, nmeta, with_crc, archive_name, out, err, errlen);
+}
+
+int ckptio_torch_layout_pickle(const ckptio_layout_input *in, size_t n, const uint8_t *pickle,
+                               size_t pickle_len, const ckptio_kv *meta, size_t nmeta, int with_crc,
+                               const char *archive_name, ckptio_layout *out, char *err, size_t errlen) {
   torch_plan tp;
   torch_state *st;
   uint64_t cd_off = 0, cd_len = 0;
@@ -547,7 +588,9 @@ int ckptio_torch_layout(const ckptio_layout_input *in, size_t n, const ckptio_kv
   tp.n = n;
   tp.nrec = 6 + n + (nmeta ? 1 : 0);
   if ((rc = check_inputs(in, n, meta, nmeta, archive, err, errlen)) < 0) goto fail;
-  if ((rc = build_pickle(in, n, &tp.pk, err, errlen)) < 0) goto fail;
+  rc = pickle ? take_pickle(pickle, pickle_len, in, n, &tp.pk, err, errlen)
+              : build_pickle(in, n, &tp.pk, err, errlen);
+  if (rc < 0) goto fail;
   rc = -ENOMEM;
   if (nmeta && build_meta(meta, nmeta, &tp.meta) < 0) goto fail;
   serialization_id(&tp.pk, &tp.meta, tp.sid);

@@ -49,6 +49,18 @@ int ckptio_torch_layout(const ckptio_layout_input *in, size_t n, const ckptio_kv
                         size_t nmeta, int with_crc, const char *archive_name,
                         ckptio_layout *out, char *err, size_t errlen);
 
+/*! As ckptio_torch_layout, with the caller's data.pkl (pickle[0,
+ *  pickle_len), copied) instead of an OrderedDict of the inputs: input i is
+ *  still record data/<i>, and the pickle's persistent ids must name those
+ *  records, each with the input's byte count (numel x element size). The
+ *  pickle is run on the safe reader first: what torch's weights_only
+ *  allowlist refuses, or a storage that is not an input of its size, is
+ *  refused here (CKPTIO_E_PICKLE, CKPTIO_E_FORMAT, CKPTIO_E_INVALID_ARG)
+ *  before anything is written. pickle NULL: ckptio_torch_layout. */
+int ckptio_torch_layout_pickle(const ckptio_layout_input *in, size_t n, const uint8_t *pickle,
+                               size_t pickle_len, const ckptio_kv *meta, size_t nmeta, int with_crc,
+                               const char *archive_name, ckptio_layout *out, char *err, size_t errlen);
+
 /*! The torch dtype name ("float32", "float8_e4m3fn") ckptio writes for
  *  dtype, or NULL when PyTorch has no equivalent. */
 const char *ckptio_torch_dtype_name(ckptio_dtype dtype);

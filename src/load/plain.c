@@ -96,9 +96,10 @@ static int parse_header(plain *p) {
   const unsigned char *first = p->f.store ? p->f.head : p->f.map;
   uint64_t have = p->f.store ? p->f.nhead : p->f.size;
   if (have >= 4 && memcmp(first, "PK\x03\x04", 4) == 0) {
-    if (p->f.store) return ckptio_torch_index_object(&p->f, p->s.ctx->pool, &p->s.idx, p->s.err);
+    unsigned flags = p->s.opts->open_flags & CKPTIO_OPEN_TORCH_RECORDS ? CKPTIO_TORCH_RECORDS : 0;
+    if (p->f.store) return ckptio_torch_index_object(&p->f, p->s.ctx->pool, flags, &p->s.idx, p->s.err);
     char msg[CKPTIO_ERRLEN];
-    int rc = ckptio_torch_parse(p->f.map, p->f.size, &p->s.idx, msg, sizeof(msg));
+    int rc = ckptio_torch_parse_flags(p->f.map, p->f.size, flags, &p->s.idx, msg, sizeof(msg));
     return rc < 0 ? ckptio_fail(p->s.err, rc, "%s: %s", p->s.path, msg) : 0;
   }
   return parse_safetensors(p);

@@ -202,8 +202,10 @@ int ckptio_plain_with_index(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_
                             ckptio_source **out);
 /* The index of the PyTorch archive f, an object of a storage (no map):
  * ranged reads through its read verb, several at once on pool, then the
- * mapped file's parse (load/torch_object.c). @return 0 or a code, err set. */
-int ckptio_torch_index_object(const ckptio_rfile *f, ckptio_pool *pool, ckptio_index *idx, char *err);
+ * mapped file's parse (load/torch_object.c) with `flags`
+ * (CKPTIO_TORCH_RECORDS or 0). @return 0 or a code, err set. */
+int ckptio_torch_index_object(const ckptio_rfile *f, ckptio_pool *pool, unsigned flags, ckptio_index *idx,
+                              char *err);
 /* torch.distributed.checkpoint's format: `path` a directory holding
  * .metadata (or the .metadata file itself). @return 1 and *out, 0 when the
  * path is no DCP checkpoint, or a code with the message in err. */

@@ -51,7 +51,8 @@ static int fetch_entries(ckptio_image *im, const ckptio_zip *z, int data, char *
   return rc;
 }
 
-int ckptio_torch_index_object(const ckptio_rfile *f, ckptio_pool *pool, ckptio_index *idx, char *err) {
+int ckptio_torch_index_object(const ckptio_rfile *f, ckptio_pool *pool, unsigned flags, ckptio_index *idx,
+                              char *err) {
   ckptio_image im;
   ckptio_zip z;
   char msg[CKPTIO_ERRLEN];
@@ -78,7 +79,7 @@ int ckptio_torch_index_object(const ckptio_rfile *f, ckptio_pool *pool, ckptio_i
       }
     }
   }
-  if ((rc = ckptio_torch_parse(im.base, im.size, idx, msg, sizeof(msg))) < 0)
+  if ((rc = ckptio_torch_parse_flags(im.base, im.size, flags, idx, msg, sizeof(msg))) < 0)
     ckptio_fail(err, rc, "%s: %s", f->path, msg);
 out:
   ckptio_image_close(&im);

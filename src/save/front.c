@@ -41,6 +41,12 @@ int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *va
   return w ? w->verbs->set_metadata(w, key, value) : CKPTIO_E_INVALID_ARG;
 }
 
+int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t len) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (!pickle) return ckptio_fail(w->err, CKPTIO_E_INVALID_ARG, "data.pkl: NULL");
+  return ckptio_file_writer_set_pickle(w, pickle, len);
+}
+
 int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
   return w ? w->verbs->set_stream(w, device, stream) : CKPTIO_E_INVALID_ARG;
 }

@@ -63,6 +63,9 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
 
 /* What a set needs from its files beyond the verbs; w must be a file
  * writer. */
+/* ckptio_writer_set_torch_pickle's contract; refused (CKPTIO_E_INVALID_ARG)
+ * for any other writer than one PyTorch file. */
+int ckptio_file_writer_set_pickle(ckptio_writer *w, const void *pickle, size_t len);
 /* set_metadata without the "ckptio." reservation. */
 int ckptio_file_writer_set_reserved_metadata(ckptio_writer *w, const char *key, const char *value);
 /* Before commit: the save ends with its temp file synced but not renamed

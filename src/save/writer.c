@@ -57,6 +57,8 @@ struct file_writer {
   size_t count, cap;
   ckptio_kv *meta;       /* strings owned by the writer */
   size_t nmeta, meta_cap;
+  uint8_t *pickle;        /* the caller's data.pkl (ckptio_writer_set_torch_pickle), or NULL */
+  size_t pickle_len;
   ckptio_nameset names;   /* the tensors' names, for O(1) duplicate checks */
 
   /* GPU tensors: the training loop's streams, and per GPU the event
@@ -180,6 +182,23 @@ static int file_set_metadata(ckptio_writer *base, const char *key, const char *v
 int ckptio_file_writer_set_reserved_metadata(ckptio_writer *base, const char *key, const char *value) {
   file_writer *w = (file_writer *)base;
   return add_metadata(w, key, value, 1);
+}
+
+static const ckptio_writer_verbs file_verbs;
+
+int ckptio_file_writer_set_pickle(ckptio_writer *base, const void *pickle, size_t len) {
+  file_writer *w = (file_writer *)base;
+  if (base->verbs != &file_verbs || w->format != CKPTIO_FORMAT_PYTORCH)
+    return ckptio_fail(base->err, CKPTIO_E_INVALID_ARG,
+                       "a data.pkl is given to a writer of one PyTorch file (ckptio_writer_open, CKPTIO_FORMAT_PYTORCH)");
+  if (w->state != W_OPEN) return ckptio_fail(base->err, CKPTIO_E_STATE, "the save has started");
+  uint8_t *copy = malloc(len ? len : 1);
+  if (!copy) return ckptio_fail(base->err, -ENOMEM, "out of memory");
+  memcpy(copy, pickle, len);
+  free(w->pickle);
+  w->pickle = copy;
+  w->pickle_len = len;
+  return 0;
 }
 
 int ckptio_file_writer_hold_publish(ckptio_writer *base) {
@@ -841,8 +860,8 @@ static int make_layout(file_writer *w) {
     }
     char *dot = strrchr(archive, '.');
     if (dot && dot != archive) *dot = '\0';
-    rc = ckptio_torch_layout(in, w->count, w->meta, w->nmeta, w->opts.crc, archive, &w->layout, w->base.err,
-                             sizeof(w->base.err));
+    rc = ckptio_torch_layout_pickle(in, w->count, w->pickle, w->pickle_len, w->meta, w->nmeta, w->opts.crc,
+                                    archive, &w->layout, w->base.err, sizeof(w->base.err));
     free(archive);
   } else {
     /* The filter is recorded so that loads undo it. */
@@ -1046,6 +1065,7 @@ static int file_close(ckptio_writer *base) {
   free(w->tensors);
   ckptio_nameset_free(&w->names);
   free(w->meta);
+  free(w->pickle);
   free(w->path);
   pthread_cond_destroy(&w->cv);
   pthread_mutex_destroy(&w->mu);

@@ -69,6 +69,7 @@ int main(void) {
   FIELD(ckptio_options, compress_level);
   FIELD(ckptio_options, shuffle);
   FIELD(ckptio_options, snapshot_bytes);
+  FIELD(ckptio_options, open_flags);
   FIELD(ckptio_load_request, index);
   FIELD(ckptio_load_request, dst);
   FIELD(ckptio_load_request, dst_bytes);
@@ -130,9 +131,9 @@ int main(void) {
   FIELD(ckptio_checkpoint_info, detail);
   printf("},\n \"options_init\": [");
   ckptio_options o = CKPTIO_OPTIONS_INIT;
-  printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d, %d, %d, %zu", o.size, o.threads, o.chunk_bytes,
+  printf("%zu, %d, %zu, %zu, %d, %d, %d, %d, %d, %d, %d, %d, %zu, %u", o.size, o.threads, o.chunk_bytes,
          o.staging_bytes, o.crc, o.direct_io, o.fsync, (int)o.load_method, o.cuda, o.numa,
-         o.compress_level, o.shuffle, o.snapshot_bytes);
+         o.compress_level, o.shuffle, o.snapshot_bytes, o.open_flags);
   printf("],\n \"constants\": {");
   first = 1;
   CONST(CKPTIO_MAX_DIMS);
