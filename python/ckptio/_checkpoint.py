@@ -391,7 +391,7 @@ class _Unpickler(pickle.Unpickler):
         return self.cache[key]
 
 
-def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.device], mmap: bool,
+def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.device],
                 shown: str) -> Dict[str, torch.Tensor]:
     """The entries `wanted` (name -> device), each device's in one load: on
     r's device through r, elsewhere through another reader of the file."""
@@ -413,7 +413,7 @@ def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.devic
 
 
 def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: Select, shown: str) -> Any:
-    data = _load_named(path, r, {"data.pkl": r.device}, False, shown)["data.pkl"].cpu().numpy().tobytes()
+    data = _load_named(path, r, {"data.pkl": r.device}, shown)["data.pkl"].cpu().numpy().tobytes()
     # First pass: every storage a meta one, to learn which the wanted part uses.
     where: Dict[str, Tuple[torch.dtype, str]] = {}
     by_cdata: Dict[int, str] = {}
@@ -428,7 +428,7 @@ def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: 
     keys = ({by_cdata[v.untyped_storage()._cdata] for v, _ in walk(part, LOAD_MAX_DEPTH)
              if isinstance(v, torch.Tensor)} if select is not None else set(where))
     flat = _load_named(path, r, {f"data/{k}": _target(map_location, where[k][1]) for k in sorted(keys)},
-                       r.mapped, shown)
+                       shown)
 
     def real_storage(key: str, dtype: torch.dtype, location: str, numel: int) -> Any:
         u8 = flat.get(f"data/{key}")
@@ -524,7 +524,7 @@ def _load_safetensors(path: PathLike, r: TorchReader, structure: str, map_locati
         return torch.empty(0)
 
     _Rebuilder(note, shown).decode(root)
-    got = _load_named(path, r, wanted, r.mapped, shown)
+    got = _load_named(path, r, wanted, shown)
     return _Rebuilder(lambda name, _: got[name], shown).decode(root)
 
 
@@ -547,11 +547,11 @@ def _select_json(root: Any, select: Select, shown: str) -> Any:
     return root
 
 
-def load(path: PathLike, map_location: MapLocation, select: Select, mmap: bool) -> Any:
+def load(path: PathLike, map_location: MapLocation, select: Select, mmap: Optional[bool]) -> Any:
     """ckptio.torch.load_checkpoint's body."""
     shown = os.fsdecode(os.fsencode(os.fspath(path)))
     first = torch.device("cpu") if isinstance(map_location, Mapping) else _target(map_location, "cpu")
-    with TorchReader(path, first, mmap=mmap and first.type == "cpu",
+    with TorchReader(path, first, mmap=mmap if first.type == "cpu" else False,
                      open_flags=_lib.OPEN_TORCH_RECORDS) as r:
         if r.format() == "pytorch":
             return _load_pt(path, r, map_location, select, shown)

@@ -129,7 +129,7 @@ def save_checkpoint(obj: Any, path: PathLike, *, format: Optional[str] = None, c
 
 
 def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = None,
-                    mmap: bool = False) -> Any:
+                    mmap: Optional[bool] = None) -> Any:
     """Loads a checkpoint back as the object that was saved: one written
     by save_checkpoint (either format) or by torch.save (its zip archives),
     without running any pickled code: data.pkl may name only the globals
@@ -143,8 +143,11 @@ def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = N
     select: a key, or a tuple of keys, naming one part to load, e.g.
         "model" or ("optim", "state"): only the tensors of that part are
         read.
-    mmap: CPU tensors are views of a private mapping of the file (zero-copy;
-        the pages are read as they are touched), as torch.load(mmap=True).
+    mmap: True, CPU tensors are views of a private (copy-on-write) mapping
+        of the file, as torch.load(mmap=True) gives them; None (the
+        default), the same when the file is in the page cache or fits in
+        memory (it then stays cached for the next load), else copies read
+        by O_DIRECT, as load_file's backend="auto"; False, copies.
     Every CRC stored for what is read is checked."""
     return _checkpoint.load(path, map_location, select, mmap)
 
