@@ -101,6 +101,10 @@ def torch_seeds():
         "pt-list": ts([torch.ones(1), (torch.zeros(1), None)]),
         "pt-ckptio": file_bytes(lambda p: ckptio.save_file({"x": arrays()["w"], "y": arrays()["b"]},
                                                         p, format="pt")),
+        # A training checkpoint: tuple/int keys, an optimizer's state, numpy's RNG state.
+        "pt-training": ts({"optim": {"state": {0: {"step": torch.tensor(1.0), "m": base[0]}},
+                                     "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "params": [0]}]},
+                           (1, 2): base.t(), "rng": np.random.RandomState(0).get_state(), "b": b"\x00"}),
     }
     return out
 
