@@ -46,7 +46,7 @@ _STORAGE_OPTIONS = ("format", "crc")
 
 
 def _local(path: Any) -> str:
-    text = os.fspath(path)
+    text = str(os.fspath(path))
     if "://" in text:
         raise ValueError(f"ckptio.lightning writes local paths only, got {text!r} "
                          "(remote fsspec paths need Lightning's TorchCheckpointIO)")
