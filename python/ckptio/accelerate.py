@@ -60,14 +60,13 @@ _DEVICE_RNGS = [("torch_xpu_manual_seed", "xpu", "is_xpu_available"),
 
 
 def _names() -> Any:
-    from accelerate import utils
+    from accelerate import utils  # type: ignore[import-untyped]
     return utils
 
 
 def _check_supported(accelerator: Any) -> None:
-    from accelerate.utils import DistributedType
-    own = {DistributedType.FSDP: "FSDP", DistributedType.DEEPSPEED: "DeepSpeed",
-           DistributedType.MEGATRON_LM: "Megatron-LM", DistributedType.XLA: "XLA"}
+    kinds = _names().DistributedType
+    own = {kinds.FSDP: "FSDP", kinds.DEEPSPEED: "DeepSpeed", kinds.MEGATRON_LM: "Megatron-LM", kinds.XLA: "XLA"}
     kind = own.get(accelerator.distributed_type)
     if kind is not None:
         raise NotImplementedError(f"ckptio.accelerate does not save {kind} states (they are saved their own "
@@ -131,7 +130,7 @@ def _indexed(name: str, i: int) -> str:
 
 
 def _sampler_to_pickle(dataloader: Any) -> bool:
-    from accelerate.data_loader import IterableDatasetShard, SeedableRandomSampler
+    from accelerate.data_loader import IterableDatasetShard, SeedableRandomSampler  # type: ignore[import-untyped]
     return (isinstance(dataloader.dataset, IterableDatasetShard)
             and isinstance(dataloader.get_sampler(), SeedableRandomSampler))
 
@@ -166,7 +165,7 @@ def save_state(accelerator: Any, output_dir: Optional[str] = None, *, safe_seria
 
     files: List[Tuple[Any, str, str]] = []  # (object, file name, format)
     if writes:
-        from accelerate.utils.other import clean_state_dict_for_safetensors
+        from accelerate.utils.other import clean_state_dict_for_safetensors  # type: ignore[import-untyped]
         for i, state in enumerate(weights):
             if safe_serialization:
                 files.append((clean_state_dict_for_safetensors(state), _indexed(names.SAFE_WEIGHTS_NAME, i),
@@ -260,9 +259,8 @@ def load_state(accelerator: Any, input_dir: Optional[str] = None, *, map_locatio
     if map_location not in (None, "cpu", "on_device"):
         raise TypeError("map_location must be None, 'cpu' or 'on_device'")
     if map_location is None:
-        from accelerate.utils import DistributedType
         several = (accelerator.num_processes > 1 and accelerator.multi_device
-                   and accelerator.distributed_type != DistributedType.MULTI_XPU)
+                   and accelerator.distributed_type != names.DistributedType.MULTI_XPU)
         map_location = "on_device" if several else "cpu"
     device: Any = accelerator.state.device if map_location == "on_device" else "cpu"
 
