@@ -144,3 +144,55 @@ def test_storage_options_and_safetensors(tmp_path):
         io.save_checkpoint(ck, tmp_path / "n.ckpt", storage_options={"compress": True})
     with pytest.raises(FileNotFoundError):
         io.load_checkpoint(tmp_path / "missing.ckpt")
+
+
+FAILING_SAVE = r"""
+import os, sys, torch
+import ckptio, ckptio.torch as ct
+d = sys.argv[1]
+if sys.argv[2] == "probe":
+    # The integrations' packages are imported only by their modules.
+    print("LOADED", [m for m in ("lightning", "accelerate", "transformers") if m in sys.modules])
+    try:
+        ct.save_checkpoint({"w": torch.ones(4)}, os.path.join(d, "probe.ckpt"))
+    except OSError:
+        print("FAULT")
+    sys.exit(0)
+from ckptio.lightning import AsyncCheckpointIO
+io = AsyncCheckpointIO()
+path = os.path.join(d, "a.ckpt")
+where = None
+try:
+    io.save_checkpoint({"state_dict": {"w": torch.randn(1 << 16)}}, path)
+    where = "teardown"
+    io.teardown()
+    where = None
+except OSError as e:
+    print("RAISED", where or "save", type(e).__name__, e)
+print("EXISTS" if os.path.exists(path) else "ABSENT", sorted(os.listdir(d)))
+"""
+
+
+def test_async_failure_is_raised_not_lost(tmp_path):
+    """A save failing on the disk (fsync EIO from the fault-injection build)
+    raises from save_checkpoint or, once in the background, from teardown;
+    no file is left at the path."""
+    import subprocess
+    import sys
+    env = dict(os.environ, CKPTIO_FAULT="fsync:1:EIO")
+
+    def run(what, d):
+        d.mkdir()
+        out = subprocess.run([sys.executable, "-c", FAILING_SAVE, str(d), what], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out
+
+    probe = run("probe", tmp_path / "probe").stdout
+    assert "LOADED []" in probe, probe
+    if "FAULT" not in probe:
+        pytest.skip("this libckptio ignores CKPTIO_FAULT (build it with -DCKPTIO_FAULT_INJECTION=ON, "
+                    "as scripts/build.sh does)")
+    out = run("save", tmp_path / "save")
+    print(out.stdout)
+    assert "RAISED" in out.stdout and "ABSENT []" in out.stdout, out.stdout
