@@ -47,6 +47,8 @@ STRUCTURE_VERSION = 1
 # Deeper than this is refused on save: ckptio's pickle reader takes 128
 # nested MARKs, and no training state nests like that.
 MAX_DEPTH = 100
+# Loads take what torch.save can write (Python's recursion limit).
+LOAD_MAX_DEPTH = 1000
 
 MapLocation = Union[None, str, torch.device, int, Mapping[str, Any], Callable[..., Any]]
 Select = Union[None, Any, Tuple[Any, ...]]
@@ -65,51 +67,55 @@ def _shown(path: str) -> str:
     return path.lstrip(".") or "the object"
 
 
+_DICTS = (dict, collections.OrderedDict, collections.Counter)
+_SEQUENCES = (list, tuple, set, torch.Size)
+
+
+def walk(obj: Any, max_depth: int) -> Iterator[Tuple[Any, str]]:
+    """Every value in obj with its path ("optim.param_groups[0].lr"), dict
+    keys included, depth first. ValueError for a container inside itself or
+    containers nested deeper than max_depth. Iterative: a hostile depth
+    cannot exhaust the stack."""
+    stack: List[Tuple[Any, str, int, bool]] = [(obj, "", 0, False)]
+    open_ids: set = set()  # containers on the current path
+    while stack:
+        value, path, depth, leaving = stack.pop()
+        if leaving:
+            open_ids.discard(id(value))
+            continue
+        yield value, path
+        if type(value) not in _DICTS and type(value) not in _SEQUENCES:
+            continue
+        if depth >= max_depth:
+            raise ValueError(f"{_shown(path)}: containers nested deeper than {max_depth} levels")
+        if id(value) in open_ids:
+            raise ValueError(f"{_shown(path)}: a container that contains itself")
+        open_ids.add(id(value))
+        stack.append((value, path, depth, True))
+        if type(value) in _DICTS:
+            items = [(k, v) for k, v in value.items()]
+            stack.extend((k, path, depth + 1, False) for k, _ in reversed(items))
+        else:
+            items = list(enumerate(value))
+        stack.extend((v, path + _component(k), depth + 1, False) for k, v in reversed(items))
+
+
 def check_structure(obj: Any) -> None:
     """Refuses (TypeError, ValueError) what save_checkpoint cannot write,
     naming its path in the object ("optim.param_groups[0].foo"): a type
     outside the allowlist, a container inside itself, nesting deeper than
-    MAX_DEPTH. Iterative: a hostile depth cannot exhaust the stack."""
-    stack: List[Tuple[Any, str, int, bool]] = [(obj, "", 0, False)]
-    open_ids: Dict[int, int] = {}  # containers on the current path -> their depth
-    while stack:
-        value, path, depth, leaving = stack.pop()
-        if leaving:
-            open_ids.pop(id(value), None)
-            continue
+    MAX_DEPTH."""
+    for value, path in walk(obj, MAX_DEPTH):
         if isinstance(value, torch.Tensor):
             _check_tensor(value, path)
-            continue
-        if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        elif isinstance(value, (np.ndarray, np.generic)):
             if value.dtype.hasobject:
                 raise TypeError(f"{_shown(path)}: a numpy array of Python objects cannot be saved")
-            continue
-        if type(value) in _SCALARS or type(value) is torch.Size:
-            continue
-        if type(value) in (dict, collections.OrderedDict):
-            children = [(k, v) for k, v in value.items()]
-        elif type(value) in (list, tuple, set):
-            children = list(enumerate(value)) if type(value) is not set else []
-        else:
+        elif type(value) not in _SCALARS and type(value) not in (dict, collections.OrderedDict, list,
+                                                                 tuple, set, torch.Size):
             raise TypeError(f"{_shown(path)}: a {type(value).__module__}.{type(value).__qualname__} "
                             "cannot be saved; a checkpoint holds dicts, lists, tuples, sets, str, int, "
                             "float, bool, None, bytes, torch.Size/dtype/device, tensors and numpy arrays")
-        if depth >= MAX_DEPTH:
-            raise ValueError(f"{_shown(path)}: containers nested deeper than {MAX_DEPTH} levels")
-        if id(value) in open_ids:
-            raise ValueError(f"{_shown(path)}: a container that contains itself")
-        open_ids[id(value)] = depth
-        stack.append((value, path, depth, True))
-        if type(value) is set:
-            for item in value:
-                if type(item) not in _SCALARS:
-                    raise TypeError(f"{_shown(path)}: a set item of type {type(item).__name__}; "
-                                    "sets hold scalars only here")
-            continue
-        for key, child in reversed(children):
-            if type(value) in (dict, collections.OrderedDict) and type(key) not in _SCALARS:
-                raise TypeError(f"{_shown(path)}: a dict key of type {type(key).__name__}")
-            stack.append((child, path + _component(key), depth + 1, False))
 
 
 def _check_tensor(t: torch.Tensor, path: str) -> None:
@@ -385,7 +391,7 @@ class _Unpickler(pickle.Unpickler):
         return self.cache[key]
 
 
-def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.device], mmap: bool,
+def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.device],
                 shown: str) -> Dict[str, torch.Tensor]:
     """The entries `wanted` (name -> device), each device's in one load: on
     r's device through r, elsewhere through another reader of the file."""
@@ -407,7 +413,7 @@ def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.devic
 
 
 def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: Select, shown: str) -> Any:
-    data = _load_named(path, r, {"data.pkl": r.device}, False, shown)["data.pkl"].cpu().numpy().tobytes()
+    data = _load_named(path, r, {"data.pkl": r.device}, shown)["data.pkl"].cpu().numpy().tobytes()
     # First pass: every storage a meta one, to learn which the wanted part uses.
     where: Dict[str, Tuple[torch.dtype, str]] = {}
     by_cdata: Dict[int, str] = {}
@@ -418,11 +424,11 @@ def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: 
         by_cdata[s._cdata] = key
         return torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
 
-    part = _select(_Unpickler(data, meta_storage, shown).load(), select, shown)
-    keys = ({by_cdata[t.untyped_storage()._cdata] for t in _tensors_in(part)} if select is not None
-            else set(where))
+    part = _select(_checked(_Unpickler(data, meta_storage, shown).load(), shown), select, shown)
+    keys = ({by_cdata[v.untyped_storage()._cdata] for v, _ in walk(part, LOAD_MAX_DEPTH)
+             if isinstance(v, torch.Tensor)} if select is not None else set(where))
     flat = _load_named(path, r, {f"data/{k}": _target(map_location, where[k][1]) for k in sorted(keys)},
-                       r.mapped, shown)
+                       shown)
 
     def real_storage(key: str, dtype: torch.dtype, location: str, numel: int) -> Any:
         u8 = flat.get(f"data/{key}")
@@ -433,17 +439,16 @@ def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: 
     return _select(_Unpickler(data, real_storage, shown).load(), select, shown)
 
 
-def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    stack, seen = [obj], set()
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            yield v
-        elif isinstance(v, (dict, list, tuple, set)) and id(v) not in seen:
-            seen.add(id(v))
-            stack.extend(v.values() if isinstance(v, dict) else v)
-            if isinstance(v, dict):
-                stack.extend(v.keys())
+def _checked(obj: Any, shown: str) -> Any:
+    """A loaded object no deeper than LOAD_MAX_DEPTH and without a
+    container inside itself (what a pickle can build and torch.save cannot
+    write), so that walking it cannot loop or exhaust the stack."""
+    try:
+        for _ in walk(obj, LOAD_MAX_DEPTH):
+            pass
+    except ValueError as e:
+        raise from_code(_lib.ERRORS["PICKLE"], f"{shown}: data.pkl builds {e}") from None
+    return obj
 
 
 class _Rebuilder:
@@ -519,7 +524,7 @@ def _load_safetensors(path: PathLike, r: TorchReader, structure: str, map_locati
         return torch.empty(0)
 
     _Rebuilder(note, shown).decode(root)
-    got = _load_named(path, r, wanted, r.mapped, shown)
+    got = _load_named(path, r, wanted, shown)
     return _Rebuilder(lambda name, _: got[name], shown).decode(root)
 
 
@@ -542,11 +547,11 @@ def _select_json(root: Any, select: Select, shown: str) -> Any:
     return root
 
 
-def load(path: PathLike, map_location: MapLocation, select: Select, mmap: bool) -> Any:
+def load(path: PathLike, map_location: MapLocation, select: Select, mmap: Optional[bool]) -> Any:
     """ckptio.torch.load_checkpoint's body."""
     shown = os.fsdecode(os.fsencode(os.fspath(path)))
     first = torch.device("cpu") if isinstance(map_location, Mapping) else _target(map_location, "cpu")
-    with TorchReader(path, first, mmap=mmap and first.type == "cpu",
+    with TorchReader(path, first, mmap=mmap if first.type == "cpu" else False,
                      open_flags=_lib.OPEN_TORCH_RECORDS) as r:
         if r.format() == "pytorch":
             return _load_pt(path, r, map_location, select, shown)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import warnings
 from types import TracebackType
 import datetime
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from . import _checkpoint, _lib, _mapped, _torch_group
 from ._core import MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, scratch_dir
-from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, plan, start)
+from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, load_device, plan, start)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
 
@@ -128,7 +129,7 @@ def save_checkpoint(obj: Any, path: PathLike, *, format: Optional[str] = None, c
 
 
 def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = None,
-                    mmap: bool = False) -> Any:
+                    mmap: Optional[bool] = None) -> Any:
     """Loads a checkpoint back as the object that was saved: one written
     by save_checkpoint (either format) or by torch.save (its zip archives),
     without running any pickled code: data.pkl may name only the globals
@@ -142,8 +143,11 @@ def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = N
     select: a key, or a tuple of keys, naming one part to load, e.g.
         "model" or ("optim", "state"): only the tensors of that part are
         read.
-    mmap: CPU tensors are views of a private mapping of the file (zero-copy;
-        the pages are read as they are touched), as torch.load(mmap=True).
+    mmap: True, CPU tensors are views of a private (copy-on-write) mapping
+        of the file, as torch.load(mmap=True) gives them; None (the
+        default), the same when the file is in the page cache or fits in
+        memory (it then stays cached for the next load), else copies read
+        by O_DIRECT, as load_file's backend="auto"; False, copies.
     Every CRC stored for what is read is checked."""
     return _checkpoint.load(path, map_location, select, mmap)
 
@@ -422,28 +426,66 @@ def load_model(model: torch.nn.Module, filename: PathLike, strict: bool = True,
     second copy of the model in memory; backend is that load's (in place,
     everything is read as backend="pread" reads it, or "direct" when asked).
 
+    A model built on the meta device (torch.device("meta"), accelerate's
+    init_empty_weights, transformers' low_cpu_mem_usage) is loaded for
+    real: each parameter and persistent buffer on meta that the file holds
+    (under its own name or a tied one's) is made on `device` with the
+    model's shape and dtype (a file's other dtype is cast, as for a model
+    built on the device) and then loaded as above; parameters stay
+    nn.Parameter with their requires_grad, and tied weights (one Parameter
+    at several names) stay one Parameter. A tensor the file lacks stays on
+    meta and is missing (strict raises). Non-persistent buffers (e.g. a
+    rotary embedding's inv_freq) are in no checkpoint, so a meta one stays
+    on meta. Whatever is still on meta after the load is named in a
+    UserWarning (the model cannot run until it is set: recompute it, or
+    build the model with buffers off meta, as accelerate's
+    init_empty_weights does by default). A load that raises puts every
+    meta tensor back as it was: the model is never left half in
+    uninitialised memory.
+
     group: a group load (collective; see load_file), each stored byte read
     once per group; the tensors that match their parameter in place are
     received straight into it, the rest go through load_state_dict (ranks
     sharing one machine's page cache load as they would alone)."""
-    current = model.state_dict()
+    meta = _MetaTensors(model)
+    try:
+        result = _load_model(model, meta, filename, strict, device, backend, in_place, group, staging_bytes, timeout)
+    except BaseException as e:
+        add_note = getattr(e, "add_note", None)  # Python 3.11+
+        if meta.restore() and add_note is not None:
+            add_note(f"ckptio.torch.load_model: {type(model).__name__}'s meta tensors were put back on meta, "
+                     "as before the call")
+        raise
+    meta.warn_left_on_meta(model)
+    return result
+
+
+def _load_model(model: torch.nn.Module, meta: "_MetaTensors", filename: PathLike, strict: bool, device: Device,
+                backend: str, in_place: bool, group: Optional[dist.ProcessGroup], staging_bytes: Optional[int],
+                timeout: Optional[datetime.timedelta]) -> Tuple[List[str], List[str]]:
+    """load_model's load; meta: the model's meta tensors, made on the
+    device once the file's names are known (and before the model's state
+    dict is taken: in-place reads go into them)."""
     if group is not None:
         backend_choice(backend, None)
-        return _load_model_group(model, current, filename, strict, device, backend, in_place, group, staging_bytes,
+        return _load_model_group(model, meta, filename, strict, device, backend, in_place, group, staging_bytes,
                                  timeout)
     if not in_place:
         state = load_file(filename, device, backend=backend)
-        return _apply(model, current, state, set(state), {}, strict)
+        meta.materialise(state, device)
+        return _apply(model, model.state_dict(), state, set(state), {}, strict)
     backend_choice(backend, None)  # refuses an unknown one, as load_file does
     with TorchReader(filename, device, False, direct=backend == "direct") as r:
         r.index()
+        meta.materialise(r.by_name, device)
+        current = model.state_dict()
         targets = _in_place_targets(model, current, r)
         r.load_into({r.by_name[name]: t for name, t in targets.items()})
         state = r.load(i for i, e in enumerate(r.entries) if e.name.decode() not in targets)
         return _apply(model, current, state, set(r.by_name), targets, strict)
 
 
-def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor], filename: PathLike,
+def _load_model_group(model: torch.nn.Module, meta: "_MetaTensors", filename: PathLike,
                       strict: bool, device: Device, backend: str, in_place: bool, group: dist.ProcessGroup,
                       staging_bytes: Optional[int], timeout: Optional[datetime.timedelta]
                       ) -> Tuple[List[str], List[str]]:
@@ -451,8 +493,11 @@ def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor
     into the model's tensors where they fit (in_place), else new ones."""
     targets: Dict[str, torch.Tensor] = {}
     names: List[str] = []
+    current: Dict[str, torch.Tensor] = {}
 
     def boxes_of(r: TorchReader) -> List[_torch_group.Box]:
+        meta.materialise(r.by_name, device)  # raising here fails every rank before a byte is read
+        current.update(model.state_dict())
         targets.update(_in_place_targets(model, current, r) if in_place else {})
         names.extend(info.name.decode() for info in r.entries)
         return [(i, [0] * info.ndim, list(info.shape[:info.ndim]), targets.get(names[i]))
@@ -460,12 +505,79 @@ def _load_model_group(model: torch.nn.Module, current: Mapping[str, torch.Tensor
 
     shared, tensors = _torch_group.run(filename, device, boxes_of, group, staging_bytes, timeout)
     if shared:  # each rank as alone: the page cache is the group's
-        return load_model(model, filename, strict, device, backend=backend, in_place=in_place)
+        return _load_model(model, meta, filename, strict, device, backend, in_place, None, None, None)
     bump = getattr(torch.autograd.graph, "increment_version", None) or torch._C._increment_version
     for t in targets.values():
         bump(t)
     state = {name: t for name, t in zip(names, tensors) if name not in targets}
     return _apply(model, current, state, set(names), targets, strict)
+
+
+class _MetaTensors:
+    """A model's parameters and persistent buffers on the meta device, by
+    tensor: each with every place it is registered at (tied weights are one
+    Parameter at several names). A meta tensor has a shape and a dtype but
+    no memory, and load_state_dict's copy into one does nothing (torch only
+    warns), so load_model replaces them with tensors on the device first."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        # id -> (tensor, [(module's _parameters or _buffers, attribute, full name)])
+        self.tensors: Dict[int, Tuple[torch.Tensor, List[Tuple[Dict[str, Any], str, str]]]] = {}
+        self.replaced: List[Tuple[Dict[str, Any], str, torch.Tensor]] = []
+        for prefix, m in model.named_modules(remove_duplicate=False):
+            for table in (m._parameters, m._buffers):
+                for n, t in table.items():
+                    # Non-persistent buffers are in no state dict: nothing to load them from.
+                    if t is None or not t.is_meta or (table is m._buffers and n in m._non_persistent_buffers_set):
+                        continue
+                    place = (table, n, f"{prefix}.{n}" if prefix else n)
+                    self.tensors.setdefault(id(t), (t, []))[1].append(place)
+
+    def materialise(self, names: Mapping[str, Any], device: Device) -> None:
+        """Replaces each meta tensor that has a name in `names` (the file's)
+        by an uninitialised one of its shape and dtype on `device`, the same
+        new tensor at every place the old one was, so that ties hold."""
+        if not self.tensors:
+            return
+        dev, _ = load_device(device)
+        for key, (t, places) in list(self.tensors.items()):
+            if not any(full in names for _, _, full in places):
+                continue  # stays on meta: missing
+            if type(t) not in (torch.Tensor, torch.nn.Parameter):
+                raise TypeError(f"load_model cannot make {places[0][2]} ({type(t).__name__} on meta) on {dev}: "
+                                "only plain tensors and nn.Parameter; materialise it first (e.g. model.to_empty)")
+            new = torch.empty(t.shape, dtype=t.dtype, device=dev)
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            for table, n, _ in places:
+                self.replaced.append((table, n, t))
+                table[n] = new
+            del self.tensors[key]  # made once (a shared group load may load again, as alone)
+
+    def restore(self) -> bool:
+        """Puts the meta tensors back (after a failed load); whether any was
+        replaced."""
+        for table, n, t in reversed(self.replaced):
+            table[n] = t
+        done = bool(self.replaced)
+        self.replaced.clear()
+        return done
+
+    @staticmethod
+    def warn_left_on_meta(model: torch.nn.Module) -> None:
+        """Warns, naming them, of the model's tensors still on meta after a
+        load (not in the file, or non-persistent buffers): the model looks
+        loaded but cannot run."""
+        left = [name for name, t in list(model.named_parameters(remove_duplicate=False))
+                + list(model.named_buffers(remove_duplicate=False)) if t.is_meta]
+        if left:
+            shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+            warnings.warn(f"ckptio.torch.load_model: {len(left)} tensor(s) of {type(model).__name__} are still on "
+                          f"the meta device, with no values: {shown}. The file does not hold them "
+                          "(non-persistent buffers, such as a rotary embedding's inv_freq, are in no "
+                          "checkpoint); set them before using the model (recompute them on the device, or "
+                          "build the model with buffers off meta, as accelerate's init_empty_weights does "
+                          "by default)", UserWarning, stacklevel=3)
 
 
 def _apply(model: torch.nn.Module, current: Mapping[str, torch.Tensor], state: Dict[str, torch.Tensor],

@@ -18,6 +18,7 @@ extern "C" {
 #include "formats/index.h"
 #include "formats/pickle_read.h"
 #include "formats/torch_read.h"
+#include "formats/torch_write.h"
 #include "formats/zip_read.h"
 }
 
@@ -621,6 +622,127 @@ TEST(TorchRead, StoragesAndViews) {
   Pk k;
   k.proto().op('}').op(')').i(1).op('s').stop();
   EXPECT_REFUSED(archive(k.b, {}).bytes, CKPTIO_E_FORMAT, "a dict key under '' is a tuple");
+}
+
+// ------------------------------------------------------------ records, numpy, given pickles
+
+// A nested checkpoint as save_checkpoint pickles it: a tuple-keyed dict (no
+// dotted name can hold it), a view and a whole tensor over storage 0,
+// storage 1 of another dtype.
+std::string nested_pickle() {
+  Pk p;
+  p.proto().op('}').mark();
+  p.mark().i(1).i(2).tuple();
+  tensor(p, T{"", "FloatStorage", "0", 6, 0, {2, 3}, {3, 1}});
+  p.str("list").op(']').mark();
+  tensor(p, T{"", "FloatStorage", "0", 6, 1, {2}, {3}});
+  tensor(p, T{"", "LongStorage", "1", 2, 0, {2}, {1}});
+  p.op('e');
+  return p.op('u').stop().b;
+}
+
+int parse_records(const std::string &f, Idx *ix, std::string *msg) {
+  char err[CKPTIO_ERRLEN] = "";
+  int rc = ckptio_torch_parse_flags((const uint8_t *)f.data(), f.size(), CKPTIO_TORCH_RECORDS, &ix->v, err,
+                                    sizeof(err));
+  *msg = err;
+  return rc;
+}
+
+TEST(TorchRead, RecordsOfANestedCheckpoint) {
+  Zip z = archive(nested_pickle(), {{"0", bytes_of(24, 1)}, {"1", bytes_of(16, 2)}});
+  Idx flat;
+  std::string msg;
+  EXPECT_EQ(parse(z.bytes, &flat, &msg), CKPTIO_E_FORMAT) << "a tuple key names no tensor";
+  Idx ix;
+  ASSERT_EQ(parse_records(z.bytes, &ix, &msg), 0) << msg;
+  ASSERT_EQ(ix.v.count, 3u);  // data.pkl and each storage once, in file order
+  const ckptio_entry *pkl = ix.find("data.pkl"), *s0 = ix.find("data/0"), *s1 = ix.find("data/1");
+  ASSERT_TRUE(pkl && s0 && s1);
+  EXPECT_EQ(pkl->offset, z.data[0]);
+  EXPECT_EQ(s0->nbytes, 24u);
+  EXPECT_EQ(s1->nbytes, 16u);
+  EXPECT_EQ(s0->dtype, CKPTIO_U8);
+  EXPECT_EQ(s0->shape[0], 24);
+  EXPECT_TRUE(s0->has_crc);
+  EXPECT_EQ(s0->crc, ckptio_crc32(0, z.bytes.data() + s0->offset, 24));
+  EXPECT_EQ(std::string(z.bytes, s1->offset, 16), bytes_of(16, 2));
+  // Every check of a plain open still holds: a view past its record, a
+  // record missing, a big-endian archive.
+  std::string over = nested_pickle();
+  Zip short_rec = archive(over, {{"0", bytes_of(24, 1)}, {"1", bytes_of(8, 2)}});
+  Idx a, b, c;
+  EXPECT_EQ(parse_records(short_rec.bytes, &a, &msg), CKPTIO_E_TENSOR_INFO) << msg;
+  EXPECT_EQ(parse_records(archive(over, {{"0", bytes_of(24, 1)}}).bytes, &b, &msg), CKPTIO_E_NOT_FOUND) << msg;
+  Pk v;
+  v.proto();
+  tensor(v, T{"", "FloatStorage", "0", 6, 4, {2}, {3}}).stop();
+  EXPECT_EQ(parse_records(archive(v.b, {{"0", bytes_of(24, 1)}}).bytes, &c, &msg), CKPTIO_E_TENSOR_INFO) << msg;
+  EXPECT_NE(msg.find("the tensor at pickle byte"), std::string::npos) << msg;
+  Idx d;
+  EXPECT_EQ(parse_records(archive(state_dict({T{"w"}}), {{"0", bytes_of(24, 1)}}, "archive", "big").bytes, &d, &msg),
+            CKPTIO_E_FORMAT);
+  EXPECT_NE(msg.find("big-endian"), std::string::npos) << msg;
+}
+
+// numpy.random.get_state()'s array, as protocol 2 pickles it: reducers
+// kept as opaque values, each state taken by one BUILD.
+TEST(TorchRead, NumpyArraysAreOpaqueValues) {
+  auto ndarray = [](Pk &p, int builds) {
+    p.global("numpy._core.multiarray", "_reconstruct").global("numpy", "ndarray").i(0).op(0x85).str("b").op(0x87).op('R');
+    p.mark().i(1).ints({3}).global("numpy", "dtype").str("u4").op(0x89).op(0x88).op(0x87).op('R');
+    p.mark().i(3).str("<").op('N').op('N').op('N').i(-1).i(-1).i(0).tuple().op('b');
+    p.op(0x89).str(std::string(12, 'x')).tuple();
+    for (int k = 0; k < builds; k++) p.op('b');
+    return std::ref(p);
+  };
+  Pk ok;
+  ok.proto().op('}').str("rng");
+  ndarray(ok, 1);
+  ok.op('s').str("w");
+  tensor(ok, T{}).op('s').stop();
+  Idx ix;
+  std::string msg;
+  ASSERT_EQ(parse(archive(ok.b, {{"0", bytes_of(24, 1)}}).bytes, &ix, &msg), 0) << msg;
+  EXPECT_EQ(ix.v.count, 1u);  // the tensor; the array names nothing
+  Pk twice;
+  twice.proto();
+  ndarray(twice, 1).get().op(')').op('b').stop();  // a second state for the same array
+  EXPECT_REFUSED(archive(twice.b, {}).bytes, CKPTIO_E_PICKLE, "BUILD on a object is not allowed");
+  Pk newobj;
+  newobj.proto().global("numpy", "ndarray").op(')').op(0x81).stop();
+  EXPECT_REFUSED(archive(newobj.b, {}).bytes, CKPTIO_E_FORMAT, "numpy.ndarray");
+}
+
+// ckptio_torch_layout_pickle: the caller's data.pkl, checked before any
+// byte is planned.
+TEST(TorchRead, GivenPickleIsCheckedAgainstTheInputs) {
+  int64_t six[] = {6}, two[] = {2};
+  ckptio_layout_input in[] = {{"0", CKPTIO_U8, 1, six, 24}, {"1", CKPTIO_U8, 1, two, 16}};
+  auto layout = [&](const std::string &pkl, std::string *msg) {
+    ckptio_layout l;
+    char err[CKPTIO_ERRLEN] = "";
+    int rc = ckptio_torch_layout_pickle(in, 2, (const uint8_t *)pkl.data(), pkl.size(), nullptr, 0, 1, "a", &l,
+                                        err, sizeof(err));
+    *msg = err;
+    if (rc == 0) ckptio_layout_free(&l);
+    return rc;
+  };
+  std::string msg;
+  EXPECT_EQ(layout(nested_pickle(), &msg), 0) << msg;
+  Pk wrong_key;
+  wrong_key.proto();
+  tensor(wrong_key, T{"", "FloatStorage", "5"}).stop();
+  EXPECT_EQ(layout(wrong_key.b, &msg), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(msg.find("names storage '5'"), std::string::npos) << msg;
+  Pk wrong_size;
+  wrong_size.proto();
+  tensor(wrong_size, T{"", "FloatStorage", "0", 5, 0, {5}, {1}}).stop();
+  EXPECT_EQ(layout(wrong_size.b, &msg), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(msg.find("input 0 ('0') holds 24 bytes"), std::string::npos) << msg;
+  std::string evil = Pk().proto().global("os", "system").str("echo").op(0x85).op('R').stop().b;
+  EXPECT_EQ(layout(evil, &msg), CKPTIO_E_PICKLE);
+  EXPECT_NE(msg.find("os.system"), std::string::npos) << msg;
 }
 
 // ------------------------------------------------------------ fuzzing
