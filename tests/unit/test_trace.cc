@@ -6,9 +6,14 @@
 #define CKPTIO_EXPERIMENTAL
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -237,4 +242,46 @@ TEST(Trace, Refusals) {
   EXPECT_EQ(ckptio_trace_start(""), CKPTIO_E_INVALID_ARG);
   EXPECT_EQ(ckptio_trace_start("/nonexistent-dir/trace.json"), -ENOENT);
   EXPECT_EQ(ckptio_trace_stop(), CKPTIO_E_STATE);
+}
+
+// NVTX (core/trace_nvtx.c) through a fake tool (unit/fake_nvtx_tool.c) that
+// logs every range: run by the test test_trace_nvtx, which injects it as
+// Nsight Systems injects its own (NVTX_INJECTION64_PATH).
+TEST(TraceNvtx, RangesOfASaveAndALoadBalancedPerThread) {
+  const char *log = getenv("FAKE_NVTX_LOG");
+  if (!getenv("NVTX_INJECTION64_PATH") || !log) GTEST_SKIP() << "run by test_trace_nvtx (a fake NVTX tool injected)";
+  unlink(log);  // the tool opens it at the process's first context, below
+  {
+    TempDir dir;
+    auto ts = model();
+    TestContext c(small_options());
+    std::string err, path = dir.file("m.safetensors");
+    ASSERT_EQ(save(c.ctx, path, ts, nullptr, &err), 0) << err;
+    expect_loads(c.ctx, path, ts, CKPTIO_LOAD_AUTO);
+  }
+  std::ifstream in(log);
+  std::string line;
+  std::map<std::string, int> depth;
+  std::set<std::string> domains, ranges;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string tid, verb, name;
+    words >> tid;
+    if (tid == "domain") {
+      words >> name;
+      domains.insert(name);
+      continue;
+    }
+    words >> verb >> name;
+    ASSERT_TRUE(verb == "push" || verb == "pop") << line;
+    ASSERT_EQ(line.find("another domain"), std::string::npos) << line;
+    if (verb == "push") ranges.insert(name);
+    depth[tid] += verb == "push" ? 1 : -1;
+    ASSERT_GE(depth[tid], 0) << "a pop without its push on thread " << tid;
+  }
+  EXPECT_EQ(domains, std::set<std::string>{"ckptio"});
+  for (const auto &d : depth) EXPECT_EQ(d.second, 0) << "ranges left open on thread " << d.first;
+  for (const char *stage : {"save", "save.snapshot", "save.crc", "save.write", "save.header", "save.commit", "load.open",
+                            "load", "load.read", "load.check"})
+    EXPECT_EQ(ranges.count(stage), 1u) << stage;
 }
