@@ -166,6 +166,13 @@ static uint64_t job_bytes(const exec *x, const ckptio_job *j) {
   return n;
 }
 
+/* Ends a job's "load.read" span with its bytes and first tensor, looked
+ * up only when the span is traced. */
+static void end_read_span(const ckptio_span *s, const exec *x, const ckptio_job *j) {
+  if (!s->sinks) return;
+  ckptio_trace_end(s, job_bytes(x, j), j->nparts ? x->plan.parts[j->first].q->e->name : NULL);
+}
+
 static void job_main(void *arg) {
   ckptio_job *j = arg;
   exec *x = j->owner;
@@ -175,7 +182,7 @@ static void job_main(void *arg) {
     uint64_t t0 = ckptio_now_ns();
     ckptio_span span = ckptio_trace_begin("load.read");
     rc = j->src->ops->run(j->src, &r);
-    ckptio_trace_end(&span, span.sinks ? job_bytes(x, j) : 0, ckptio_run_part(&r, 0)->q->e->name);
+    end_read_span(&span, x, j);
     uint64_t spent = ckptio_now_ns() - t0;
     atomic_fetch_add(&x->out->timers->copy_ns, spent - r.device_ns);
     atomic_fetch_add(&x->out->timers->device_ns, r.device_ns);
