@@ -1664,9 +1664,12 @@ int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_o
  *  (ui.perfetto.dev) and chrome://tracing open. The file is complete once
  *  ckptio_trace_stop returns, or at the process's exit. Setting
  *  CKPTIO_TRACE=path in the environment does the same from the process's
- *  first ckptio_ctx_create. One trace at a time per process; a child of
- *  fork writes none unless it starts its own. Thread-safe.
- *  @return 0, CKPTIO_E_INVALID_ARG (path NULL or ""), CKPTIO_E_STATE (a
+ *  first ckptio_ctx_create. Each "%p" in path is the process id: processes
+ *  that share the variable (ranks, spawned workers) write a file each.
+ *  One trace at a time per process; a child of fork writes none unless it
+ *  starts its own. Thread-safe.
+ *  @return 0, CKPTIO_E_INVALID_ARG (path NULL, "" or, expanded, longer
+ *          than 4095 bytes), CKPTIO_E_STATE (a
  *          trace is already being written), -errno (creating the file). */
 int ckptio_trace_start(const char *path);
 

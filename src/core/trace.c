@@ -145,16 +145,35 @@ void ckptio_trace_thread_name(const char *name) {
 static void stop_at_exit(void) { (void)ckptio_trace_stop(); }
 static void register_stop_at_exit(void) { atexit(stop_at_exit); }
 
+/* path with each "%p" as the process id: one file per process when several
+ * inherit CKPTIO_TRACE (ranks, spawned workers), not one file they all
+ * truncate. @return 0, or CKPTIO_E_INVALID_ARG when it does not fit. */
+static int expand_path(const char *path, char *out, size_t cap) {
+  size_t n = 0;
+  for (const char *c = path; *c; c++) {
+    char pid[24];
+    int is_pid = c[0] == '%' && c[1] == 'p';
+    int k = is_pid ? snprintf(pid, sizeof(pid), "%ld", (long)getpid()) : 1;
+    if (n + (size_t)k >= cap) return CKPTIO_E_INVALID_ARG;
+    memcpy(out + n, is_pid ? pid : c, (size_t)k);
+    n += (size_t)k;
+    c += is_pid;
+  }
+  out[n] = '\0';
+  return 0;
+}
+
 int ckptio_trace_start(const char *path) {
   static pthread_once_t at_exit = PTHREAD_ONCE_INIT;
-  if (!path || !*path) return CKPTIO_E_INVALID_ARG;
+  char file[4096];
+  if (!path || !*path || expand_path(path, file, sizeof(file)) < 0) return CKPTIO_E_INVALID_ARG;
   pthread_mutex_lock(&mu);
   int rc = 0;
   if (out.fd >= 0) {
     rc = CKPTIO_E_STATE;
   } else if (!(out.buf = malloc(BUF_BYTES))) {
     rc = -ENOMEM;
-  } else if ((out.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+  } else if ((out.fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
     rc = -errno;
     free(out.buf);
     out.buf = NULL;

@@ -237,7 +237,16 @@ TEST(Trace, SeveralContextsAndSavesMakeOneValidFile) {
   expect_nested_and_named(evs);
 }
 
+TEST(Trace, PercentPIsTheProcessId) {
+  TempDir dir;
+  ASSERT_EQ(ckptio_trace_start(dir.file("t-%p.json").c_str()), 0);
+  ASSERT_EQ(ckptio_trace_stop(), 0);
+  std::string want = dir.file("t-" + std::to_string(getpid()) + ".json");
+  EXPECT_TRUE(read_trace(want).empty());  // "[\n]": no stage ran
+}
+
 TEST(Trace, Refusals) {
+  EXPECT_EQ(ckptio_trace_start(std::string(5000, 'x').c_str()), CKPTIO_E_INVALID_ARG);
   EXPECT_EQ(ckptio_trace_start(nullptr), CKPTIO_E_INVALID_ARG);
   EXPECT_EQ(ckptio_trace_start(""), CKPTIO_E_INVALID_ARG);
   EXPECT_EQ(ckptio_trace_start("/nonexistent-dir/trace.json"), -ENOENT);
