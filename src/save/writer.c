@@ -668,8 +668,12 @@ static void combine_crc(file_writer *w, size_t k) {
 }
 
 /* Every tensor's, in order, into the header. */
+/* The tensors' CRCs from their pieces' (the bytes' CRCs were taken with
+ * the snapshot): the save's stage "save.crc" after its chunks. */
 static void combine_crcs(file_writer *w) {
+  ckptio_span span = ckptio_trace_begin("save.crc");
   for (size_t k = 0; k < w->count; k++) combine_crc(w, k);
+  ckptio_trace_end(&span, 0, NULL);
 }
 
 /* After the data: the extents that changed when the CRCs were patched in
@@ -928,12 +932,8 @@ static int save_run(file_writer *w) {
   if ((rc = plan_chunks(w)) < 0) goto fail;
   if ((rc = queue_chunks(w)) < 0) goto fail;
   uint64_t t = ckptio_now_ns();
-  /* The tensors' CRCs from their pieces' (the bytes' CRCs were taken with
-   * the snapshot), then the header that holds them. */
-  ckptio_span span = ckptio_trace_begin("save.crc");
   if (w->layout.set_crc) combine_crcs(w);
-  ckptio_trace_end(&span, 0, NULL);
-  span = ckptio_trace_begin("save.header");
+  ckptio_span span = ckptio_trace_begin("save.header");
   if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->base.err, sizeof(w->base.err));
   else if (object) rc = write_held(w);
   else if (w->layout.set_crc) rc = rewrite_crc_extents(w);
