@@ -229,7 +229,9 @@ __attribute__((constructor)) static void trace_atfork(void) { pthread_atfork(for
 static void init_once(void) {
   const char *path = getenv("CKPTIO_TRACE");
   int rc = path && *path ? ckptio_trace_start(path) : 0;
-  if (rc < 0) fprintf(stderr, "ckptio: CKPTIO_TRACE=%s: no trace: %s\n", path, ckptio_strerror(rc));
+  if (rc < 0)
+    fprintf(stderr, "ckptio: CKPTIO_TRACE=%s: ignored: %s\n", path,
+            rc == CKPTIO_E_STATE ? "the program started a trace already" : ckptio_strerror(rc));
   if (ckptio_nvtx_start()) atomic_fetch_or(&ckptio_trace_sinks, CKPTIO_TRACE_NVTX);
 }
 
