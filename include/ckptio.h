@@ -1689,6 +1689,35 @@ int ckptio_ctx_storage_register(ckptio_ctx *ctx, const char *scheme, const ckpti
 int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_ops **ops, void **self, char *err,
                        size_t errlen);
 
+/* ---------------------------------------------------------------- tracing */
+
+/* Why experimental: new (issue 44); the stages' names and the args of
+ * their events may change as profiles ask for more. */
+
+/*! ckptio_trace_start() : (experimental)
+ *  Writes the stages of every save and load of this process (a chunk's
+ *  snapshot, CRC, write, the commit; a load's open, reads, copies to a
+ *  GPU, CRC check), each on the thread that ran it, to `path` in the
+ *  Chrome trace-event format: a JSON array that Perfetto
+ *  (ui.perfetto.dev) and chrome://tracing open. The file is complete once
+ *  ckptio_trace_stop returns, or at the process's exit. Setting
+ *  CKPTIO_TRACE=path in the environment does the same from the process's
+ *  first ckptio_ctx_create. Each "%p" in path is the process id: processes
+ *  that share the variable (ranks, spawned workers) write a file each.
+ *  One trace at a time per process; a child of fork writes none unless it
+ *  starts its own. Thread-safe.
+ *  @return 0, CKPTIO_E_INVALID_ARG (path NULL, "" or, expanded, longer
+ *          than 4095 bytes), CKPTIO_E_STATE (a
+ *          trace is already being written), -errno (creating the file). */
+int ckptio_trace_start(const char *path);
+
+/*! ckptio_trace_stop() : (experimental)
+ *  Ends the trace: its last events and the array's end are written and the
+ *  file closed. Stages still running are left out.
+ *  @return 0, CKPTIO_E_STATE (no trace), or the -errno of the first write
+ *          of the trace that failed (the file is then incomplete). */
+int ckptio_trace_stop(void);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

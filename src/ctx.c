@@ -9,6 +9,7 @@
 
 #include "core/options.h"
 #include "core/sized.h"
+#include "core/trace.h"
 #include "device/numa.h"
 #include "device/transfer.h"
 #include "internal.h"
@@ -63,6 +64,7 @@ static void *prepare_main(void *arg) {
 static int ctx_create(const ckptio_options *opts, ckptio_ctx **out) {
   if (!out) return CKPTIO_E_INVALID_ARG;
   *out = NULL;
+  ckptio_trace_init(); /* CKPTIO_TRACE and NVTX, at the process's first context */
   ckptio_ctx *ctx = calloc(1, sizeof(*ctx));
   if (!ctx) return -ENOMEM;
   ckptio_closer_init(&ctx->closer);

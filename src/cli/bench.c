@@ -58,7 +58,10 @@ void cli_bench_usage(FILE *out) {
           "  --max-shard-size BYTES  also save the model as a Hugging Face sharded set\n"
           "                      (shards of at most BYTES, written concurrently) right\n"
           "                      after each single-file save; reports both side by side\n"
-          "  --json              one JSON object on stdout instead of the table\n\n"
+          "  --json              one JSON object on stdout instead of the table\n"
+          "  --trace FILE        write the library's stages of every save and load, per\n"
+          "                      thread, to FILE in the Chrome trace-event format (open\n"
+          "                      it in ui.perfetto.dev or chrome://tracing)\n\n"
           "The report breaks each save and load into the library's stages (device copy,\n"
           "copy + CRC, write, commit; read, host to device) from ckptio_*_stats.\n\n"
           "exit codes: 0 ok; 1 loaded data differ (--verify); 2 usage or I/O error, or\n"
@@ -207,7 +210,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   enum { OPT_SIZE = 256, OPT_SHAPES, OPT_DIR, OPT_KEEP, OPT_RUNS, OPT_THREADS, OPT_CHUNK, OPT_STAGING,
          OPT_NOCRC, OPT_NOFSYNC, OPT_DIRECT, OPT_LOAD, OPT_VERIFY, OPT_JSON, OPT_FORMAT,
-         OPT_DEVICE, OPT_MAX_SHARD, OPT_SNAPSHOT };
+         OPT_DEVICE, OPT_MAX_SHARD, OPT_SNAPSHOT, OPT_TRACE };
   static const struct option kLong[] = {
       {"size", required_argument, 0, OPT_SIZE},       {"shapes", required_argument, 0, OPT_SHAPES},
       {"dir", required_argument, 0, OPT_DIR},         {"keep", required_argument, 0, OPT_KEEP},
@@ -219,6 +222,7 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
       {"format", required_argument, 0, OPT_FORMAT},   {"device", required_argument, 0, OPT_DEVICE},
       {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
       {"snapshot-bytes", required_argument, 0, OPT_SNAPSHOT},
+      {"trace", required_argument, 0, OPT_TRACE},
       {0, 0, 0, 0},
   };
   memset(o, 0, sizeof(*o));
@@ -237,6 +241,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   int c;
   while ((c = getopt_long(argc, argv, "", kLong, NULL)) != -1) {
     switch (c) {
+      case OPT_TRACE:
+        o->trace = optarg;
+        break;
       case OPT_SNAPSHOT: {
         uint64_t v = 0;
         if (!strcmp(optarg, "auto")) o->snapshot = CKPTIO_SNAPSHOT_AUTO;
@@ -557,10 +564,7 @@ static uint64_t maxrss_bytes(void) {
   return (uint64_t)ru.ru_maxrss * 1024;
 }
 
-int cli_bench_main(int argc, char **argv) {
-  bench_opts o;
-  if (parse_opts(argc, argv, &o)) return CLI_EXIT_USAGE;
-  o.argv0 = cli_program;
+static int bench_main(bench_opts o) {
   /* A storage's prefix (s3://bucket/prefix): objects, not files; its own
    * flow and limits (bench_s3.c). */
   if (o.dir && strstr(o.dir, "://")) return bench_storage_main(&o);
@@ -690,5 +694,24 @@ fail:
   cli_buffer_free(s.dst, model.arena_bytes);
   cli_model_free(&model);
   free(runs);
+  return ret;
+}
+
+/* The bench, traced with --trace: the trace covers every run and is
+ * complete (valid JSON) when the command exits. */
+int cli_bench_main(int argc, char **argv) {
+  bench_opts o;
+  if (parse_opts(argc, argv, &o)) return CLI_EXIT_USAGE;
+  o.argv0 = cli_program;
+  int rc = o.trace ? ckptio_trace_start(o.trace) : 0;
+  if (rc < 0) {
+    fprintf(stderr, "ckptio bench: --trace %s: %s\n", o.trace, ckptio_strerror(rc));
+    return CLI_EXIT_USAGE;
+  }
+  int ret = bench_main(o);
+  if (o.trace && (rc = ckptio_trace_stop()) < 0) {
+    fprintf(stderr, "ckptio bench: --trace %s: writing the trace: %s\n", o.trace, ckptio_strerror(rc));
+    if (ret == CLI_EXIT_OK) ret = CLI_EXIT_USAGE;
+  }
   return ret;
 }

@@ -27,6 +27,7 @@ typedef struct bench_opts {
   ckptio_format format; /* --format */
   uint64_t max_shard;   /* --max-shard-size: also a sharded save per run; 0: off */
   size_t snapshot;      /* --snapshot-bytes: snapshot memory (CKPTIO_SNAPSHOT_AUTO: auto); 0: none */
+  const char *trace;    /* --trace: the stages traced to this file (ckptio_trace_start); NULL: none */
 } bench_opts;
 
 /* Seconds of each step of one run, in the order they ran (A B A B), and

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/crc32.h"
+#include "core/trace.h"
 #include "device/transfer.h"
 
 /* A load onto GPUs starts with this many reads in flight, and each read
@@ -96,9 +97,11 @@ static int to_gpu(ckptio_run *r, const ckptio_xreq *q, unsigned char *to, const 
   ckptio_ring *ring = r->x->ctx->ring;
   size_t slot = ckptio_ring_slot_index(ring, j->slot);
   int in_slot = j->slot && from >= j->slot && from + n <= j->slot + ckptio_ring_slot_bytes(ring);
-  if (!in_slot) return ckptio_gpu_h2d_slot(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len);
-  int rc = ckptio_gpu_h2d_start(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len);
-  if (rc == 0) r->copying |= 1ull << q->gpu, r->x->copies[slot].q = q;
+  ckptio_span span = ckptio_trace_begin("load.to_device");
+  int rc = in_slot ? ckptio_gpu_h2d_start(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len)
+                   : ckptio_gpu_h2d_slot(r->x->ctx->gpu, q->gpu, slot, to, from, (size_t)n, detail, len);
+  if (rc == 0 && in_slot) r->copying |= 1ull << q->gpu, r->x->copies[slot].q = q;
+  ckptio_trace_end(&span, n, NULL);
   return rc;
 }
 
@@ -156,6 +159,20 @@ int ckptio_run_deliver(ckptio_run *r, size_t k, const unsigned char *bytes, int 
   return 0;
 }
 
+/* What a job reads: the bytes of its parts (a trace's args). */
+static uint64_t job_bytes(const exec *x, const ckptio_job *j) {
+  uint64_t n = 0;
+  for (size_t k = 0; k < j->nparts; k++) n += x->plan.parts[j->first + k].len;
+  return n;
+}
+
+/* Ends a job's "load.read" span with its bytes and first tensor, looked
+ * up only when the span is traced. */
+static void end_read_span(const ckptio_span *s, const exec *x, const ckptio_job *j) {
+  if (!s->sinks) return;
+  ckptio_trace_end(s, job_bytes(x, j), j->nparts ? x->plan.parts[j->first].q->e->name : NULL);
+}
+
 static void job_main(void *arg) {
   ckptio_job *j = arg;
   exec *x = j->owner;
@@ -163,7 +180,9 @@ static void job_main(void *arg) {
   int rc = 0;
   if (!ckptio_batch_failed(&x->batch)) {
     uint64_t t0 = ckptio_now_ns();
+    ckptio_span span = ckptio_trace_begin("load.read");
     rc = j->src->ops->run(j->src, &r);
+    end_read_span(&span, x, j);
     uint64_t spent = ckptio_now_ns() - t0;
     atomic_fetch_add(&x->out->timers->copy_ns, spent - r.device_ns);
     atomic_fetch_add(&x->out->timers->device_ns, r.device_ns);
@@ -285,6 +304,7 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
     snprintf(out->err, CKPTIO_ERRLEN, "out of memory starting a load");
     return -ENOMEM;
   }
+  ckptio_span span = ckptio_trace_begin("load");
   void *events[CKPTIO_GPU_MAX] = {0};
   uint64_t gpus = 0, bytes = 0;
   int rc = 0;
@@ -338,8 +358,11 @@ int ckptio_exec(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_xreq *qs, si
   out->timers->end_ns = ckptio_now_ns();
   ckptio_batch_destroy(&x.batch);
   finish_all(qs, n);
+  ckptio_span check = ckptio_trace_begin("load.check");
   if (rc == 0) rc = check_crcs(&x, qs, n);
+  ckptio_trace_end(&check, 0, NULL);
 out:
+  ckptio_trace_end(&span, bytes, n ? qs[0].src->path : NULL);
   ckptio_gpu_events_free(ctx->gpu, events);
   free(x.plan.jobs);
   free(x.plan.parts);

@@ -3,6 +3,7 @@
 #include "load/reader.h"
 
 #include "io/cache.h"
+#include "core/trace.h"
 #include "load/box.h"
 
 #include <errno.h>
@@ -40,7 +41,10 @@ int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *
   if (!r) return ckptio_open_error_end(-ENOMEM, call, NULL);
   r->ctx = ctx;
   int rc = ckptio_options_for_call(ctx, opts, &r->opts, r->err);
-  if (rc < 0 || (rc = open_source(r, path)) < 0) goto fail;
+  ckptio_span span = ckptio_trace_begin("load.open");
+  if (rc == 0) rc = open_source(r, path);
+  ckptio_trace_end(&span, 0, path);
+  if (rc < 0) goto fail;
   size_t n = r->src->idx.count;
   if (!(r->by_name = malloc((n + 1) * sizeof(size_t)))) {
     rc = -ENOMEM;

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/trace.h"
+
 typedef struct job {
   ckptio_job_fn fn;
   void *arg;
@@ -30,6 +32,7 @@ struct ckptio_pool {
 
 static void *worker_main(void *arg) {
   ckptio_pool *p = arg;
+  ckptio_trace_thread_name("ckptio worker");
   pthread_mutex_lock(&p->mu);
   for (;;) {
     p->idle++;

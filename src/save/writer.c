@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/nameset.h"
 #include "core/stats.h"
+#include "core/trace.h"
 #include "device/transfer.h"
 #include "formats/layout.h"
 #include "formats/safetensors.h"
@@ -442,13 +443,23 @@ static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end
   copy_extents(w, j->slot, start, end);
   chunk_copied(w);
   if (j->gpu_mask && w->opts.crc) {
+    ckptio_span span = ckptio_trace_begin("save.crc");
     pieces_begin(&it, w, start, end);
     while (pieces_next(&it))
       if (tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST)
         *piece_crc(w, j, &it) = ckptio_crc32(0, j->slot + (it.a - start), it.b - it.a);
+    ckptio_trace_end(&span, end - start, NULL);
   }
   ckptio_lap(&w->timers.copy_ns, &t);
   return 0;
+}
+
+/* fill_chunk as the stage "save.snapshot" of a trace (trace.h). */
+static int snapshot_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end, char *msg, size_t len) {
+  ckptio_span span = ckptio_trace_begin("save.snapshot");
+  int rc = fill_chunk(w, j, start, end, &j->tensor_bytes, msg, len);
+  ckptio_trace_end(&span, j->tensor_bytes, NULL);
+  return rc;
 }
 
 /* Chunks are fixed slices of the file, or a compressed save's frames. */
@@ -479,7 +490,9 @@ static void chunk_end(chunk_job *j, int rc, const char *msg) {
 static int write_chunk(file_writer *w, const unsigned char *from, size_t len, uint64_t start, char *msg, size_t mlen) {
   uint64_t t = ckptio_now_ns();
   msg[0] = '\0';
+  ckptio_span span = ckptio_trace_begin("save.write");
   int rc = ckptio_tmpfile_write(&w->file, from, len, start, msg, mlen);
+  ckptio_trace_end(&span, len, NULL);
   ckptio_lap(&w->timers.write_ns, &t);
   if (rc < 0 && !msg[0])
     snprintf(msg, mlen, "%s: write of %zu bytes at offset %llu failed: %s", w->path, len, (unsigned long long)start,
@@ -540,7 +553,9 @@ static void chunk_in_place_run(void *arg) {
   while (rc == 0 && !ckptio_batch_failed(&w->batch) && pieces_next(&it)) {
     uint32_t *crc = piece_crc(w, j, &it);
     uint64_t t = ckptio_now_ns();
+    ckptio_span span = ckptio_trace_begin("save.crc");
     if (crc) *crc = ckptio_crc32(0, piece_src(&it), (size_t)(it.b - it.a));
+    ckptio_trace_end(&span, it.b - it.a, NULL);
     ckptio_lap(&w->timers.copy_ns, &t);
     if ((rc = write_chunk(w, piece_src(&it), (size_t)(it.b - it.a), it.a, msg, sizeof(msg))) == 0)
       atomic_fetch_add(&w->timers.direct_bytes, it.b - it.a);
@@ -603,13 +618,15 @@ static void chunk_copy_run(void *arg) {
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
   j->tensor_bytes = 0;
-  if (ckptio_batch_failed(&w->batch) || (rc = fill_chunk(w, j, start, end, &j->tensor_bytes, msg, sizeof(msg))) < 0) {
+  if (ckptio_batch_failed(&w->batch) || (rc = snapshot_chunk(w, j, start, end, msg, sizeof(msg))) < 0) {
     chunk_end(j, rc, msg);
     return;
   }
   if (w->zs) {
     uint64_t t = ckptio_now_ns();
+    ckptio_span span = ckptio_trace_begin("save.compress");
     rc = ckptio_zsave_frame(w->zs, j->index, j->slot, (size_t)(end - start), msg, sizeof(msg));
+    ckptio_trace_end(&span, end - start, NULL);
     ckptio_lap(&w->timers.write_ns, &t);
     if (rc < 0) { /* the codec's message does not know the file: name it, as plain writes do */
       char inner[sizeof(msg)];
@@ -670,8 +687,12 @@ static void combine_crc(file_writer *w, size_t k) {
 }
 
 /* Every tensor's, in order, into the header. */
+/* The tensors' CRCs from their pieces' (the bytes' CRCs were taken with
+ * the snapshot): the save's stage "save.crc" after its chunks. */
 static void combine_crcs(file_writer *w) {
+  ckptio_span span = ckptio_trace_begin("save.crc");
   for (size_t k = 0; k < w->count; k++) combine_crc(w, k);
+  ckptio_trace_end(&span, 0, NULL);
 }
 
 /* After the data: the extents that changed when the CRCs were patched in
@@ -931,23 +952,27 @@ static int save_run(file_writer *w) {
   if ((rc = queue_chunks(w)) < 0) goto fail;
   uint64_t t = ckptio_now_ns();
   if (w->layout.set_crc) combine_crcs(w);
+  ckptio_span span = ckptio_trace_begin("save.header");
   if (compress) rc = ckptio_zsave_finish(w->zs, w->layout.extents[0].bytes, &final_size, w->base.err, sizeof(w->base.err));
   else if (object) rc = write_held(w);
   else if (w->layout.set_crc) rc = rewrite_crc_extents(w);
   release_held(w);
+  ckptio_trace_end(&span, 0, NULL);
   if (rc < 0) goto fail;
   ckptio_lap(&w->timers.write_ns, &t);
+  span = ckptio_trace_begin("save.commit");
   if (w->hold) {
     /* Synced, not renamed (an object: written, not published): the set's
      * owner publishes all files together. */
-    if ((rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err))) < 0)
-      goto fail;
+    rc = ckptio_tmpfile_sync(&w->file, final_size, w->opts.fsync, w->base.err, sizeof(w->base.err));
   } else {
     ckptio_held held = {0};
     rc = ckptio_tmpfile_commit(&w->file, final_size, w->opts.fsync, &held, w->base.err, sizeof(w->base.err));
     if (rc == 0 && !object) ckptio_remove_stray_temps_of(w->path); /* what a killed save of this file left */
     ckptio_closer_add(&w->ctx->closer, &held);
   }
+  ckptio_trace_end(&span, final_size, w->path);
+  if (rc < 0 && w->hold) goto fail;
   ckptio_lap(&w->timers.commit_ns, &t);
   return rc;
 fail:
@@ -958,7 +983,10 @@ fail:
 
 static void *save_main(void *arg) {
   file_writer *w = arg;
+  ckptio_trace_thread_name("ckptio save");
+  ckptio_span span = ckptio_trace_begin("save");
   int rc = save_run(w);
+  ckptio_trace_end(&span, w->total_bytes, w->path);
   if (rc < 0 && !w->base.err[0])
     snprintf(w->base.err, sizeof(w->base.err), "%s: save failed: %s", w->path, ckptio_strerror(rc));
   w->timers.end_ns = ckptio_now_ns();

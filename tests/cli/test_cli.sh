@@ -72,6 +72,33 @@ mentions "verify (intact)" "^OK"
 if [ -s "$T/err" ]; then fail "verify wrote to stderr though it is not a terminal"; else
   pass "nothing on stderr when it is not a terminal"; fi
 
+# Traces (issue 44): bench --trace and CKPTIO_TRACE each leave a complete
+# Chrome trace-event file holding the stages that ran.
+# has_stages NAME FILE STAGE...: FILE is a JSON array with those X events
+has_stages() {
+  local name=$1
+  shift
+  if python3 - "$@" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))
+seen = {e["name"] for e in events if e["ph"] == "X"}
+named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+assert all(e["tid"] in named and e["dur"] >= 0 for e in events if e["ph"] == "X"), "a thread not named"
+missing = [s for s in sys.argv[2:] if s not in seen]
+assert not missing, "missing stages: %s (seen %s)" % (missing, sorted(seen))
+PY
+  then pass "$name: a valid trace with its stages"; else fail "$name: not a valid trace with its stages"; fi
+}
+if command -v python3 >/dev/null; then
+  expect 0 "bench --trace" "$CKPTIO" bench --size 16MiB --runs 1 --dir "$T" --trace "$T/bench-trace.json"
+  has_stages "bench --trace" "$T/bench-trace.json" save save.snapshot save.crc save.write save.header save.commit \
+    load load.open load.read load.check
+  expect 0 "verify with CKPTIO_TRACE" env CKPTIO_TRACE="$T/verify-trace.json" "$CKPTIO" verify "$F"
+  has_stages "CKPTIO_TRACE" "$T/verify-trace.json" load.open load load.read
+fi
+expect 2 "bench --trace into a missing directory" "$CKPTIO" bench --size 8MiB --runs 1 --dir "$T" --trace "$T/no/trace.json"
+mentions "bench --trace into a missing directory" "--trace $T/no/trace.json"
+
 # One byte in the middle of the embedding, found from the inspect table.
 off=$("$CKPTIO" inspect "$F" | awk '$1 == "model.embed_tokens.weight" { print $(NF - 2) }')
 case "$off" in '' | *[!0-9]*) fail "no offset for model.embed_tokens.weight in inspect"; off=8 ;; esac
