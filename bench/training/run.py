@@ -32,6 +32,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "peers"))
+from peers import drop_cache, warm_cache  # noqa: E402  (the peers' page-cache helpers)
 
 
 # ------------------------------------------------------------------ the child
@@ -158,22 +160,6 @@ def raw_read(path, piece=8 << 20, threads=8):
 
 
 # ------------------------------------------------------------------ the parent
-
-def drop_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def warm_cache(path):
-    buf = bytearray(8 << 20)
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-
 
 def run(step, path, mib):
     os.sync()

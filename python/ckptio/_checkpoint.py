@@ -31,15 +31,15 @@ import math
 import os
 import pickle
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
 import torch
 
 from . import _lib
 from ._core import PathLike
-from ._torch_io import (NAME_OF, SaveHandle, TorchReader, check, ctx, fill_and_commit, options, plan,
-                        writer_ops)
+from ._torch_io import SaveHandle, TorchReader, plan
+from ._torch_io import start as start_writer
 from .errors import from_code
 
 STRUCTURE_KEY = "checkpoint.structure"
@@ -77,7 +77,7 @@ def walk(obj: Any, max_depth: int) -> Iterator[Tuple[Any, str]]:
     containers nested deeper than max_depth. Iterative: a hostile depth
     cannot exhaust the stack."""
     stack: List[Tuple[Any, str, int, bool]] = [(obj, "", 0, False)]
-    open_ids: set = set()  # containers on the current path
+    open_ids: Set[int] = set()  # containers on the current path
     while stack:
         value, path, depth, leaving = stack.pop()
         if leaving:
@@ -141,9 +141,10 @@ class _Pickler(pickle.Pickler):
 
     def persistent_id(self, obj: Any) -> Optional[Tuple[Any, ...]]:
         if isinstance(obj, torch.storage.TypedStorage):
-            storage, dtype = obj._untyped_storage, obj.dtype
-            cls: Any = getattr(torch, obj._pickle_storage_type())
-            numel = obj._size()
+            typed: Any = obj  # torch leaves these private calls untyped
+            storage, dtype = typed._untyped_storage, typed.dtype
+            cls: Any = getattr(torch, typed._pickle_storage_type())
+            numel = typed._size()
         elif isinstance(obj, torch.UntypedStorage):
             storage, dtype, cls, numel = obj, torch.uint8, torch.UntypedStorage, obj.nbytes()
         else:
@@ -173,28 +174,10 @@ def _pickle_pt(obj: Any) -> Tuple[bytes, List[torch.Tensor]]:
 
 def _start_pt(obj: Any, path: PathLike, crc: bool) -> SaveHandle:
     data_pkl, storages = _pickle_pt(obj)
-    p = plan({str(i): s for i, s in enumerate(storages)}, None)
-    w, shown, ops = _open_writer(path, "pt", crc)
-    try:
-        check(_lib.lib().ckptio_writer_set_torch_pickle(w, data_pkl, len(data_pkl)), f"cannot save {shown}",
-              ops.last_error(w), shown)
-    except BaseException:
-        ops.close(w)
-        raise
-    return fill_and_commit(w, shown, p, ops)
-
-
-def _open_writer(path: PathLike, format: str, crc: bool) -> Tuple[ctypes.c_void_p, str, Any]:
-    """An open writer of one file, its path as text, and its WriterOps."""
     lib = _lib.lib()
-    context = ctx()
-    fspath = os.fsencode(os.fspath(path))
-    shown = os.fsdecode(fspath)
-    opts = options(context, crc)
-    w = ctypes.c_void_p()
-    check(lib.ckptio_writer_open(context, fspath, _lib.format_code(format), ctypes.byref(opts),
-                                 ctypes.byref(w)), f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
-    return w, shown, writer_ops()
+    return start_writer(lib.ckptio_writer_open, path, crc, (_lib.format_code("pt"),),
+                        plan({str(i): s for i, s in enumerate(storages)}, None),
+                        lambda w: int(lib.ckptio_writer_set_torch_pickle(w, data_pkl, len(data_pkl))))
 
 
 # ------------------------------------------------------- safetensors save
@@ -267,14 +250,13 @@ def _start_safetensors(obj: Any, path: PathLike, crc: bool) -> SaveHandle:
     f = _Flattener()
     structure = {"version": STRUCTURE_VERSION, "root": f.encode(obj, [])}
     meta = {STRUCTURE_KEY: json.dumps(structure, separators=(",", ":"), allow_nan=False)}
-    p = plan(f.tensors, meta)
-    w, shown, ops = _open_writer(path, "safetensors", crc)
-    return fill_and_commit(w, shown, p, ops)
+    return start_writer(_lib.lib().ckptio_writer_open, path, crc, (_lib.format_code("safetensors"),),
+                        plan(f.tensors, meta))
 
 
 def format_of(path: PathLike, format: Optional[str]) -> str:
     if format is None:
-        return "safetensors" if os.fspath(path).endswith(".safetensors") else "pt"
+        return "safetensors" if os.fsdecode(os.fspath(path)).endswith(".safetensors") else "pt"
     if format not in ("pt", "safetensors"):
         raise ValueError(f"format must be 'pt' or 'safetensors', got {format!r}")
     return format
@@ -342,7 +324,7 @@ def _allowed_globals() -> Dict[Tuple[str, str], Any]:
             if isinstance(value, torch.dtype) or (name.endswith("Storage") and isinstance(value, type)
                                                   and issubclass(value, torch.storage._LegacyStorage)):
                 allowed[("torch", name)] = value
-    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    multiarray: Any = np._core.multiarray if hasattr(np, "_core") else getattr(np, "core").multiarray
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
         allowed[(module, "_reconstruct")] = multiarray._reconstruct
         allowed[(module, "scalar")] = multiarray.scalar
@@ -391,6 +373,12 @@ class _Unpickler(pickle.Unpickler):
         return self.cache[key]
 
 
+class _Storage:
+    """torch's storage constructors, which its stubs leave untyped."""
+    untyped: Any = torch.UntypedStorage
+    typed: Any = torch.storage.TypedStorage
+
+
 def _load_named(path: PathLike, r: TorchReader, wanted: Mapping[str, torch.device],
                 shown: str) -> Dict[str, torch.Tensor]:
     """The entries `wanted` (name -> device), each device's in one load: on
@@ -420,9 +408,9 @@ def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: 
 
     def meta_storage(key: str, dtype: torch.dtype, location: str, numel: int) -> Any:
         where[key] = (dtype, location)
-        s = torch.UntypedStorage(numel * torch.empty((), dtype=dtype).element_size(), device="meta")
+        s = _Storage.untyped(numel * torch.empty((), dtype=dtype).element_size(), device="meta")
         by_cdata[s._cdata] = key
-        return torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
+        return _Storage.typed(wrap_storage=s, dtype=dtype, _internal=True)
 
     part = _select(_checked(_Unpickler(data, meta_storage, shown).load(), shown), select, shown)
     keys = ({by_cdata[v.untyped_storage()._cdata] for v, _ in walk(part, LOAD_MAX_DEPTH)
@@ -434,7 +422,7 @@ def _load_pt(path: PathLike, r: TorchReader, map_location: MapLocation, select: 
         u8 = flat.get(f"data/{key}")
         if u8 is None:  # outside the selected part: never returned
             return meta_storage(key, dtype, location, numel)
-        return torch.storage.TypedStorage(wrap_storage=u8.untyped_storage(), dtype=dtype, _internal=True)
+        return _Storage.typed(wrap_storage=u8.untyped_storage(), dtype=dtype, _internal=True)
 
     return _select(_Unpickler(data, real_storage, shown).load(), select, shown)
 
@@ -551,6 +539,8 @@ def load(path: PathLike, map_location: MapLocation, select: Select, mmap: Option
     """ckptio.torch.load_checkpoint's body."""
     shown = os.fsdecode(os.fsencode(os.fspath(path)))
     first = torch.device("cpu") if isinstance(map_location, Mapping) else _target(map_location, "cpu")
+    if select is not None and mmap is None:
+        mmap = False  # a mapping is checked whole: a selected part is read alone
     with TorchReader(path, first, mmap=mmap if first.type == "cpu" else False,
                      open_flags=_lib.OPEN_TORCH_RECORDS) as r:
         if r.format() == "pytorch":

@@ -431,11 +431,13 @@ def plan(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, st
 
 
 def start(opener: Callable[..., int], path: PathLike, crc: bool, open_args: Iterable[Any],
-          p: Plan) -> SaveHandle:
+          p: Plan, prepare: Optional[Callable[[ctypes.c_void_p], int]] = None) -> SaveHandle:
     """Opens a writer with `opener` (ckptio_writer_open or
     ckptio_writer_open_sharded, called as opener(ctx, path, *open_args, opts,
-    &w)), fills it and starts its commit: a SaveHandle. On failure the
-    writer is closed (uncommitted: nothing written)."""
+    &w)), calls prepare(w) if given (a ckptio_writer_* call before the
+    tensors: its code is checked), fills it and starts its commit: a
+    SaveHandle. On failure the writer is closed (uncommitted: nothing
+    written)."""
     lib = _lib.lib()
     context = ctx()
     fspath = os.fsencode(os.fspath(path))
@@ -444,7 +446,14 @@ def start(opener: Callable[..., int], path: PathLike, crc: bool, open_args: Iter
     w = ctypes.c_void_p()
     check(opener(context, fspath, *open_args, ctypes.byref(opts), ctypes.byref(w)),
           f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
-    return fill_and_commit(w, shown, p, writer_ops())
+    ops = writer_ops()
+    if prepare is not None:
+        try:
+            check(prepare(w), f"cannot save {shown}", ops.last_error(w), shown)
+        except BaseException:
+            ops.close(w)
+            raise
+    return fill_and_commit(w, shown, p, ops)
 
 
 def fill_and_commit(w: ctypes.c_void_p, shown: str, p: Plan, ops: WriterOps) -> SaveHandle:

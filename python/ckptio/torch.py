@@ -142,7 +142,8 @@ def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = N
         location -> device ({"cuda:0": "cpu"}).
     select: a key, or a tuple of keys, naming one part to load, e.g.
         "model" or ("optim", "state"): only the tensors of that part are
-        read.
+        read (copied, unless mmap=True, which maps and checks the whole
+        file).
     mmap: True, CPU tensors are views of a private (copy-on-write) mapping
         of the file, as torch.load(mmap=True) gives them; None (the
         default), the same when the file is in the page cache or fits in
