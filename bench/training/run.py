@@ -14,6 +14,8 @@ interpreter that builds the state, then times only the step:
   load_torch     torch.load(f, weights_only=True), every byte summed
   load_ckptio    ckptio.torch.load_checkpoint(f), every byte summed
   read_raw       the ceiling: ckptio's file read by O_DIRECT, 8 MiB pieces, 8 threads (cold only)
+  write_raw      the ceiling: as many bytes written by O_DIRECT from touched memory, 8 MiB pieces,
+                 8 threads, then fdatasync
 Loads run cold (the file's pages dropped first) and warm (the file read
 once just before); each loader reads its own writer's file. The order of
 the contenders alternates every round. Ratios are medians of per-round
@@ -32,7 +34,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "peers"))
+sys.path.append(os.path.join(HERE, "..", "peers"))  # last: its profile.py must not hide the stdlib's
 from peers import drop_cache, warm_cache  # noqa: E402  (the peers' page-cache helpers)
 
 
@@ -120,7 +122,10 @@ def child(step, path, mib):
         out["seconds"] = out.get("stall", time.perf_counter() - t0)
         out["durable"] = time.perf_counter() - t0
     elif step == "read_raw":
-        out["bytes"], out["seconds"] = raw_read(path)
+        out["bytes"], out["seconds"] = raw_io(path, os.path.getsize(path), write=False)
+    elif step == "write_raw":
+        out["bytes"], out["seconds"] = raw_io(path, os.path.getsize(path.replace("raw.bin", "ckptio.pt")),
+                                              write=True)
     else:
         t0 = time.perf_counter()
         if step == "load_torch":
@@ -132,31 +137,42 @@ def child(step, path, mib):
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def raw_read(path, piece=8 << 20, threads=8):
+def raw_io(path, size, write, piece=8 << 20, threads=8):
+    """O_DIRECT reads of the file, or writes of `size` bytes to it (then
+    fdatasync), in pieces spread over threads: the disk's rate as ckptio
+    could use it, in the same run."""
     import mmap
     import threading
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    offsets = list(range(0, size, piece))
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if write else os.O_RDONLY
+    fd = os.open(path, flags | os.O_DIRECT, 0o644)
+    offsets = list(range(0, size // piece * piece, piece))
     lock = threading.Lock()
-
-    def worker():
+    bufs = []
+    for _ in range(threads):
         buf = mmap.mmap(-1, piece)  # page-aligned, as O_DIRECT needs
+        buf.write(b"\x5a" * piece)  # touched
+        bufs.append(buf)
+
+    def worker(buf):
+        io = os.pwritev if write else os.preadv
         while True:
             with lock:
                 if not offsets:
                     return
                 off = offsets.pop(0)
-            os.preadv(fd, [buf], off)
+            io(fd, [buf], off)
 
     t0 = time.perf_counter()
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    ts = [threading.Thread(target=worker, args=(b,)) for b in bufs]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    if write:
+        os.fdatasync(fd)
+    seconds = time.perf_counter() - t0
     os.close(fd)
-    return size, time.perf_counter() - t0
+    return size // piece * piece, seconds
 
 
 # ------------------------------------------------------------------ the parent
@@ -190,6 +206,7 @@ def main():
         saves = ["save_torch", "save_ckptio"] if r % 2 == 0 else ["save_ckptio", "save_torch"]
         for step in saves:
             row[step] = run(step, f_torch if step == "save_torch" else f_ck, a.mib)
+        row["write_raw"] = run("write_raw", os.path.join(a.dir, "raw.bin"), a.mib)
         for step in (["stall_ckptio", "snapshot_copy"] if r % 2 == 0 else ["snapshot_copy", "stall_ckptio"]):
             row[step] = run(step, os.path.join(a.dir, "async.pt"), a.mib)
         for temp in ("cold", "warm"):
@@ -213,6 +230,8 @@ def report(rows, a):
         ("async stall / snapshot copy", lambda w: w["stall_ckptio"]["seconds"] / w["snapshot_copy"]["seconds"], "<= 1.2", 1.2, False),
         ("load cold: ckptio / torch.load(weights_only=True)", lambda w: w["load_torch_cold"]["seconds"] / w["load_ckptio_cold"]["seconds"], ">= 1.5", 1.5, True),
         ("load warm: ckptio / torch.load(weights_only=True)", lambda w: w["load_torch_warm"]["seconds"] / w["load_ckptio_warm"]["seconds"], ">= 1.5", 1.5, True),
+        ("(info) save: ckptio / the raw O_DIRECT write", lambda w: w["write_raw"]["seconds"] / w["save_ckptio"]["seconds"], "", 0.0, True),
+        ("(info) save: torch.save / the raw O_DIRECT write", lambda w: w["write_raw"]["seconds"] / w["save_torch"]["seconds"], "", 0.0, True),
         ("(info) load cold: ckptio / the raw O_DIRECT read", lambda w: w["read_raw_cold"]["seconds"] / w["load_ckptio_cold"]["seconds"], "", 0.0, True),
         ("(info) load cold: torch.load / the raw O_DIRECT read", lambda w: w["read_raw_cold"]["seconds"] / w["load_torch_cold"]["seconds"], "", 0.0, True),
         ("(info) first save's stall / snapshot copy", lambda w: w["stall_ckptio"]["first_stall"] / w["snapshot_copy"]["seconds"], "", 1e9, False),
