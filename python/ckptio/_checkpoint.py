@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import codecs
 import collections
-import ctypes
 import io
 import json
 import math
@@ -50,7 +49,7 @@ MAX_DEPTH = 100
 # Loads take what torch.save can write (Python's recursion limit).
 LOAD_MAX_DEPTH = 1000
 
-MapLocation = Union[None, str, torch.device, int, Mapping[str, Any], Callable[..., Any]]
+MapLocation = Union[None, str, torch.device, int, Mapping[str, Any]]
 Select = Union[None, Any, Tuple[Any, ...]]
 
 
@@ -295,6 +294,14 @@ def _select(obj: Any, select: Select, shown: str) -> Any:
     return obj
 
 
+def _latin1(text: str, encoding: str = "latin1") -> bytes:
+    """_codecs.encode as protocol 2 uses it (bytes spelled as latin-1 text),
+    and no other codec."""
+    if not isinstance(text, str) or codecs.lookup(encoding).name != "iso8859-1":
+        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r}: only latin1 spells bytes")
+    return codecs.encode(text, "latin1")
+
+
 # Globals a checkpoint's data.pkl may name: torch.load(weights_only=True)'s
 # allowlist as ckptio's C reader has it, plus numpy arrays and scalars. No
 # other global is looked up.
@@ -312,7 +319,7 @@ def _allowed_globals() -> Dict[Tuple[str, str], Any]:
         ("torch", "device"): torch.device,
         ("torch", "UntypedStorage"): torch.UntypedStorage,
         ("torch.storage", "UntypedStorage"): torch.UntypedStorage,
-        ("_codecs", "encode"): codecs.encode,
+        ("_codecs", "encode"): _latin1,
         ("builtins", "set"): set,
         ("builtins", "bytearray"): bytearray,
         ("builtins", "complex"): complex,
