@@ -21,7 +21,7 @@ repository, else libckptio.so.1 from the loader's path.
 from __future__ import annotations
 
 from . import _lib
-from ._core import SNAPSHOT_AUTO, configure
+from ._core import SNAPSHOT_AUTO, configure, prepare
 from ._lib import ERRORS
 from .errors import (ChecksumError, CkptioError, CkptioFileExistsError, CkptioFileNotFoundError,
                      CkptioIsADirectoryError, CkptioNotADirectoryError, CkptioOSError,
@@ -31,7 +31,7 @@ from .numpy import (NUMPY_DTYPES, Tensor, load, load_file, load_metadata, safe_o
                     save_file, verify)
 
 __all__ = ["save", "save_file", "load", "load_file", "load_metadata", "verify", "safe_open",
-           "Tensor", "configure", "SNAPSHOT_AUTO", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES",
+           "Tensor", "configure", "prepare", "SNAPSHOT_AUTO", "E_CHECKSUM", "ERRORS", "NUMPY_DTYPES",
            "version", "CkptioError", "CkptioOSError", "CkptioFileNotFoundError",
            "CkptioPermissionError", "CkptioFileExistsError", "CkptioIsADirectoryError",
            "CkptioNotADirectoryError", "TensorNotFoundError", "CkptioValueError", "FormatError",

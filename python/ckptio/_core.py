@@ -69,6 +69,17 @@ def configure(*, snapshot_bytes: Union[int, str, None] = None,
             _ctx_settings[key] = value
 
 
+def prepare() -> None:
+    """Makes the process's context now, with the options configure() set,
+    instead of at the first save or load. With snapshot_bytes its memory is
+    then faulted in by a library thread while the program goes on, so the
+    first checkpoint finds it ready: a loop that saves early would
+    otherwise pay for faulting it in within its first save's stall (3.5 s
+    for 3.5 GiB on this project's VM, bench/RESULTS_TRAINING.md). configure()
+    raises afterwards, as after a first save."""
+    ctx()
+
+
 def ctx() -> ctypes.c_void_p:
     """The process's context (ckptio_ctx), created at the first call."""
     global _ctx_handle

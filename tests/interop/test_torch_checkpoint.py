@@ -289,3 +289,30 @@ def test_lying_structure_is_refused(tmp_path):
                  metadata={"checkpoint.structure": json.dumps({"version": 1, "root": {"weird": 1}})})
     with pytest.raises(ckptio.CkptioError, match="weird"):
         ct.load_checkpoint(path)
+
+
+def test_prepare_makes_the_context_before_the_first_save(tmp_path):
+    """ckptio.prepare(): the context (and its snapshot memory) now; configure
+    refuses afterwards, and an async save then snapshots and commits."""
+    import subprocess
+    code = f"""
+import ckptio, ckptio.torch as ct, torch, time
+ckptio.configure(snapshot_bytes=64 << 20)
+ckptio.prepare()
+try:
+    ckptio.configure(threads=2)
+    raise SystemExit("configure after prepare did not raise")
+except ckptio.CkptioRuntimeError:
+    pass
+w = torch.randn(1 << 22)
+h = ct.save_checkpoint_async({{"w": w}}, {str(tmp_path / "p.pt")!r})
+h.wait_snapshot()
+expect = w.clone()
+w.zero_()
+h.wait_durable()
+assert torch.equal(ct.load_checkpoint({str(tmp_path / "p.pt")!r})["w"], expect)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
