@@ -17,6 +17,7 @@
 #include "ckptio.h"
 #include "core/error.h"
 #include "core/hold.h"
+#include "core/shardname.h"
 #include "io/fault.h"
 
 int ckptio_tmpfile_sync(ckptio_tmpfile *t, uint64_t size, int sync, char *err, size_t errlen) {
@@ -142,17 +143,13 @@ typedef struct set_names {
   size_t nshards;
 } set_names;
 
-/* "{prefix}-KKKKK-of-MMMMM.safetensors" exactly, with MMMMM not ours. */
+/* "{prefix}-KKKKK-of-MMMMM.safetensors" exactly (core/shardname.h's local
+ * name), with MMMMM not ours. */
 static int stale_shard(const char *n, const void *arg) {
   const set_names *s = arg;
-  size_t plen = strlen(s->prefix);
-  unsigned k, m;
-  int used = 0;
-  if (strncmp(n, s->prefix, plen) || n[plen] != '-') return 0;
-  if (sscanf(n + plen, "-%5u-of-%5u.safetensors%n", &k, &m, &used) != 2 || n[plen + (size_t)used] != '\0') return 0;
-  char want[4096];
-  snprintf(want, sizeof(want), "%s-%05u-of-%05u.safetensors", s->prefix, k, m);
-  return !strcmp(want, n) && m != s->nshards && k != 0 && k <= m;
+  ckptio_shardname f;
+  const char *rest = ckptio_shardname_parse(n, s->prefix, &f);
+  return rest && !*rest && !f.id && f.n != s->nshards;
 }
 
 /* Shards of an earlier save with another count are stale once a set is
@@ -169,11 +166,10 @@ static int set_temp(const char *n, const void *arg) {
   const set_names *s = arg;
   size_t plen = strlen(s->prefix);
   if (n[0] != '.' || strncmp(n + 1, s->prefix, plen)) return 0;
-  const char *rest = n + 1 + plen;
-  unsigned k, m;
-  int used = 0;
-  if (sscanf(rest, "-%5u-of-%5u.safetensors.ckptio-tmp-%n", &k, &m, &used) == 2 && used > 0) return 1;
-  return !strncmp(rest, ".safetensors.index.json.ckptio-tmp-", 35);
+  ckptio_shardname f;
+  const char *shard = ckptio_shardname_parse(n + 1, s->prefix, &f);
+  if (shard && !f.id && !strncmp(shard, ".ckptio-tmp-", 12)) return 1;
+  return !strncmp(n + 1 + plen, ".safetensors.index.json.ckptio-tmp-", 35);
 }
 
 void ckptio_remove_stray_temps(const char *dir, const char *prefix) {

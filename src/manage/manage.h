@@ -22,6 +22,9 @@
 #define MGR_TMP_PREFIX ".ckptio-mgr-"
 #define MGR_LATEST "latest"
 #define MGR_STEP_NAME_MAX 32
+/* The prefix of a set the manager saves: its shards are named by
+ * core/shardname.h after it, and its index is mgr_files[0]. */
+#define MGR_SET_PREFIX "model"
 
 /* The file a checkpoint is opened by, in this order of precedence (a step
  * may hold checkpoints saved with other options): a set's index first. */

@@ -180,7 +180,7 @@ static int open_writer(ckptio_manager *m, uint64_t step, const char *sub) {
   snprintf(keep, sizeof(keep), "%s", ckptio_last_open_error());
   if (m->mo.max_shard_bytes) {
     snprintf(path, pl, "%s/%s", m->dir, sub);
-    rc = ckptio_writer_open_sharded(m->ctx, path, "model", CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
+    rc = ckptio_writer_open_sharded(m->ctx, path, MGR_SET_PREFIX, CKPTIO_FORMAT_SAFETENSORS, m->mo.max_shard_bytes,
                                     CKPTIO_SHARD_ORDER_ADDED, &m->opts, &w);
   } else {
     snprintf(path, pl, "%s/%s/%s", m->dir, sub, single_file(m));

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/shardname.h"
 #include "manage/manage.h"
 
 /* One object under DIR/step-N/: its step and its name below the step. */
@@ -231,17 +232,18 @@ int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len) {
   return rc;
 }
 
-/* "model-00001-of-00003-<save id>.safetensors", a set's shard in a storage
- * (the save id makes each save's shards its own): 1 and the id. */
-static int shard_id(const char *name, const char **id, size_t *idlen) {
-  static const char ext[] = ".safetensors";
-  size_t n = strlen(name), e = sizeof(ext) - 1;
-  if (strncmp(name, "model-", 6) != 0 || !strstr(name, "-of-") || n < e || strcmp(name + n - e, ext) != 0) return 0;
-  const char *end = name + n - e, *dash = end;
-  while (dash > name && dash[-1] != '-') dash--;
-  *id = dash;
-  *idlen = (size_t)(end - dash);
-  return dash > name + 6;
+/* Whether name is a shard of the manager's sets (core/shardname.h): in a
+ * storage "model-00001-of-00003-<save id>.safetensors", the save id making
+ * each save's shards its own; a local set's name when one was copied in. */
+static int is_shard(const char *name, ckptio_shardname *s) {
+  const char *rest = ckptio_shardname_parse(name, MGR_SET_PREFIX, s);
+  return rest && !*rest;
+}
+
+/* Whether two shards are of one save: the same save id and count (a local
+ * set's shards, which carry no id, by their count alone). */
+static int same_save(const ckptio_shardname *a, const ckptio_shardname *b) {
+  return a->n == b->n && a->idlen == b->idlen && (!a->idlen || !strncmp(a->id, b->id, a->idlen));
 }
 
 static int is_checkpoint_file(const char *name, void *arg) {
@@ -255,9 +257,8 @@ static int is_checkpoint_file(const char *name, void *arg) {
  * what a step's prefix holds besides them is the caller's, and only
  * retention, which removes the whole step as on a disk, touches it. */
 static int is_ours(const char *name) {
-  const char *id;
-  size_t len;
-  return is_checkpoint_file(name, NULL) || shard_id(name, &id, &len);
+  ckptio_shardname s;
+  return is_checkpoint_file(name, NULL) || is_shard(name, &s);
 }
 
 /* Removes the objects of one step's listing v[0..n) for which keep() is 0
@@ -323,14 +324,13 @@ static int keep_only(const char *name, void *arg) { return !strcmp(name, arg); }
 static int tidy_step(ckptio_manager *m, const mgr_obj *v, size_t n, const char *main) {
   if (!main) return remove_all_but(m, v, n, NULL, 1, NULL, NULL);
   if (strcmp(main, mgr_files[0]) != 0) return remove_all_but(m, v, n, mgr_files[0], 1, keep_only, (void *)main);
-  const char *id0 = NULL, *id;
-  size_t len0 = 0, len;
-  int mixed = 0;
+  ckptio_shardname s0 = {0}, s;
+  int mixed = 0, seen = 0;
   for (size_t i = 0; i < n && !mixed; i++) {
     if (!strcmp(v[i].name, main) || !is_ours(v[i].name)) continue;
-    if (!shard_id(v[i].name, &id, &len)) mixed = 1;
-    else if (!id0) id0 = id, len0 = len;
-    else mixed = len != len0 || strncmp(id, id0, len) != 0;
+    if (!is_shard(v[i].name, &s)) mixed = 1;
+    else if (!seen) s0 = s, seen = 1;
+    else mixed = !same_save(&s, &s0);
   }
   if (!mixed) return 0;
   named k = {.index = main};

@@ -77,7 +77,7 @@ void mgr_entry_free(mgr_entry *e) {
 
 /* The file a checkpoint is opened by, whatever the manager's options are
  * now (a directory may hold checkpoints saved with other options). */
-const char *const mgr_files[MGR_NFILES] = {"model.safetensors.index.json", "model.safetensors", "model.pt",
+const char *const mgr_files[MGR_NFILES] = {MGR_SET_PREFIX ".safetensors.index.json", "model.safetensors", "model.pt",
                                            "model.safetensors.zst"};
 
 int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {

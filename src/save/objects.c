@@ -5,12 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/shardname.h"
 #include "internal.h"
 #include "io/file.h"
-
-void ckptio_objects_name(const char *prefix, size_t k, size_t n, const char *save_id, char *buf, size_t len) {
-  snprintf(buf, len, "%s-%05zu-of-%05zu-%.8s.safetensors", prefix, k + 1, n, save_id);
-}
 
 int ckptio_objects_put(const ckptio_storage *store, const char *path, const void *data, size_t len, int sync,
                        char *err, size_t errlen) {
@@ -27,14 +24,10 @@ void ckptio_objects_remove(const ckptio_storage *store, const char *path) {
   if (store->ops.remove) store->ops.remove(store->self, path, ignored, sizeof(ignored));
 }
 
-/* Whether name is a file of prefix: "<prefix>-NNNNN-of-NNNNN[-ID].safetensors". */
+/* Whether name is a file of prefix, a storage's or a local set's. */
 static int is_file_name(const char *name, const char *prefix) {
-  size_t p = strlen(prefix), n = strlen(name);
-  if (n < p + 27 || strncmp(name, prefix, p) || name[p] != '-' || strcmp(name + n - 12, ".safetensors")) return 0;
-  const char *x = name + p + 1;
-  for (int i = 0; i < 5; i++)
-    if (x[i] < '0' || x[i] > '9' || x[i + 9] < '0' || x[i + 9] > '9') return 0;
-  return !strncmp(x + 5, "-of-", 4) && (x[14] == '.' || x[14] == '-');
+  const char *rest = ckptio_shardname_parse(name, prefix, NULL);
+  return rest && !*rest;
 }
 
 typedef struct stale {

@@ -12,6 +12,7 @@
 
 #include "core/collective.h"
 #include "core/error.h"
+#include "core/shardname.h"
 #include "core/sized.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
@@ -175,8 +176,7 @@ static int ranks_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fi
 
 /* The file name of file k (0-based) of the plan. */
 static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
-  if (w->store) ckptio_objects_name(w->prefix, k, w->plan.nfiles, w->plan.save_id, buf, len);
-  else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->plan.nfiles);
+  ckptio_shardname_format(buf, len, w->prefix, k, w->plan.nfiles, w->store ? w->plan.save_id : NULL);
 }
 
 /* The path of file k, malloc'd. */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/shardname.h"
 #include "core/sized.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
@@ -190,8 +191,7 @@ static const ckptio_ctensor *placed(const set_writer *w, size_t i) { return &w->
  * renamed into place, so in a storage each save names its own shards
  * (after its save id) and never writes over those the old index names. */
 static void shard_name(const set_writer *w, size_t k, char *buf, size_t len) {
-  if (w->store) ckptio_objects_name(w->prefix, k, w->nshards, w->save_id, buf, len);
-  else snprintf(buf, len, "%s-%05zu-of-%05zu.safetensors", w->prefix, k + 1, w->nshards);
+  ckptio_shardname_format(buf, len, w->prefix, k, w->nshards, w->store ? w->save_id : NULL);
 }
 
 /* The path of shard k, malloc'd. */
@@ -224,7 +224,7 @@ static int open_shard(set_writer *w, size_t k) {
 
 /* The index: every tensor mapped to its shard's file name. */
 static int index_json(set_writer *w, ckptio_json_out *o) {
-  size_t len = strlen(w->prefix) + 80; /* "-NNNNN-of-NNNNN-ID.safetensors", any count */
+  size_t len = strlen(w->prefix) + CKPTIO_SHARDNAME_EXTRA;
   ckptio_hf_weight *map = calloc(w->c.count + 1, sizeof(*map));
   char *names = calloc(w->nshards + 1, len);
   int rc = -ENOMEM;
