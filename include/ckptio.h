@@ -213,16 +213,17 @@ typedef enum ckptio_load_method {
                             the file there, so that the next load of it (a
                             restarted process's too) reads memory; it pays
                             the cache's fill, which costs more than an
-                            O_DIRECT read on some machines (this VM's
-                            figures: bench/RESULTS_PEERS.md). Else DIRECT: a
+                            O_DIRECT read on some machines (figures:
+                            bench/RESULTS_PEERS.md). Else DIRECT: a
                             load that does not fit leaves the cache as it
                             was. ckptio_stats.load_methods says which ran;
                             CKPTIO_LOAD_DIRECT always bypasses the cache.
                             A cold DIRECT load into fresh memory pays a
                             fault per page it fills: destinations in
                             transparent huge pages (MADV_HUGEPAGE, from a
-                            2 MiB boundary) loaded 1.4-1.6x faster here
-                            (bench/RESULTS_PEERS.md, issue 26) */
+                            2 MiB boundary) take one fault per 2 MiB, not
+                            per 4 KiB, and load faster
+                            (bench/RESULTS_PEERS.md) */
   CKPTIO_LOAD_PREAD,     /* parallel pread straight into the destinations,
                             through the page cache (which keeps the file) */
   CKPTIO_LOAD_MMAP,      /* parallel memcpy from the file mapping; pages the file
@@ -324,8 +325,7 @@ typedef struct ckptio_options {
  * pins nothing.
  * Snapshot memory is made ready in the background: ckptio_ctx_create
  * returns at once and a thread of the context faults the memory in (with
- * MADV_POPULATE_WRITE; 0.2-0.35 s per GiB here) and, with CUDA, then pins
- * the whole ring. A save that starts meanwhile is not held back: it faults
+ * MADV_POPULATE_WRITE) and, with CUDA, then pins the whole ring. A save that starts meanwhile is not held back: it faults
  * in the slots it takes that the thread has not reached yet, as a first
  * save without snapshot memory does, and its first GPU copy waits for the
  * pin. ckptio_ctx_free stops the thread between slots and joins it. On a
@@ -445,9 +445,10 @@ typedef struct ckptio_writer ckptio_writer;
  *  they do not fit; a save that finds no space first waits for the blocks
  *  of files that earlier saves replaced, below, and tries once more). A
  *  file the rename replaces is kept open across it and closed by a worker
- *  after the durable point, so that freeing its blocks (0.15-0.22 s per GiB
- *  on ext4 here) is not part of the save; its space comes back moments
- *  later, and ckptio_ctx_free waits for those closes.
+ *  after the durable point, so that freeing its blocks (done inside the
+ *  rename when the rename drops the last reference) is not part of the
+ *  save; its space comes back moments later, and ckptio_ctx_free waits for
+ *  those closes.
  *  @path  copied.  @opts  NULL for the context's defaults; copied.
  *  @return 0 and *out, or a negative code. */
 int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
@@ -1691,7 +1692,7 @@ int ckptio_ctx_storage(ckptio_ctx *ctx, const char *path, const ckptio_storage_o
 
 /* ---------------------------------------------------------------- tracing */
 
-/* Why experimental: new (issue 44); the stages' names and the args of
+/* Why experimental: new in 1.1; the stages' names and the args of
  * their events may change as profiles ask for more. */
 
 /*! ckptio_trace_start() : (experimental)
