@@ -314,6 +314,10 @@ def test_messages_say_each_thing_once(tmp_path):
             with pytest.raises(ckptio.CkptioError) as info:
                 module.save_file(tensors, path)
             _said_once(str(info.value), path, cause)
+    bad = tmp_path / "bad.safetensors"
+    with pytest.raises(ckptio.CkptioValueError) as info:
+        ckptio.save_file({"w": ckptio.Tensor("F33", (2,), b"\0" * 8)}, bad)
+    _said_once(str(info.value), bad, "unknown dtype")
     # Permission denied: as root only in a child without the capabilities
     # that override file permissions.
     locked = _save(tmp_path / "locked.safetensors")
