@@ -69,13 +69,15 @@ int ckptio_err_vfmt(char *err, size_t errlen, int code, const char *before, cons
                     va_list ap) {
   if (!err || !errlen) return code;
   /* Each part where the one before it ended; a part that does not fit is
-   * cut, and what follows it dropped. */
-  size_t n = (size_t)snprintf(err, errlen, "%s", before);
+   * cut, and what follows it dropped. Nothing is written before the
+   * message unless `before` says something (a message may quote err's own
+   * text, as ckptio_err_fmt's callers always could). */
+  size_t n = *before ? (size_t)snprintf(err, errlen, "%s", before) : 0;
   if (n < errlen) {
     int m = vsnprintf(err + n, errlen - n, fmt, ap);
     n += m > 0 ? (size_t)m : 0;
   }
-  if (n < errlen) snprintf(err + n, errlen - n, "%s", after);
+  if (*after && n < errlen) snprintf(err + n, errlen - n, "%s", after);
   return code;
 }
 
