@@ -159,13 +159,15 @@ def options(context: ctypes.c_void_p, crc: bool) -> _lib.Options:
 _dtype_codes: Dict[str, int] = {}
 
 
-def dtype_code(name: str) -> int:
+def dtype_code(name: str, where: str = "") -> int:
     """enum ckptio_dtype of a safetensors dtype name (from the library's
-    ckptio_dtype_parse, cached); CkptioValueError for an unknown name."""
+    ckptio_dtype_parse, cached); CkptioValueError for an unknown name, its
+    message beginning with `where` ("<file>: tensor 'w'") when given."""
     code = _dtype_codes.get(name)
     if code is None:
         out = ctypes.c_int()
-        check(_lib.lib().ckptio_dtype_parse(name.encode(), ctypes.byref(out)), f"dtype {name!r}")
+        check(_lib.lib().ckptio_dtype_parse(name.encode(), ctypes.byref(out)),
+              f"{where}: dtype {name!r}" if where else f"dtype {name!r}")
         code = _dtype_codes[name] = out.value
     return code
 

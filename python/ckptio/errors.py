@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import re
 from typing import Dict, Optional, Tuple, Type, Union
 
 from . import _lib
@@ -166,12 +167,37 @@ def from_code(code: int, message: str, detail: str = "",
     return e
 
 
+def _said(clause: str, text: str) -> bool:
+    """Whether `text` already says `clause`: holds it after its start or a
+    space, ending at its end or a ':'."""
+    return re.search(r"(?:^|\s)" + re.escape(clause) + r"(?=:|$)", text) is not None
+
+
+def _compose(what: str, desc: str, detail: str) -> str:
+    """The message "<what>: <desc>: <detail>" with each thing said once. The
+    library's detail mostly begins with the path `what` already names and
+    says the code's description `desc` itself, or a shorter form of it
+    ("corrupt zip: ..." for "corrupt zip archive"): desc is left out when
+    the detail says it (or such a form), and each ": "-separated clause of
+    the detail that the message already says."""
+    clauses = detail.split(": ") if detail else []
+    low = desc.lower()
+    if low not in detail.lower() and not any(low.startswith(c.lower() + " ") for c in clauses if c):
+        clauses.insert(0, desc)
+    out = what
+    for c in clauses:
+        if c and not _said(c, out):
+            out += ": " + c
+    return out
+
+
 def check(rc: int, what: str, detail: Optional[bytes] = None,
           filename: Optional[str] = None) -> int:
     """rc when it is >= 0; else raises from_code's exception, its message
-    "<what>: <the code's description>[: <detail>]"."""
+    _compose(what, the code's description, detail): "<what>: <why>", each
+    clause once."""
     if rc >= 0:
         return rc
     desc = _lib.lib().ckptio_strerror(rc).decode(errors="replace")
     text = detail.decode(errors="replace") if detail else ""
-    raise from_code(rc, f"{what}: {desc}" + (f": {text}" if text else ""), text, filename)
+    raise from_code(rc, _compose(what, desc, text), text, filename)

@@ -147,22 +147,23 @@ def save_file(tensor_dict: Mapping[str, Array], filename: PathLike,
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
             check(lib.ckptio_writer_set_metadata(w, key.encode(), value.encode()),
-                  f"metadata {key!r}", lib.ckptio_writer_last_error(w))
+                  f"{shown}: metadata {key!r}", lib.ckptio_writer_last_error(w))
         for name, tensor in tensor_dict.items():
             if not isinstance(name, str):
                 raise TypeError(f"tensor names must be str, got {name!r}")
             dtype, shape, data = _describe(name, tensor)
-            dcode = dtype_code(dtype)
+            where = f"{shown}: tensor {name!r}"
+            dcode = dtype_code(dtype, where)
             c_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*shape)
             nbytes = check(lib.ckptio_tensor_nbytes(dcode, len(shape), c_shape),
-                           f"tensor {name!r} ({dtype} {list(shape)})")
+                           f"{where} ({dtype} {list(shape)})")
             if data.nbytes != nbytes:
-                raise ValueError(f"tensor {name!r}: {dtype} {list(shape)} is {nbytes} bytes, "
+                raise ValueError(f"{where}: {dtype} {list(shape)} is {nbytes} bytes, "
                                  f"the buffer has {data.nbytes}")
             keep.append(data)
             desc = _lib.Tensor_(name.encode(), dcode, len(shape), c_shape,
                                 data.ctypes.data, _lib.DEVICE_HOST)
-            check(lib.ckptio_writer_add(w, ctypes.byref(desc)), f"tensor {name!r}",
+            check(lib.ckptio_writer_add(w, ctypes.byref(desc)), where,
                   lib.ckptio_writer_last_error(w))
         check(lib.ckptio_writer_commit(w), f"cannot save {shown}",
               lib.ckptio_writer_last_error(w), shown)

@@ -65,13 +65,27 @@ const char *ckptio_error_name(int code) {
   return is_errno_code(code) ? strerrorname_np(-code) : NULL;
 }
 
-int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
+int ckptio_err_vfmt(char *err, size_t errlen, int code, const char *before, const char *after, const char *fmt,
+                    va_list ap) {
+  if (!err || !errlen) return code;
+  /* Each part where the one before it ended; a part that does not fit is
+   * cut, and what follows it dropped. Nothing is written before the
+   * message unless `before` says something (a message may quote err's own
+   * text, as ckptio_err_fmt's callers always could). */
+  size_t n = *before ? (size_t)snprintf(err, errlen, "%s", before) : 0;
+  if (n < errlen) {
+    int m = vsnprintf(err + n, errlen - n, fmt, ap);
+    n += m > 0 ? (size_t)m : 0;
   }
+  if (*after && n < errlen) snprintf(err + n, errlen - n, "%s", after);
+  return code;
+}
+
+int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  code = ckptio_err_vfmt(err, errlen, code, "", "", fmt, ap);
+  va_end(ap);
   return code;
 }
 

@@ -3,6 +3,7 @@
 #ifndef CKPTIO_CORE_ERROR_H
 #define CKPTIO_CORE_ERROR_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #define CKPTIO_ERRLEN 512
@@ -15,6 +16,12 @@ int ckptio_err_fmt(char *err, size_t errlen, int code, const char *fmt, ...)
  * writer's, or a source's (its reader's): the one way the pipelines report
  * a failure, `return ckptio_fail(r->err, CKPTIO_E_X, "%s: ...", path);` */
 #define ckptio_fail(buf, code, ...) ckptio_err_fmt((buf), CKPTIO_ERRLEN, (code), __VA_ARGS__)
+/* The va_list form, with fixed text around the message: `before` and
+ * `after` (either may be ""). The one formatter behind a parser's own
+ * variadic wrapper that adds where the failure was seen to each message
+ * (".metadata: ", " (header byte 12)"). Returns code. */
+int ckptio_err_vfmt(char *err, size_t errlen, int code, const char *before, const char *after, const char *fmt,
+                    va_list ap) __attribute__((format(printf, 6, 0)));
 
 /* The text of errno value errnum ("No space left on device"), static, or
  * "unknown error". Thread-safe, unlike strerror: the one way the library

@@ -46,12 +46,11 @@ static const char *type_of(const walk *w, uint32_t id) {
 
 static int fail(walk *w, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(walk *w, int code, const char *fmt, ...) {
-  char msg[CKPTIO_ERRLEN];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
+  ckptio_err_vfmt(w->err, w->errlen, code, ".metadata: ", "", fmt, ap);
   va_end(ap);
-  return ckptio_err_fmt(w->err, w->errlen, code, ".metadata: %s", msg);
+  return code;
 }
 
 static int oom(walk *w) { return fail(w, -ENOMEM, "out of memory"); }

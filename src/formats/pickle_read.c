@@ -232,12 +232,13 @@ typedef struct parser {
 
 static int perr(parser *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int perr(parser *s, int code, const char *fmt, ...) {
-  char msg[CKPTIO_ERRLEN];
+  char where[48];
+  snprintf(where, sizeof(where), " (pickle byte %zu)", s->at);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
+  ckptio_err_vfmt(s->err, s->errlen, code, "", where, fmt, ap);
   va_end(ap);
-  return ckptio_err_fmt(s->err, s->errlen, code, "%s (pickle byte %zu)", msg, s->at);
+  return code;
 }
 
 static int bad(parser *s, const char *what) {

@@ -63,12 +63,13 @@ typedef struct st_parse {
 /* A failure inside the JSON, with the header byte where it was seen. */
 static int perr(st_parse *s, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int perr(st_parse *s, int code, const char *fmt, ...) {
-  char msg[CKPTIO_ERRLEN];
+  char where[48];
+  snprintf(where, sizeof(where), " (header byte %zu)", s->j.pos);
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
+  ckptio_err_vfmt(s->err, s->errlen, code, "", where, fmt, ap);
   va_end(ap);
-  return ckptio_err_fmt(s->err, s->errlen, code, "%s (header byte %zu)", msg, s->j.pos);
+  return code;
 }
 
 static int oom(st_parse *s) {

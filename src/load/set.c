@@ -161,9 +161,14 @@ static int open_shards(set *x) {
     char msg[CKPTIO_ERRLEN] = "";
     if (!(x->paths[k] = ckptio_path_join(x->dir, x->hf.files[k]))) return -ENOMEM;
     int rc = ckptio_source_open_file(x->s.ctx, x->s.opts, x->paths[k], msg, &x->sub[k]);
-    if (rc < 0)
-      return ckptio_fail(x->s.err, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k],
-                         msg[0] ? msg : ckptio_strerror(rc));
+    if (rc < 0) {
+      /* The member's message begins with its path, which "shard '<name>'"
+       * already says (the name is the path under the index's directory). */
+      size_t at = strlen(x->paths[k]);
+      const char *why = msg[0] ? msg : ckptio_strerror(rc);
+      if (!strncmp(msg, x->paths[k], at) && !strncmp(msg + at, ": ", 2)) why = msg + at + 2;
+      return ckptio_fail(x->s.err, rc, "%s: shard '%s': %s", x->s.path, x->hf.files[k], why);
+    }
     x->sub[k]->err = x->s.err; /* a member's failures are the set's */
     if (x->sub[k]->idx.format != CKPTIO_INDEX_SAFETENSORS)
       return ckptio_fail(x->s.err, CKPTIO_E_SHARD, "%s: shard '%s' is a %s file, not safetensors", x->s.path,

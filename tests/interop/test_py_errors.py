@@ -139,7 +139,8 @@ def test_flipped_byte_is_checksum_error(tmp_path):
         _common(e, ValueError, "CHECKSUM")
         assert e.code == ckptio.E_CHECKSUM == ckptio.ERRORS["CHECKSUM"]
         assert "checksum mismatch" in e.detail and "'w'" in e.detail, e.detail
-        assert e.detail in str(e)
+        # The message says the detail after the path it names first, once.
+        assert e.detail.split(": ", 1)[1] in str(e) and str(e).count(str(path)) == 1, str(e)
         assert not isinstance(e, OSError)
 
 
@@ -242,3 +243,108 @@ def test_every_library_code_has_a_class():
     assert set(ckptio.ERRORS) <= placed, sorted(set(ckptio.ERRORS) - placed)
     assert errors.error_name(-errno.ENOSPC) == "ENOSPC"
     assert errors.error_name(ckptio.ERRORS["ZSTD"]) == "ZSTD"
+
+
+def _said_once(msg, path, cause):
+    """msg names path and cause, each once, and no ': '-separated clause
+    of it twice (a layer repeating what the one below said)."""
+    clauses = msg.split(": ")
+    assert len(clauses) == len(set(clauses)), msg
+    assert msg.count(str(path)) == 1, (str(path), msg)
+    assert msg.count(cause) == 1, (cause, msg)
+
+
+def _modules():
+    """(module, framework, a tensor dict to save) of ckptio.numpy and, when
+    torch imports, ckptio.torch."""
+    import ckptio.numpy
+    out = [(ckptio.numpy, "numpy", {"w": np.ones(4, np.float32)})]
+    try:
+        import torch
+        import ckptio.torch
+    except ImportError:
+        return out
+    return out + [(ckptio.torch, "pt", {"w": torch.ones(4)})]
+
+
+def _read_all(module, framework, path):
+    with module.safe_open(path, framework=framework) as f:
+        for name in f.keys():
+            f.get_tensor(name)
+
+
+_PERMISSION_CHILD = """
+    import numpy as np, ckptio
+    for call in (lambda: ckptio.load_file({locked!r}),
+                 lambda: ckptio.save_file({{"w": np.ones(2)}}, {saved!r})):
+        try:
+            call()
+        except PermissionError as e:
+            print(e)
+"""
+
+
+def test_messages_say_each_thing_once(tmp_path):
+    """The failures of load_file, safe_open and save_file (numpy and torch
+    modules) name the file and the cause once each: before, each layer
+    repeated the one below ("cannot open P: No such file or directory: P:
+    No such file or directory")."""
+    good = _save(tmp_path / "good.safetensors")
+    raw = good.read_bytes()
+    (tmp_path / "truncated.safetensors").write_bytes(raw[:-100])
+    flipped = bytearray(raw)
+    flipped[-3] ^= 0x10
+    (tmp_path / "crc.safetensors").write_bytes(flipped)
+    n = int.from_bytes(raw[:8], "little")
+    header = raw[8:8 + n].replace(b'"F32"', b'"F33"')
+    (tmp_path / "dtype.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + n:])
+    (tmp_path / "dir.safetensors").mkdir()
+    loads = {"missing": "No such file or directory", "truncated": "file truncated",
+             "crc": "checksum mismatch", "dtype": "unknown dtype", "dir": "a directory must hold"}
+    for module, framework, tensors in _modules():
+        for stem, cause in loads.items():
+            path = tmp_path / f"{stem}.safetensors"
+            for call in (module.load_file, lambda p: _read_all(module, framework, p)):
+                with pytest.raises(ckptio.CkptioError) as info:
+                    call(path)
+                _said_once(str(info.value), path, cause)
+        saves = {tmp_path / "dir.safetensors": "Is a directory",
+                 tmp_path / "no" / "m.safetensors": "No such file or directory"}
+        for path, cause in saves.items():
+            with pytest.raises(ckptio.CkptioError) as info:
+                module.save_file(tensors, path)
+            _said_once(str(info.value), path, cause)
+    bad = tmp_path / "bad.safetensors"
+    with pytest.raises(ckptio.CkptioValueError) as info:
+        ckptio.save_file({"w": ckptio.Tensor("F33", (2,), b"\0" * 8)}, bad)
+    _said_once(str(info.value), bad, "unknown dtype")
+    # Permission denied: as root only in a child without the capabilities
+    # that override file permissions.
+    locked = _save(tmp_path / "locked.safetensors")
+    os.chmod(locked, 0)
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    saved = ro / "x.safetensors"
+    wrap = None
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root and no setpriv to drop CAP_DAC_OVERRIDE: cannot see EACCES")
+        wrap = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    out = _run_child(_PERMISSION_CHILD.format(locked=str(locked), saved=str(saved)), wrap=wrap)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 2, (out.stdout, out.stderr)
+    _said_once(lines[0], locked, "Permission denied")
+    _said_once(lines[1], saved, "Permission denied")
+
+
+def test_compose_leaves_out_what_is_said():
+    compose = errors._compose
+    assert compose("cannot open /a/b", "No such file or directory",
+                   "/a/b: No such file or directory") == "cannot open /a/b: No such file or directory"
+    # A shorter form of the description in the detail stands for it.
+    assert compose("cannot open /a/b", "corrupt zip archive", "/a/b: corrupt zip: no end record") == \
+        "cannot open /a/b: corrupt zip: no end record"
+    # Not said: kept, in order.
+    assert compose("tensor 'w'", "unknown dtype", "") == "tensor 'w': unknown dtype"
+    assert compose("cannot save /a/b", "invalid argument", "/a/b/c: x") == \
+        "cannot save /a/b: invalid argument: /a/b/c: x"

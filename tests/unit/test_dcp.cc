@@ -223,6 +223,7 @@ TEST(DcpMeta, HostileMetadataIsRefusedNamingTheRule) {
   EXPECT_NE(e.find("filesystem._StorageIdea' is not allowed"), std::string::npos) << e;
   e = parse_error("relative_path", "relative_pith");  // a field missing
   EXPECT_NE(e.find("relative_path is missing"), std::string::npos) << e;
+  EXPECT_EQ(e.find(" .metadata: "), e.find(' ')) << e;  // the walk's failures name the file first
 
   // A REDUCE of os.system (protocol 2, and posix.system by STACK_GLOBAL).
   const std::string cmd = "touch /nonexistent/ckptio-ran";

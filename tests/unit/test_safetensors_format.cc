@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstring>
 #include <map>
 #include <random>
@@ -319,6 +320,37 @@ TEST(StSchema, RejectsWithItsOwnCode) {
     std::string msg;
     EXPECT_EQ(parse_json(c.json, c.data, &msg), c.code) << c.why << ": " << c.json << "\n  -> " << msg;
   }
+}
+
+TEST(StSchema, ErrorsSayWhereInTheHeader) {
+  std::string msg;
+  EXPECT_EQ(parse_json(R"({"a":{"dtype":"F128","shape":[2],"data_offsets":[0,2]}})", 2, &msg), CKPTIO_E_DTYPE);
+  EXPECT_EQ(msg.rfind("unknown dtype: tensor 'a' has dtype 'F128' (header byte ", 0), 0u) << msg;
+  EXPECT_EQ(msg.back(), ')') << msg;
+}
+
+namespace {
+int context_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int context_err(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = ckptio_err_vfmt(err, errlen, CKPTIO_E_FORMAT, "<", ">", fmt, ap);
+  va_end(ap);
+  return rc;
+}
+}  // namespace
+
+// The one formatter behind the parsers' wrappers: the text around the
+// message, cut where the buffer ends (what does not fit is dropped).
+TEST(StSchema, ErrorContextIsCutWithTheMessage) {
+  char err[16];
+  EXPECT_EQ(context_err(err, sizeof(err), "x %d", 12), CKPTIO_E_FORMAT);
+  EXPECT_STREQ(err, "<x 12>");
+  EXPECT_EQ(context_err(err, 5, "x %d", 12), CKPTIO_E_FORMAT);
+  EXPECT_STREQ(err, "<x 1");
+  EXPECT_EQ(context_err(err, 1, "x %d", 12), CKPTIO_E_FORMAT);
+  EXPECT_STREQ(err, "");
+  EXPECT_EQ(context_err(nullptr, 0, "x"), CKPTIO_E_FORMAT);
 }
 
 TEST(StSchema, Accepts) {
