@@ -87,7 +87,8 @@ TEST(ShardName, RestAfterTheName) {
   EXPECT_EQ(rest("model-00001-of-00002.safetensors.ckptio-tmp-1-2-3", "model"), ".ckptio-tmp-1-2-3");
   EXPECT_EQ(rest("model-00001-of-00002-abcd1234.safetensors.bak", "model"), ".bak");
   ckptio_shardname s = {};
-  EXPECT_EQ(rest("model-00002-of-00002-ab.safetensors", "model", &s), "");  // a shorter id is still one
+  const std::string name = "model-00002-of-00002-ab.safetensors";  // s.id points into it
+  EXPECT_EQ(rest(name, "model", &s), "");  // a shorter id is still one
   EXPECT_EQ(std::string(s.id, s.idlen), "ab");
 }
 
