@@ -305,5 +305,8 @@ def test_numpy_keyword_names_match(tmp_path):
 
 
 def test_versions_reported():
+    lib = ckptio._lib.lib()  # the library's string says its number (major*10000 + minor*100 + patch)
+    number = int(lib.ckptio_version_number())
+    assert lib.ckptio_version_string().decode() == f"{number // 10000}.{number // 100 % 100}.{number % 100}"
     print(f"safetensors {safetensors.__version__} torch {torch.__version__} "
           f"numpy {np.__version__} ckptio {ckptio.version()} python {sys.version.split()[0]}")

@@ -368,5 +368,8 @@ def test_binding_error_codes_match_library():
 
 def test_versions_reported():
     # Printed with -rA / -s: which real packages this run was judged against.
+    lib = ckptio._lib.lib()  # the library's string says its number (major*10000 + minor*100 + patch)
+    number = int(lib.ckptio_version_number())
+    assert lib.ckptio_version_string().decode() == f"{number // 10000}.{number // 100 % 100}.{number % 100}"
     print(f"numpy {np.__version__} safetensors {safetensors.__version__} "
           f"ckptio {ckptio._lib.lib().ckptio_version_string().decode()}")
