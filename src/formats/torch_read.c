@@ -22,6 +22,7 @@
 typedef struct storage_info {
   const ckptio_zip_entry *rec;  /* "<prefix>/data/<key>" */
   uint64_t nbytes;
+  int first;                    /* the first reference to its record (one per key) */
 } storage_info;
 
 typedef struct build {
@@ -164,6 +165,7 @@ static int resolve_storages(build *b) {
       goto fail;
     }
     for (size_t k = g; k < h; k++) b->st[order[k]].rec = rec;
+    b->st[order[g]].first = 1;
   }
 fail:
   free(order);
@@ -554,11 +556,8 @@ static int add_records(build *b, const ckptio_zip_entry *pkl) {
     if ((rc = check_view(b, i, name, &numel)) < 0) return rc;
   }
   if ((rc = add_record(b, pkl)) < 0) return rc;
-  for (size_t i = 0; i < b->pk.nstorages; i++) {
-    int seen = 0;
-    for (size_t k = 0; k < i && !seen; k++) seen = b->st[k].rec == b->st[i].rec;
-    if (!seen && (rc = add_record(b, b->st[i].rec)) < 0) return rc;
-  }
+  for (size_t i = 0; i < b->pk.nstorages; i++)
+    if (b->st[i].first && (rc = add_record(b, b->st[i].rec)) < 0) return rc;
   return 0;
 }
 
