@@ -199,8 +199,8 @@ class _Flattener:
         return name
 
     def tensor(self, t: torch.Tensor, path: List[str]) -> Dict[str, Any]:
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-               t.dtype) if t.untyped_storage().data_ptr() else ("object", id(t))
+        ptr = t.untyped_storage().data_ptr()
+        key = (t.device, ptr, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype) if ptr else ("object", id(t))
         name = self.seen.get(key)
         if name is None:
             name = self.seen[key] = self.name_for(path)

@@ -127,12 +127,14 @@ class CkptioTrainerMixin:
             return self._ckptio_next()._save_optimizer_and_scheduler(output_dir)  # type: ignore[no-any-return]
         if t.args.should_save:
             os.makedirs(output_dir, exist_ok=True)
-            _ct.save_checkpoint(t.optimizer.state_dict(), os.path.join(output_dir, _trainer.OPTIMIZER_NAME),
-                                format="pt", crc=self.ckptio_crc)
-            _ct.save_checkpoint(t.lr_scheduler.state_dict(),
-                                os.path.join(output_dir, _trainer.SCHEDULER_NAME),
-                                format="pt", crc=self.ckptio_crc)
+            self._ckptio_save_pt(t.optimizer.state_dict(), output_dir, _trainer.OPTIMIZER_NAME)
+            self._ckptio_save_pt(t.lr_scheduler.state_dict(), output_dir, _trainer.SCHEDULER_NAME)
         return None
+
+    def _ckptio_save_pt(self, obj: Any, output_dir: str, name: str) -> None:
+        """One of the checkpoint's .pt files (the Trainer's own names), as
+        torch.save's archive, which the Trainer's resume reads."""
+        _ct.save_checkpoint(obj, os.path.join(output_dir, name), format="pt", crc=self.ckptio_crc)
 
     def _save_scaler(self, output_dir: str) -> None:
         t: Any = self
@@ -140,8 +142,7 @@ class CkptioTrainerMixin:
             return self._ckptio_next()._save_scaler(output_dir)  # type: ignore[no-any-return]
         scaler = getattr(t.accelerator, "scaler", None)
         if scaler is not None and t.args.should_save:
-            _ct.save_checkpoint(scaler.state_dict(), os.path.join(output_dir, _trainer.SCALER_NAME),
-                                format="pt", crc=self.ckptio_crc)
+            self._ckptio_save_pt(scaler.state_dict(), output_dir, _trainer.SCALER_NAME)
         return None
 
     def _save_rng_state(self, output_dir: str) -> None:
@@ -158,7 +159,7 @@ class CkptioTrainerMixin:
                 states["cuda"] = torch.cuda.random.get_rng_state()
         os.makedirs(output_dir, exist_ok=True)
         name = "rng_state.pth" if t.args.world_size <= 1 else f"rng_state_{t.args.process_index}.pth"
-        _ct.save_checkpoint(states, os.path.join(output_dir, name), format="pt", crc=self.ckptio_crc)
+        self._ckptio_save_pt(states, output_dir, name)
         return None
 
 
