@@ -77,11 +77,19 @@ def test_resume_is_bit_exact(tmp_path, uninterrupted, kind):
     first = model()
     t1 = trainer(tmp_path / "a", EPOCHS // 2, plugins=[PLUGINS[kind]()])
     t1.fit(first, data())
-    ckpts = sorted((tmp_path / "a" / "checkpoints").iterdir())
-    # ModelCheckpoint kept the last epoch's file only: the first one went
-    # through remove_checkpoint.
-    assert [p.name for p in ckpts] == [f"epoch={EPOCHS // 2 - 1}-step={EPOCHS // 2 * STEPS_PER_EPOCH}.ckpt"]
-    path = str(ckpts[0])
+    ckpts = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    last = f"epoch={EPOCHS // 2 - 1}-step={EPOCHS // 2 * STEPS_PER_EPOCH}.ckpt"
+    if kind == "lightning_async":
+        # Lightning's wrapper queues the save in a thread but removes the
+        # previous file at once: the remove can run before the queued save
+        # of that file has created it, which then stays. Lightning's race,
+        # not ours: only the newest file is certain.
+        assert last in ckpts
+    else:
+        # ModelCheckpoint kept the last epoch's file only: the first one went
+        # through remove_checkpoint, which waited for its save.
+        assert ckpts == [last]
+    path = str(tmp_path / "a" / "checkpoints" / last)
 
     saved = ct.load_checkpoint(path)
     assert saved["global_step"] == EPOCHS // 2 * STEPS_PER_EPOCH
