@@ -1719,6 +1719,118 @@ int ckptio_trace_start(const char *path);
  *          of the trace that failed (the file is then incomplete). */
 int ckptio_trace_stop(void);
 
+/* ------------------------------------------------------------ tiers */
+
+/* Why experimental: new; the storage tier, background filling and
+ * resharding restores are still to come (see docs/TIERS.md).
+ *
+ * Multi-rank checkpoints kept in tiers, restored from the fastest that
+ * holds a whole, verified step. Each rank's part (its tensors, one
+ * safetensors file with CRC32s) goes, at every save, to:
+ *   memory   MEMORY_DIR/step-N/rank-R.safetensors, a node-local directory
+ *            (a tmpfs such as /dev/shm/JOB): it survives the process, not
+ *            the machine;
+ *   peers    `peers` copies in the memory directories of ranks on other
+ *            nodes (the k-th copy of rank R is held by rank
+ *            (R + k * ranks_per_node) mod nranks, as copy-R.safetensors),
+ *            sent over the communicator's alltoallv;
+ *   durable  every `durable_every`-th step, DURABLE_DIR/step-N/rank-R.
+ *            safetensors (a local or shared directory, fsync'd).
+ * A step counts as published in a tier once every rank's part of it is
+ * there, agreed by all ranks: then each rank marks the step in its tier
+ * directories (a file PUBLISHED) and retires the steps beyond the tier's
+ * `keep`. A crash at any point before the marks leaves the step unmarked
+ * and the older steps as they were.
+ *
+ * The restore is collective: the ranks gather which published copies each
+ * holds, take the newest step whose every part has a holder, and each part
+ * comes from the fastest (its rank's own memory, a peer's copy sent over
+ * the communicator, the durable directory), its every CRC32 checked before
+ * the path is handed out. A copy that fails its check is skipped with a
+ * warning naming the rank, the step and the tier, and the next holder, an
+ * older step or a lower tier serves. The ranks must be as many as at the
+ * save (same nranks and ranks_per_node). */
+
+typedef struct ckptio_tiers ckptio_tiers;
+
+/* Versioned (see "Versioned structs"): start from CKPTIO_TIERS_OPTIONS_INIT. */
+typedef struct ckptio_tiers_options {
+  size_t size;               /* sizeof(ckptio_tiers_options) */
+  const char *memory_dir;    /* node-local directory, created if missing; NULL: no memory tier */
+  int memory_keep;           /* steps kept in memory (own parts and copies); >= 1 */
+  int peers;                 /* copies of each part on other nodes; needs memory_dir and
+                              * peers < nranks / ranks_per_node */
+  int ranks_per_node;        /* node of rank R: R / ranks_per_node; divides nranks */
+  const char *durable_dir;   /* created if missing; NULL: no durable tier */
+  int durable_every;         /* durable save when step % durable_every == 0; >= 1 */
+  int durable_keep;          /* steps kept there; >= 1 */
+  int fatal;                 /* 0: a failing tier warns and the save returns 0 (training goes
+                              * on; the tier is tried again at the next step); 1: it fails */
+} ckptio_tiers_options;
+#define CKPTIO_TIERS_OPTIONS_INIT { sizeof(ckptio_tiers_options), NULL, 2, 0, 1, NULL, 1, 2, 0 }
+
+/* The tiers a restore can take a part from, fastest first. */
+typedef enum ckptio_tier {
+  CKPTIO_TIER_MEMORY = 0,  /* the rank's own memory directory */
+  CKPTIO_TIER_PEER = 1,    /* a copy held by another rank */
+  CKPTIO_TIER_DURABLE = 2,
+  CKPTIO_TIERS = 3
+} ckptio_tier;
+
+/* What this rank's handle did. Versioned: start from CKPTIO_TIERS_STATS_INIT. */
+typedef struct ckptio_tiers_stats {
+  size_t size;                         /* sizeof(ckptio_tiers_stats) */
+  uint64_t saved_bytes[CKPTIO_TIERS];  /* written by this rank per tier (peer: copies received) */
+  uint64_t restored_bytes[CKPTIO_TIERS]; /* read by this rank's last restore per tier */
+  uint64_t skipped_copies;             /* copies a restore found damaged */
+  uint64_t failed_tier_saves;          /* tier saves that failed and were skipped */
+} ckptio_tiers_stats;
+#define CKPTIO_TIERS_STATS_INIT { sizeof(ckptio_tiers_stats), {0}, {0}, 0, 0 }
+
+/* Receives each warning: a tier's save that failed, a copy skipped by a
+ * restore. step is the step concerned, tier a ckptio_tier. */
+typedef void (*ckptio_tiers_warn_fn)(void *arg, uint64_t step, int tier, int code, const char *message);
+
+/*! ckptio_tiers_open() : (experimental)
+ *  Not collective. @comm copied (callbacks borrowed until close; the peer
+ *  tier and restores from peers need its alltoallv). @opts copied (the
+ *  directories too). @return 0 and *out, or CKPTIO_E_INVALID_ARG with the
+ *  reason in ckptio_last_open_error (no tier, a bad count, peers that
+ *  cannot land on another node), -errno creating a directory. */
+int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tiers_options *opts,
+                      ckptio_tiers **out);
+
+/*! Where warnings go (NULL: dropped; ckptio_tiers_last_error keeps the last). */
+void ckptio_tiers_set_warning(ckptio_tiers *t, ckptio_tiers_warn_fn fn, void *arg);
+
+/*! ckptio_tiers_save() : (experimental)
+ *  Collective: saves this rank's `n` tensors (host or device memory,
+ *  borrowed for the call) as its part of `step` into every tier due at this
+ *  step, then agrees and publishes as above. Steps must grow.
+ *  @return 0 (with fatal 0 also when a tier failed: it is then not
+ *          published for this step, and a warning says why), or the first
+ *          failure (fatal 1, or every tier failed), the reason in
+ *          ckptio_tiers_last_error. */
+int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n);
+
+/*! ckptio_tiers_restore() : (experimental)
+ *  Collective: finds the newest step restorable as described above and
+ *  makes this rank's part of it a verified local file: its path (in the
+ *  memory directory when a peer sent it, else where it was found) goes to
+ *  path[0, len), to open with ckptio_reader_open.
+ *  @return 0 and *step; -ENOENT when no step is whole anywhere (nothing
+ *          published, or every holder lost or damaged); another negative
+ *          code when the restore itself failed (the communicator, memory),
+ *          the reason in ckptio_tiers_last_error. */
+int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len);
+
+/*! Copies this handle's counters into *out (out->size set by the caller). */
+int ckptio_tiers_stats_get(const ckptio_tiers *t, ckptio_tiers_stats *out);
+/*! The last error or warning of this handle ("" if none). Borrowed. */
+const char *ckptio_tiers_last_error(const ckptio_tiers *t);
+/*! Not collective. Accepts NULL. */
+void ckptio_tiers_close(ckptio_tiers *t);
+
 #pragma GCC visibility pop
 
 #ifdef __cplusplus

@@ -1,0 +1,92 @@
+/* The tiered multi-rank checkpoints' private interface (ckptio_tiers_* in
+ * ckptio.h): the handle, the files a tier directory holds, and the
+ * exchange that moves a part's bytes between ranks. Built, like the
+ * manager, on the public API and core only. */
+#ifndef CKPTIO_MANAGE_TIERS_H
+#define CKPTIO_MANAGE_TIERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckptio.h"
+
+/* A step directory's marks: every rank's own part there (memory and
+ * durable), every copy there (peers). */
+#define TIERS_PUBLISHED "PUBLISHED"
+#define TIERS_COPIES "COPIES"
+
+struct ckptio_tiers {
+  ckptio_ctx *ctx;
+  ckptio_comm comm;
+  ckptio_tiers_options o;  /* memory_dir and durable_dir point at our copies */
+  int nodes;               /* nranks / ranks_per_node */
+  int leader;              /* the first rank of its node: removes marks and directories */
+  ckptio_tiers_warn_fn warn;
+  void *warn_arg;
+  ckptio_tiers_stats stats;
+  uint64_t last_step;
+  int saved;               /* last_step holds a step */
+  char err[CKPTIO_ERRLEN];
+};
+
+/* The rank that holds the k-th copy (1 <= k <= peers) of rank r's part,
+ * and the rank whose k-th copy rank r holds. */
+int tiers_holder(const ckptio_tiers *t, int r, int k);
+int tiers_held(const ckptio_tiers *t, int r, int k);
+
+/* Reports a warning: into t->err and to the callback. */
+void tiers_warn(ckptio_tiers *t, uint64_t step, int tier, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* ---------------------------------------------------------------- files */
+
+/* DIR/step-N, DIR/step-N/<what>-RRRRR.safetensors (what "rank" or "copy"),
+ * or DIR/step-N/<mark> (what NULL, mark the file's name). @return 0, or
+ * -ENAMETOOLONG. */
+int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char *what, int r);
+int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark);
+/* Creates DIR and DIR/step-N when missing. @return 0 or -errno. */
+int tiers_make_step_dir(const char *dir, uint64_t step);
+/* Writes DIR/step-N/<mark> (a temp file renamed into place; with sync,
+ * fsync'd, and the directory too). @return 0 or -errno. */
+int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync);
+/* 1 when DIR/step-N/<mark> exists. */
+int tiers_marked(const char *dir, uint64_t step, const char *mark);
+/* The steps of DIR's step directories, ascending (malloc'd). @return the
+ * count (0 when DIR is missing) or -errno. */
+long tiers_steps(const char *dir, uint64_t **steps);
+/* Size of a regular file, or -errno. */
+int64_t tiers_file_size(const char *path);
+/* Keeps, of the steps up to `current`, the `keep` newest marked with
+ * `mark` (or with `mark2`, when not NULL) and `current`; from every other
+ * step directory up to `current` removes this rank's files (its own part, and with `copies` the copies it
+ * holds), and on the node's leader the marks and the directory once empty. */
+void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2, int copies,
+                  uint64_t current);
+
+/* ------------------------------------------------------------- exchange */
+
+/* One part's bytes moved from rank src to rank dst. */
+typedef struct tiers_move {
+  int src, dst;
+  uint64_t bytes;
+} tiers_move;
+
+/* Collective: every rank passes the same list. For each move, rank src
+ * reads the `bytes` bytes of from[i] and rank dst writes them to to[i]
+ * (created; a temp name renamed into place once whole), in rounds in which
+ * a rank sends and receives at most one part, through bounded chunks of
+ * the communicator's alltoallv. A rank whose file cannot be read or
+ * written goes on taking part (so no rank hangs) and fails its moves:
+ * ok[i] (on both ends) is 1 only for a move that went through on this
+ * rank. @return 0, or a negative code (the communicator failed, memory)
+ * with t->err. */
+int tiers_exchange(ckptio_tiers *t, const tiers_move *moves, size_t n, const char *const *from,
+                   const char *const *to, int *ok);
+
+/* A part's every CRC32 checked: opened by ckptio_reader_open and
+ * ckptio_reader_verify, nothing unchecked. @return 0, or the failure with
+ * why (CKPTIO_ERRLEN) saying it. */
+int tiers_verify(ckptio_tiers *t, const char *path, char *why);
+
+#endif

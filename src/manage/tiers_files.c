@@ -1,0 +1,148 @@
+/* What a tier directory holds (tiers.h): step directories named as the
+ * manager names them, each rank's part and the copies it holds as
+ * safetensors files, and the marks that publish a step. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "manage/manage.h"
+#include "manage/tiers.h"
+
+int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char *what, int r) {
+  char name[MGR_STEP_NAME_MAX];
+  mgr_step_name(step, name, sizeof(name));
+  int n = what ? snprintf(buf, len, "%s/%s/%s-%05d.safetensors", dir, name, what, r)
+               : snprintf(buf, len, "%s/%s", dir, name);
+  return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark) {
+  char name[MGR_STEP_NAME_MAX];
+  mgr_step_name(step, name, sizeof(name));
+  int n = snprintf(buf, len, "%s/%s/%s", dir, name, mark);
+  return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int tiers_make_step_dir(const char *dir, uint64_t step) {
+  char path[4096];
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST) return -errno;
+  int rc = tiers_path(path, sizeof(path), dir, step, NULL, 0);
+  if (rc < 0) return rc;
+  return mkdir(path, 0777) == 0 || errno == EEXIST ? 0 : -errno;
+}
+
+static int sync_path(const char *path, int flags) {
+  int fd = open(path, flags | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  int rc = fsync(fd) == 0 ? 0 : -errno;
+  close(fd);
+  return rc;
+}
+
+int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync) {
+  char path[4096], tmp[4200], sdir[4096];
+  int rc = tiers_mark_path(path, sizeof(path), dir, step, mark);
+  if (rc < 0) return rc;
+  /* Ranks sharing the directory mark it at once: a temp name each. */
+  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) return -errno;
+  char text[64];
+  int n = snprintf(text, sizeof(text), "%" PRIu64 "\n", step);
+  rc = write(fd, text, (size_t)n) == n ? 0 : -EIO;
+  if (rc == 0 && sync && fsync(fd) != 0) rc = -errno;
+  close(fd);
+  if (rc == 0 && rename(tmp, path) != 0) rc = -errno;
+  if (rc < 0) {
+    unlink(tmp);
+    return rc;
+  }
+  if (sync && tiers_path(sdir, sizeof(sdir), dir, step, NULL, 0) == 0) rc = sync_path(sdir, O_RDONLY | O_DIRECTORY);
+  return rc;
+}
+
+int tiers_marked(const char *dir, uint64_t step, const char *mark) {
+  char path[4096];
+  return tiers_mark_path(path, sizeof(path), dir, step, mark) == 0 && access(path, F_OK) == 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+long tiers_steps(const char *dir, uint64_t **steps) {
+  *steps = NULL;
+  DIR *d = opendir(dir);
+  if (!d) return errno == ENOENT ? 0 : -errno;
+  size_t n = 0, cap = 0;
+  long rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    uint64_t step;
+    if (!mgr_parse_step(e->d_name, &step)) continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      uint64_t *nv = realloc(*steps, cap * sizeof(**steps));
+      if (!nv) {
+        rc = -ENOMEM;
+        break;
+      }
+      *steps = nv;
+    }
+    (*steps)[n++] = step;
+  }
+  closedir(d);
+  if (rc < 0) {
+    free(*steps);
+    *steps = NULL;
+    return rc;
+  }
+  if (n) qsort(*steps, n, sizeof(**steps), cmp_u64);
+  return (long)n;
+}
+
+int64_t tiers_file_size(const char *path) {
+  struct stat st;
+  if (stat(path, &st) != 0) return -errno;
+  return S_ISREG(st.st_mode) ? (int64_t)st.st_size : -EISDIR;
+}
+
+/* Removes from step's directory what this rank put there, and, on the
+ * leader, the marks and the directory when nothing else is left. */
+static void remove_step(ckptio_tiers *t, const char *dir, uint64_t step, int copies) {
+  char path[4096];
+  if (tiers_path(path, sizeof(path), dir, step, "rank", t->comm.rank) == 0) unlink(path);
+  for (int k = 1; copies && k <= t->o.peers; k++)
+    if (tiers_path(path, sizeof(path), dir, step, "copy", tiers_held(t, t->comm.rank, k)) == 0) unlink(path);
+  if (!t->leader) return;
+  if (tiers_mark_path(path, sizeof(path), dir, step, TIERS_PUBLISHED) == 0) unlink(path);
+  if (tiers_mark_path(path, sizeof(path), dir, step, TIERS_COPIES) == 0) unlink(path);
+  if (tiers_path(path, sizeof(path), dir, step, NULL, 0) == 0) rmdir(path); /* fails while others' files remain */
+}
+
+void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2, int copies,
+                  uint64_t current) {
+  uint64_t *steps;
+  long n = tiers_steps(dir, &steps);
+  if (n <= 0) return;
+  int kept = 0;
+  for (long i = n - 1; i >= 0; i--) {
+    /* A newer step is another rank's save already under way (or a
+     * leftover that step's own save will replace): never ours to remove. */
+    if (steps[i] > current) continue;
+    int marked = tiers_marked(dir, steps[i], mark) || (mark2 && tiers_marked(dir, steps[i], mark2));
+    if (steps[i] == current || (marked && kept < keep)) {
+      kept += marked;
+      continue;
+    }
+    remove_step(t, dir, steps[i], copies);
+  }
+  free(steps);
+}

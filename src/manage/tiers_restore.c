@@ -1,0 +1,229 @@
+/* The collective restore (ckptio_tiers_restore in ckptio.h). Every rank
+ * lists the published copies it holds; the lists are gathered, so every
+ * rank computes the same plan: the newest step whose every part has a
+ * holder not found damaged, each part from the fastest (own memory, a
+ * peer's copy, the durable directory). The parts that come from peers
+ * move (tiers_exchange), every rank checks every CRC32 of its part, and
+ * the ranks agree; a part that failed marks that copy bad on every rank
+ * and the plan is made again without it. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/collective.h"
+#include "core/error.h"
+#include "manage/tiers.h"
+
+/* One published copy of one part. */
+typedef struct holding {
+  uint64_t step;
+  uint64_t bytes;
+  int32_t part;    /* whose part */
+  int32_t tier;    /* ckptio_tier */
+  int32_t holder;  /* the rank that has it (filled after the gather) */
+  int32_t bad;     /* found damaged by a restore */
+} holding;
+
+typedef struct list {
+  holding *v;
+  size_t n, cap;
+} list;
+
+static int push(list *l, holding h) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 16;
+    holding *nv = realloc(l->v, cap * sizeof(*nv));
+    if (!nv) return -ENOMEM;
+    l->v = nv, l->cap = cap;
+  }
+  l->v[l->n++] = h;
+  return 0;
+}
+
+/* The file of part `part` in DIR at step, if the step is marked with
+ * `mark` and the file is there. */
+static int add_if_held(list *l, const char *dir, uint64_t step, const char *mark, const char *what, int part,
+                       int tier) {
+  char path[4096];
+  if (!tiers_marked(dir, step, mark) || tiers_path(path, sizeof(path), dir, step, what, part) < 0) return 0;
+  int64_t size = tiers_file_size(path);
+  if (size < 0) return 0;
+  return push(l, (holding){step, (uint64_t)size, part, tier, -1, 0});
+}
+
+/* What this rank holds: its own part in memory and on the durable tier,
+ * and the copies it keeps for others. */
+static int list_mine(ckptio_tiers *t, list *l) {
+  int me = t->comm.rank, rc = 0;
+  for (int tier = 0; tier < CKPTIO_TIERS && rc == 0; tier++) {
+    const char *dir = tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+    if (!dir || (tier == CKPTIO_TIER_PEER && !t->o.peers)) continue;
+    uint64_t *steps;
+    long n = tiers_steps(dir, &steps);
+    if (n < 0) continue; /* a tier this rank cannot list holds nothing for it */
+    for (long i = 0; i < n && rc == 0; i++) {
+      if (tier != CKPTIO_TIER_PEER)
+        rc = add_if_held(l, dir, steps[i], TIERS_PUBLISHED, "rank", me, tier);
+      else
+        for (int k = 1; k <= t->o.peers && rc == 0; k++)
+          rc = add_if_held(l, dir, steps[i], TIERS_COPIES, "copy", tiers_held(t, me, k), tier);
+    }
+    free(steps);
+  }
+  return rc;
+}
+
+/* The gathered lists as one, each holding with its holder. */
+static int gather(ckptio_tiers *t, const list *mine, list *all) {
+  unsigned char *buf = NULL;
+  uint64_t *lens = NULL, stride = 0;
+  int rc = ckptio_comm_gather(&t->comm, mine->v, mine->n * sizeof(holding), &buf, &lens, &stride, t->err);
+  for (int r = 0; rc == 0 && r < t->comm.nranks; r++)
+    for (uint64_t i = 0; rc == 0 && i < lens[r] / sizeof(holding); i++) {
+      holding h;
+      memcpy(&h, buf + (size_t)r * stride + i * sizeof(holding), sizeof(h));
+      h.holder = r;
+      rc = push(all, h);
+    }
+  free(buf);
+  free(lens);
+  return rc;
+}
+
+/* The fastest good holding of `part` at `step`, or -1. */
+static long best(const list *all, uint64_t step, int part) {
+  long pick = -1;
+  for (size_t i = 0; i < all->n; i++) {
+    const holding *h = &all->v[i];
+    if (h->bad || h->step != step || h->part != part) continue;
+    if (pick < 0 || h->tier < all->v[pick].tier || (h->tier == all->v[pick].tier && h->holder < all->v[pick].holder))
+      pick = (long)i;
+  }
+  return pick;
+}
+
+/* The newest step below `below` whose every part has a good holding, its
+ * choices in pick[]; 0 when none. */
+static int plan(const ckptio_tiers *t, const list *all, uint64_t *below, int *have_below, long *pick,
+                uint64_t *step) {
+  for (;;) {
+    int found = 0;
+    uint64_t s = 0;
+    for (size_t i = 0; i < all->n; i++)
+      if (!all->v[i].bad && (!*have_below || all->v[i].step < *below) && (!found || all->v[i].step > s))
+        s = all->v[i].step, found = 1;
+    if (!found) return 0;
+    int whole = 1;
+    for (int r = 0; r < t->comm.nranks && whole; r++) whole = (pick[r] = best(all, s, r)) >= 0;
+    if (whole) {
+      *step = s;
+      return 1;
+    }
+    *below = s, *have_below = 1;
+  }
+}
+
+static const char *tier_word(int tier) {
+  return tier == CKPTIO_TIER_MEMORY ? "memory" : tier == CKPTIO_TIER_PEER ? "a peer's copy" : "the durable tier";
+}
+
+/* One attempt at the plan: the moves, then this rank's check. @return 0
+ * with *code (0: this rank's part is whole and verified at path; else why
+ * not, with why), or a collective failure. */
+static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t step, char *path, size_t len,
+                   int *code, char *why) {
+  int n = t->comm.nranks, me = t->comm.rank, rc = 0;
+  tiers_move *moves = calloc((size_t)n, sizeof(*moves));
+  char(*paths)[4096] = calloc((size_t)n, sizeof(*paths));
+  const char **from = calloc((size_t)n, sizeof(char *)), **to = calloc((size_t)n, sizeof(char *));
+  int *ok = calloc((size_t)n, sizeof(int));
+  size_t m = 0;
+  if (!moves || !paths || !from || !to || !ok) {
+    rc = ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to restore", me);
+    goto out;
+  }
+  for (int r = 0; r < n; r++) {
+    const holding *h = &all->v[pick[r]];
+    if (h->tier != CKPTIO_TIER_PEER) continue;
+    moves[m] = (tiers_move){h->holder, r, h->bytes};
+    if (h->holder == me) tiers_path(paths[m], sizeof(paths[m]), t->o.memory_dir, step, "copy", r), from[m] = paths[m];
+    if (r == me) {
+      tiers_make_step_dir(t->o.memory_dir, step);
+      tiers_path(paths[m], sizeof(paths[m]), t->o.memory_dir, step, "rank", r), to[m] = paths[m];
+    }
+    m++;
+  }
+  if ((rc = tiers_exchange(t, moves, m, from, to, ok)) < 0) goto out;
+  const holding *h = &all->v[pick[me]];
+  const char *dir = h->tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+  int got = 1;
+  for (size_t i = 0; i < m; i++)
+    if (moves[i].dst == me && !ok[i]) got = 0;
+  int v = tiers_path(path, len, dir, step, "rank", me);
+  if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
+  else if (v == 0) v = tiers_verify(t, path, why);
+  else ckptio_fail(why, v, "path too long");
+  *code = v;
+out:
+  free(moves);
+  free(paths);
+  free(from);
+  free(to);
+  free(ok);
+  return rc;
+}
+
+int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len) {
+  if (!t || !step || !path || !len) return CKPTIO_E_INVALID_ARG;
+  int n = t->comm.nranks, me = t->comm.rank;
+  list mine = {0}, all = {0};
+  long *pick = calloc((size_t)n, sizeof(long));
+  int32_t *oks = calloc((size_t)n, sizeof(int32_t));
+  int rc = pick && oks ? list_mine(t, &mine) : -ENOMEM;
+  if (rc == 0) rc = gather(t, &mine, &all);
+  if (rc < 0 && rc == -ENOMEM) ckptio_fail(t->err, rc, "rank %d: no memory to restore", me);
+  for (int k = 0; k < CKPTIO_TIERS; k++) t->stats.restored_bytes[k] = 0;
+  uint64_t below = 0, s = 0;
+  int have_below = 0;
+  while (rc == 0) {
+    if (!plan(t, &all, &below, &have_below, pick, &s)) {
+      rc = ckptio_fail(t->err, -ENOENT, "no step is whole and verified in any tier (%zu copies listed%s)",
+                       all.n, t->stats.skipped_copies ? ", some of them damaged" : "");
+      break;
+    }
+    char why[CKPTIO_ERRLEN] = "";
+    int code = 0;
+    rc = attempt(t, &all, pick, s, path, len, &code, why);
+    int32_t ok = code == 0;
+    if (rc < 0) break;
+    if ((rc = t->comm.allgather(t->comm.user, &ok, oks, sizeof(ok))) < 0) {
+      ckptio_fail(t->err, rc, "rank %d: the communicator's allgather failed: %s", me, ckptio_strerror(rc));
+      break;
+    }
+    int all_ok = 1;
+    for (int r = 0; r < n; r++) {
+      if (oks[r]) continue;
+      all_ok = 0;
+      holding *h = &all.v[pick[r]];
+      h->bad = 1;
+      if (r == me) {
+        char held[48] = "";
+        if (h->tier == CKPTIO_TIER_PEER) snprintf(held, sizeof(held), " (held by rank %d)", h->holder);
+        t->stats.skipped_copies++;
+        tiers_warn(t, s, h->tier, code, "rank %d, step %llu, %s%s: skipped: %s", r, (unsigned long long)s,
+                   tier_word(h->tier), held, why);
+      }
+    }
+    if (all_ok) {
+      *step = s;
+      t->stats.restored_bytes[all.v[pick[me]].tier] += all.v[pick[me]].bytes;
+      break;
+    }
+  }
+  free(mine.v);
+  free(all.v);
+  free(pick);
+  free(oks);
+  return rc;
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Tiered checkpoints (ckptio_tiers_*) over real MPI processes: 4 ranks as 2
+# machines of 2 (tests/dist/tiers_driver.c), each machine's memory tier its
+# own directory WORK/node<n>/shm, the durable tier WORK/durable. Memory
+# keeps 2 steps, 1 peer copy on the other machine, durable every 2nd step.
+#   tiers.sh DRIVER WORKDIR
+# Exits 77 (skip) when mpirun is missing.
+set -euo pipefail
+DRIVER="$1" WORK="$2"
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { timeout 120 mpirun -np 4 --oversubscribe --bind-to none "$DRIVER" "$WORK" "$@"; }
+fail() { echo "FAIL: $*"; exit 1; }
+rm -rf "$WORK"
+mkdir -p "$WORK"
+steps() { ls "$1" 2>/dev/null | tr '\n' ' '; }
+
+echo "== steps 1-3: memory keeps 2, durable every 2nd"
+mpi save 1 3
+[ "$(steps "$WORK/node0/shm")" = "step-00000002 step-00000003 " ] || fail "memory holds $(steps "$WORK/node0/shm")"
+[ "$(steps "$WORK/durable")" = "step-00000002 " ] || fail "durable holds $(steps "$WORK/durable")"
+ls "$WORK/node1/shm/step-00000003" | grep -q "copy-00000" || fail "node1 holds no copy of rank 0"
+
+echo "== a rank SIGKILLed at each point of a save's publication: the job ends, the restart restores a whole step"
+for point in written agreed marked; do
+  if CKPTIO_FAULT_TIERS_KILL=$point:1 mpi save 4 4 >"$WORK/kill-$point.log" 2>&1; then
+    cat "$WORK/kill-$point.log"; fail "the job whose rank 1 was killed ($point) exited 0"
+  fi
+  if [ $point = written ]; then
+    mpi restore 3 mmmm | tee "$WORK/restore-$point.log"  # nothing of step 4 agreed: step 3, all from memory
+  else
+    mpi restore 0 '????' | tee "$WORK/restore-$point.log"  # agreed: step 4 or, not marked everywhere, 3
+  fi
+done
+
+echo "== the job goes on: steps 4-7"
+mpi save 4 7
+[ "$(steps "$WORK/durable")" = "step-00000004 step-00000006 " ] || fail "durable holds $(steps "$WORK/durable")"
+
+echo "== machine 1 lost (its memory wiped): its ranks restore from the copies on machine 0, 0 bytes from disk"
+rm -rf "$WORK/node1"
+mpi restore 7 mmpp
+
+echo "== steps 8-9, then rank 0's part in memory damaged: the copy on machine 1 serves"
+mpi save 8 9
+f="$WORK/node0/shm/step-00000009/rank-00000.safetensors"
+printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 100 )) conv=notrunc status=none
+mpi restore 9 pmmm 2>"$WORK/warn1.log"
+grep -q "rank 0 warning: .*rank 0, step 9, memory: skipped" "$WORK/warn1.log" || { cat "$WORK/warn1.log"; fail "no warning naming rank 0, step 9, memory"; }
+
+echo "== both copies of rank 0's step 9 bad (damaged, torn): step 8, never the bad bytes"
+printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 100 )) conv=notrunc status=none
+c="$WORK/node1/shm/step-00000009/copy-00000.safetensors"
+truncate -s $(( $(stat -c %s "$c") / 2 )) "$c"
+mpi restore 8 mmmm 2>"$WORK/warn2.log"
+grep -q "rank 0, step 9, a peer's copy (held by rank 2): skipped" "$WORK/warn2.log" || { cat "$WORK/warn2.log"; fail "no warning naming the torn copy"; }
+
+echo "== both machines' memory lost: the newest durable step, nothing newer claimed"
+rm -rf "$WORK/node0" "$WORK/node1"
+mpi restore 8 dddd
+
+echo "== the durable step damaged for rank 3: the older durable step"
+f="$WORK/durable/step-00000008/rank-00003.safetensors"
+printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 100 )) conv=notrunc status=none
+rm -rf "$WORK/node0" "$WORK/node1"
+mpi restore 6 dddd 2>"$WORK/warn3.log"
+grep -q "rank 3, step 8, the durable tier: skipped" "$WORK/warn3.log" || { cat "$WORK/warn3.log"; fail "no warning naming rank 3's durable part"; }
+
+echo "== everything lost: restore says so on every rank"
+rm -rf "$WORK/node0" "$WORK/node1" "$WORK/durable"
+mpi none
+echo "PASS: tiers"

@@ -1,0 +1,158 @@
+/* Tiered checkpoints over real MPI processes (run by tests/dist/run.sh,
+ * scenario "tiers"): ranks grouped into nodes of RPN ranks, node n's
+ * memory directory WORK/node<n>/shm (a machine lost is that directory
+ * wiped), one durable directory WORK/durable shared by all. Every rank's
+ * part of step s is computed from (rank, s), so a restored part is checked
+ * byte for byte.
+ *
+ *   tiers_driver WORK save FIRST LAST    saves steps FIRST..LAST
+ *   tiers_driver WORK restore STEP TIERS restores: must be step STEP (0: any
+ *                                        step whose parts all check), rank r's
+ *                                        part from TIERS[r] (m: own memory, p: a
+ *                                        peer, d: durable, ?: any)
+ *   tiers_driver WORK none               restore must find nothing (-ENOENT)
+ *
+ * Warnings go to stderr as "rank R warning: ...". Exit 0 when every check
+ * held on this rank. */
+#define CKPTIO_EXPERIMENTAL
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckptio.h"
+#include "ckptio_mpi.h"
+#include "check.h"
+
+static int rank, nranks, failures;
+#define RPN 2
+#define N_W (1 << 18) /* 1 MiB of f32 per rank */
+
+static float value(int r, uint64_t step, size_t i) { return (float)(r * 1000003 + (int)step * 7919 + (int)(i % 65521)); }
+
+static void on_warning(void *arg, uint64_t step, int tier, int code, const char *message) {
+  (void)arg;
+  fprintf(stderr, "rank %d warning: step %llu tier %d (%s): %s\n", rank, (unsigned long long)step, tier,
+          ckptio_strerror(code), message);
+}
+
+static int open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *work, ckptio_tiers **t) {
+  static char mem[4096], dur[4096];
+  snprintf(mem, sizeof(mem), "%s/node%d/shm", work, rank / RPN);
+  snprintf(dur, sizeof(dur), "%s/durable", work);
+  char node[4096];
+  snprintf(node, sizeof(node), "%s/node%d", work, rank / RPN);
+  mkdir(node, 0777);
+  ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
+  o.memory_dir = mem;
+  o.memory_keep = 2;
+  o.peers = 1;
+  o.ranks_per_node = RPN;
+  o.durable_dir = dur;
+  o.durable_every = 2;
+  o.durable_keep = 2;
+  int rc = ckptio_tiers_open(ctx, comm, &o, t);
+  CHECK(rc == 0, "ckptio_tiers_open: %s", ckptio_last_open_error());
+  if (rc == 0) ckptio_tiers_set_warning(*t, on_warning, NULL);
+  return rc;
+}
+
+static void save(ckptio_tiers *t, uint64_t first, uint64_t last) {
+  float *w = malloc(N_W * sizeof(float));
+  for (uint64_t s = first; s <= last; s++) {
+    for (size_t i = 0; i < N_W; i++) w[i] = value(rank, s, i);
+    int64_t b[3] = {rank, (int64_t)s, 7};
+    ckptio_tensor ts[2] = {{"w", CKPTIO_F32, 1, {N_W}, w, CKPTIO_DEVICE_HOST},
+                           {"b", CKPTIO_I64, 1, {3}, b, CKPTIO_DEVICE_HOST}};
+    int rc = ckptio_tiers_save(t, s, ts, 2);
+    CHECK(rc == 0, "save step %llu: %s", (unsigned long long)s, ckptio_tiers_last_error(t));
+  }
+  free(w);
+}
+
+/* The part at path is rank's part of step: every byte. */
+static void check_part(ckptio_ctx *ctx, const char *path, uint64_t step) {
+  ckptio_reader *r = NULL;
+  int rc = ckptio_reader_open(ctx, path, NULL, &r);
+  CHECK(rc == 0, "open %s: %s", path, ckptio_last_open_error());
+  if (rc) return;
+  float *w = malloc(N_W * sizeof(float));
+  int64_t b[3] = {0};
+  CHECK(ckptio_reader_count(r) == 2, "%s: %zu tensors", path, ckptio_reader_count(r));
+  for (size_t i = 0; i < ckptio_reader_count(r); i++) {
+    ckptio_tensor_info info;
+    ckptio_reader_info(r, i, &info);
+    if (!strcmp(info.name, "w")) rc = ckptio_reader_load(r, i, w, N_W * sizeof(float));
+    else rc = ckptio_reader_load(r, i, b, sizeof(b));
+    CHECK(rc == 0, "load %s: %s", info.name, ckptio_reader_last_error(r));
+  }
+  CHECK(b[0] == rank && b[1] == (int64_t)step && b[2] == 7, "b = %lld %lld %lld", (long long)b[0],
+        (long long)b[1], (long long)b[2]);
+  size_t bad = 0;
+  for (size_t i = 0; i < N_W; i++) bad += w[i] != value(rank, step, i);
+  CHECK(bad == 0, "%zu elements of w differ from step %llu's", bad, (unsigned long long)step);
+  free(w);
+  ckptio_reader_close(r);
+}
+
+static void restore(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want, const char *tiers) {
+  uint64_t step = 0;
+  char path[4096];
+  int rc = ckptio_tiers_restore(t, &step, path, sizeof(path));
+  CHECK(rc == 0, "restore: %s", ckptio_tiers_last_error(t));
+  if (rc) return;
+  ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+  ckptio_tiers_stats_get(t, &st);
+  printf("rank %d restored step %llu from %s: memory %llu peer %llu durable %llu bytes, %llu copies skipped\n",
+         rank, (unsigned long long)step, path, (unsigned long long)st.restored_bytes[0],
+         (unsigned long long)st.restored_bytes[1], (unsigned long long)st.restored_bytes[2],
+         (unsigned long long)st.skipped_copies);
+  CHECK(!want || step == want, "restored step %llu, expected %llu", (unsigned long long)step,
+        (unsigned long long)want);
+  char tier = (int)strlen(tiers) > rank ? tiers[rank] : '?';
+  int from = st.restored_bytes[0] ? 'm' : st.restored_bytes[1] ? 'p' : st.restored_bytes[2] ? 'd' : '-';
+  CHECK(tier == '?' || tier == from, "part from tier %c, expected %c", from, tier);
+  int tiers_used = !!st.restored_bytes[0] + !!st.restored_bytes[1] + !!st.restored_bytes[2];
+  CHECK(tiers_used == 1, "bytes from %d tiers", tiers_used);
+  check_part(ctx, path, step);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm world = MPI_COMM_WORLD;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &nranks);
+  if (argc < 3) {
+    fprintf(stderr, "usage: tiers_driver WORK save FIRST LAST | restore STEP TIERS | none\n");
+    return 2;
+  }
+  ckptio_ctx *ctx = NULL;
+  ckptio_comm comm;
+  ckptio_tiers *t = NULL;
+  if (ckptio_ctx_create(NULL, &ctx) != 0 || ckptio_comm_from_mpi(&world, &comm) != 0 ||
+      open_tiers(ctx, &comm, argv[1], &t) != 0) {
+    fprintf(stderr, "rank %d: setup failed: %s\n", rank, ckptio_last_open_error());
+    MPI_Abort(world, 1);
+  }
+  if (!strcmp(argv[2], "save") && argc == 5) {
+    save(t, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+  } else if (!strcmp(argv[2], "restore") && argc == 5) {
+    restore(ctx, t, strtoull(argv[3], NULL, 10), argv[4]);
+  } else if (!strcmp(argv[2], "none")) {
+    uint64_t step;
+    char path[4096];
+    int rc = ckptio_tiers_restore(t, &step, path, sizeof(path));
+    CHECK(rc == -ENOENT, "restore with nothing left returned %d (%s)", rc, ckptio_tiers_last_error(t));
+    printf("rank %d: nothing to restore: %s\n", rank, ckptio_tiers_last_error(t));
+  } else {
+    fprintf(stderr, "tiers_driver: unknown mode %s\n", argv[2]);
+    failures++;
+  }
+  ckptio_tiers_close(t);
+  ckptio_ctx_free(ctx);
+  int all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, world);
+  MPI_Finalize();
+  return all ? 1 : 0;
+}
