@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "manage/tiers.h"
 
-#define TIERS_CHUNK ((uint64_t)64 << 20)
+#define TIERS_CHUNK ((uint64_t)8 << 20)
 
 /* This rank's ends of one round: the move it sends (or -1) and the one it
  * receives (or -1), with their files. */

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Tiered checkpoints timed (bench/tiers_bench.c), 2 MPI ranks as 2 machines
+# with 1 peer copy each: the save's stall to memory + peers against a
+# durable save and against a plain copy of the part, then restores from
+# each tier (memory; a machine's memory wiped: peers; both wiped and the
+# durable parts out of the page cache: durable), every part loaded after.
+#   bench/tiers.sh [WORK (/work/exp/tiers)] [MIB per rank (1024)] [ROUNDS (5)]
+set -euo pipefail
+WORK="${1:-/work/exp/tiers}" MIB="${2:-1024}" ROUNDS="${3:-5}"
+export TIERS_SHM="${TIERS_SHM:-/dev/shm/ckptio-tiers-bench}"  # the machines' memory tiers
+BENCH="$(dirname "$0")/../build/bench/tiers_bench"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { mpirun -x TIERS_SHM -np 2 --oversubscribe --bind-to none "$BENCH" "$WORK" "$MIB" "$@"; }
+rm -rf "$WORK" "$TIERS_SHM"
+mkdir -p "$WORK" "$TIERS_SHM"
+mpi save "$ROUNDS" | grep RESULT
+for i in 1 2 3; do mpi restore "$ROUNDS" memory | grep RESULT; done
+rm -rf "$TIERS_SHM/node1"
+mpi restore "$ROUNDS" peers | grep RESULT
+rm -rf "$TIERS_SHM/node0" "$TIERS_SHM/node1"
+mpi restore "$ROUNDS" durable-cold | grep RESULT
+rm -rf "$TIERS_SHM/node0" "$TIERS_SHM/node1"
+mpi restore "$ROUNDS" durable-cold | grep RESULT
+rm -rf "$WORK" "$TIERS_SHM"

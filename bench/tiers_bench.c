@@ -1,0 +1,165 @@
+/* Tiered checkpoints timed over real MPI processes (bench/tiers.sh runs it):
+ * every rank its own node (ranks_per_node 1), one peer copy, memory
+ * directories $TIERS_SHM/node<r>/shm (a tmpfs; WORK when unset), durable
+ * WORK/durable. Times are the slowest
+ * rank's, after a barrier.
+ *
+ *   tiers_bench WORK MIB save ROUNDS   per round: a snapshot copy of the part
+ *                                      (memcpy into touched memory), a save to
+ *                                      memory + peers, a durable-only save, and
+ *                                      the part's bytes written into a new file
+ *                                      beside the memory tier (its ceiling)
+ *   tiers_bench WORK MIB restore STEP NAME   a restore (+ loading every tensor
+ *                                      into memory), reported under NAME, with
+ *                                      the bytes per tier; durable parts are
+ *                                      dropped from the page cache first */
+#define CKPTIO_EXPERIMENTAL
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckptio.h"
+#include "ckptio_mpi.h"
+
+static int rank, nranks;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The slowest rank's seconds for what `t0` started, after the barrier that began it. */
+static double slowest(double t0) {
+  double mine = now() - t0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return all;
+}
+
+static ckptio_tiers *open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *shm, const char *work, int memory,
+                               int durable) {
+  static char mem[4096], dur[4096], node[4096];
+  snprintf(node, sizeof(node), "%s/node%d", shm, rank);
+  mkdir(node, 0777);
+  snprintf(mem, sizeof(mem), "%s/shm", node);
+  snprintf(dur, sizeof(dur), "%s/durable", work);
+  ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
+  o.memory_dir = memory ? mem : NULL;
+  o.memory_keep = 1;
+  o.peers = memory && nranks > 1 ? 1 : 0;
+  o.durable_dir = durable ? dur : NULL;
+  o.durable_keep = 1;
+  ckptio_tiers *t = NULL;
+  if (ckptio_tiers_open(ctx, comm, &o, &t) != 0) {
+    fprintf(stderr, "rank %d: %s\n", rank, ckptio_last_open_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return t;
+}
+
+/* The ceiling of one memory copy: the part's bytes written into a new
+ * file beside the memory tier's (8 MiB pwrites), then removed. */
+static void raw_write(const char *shm, const void *data, size_t bytes) {
+  char path[4200];
+  snprintf(path, sizeof(path), "%s/node%d/raw.bin", shm, rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (size_t off = 0; fd >= 0 && off < bytes; off += 8 << 20)
+    if (pwrite(fd, (const char *)data + off, bytes - off < (8u << 20) ? bytes - off : 8u << 20, (off_t)off) < 0) break;
+  if (fd >= 0) close(fd);
+  unlink(path);
+}
+
+static void must(int rc, ckptio_tiers *t, const char *what) {
+  if (rc == 0) return;
+  fprintf(stderr, "rank %d: %s: %s\n", rank, what, ckptio_tiers_last_error(t));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm world = MPI_COMM_WORLD;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &nranks);
+  if (argc < 5 || (!strcmp(argv[3], "restore") && argc < 6)) {
+    fprintf(stderr, "usage: tiers_bench WORK MIB save ROUNDS | restore STEP NAME\n");
+    return 2;
+  }
+  const char *work = argv[1], *shm = getenv("TIERS_SHM");
+  if (!shm) shm = work;
+  size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20, n = bytes / 4;
+  ckptio_ctx *ctx = NULL;
+  ckptio_comm comm;
+  if (ckptio_ctx_create(NULL, &ctx) != 0 || ckptio_comm_from_mpi(&world, &comm) != 0) MPI_Abort(world, 1);
+  if (!strcmp(argv[3], "save")) {
+    float *w = malloc(bytes), *copy = malloc(bytes);
+    for (size_t i = 0; i < n; i++) w[i] = (float)(i % 1000 + rank);
+    memset(copy, 1, bytes);
+    ckptio_tensor tensor = {"w", CKPTIO_F32, 1, {(int64_t)n}, w, CKPTIO_DEVICE_HOST};
+    ckptio_tiers *fast = open_tiers(ctx, &comm, shm, work, 1, 0), *disk = open_tiers(ctx, &comm, shm, work, 0, 1);
+    int rounds = atoi(argv[4]);
+    for (int r = 1; r <= rounds; r++) {
+      MPI_Barrier(world);
+      double t0 = now();
+      memcpy(copy, w, bytes);
+      double c = slowest(t0);
+      MPI_Barrier(world);
+      t0 = now();
+      must(ckptio_tiers_save(fast, (uint64_t)r, &tensor, 1), fast, "save to memory + peers");
+      double f = slowest(t0);
+      MPI_Barrier(world);
+      t0 = now();
+      must(ckptio_tiers_save(disk, (uint64_t)r, &tensor, 1), disk, "durable save");
+      double d = slowest(t0);
+      MPI_Barrier(world);
+      t0 = now();
+      raw_write(shm, w, bytes);
+      double m = slowest(t0);
+      if (rank == 0)
+        printf("RESULT {\"round\": %d, \"copy\": %.4f, \"memory_peers\": %.4f, \"durable\": %.4f, "
+               "\"raw_shm_write\": %.4f}\n", r, c, f, d, m);
+    }
+    ckptio_tiers_close(fast);
+    ckptio_tiers_close(disk);
+    free(w);
+    free(copy);
+  } else {
+    ckptio_tiers *t = open_tiers(ctx, &comm, shm, work, 1, 1);
+    char dur[4200];
+    snprintf(dur, sizeof(dur), "%s/durable/step-%08llu/rank-%05d.safetensors", work,
+             strtoull(argv[4], NULL, 10), rank);
+    int fd = open(dur, O_RDONLY);
+    if (fd >= 0) {
+      fdatasync(fd);
+      posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      close(fd);
+    }
+    float *w = malloc(bytes);
+    MPI_Barrier(world);
+    double t0 = now();
+    uint64_t step = 0;
+    char path[4096];
+    must(ckptio_tiers_restore(t, &step, path, sizeof(path)), t, "restore");
+    ckptio_reader *r = NULL;
+    if (ckptio_reader_open(ctx, path, NULL, &r) != 0 || ckptio_reader_load(r, 0, w, bytes) != 0) MPI_Abort(world, 1);
+    ckptio_reader_close(r);
+    double s = slowest(t0);
+    ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+    ckptio_tiers_stats_get(t, &st);
+    unsigned long long per[3], sum[3];
+    for (int k = 0; k < 3; k++) per[k] = st.restored_bytes[k];
+    MPI_Reduce(per, sum, 3, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, world);
+    if (rank == 0)
+      printf("RESULT {\"restore\": \"%s\", \"step\": %llu, \"seconds\": %.4f, \"memory_bytes\": %llu, "
+             "\"peer_bytes\": %llu, \"durable_bytes\": %llu}\n", argv[5], (unsigned long long)step, s, sum[0],
+             sum[1], sum[2]);
+    ckptio_tiers_close(t);
+    free(w);
+  }
+  ckptio_ctx_free(ctx);
+  MPI_Finalize();
+  return 0;
+}
