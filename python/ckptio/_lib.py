@@ -255,6 +255,33 @@ class CheckpointInfo_(ctypes.Structure):  # ckptio_checkpoint_info
 
 # ckptio_manager_warn_fn(arg, step, code, message)
 WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p)
+# ckptio_tiers_warn_fn(arg, step, tier, code, message)
+TIERS_WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p)
+TIERS = ("memory", "peers", "durable")  # ckptio_tier, fastest first
+
+
+class TiersOptions(ctypes.Structure):  # ckptio_tiers_options
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("memory_dir", ctypes.c_char_p),
+        ("memory_keep", ctypes.c_int),
+        ("peers", ctypes.c_int),
+        ("ranks_per_node", ctypes.c_int),
+        ("durable_dir", ctypes.c_char_p),
+        ("durable_every", ctypes.c_int),
+        ("durable_keep", ctypes.c_int),
+        ("fatal", ctypes.c_int),
+    ]
+
+
+class TiersStats(ctypes.Structure):  # ckptio_tiers_stats
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("saved_bytes", ctypes.c_uint64 * 3),
+        ("restored_bytes", ctypes.c_uint64 * 3),
+        ("skipped_copies", ctypes.c_uint64),
+        ("failed_tier_saves", ctypes.c_uint64),
+    ]
 
 _P = ctypes.c_void_p  # every opaque handle
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -361,6 +388,14 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_manager_list": (ctypes.c_int64, [_P, _I]),
     "ckptio_manager_checkpoint": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(CheckpointInfo_)]),
     "ckptio_manager_last_error": (_S, [_P]),
+    # Tiered checkpoints (ckptio.tiers), experimental.
+    "ckptio_tiers_open": (_I, [_P, ctypes.POINTER(Comm), ctypes.POINTER(TiersOptions), _PP]),
+    "ckptio_tiers_set_warning": (None, [_P, TIERS_WARN_FN, _P]),
+    "ckptio_tiers_save": (_I, [_P, ctypes.c_uint64, ctypes.POINTER(Tensor_), ctypes.c_size_t]),
+    "ckptio_tiers_restore": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
+    "ckptio_tiers_stats_get": (_I, [_P, ctypes.POINTER(TiersStats)]),
+    "ckptio_tiers_last_error": (_S, [_P]),
+    "ckptio_tiers_close": (None, [_P]),
 }
 
 _lock = threading.Lock()

@@ -263,6 +263,7 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
   if (due[CKPTIO_TIER_DURABLE]) rc[2] = write_part(t, t->o.durable_dir, step, tensors, n, &dbytes, why[2]);
   crash_point(t, "written");
   int first = 0, published = 0;
+  char first_msg[CKPTIO_ERRLEN] = "";
   for (int tier = 0; tier < CKPTIO_TIERS; tier++) {
     if (!due[tier]) continue;
     int p = publish(t, step, tier, rc[tier], why[tier]);
@@ -272,10 +273,11 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
       continue;
     }
     t->stats.failed_tier_saves++;
-    if (!first) first = p;
     tiers_warn(t, step, tier, p, "step %llu not saved to the %s tier: %s", (unsigned long long)step,
                tier_names[tier], why[tier]);
+    if (!first) first = p, memcpy(first_msg, t->err, sizeof(first_msg));
   }
+  if (first) memcpy(t->err, first_msg, sizeof(first_msg)); /* what a failed save returns names the first */
   t->saved = 1;
   t->last_step = step;
   if (t->o.memory_dir)

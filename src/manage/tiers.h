@@ -45,7 +45,7 @@ void tiers_warn(ckptio_tiers *t, uint64_t step, int tier, int code, const char *
  * -ENAMETOOLONG. */
 int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char *what, int r);
 int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark);
-/* Creates DIR and DIR/step-N when missing. @return 0 or -errno. */
+/* Creates DIR (every missing level) and DIR/step-N. @return 0 or -errno. */
 int tiers_make_step_dir(const char *dir, uint64_t step);
 /* Writes DIR/step-N/<mark> (a temp file renamed into place; with sync,
  * fsync'd, and the directory too). @return 0 or -errno. */

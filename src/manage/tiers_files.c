@@ -29,10 +29,25 @@ int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const
   return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
+/* mkdir -p: every missing level of path. */
+static int make_dirs(const char *path) {
+  char p[4096];
+  if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p)) return -ENAMETOOLONG;
+  for (char *s = p + 1;; s++) {
+    char c = *s;
+    if (c != '/' && c != '\0') continue;
+    *s = '\0';
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) return -errno;
+    *s = c;
+    if (!c) return 0;
+  }
+}
+
 int tiers_make_step_dir(const char *dir, uint64_t step) {
   char path[4096];
-  if (mkdir(dir, 0777) != 0 && errno != EEXIST) return -errno;
-  int rc = tiers_path(path, sizeof(path), dir, step, NULL, 0);
+  int rc = make_dirs(dir);
+  if (rc < 0) return rc;
+  rc = tiers_path(path, sizeof(path), dir, step, NULL, 0);
   if (rc < 0) return rc;
   return mkdir(path, 0777) == 0 || errno == EEXIST ? 0 : -errno;
 }

@@ -1,0 +1,152 @@
+"""Tiered checkpoints over a torch.distributed group (ckptio_tiers_* in
+ckptio.h; docs/TIERS.md), experimental: every rank's state in its node's
+memory, copies on ranks of other nodes, a durable directory every few
+steps, and a restore from the fastest tier that holds a whole step whose
+every CRC32 checks.
+
+    tiers = TieredCheckpointManager(memory_dir=f"/dev/shm/{job}", peers=1,
+                                    ranks_per_node=8, durable_dir="/ckpt/job",
+                                    durable_every=10)
+    step, state = tiers.restore()               # (None, {}) on a fresh start
+    ...
+    tiers.save(step, model.state_dict())        # collective, every rank
+
+save and restore are collective over the group (every rank calls them, in
+the same order). Each rank saves and restores its own tensors (its shard of
+the model): the world size and ranks_per_node must be the save's. A tier
+that fails warns (TierWarning) and training goes on, unless fatal=True; a
+copy that fails its check on restore is skipped with a TierWarning naming
+the rank, the step and the tier.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import errno
+import os
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from . import _lib
+from ._core import PathLike, ctx
+from ._group import Group
+from ._torch_io import Device, as_saveable, code_of
+from .errors import check
+from .torch import load_file
+
+__all__ = ["TieredCheckpointManager", "TierWarning"]
+
+
+class TierWarning(UserWarning):
+    """A tier's save that failed (the step is not published there), or a
+    copy a restore skipped because it failed its check."""
+
+
+def _dir(path: Optional[PathLike]) -> Optional[bytes]:
+    return None if path is None else os.fsencode(os.fspath(path))
+
+
+class TieredCheckpointManager:
+    """This rank's handle on the job's tiers (see the module docstring).
+
+    memory_dir: a node-local directory (a tmpfs such as /dev/shm/JOB),
+        shared by the node's ranks; None: no memory tier.
+    peers: copies of each rank's state held by ranks on other nodes (over
+        the group); needs memory_dir and more nodes than copies.
+    ranks_per_node: ranks per machine (rank r's node is r // ranks_per_node);
+        default: LOCAL_WORLD_SIZE (torchrun sets it), else 1.
+    durable_dir: a local or shared directory (fsync'd); None: none.
+    durable_every: a durable save when step % durable_every == 0.
+    memory_keep, durable_keep: steps kept per tier.
+    fatal: a failing tier raises instead of warning.
+    group: the torch.distributed group (None: the default group, or this
+        process alone when torch.distributed is not initialised).
+    timeout: bounds each collective (a dead rank then fails the others)."""
+
+    def __init__(self, memory_dir: Optional[PathLike] = None, durable_dir: Optional[PathLike] = None, *,
+                 peers: int = 0, ranks_per_node: Optional[int] = None, memory_keep: int = 2,
+                 durable_every: int = 1, durable_keep: int = 2, fatal: bool = False,
+                 group: Any = None, timeout: Optional[datetime.timedelta] = None) -> None:
+        if ranks_per_node is None:
+            ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self._group = Group(group, timeout)
+        self._lib: Any = _lib.lib()
+        self._warnings: List[str] = []
+        o = _lib.TiersOptions(ctypes.sizeof(_lib.TiersOptions), _dir(memory_dir), memory_keep, peers,
+                              ranks_per_node, _dir(durable_dir), durable_every, durable_keep, int(fatal))
+        t = ctypes.c_void_p()
+        check(self._lib.ckptio_tiers_open(ctx(), ctypes.byref(self._group.comm), ctypes.byref(o), ctypes.byref(t)),
+              "cannot open the checkpoint tiers", self._lib.ckptio_last_open_error())
+        self._t: Optional[ctypes.c_void_p] = t
+        # Collected in C's callback, raised as warnings after the call returns.
+        self._warn_cb = _lib.TIERS_WARN_FN(lambda arg, step, tier, code, msg: self._warnings.append(
+            msg.decode(errors="replace")))
+        self._lib.ckptio_tiers_set_warning(t, self._warn_cb, None)
+
+    def _handle(self) -> ctypes.c_void_p:
+        if self._t is None:
+            raise ValueError("TieredCheckpointManager: closed")
+        return self._t
+
+    def _after(self, rc: int, what: str) -> None:
+        pending, self._warnings = self._warnings, []
+        for msg in pending:
+            warnings.warn(msg, TierWarning, stacklevel=3)
+        if rc < 0 and self._group.error is not None:
+            raise RuntimeError(f"{what}: the group's collective failed: {self._group.error}") from self._group.error
+        check(rc, what, self._lib.ckptio_tiers_last_error(self._t))
+
+    def save(self, step: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Collective: this rank's tensors (CPU or CUDA) as its part of
+        `step` (steps grow), into every tier due at this step; returns once
+        they are published (or warned about)."""
+        t = self._handle()
+        items = [(name, *as_saveable(name, v)) for name, v in state_dict.items()]
+        if any(device != _lib.DEVICE_HOST for _, _, _, device in items):
+            torch.cuda.synchronize()  # the library copies on its own streams
+        descs = (_lib.Tensor_ * max(1, len(items)))()
+        for i, (name, v, dtype, device) in enumerate(items):
+            shape = tuple(v.shape)
+            descs[i] = _lib.Tensor_(name.encode(), code_of(dtype), len(shape),
+                                    (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), v.data_ptr(), device)
+        rc = self._lib.ckptio_tiers_save(t, step, descs, len(items))
+        self._after(rc, f"cannot save step {step}")
+
+    def restore(self, device: Device = "cpu") -> Tuple[Optional[int], Dict[str, torch.Tensor]]:
+        """Collective: (step, this rank's tensors on `device`) of the newest
+        step whole and verified in some tier, or (None, {}) when there is
+        none."""
+        t = self._handle()
+        step = ctypes.c_uint64()
+        path = ctypes.create_string_buffer(4096)
+        rc = self._lib.ckptio_tiers_restore(t, ctypes.byref(step), path, len(path))
+        if rc == -errno.ENOENT:  # nothing whole anywhere
+            self._after(0, "restore")
+            return None, {}
+        self._after(rc, "cannot restore")
+        return int(step.value), load_file(os.fsdecode(path.value), device=device)
+
+    def stats(self) -> Dict[str, Any]:
+        """This rank's counters: bytes saved and restored per tier (memory,
+        peers, durable), copies skipped, tier saves that failed."""
+        s = _lib.TiersStats(ctypes.sizeof(_lib.TiersStats))
+        check(self._lib.ckptio_tiers_stats_get(self._handle(), ctypes.byref(s)), "stats")
+        return {"saved_bytes": dict(zip(_lib.TIERS, s.saved_bytes)),
+                "restored_bytes": dict(zip(_lib.TIERS, s.restored_bytes)),
+                "skipped_copies": s.skipped_copies, "failed_tier_saves": s.failed_tier_saves}
+
+    def close(self) -> None:
+        if self._t is not None:
+            self._lib.ckptio_tiers_close(self._t)
+            self._t = None
+
+    def __enter__(self) -> "TieredCheckpointManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
