@@ -6,7 +6,9 @@
  *
  *   tiers_bench WORK MIB save ROUNDS   per round: a snapshot copy of the part
  *                                      (memcpy into touched memory), a save to
- *                                      memory + peers, a durable-only save, and
+ *                                      memory + peers, the same in background
+ *                                      mode (its stall, and the time until its
+ *                                      finish), a durable-only save, and
  *                                      the part's bytes written into a new file
  *                                      beside the memory tier (its ceiling)
  *   tiers_bench WORK MIB restore STEP NAME   a restore (+ loading every tensor
@@ -36,12 +38,12 @@ static double now(void) {
 /* The slowest rank's seconds for what `t0` started, after the barrier that began it. */
 static double slowest(double t0) {
   double mine = now() - t0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); /* not ckptio's communicator */
   return all;
 }
 
 static ckptio_tiers *open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *shm, const char *work, int memory,
-                               int durable) {
+                               int durable, int background) {
   static char mem[4096], dur[4096], node[4096];
   snprintf(node, sizeof(node), "%s/node%d", shm, rank);
   mkdir(node, 0777);
@@ -53,6 +55,7 @@ static ckptio_tiers *open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *
   o.peers = memory && nranks > 1 ? 1 : 0;
   o.durable_dir = durable ? dur : NULL;
   o.durable_keep = 1;
+  o.background = background;
   ckptio_tiers *t = NULL;
   if (ckptio_tiers_open(ctx, comm, &o, &t) != 0) {
     fprintf(stderr, "rank %d: %s\n", rank, ckptio_last_open_error());
@@ -80,8 +83,10 @@ static void must(int rc, ckptio_tiers *t, const char *what) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm world = MPI_COMM_WORLD;
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided); /* background saves */
+  MPI_Comm world;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &nranks);
   if (argc < 5 || (!strcmp(argv[3], "restore") && argc < 6)) {
@@ -93,41 +98,54 @@ int main(int argc, char **argv) {
   size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20, n = bytes / 4;
   ckptio_ctx *ctx = NULL;
   ckptio_comm comm;
-  if (ckptio_ctx_create(NULL, &ctx) != 0 || ckptio_comm_from_mpi(&world, &comm) != 0) MPI_Abort(world, 1);
+  /* Snapshot memory for a whole part: a background save returns after one copy. */
+  ckptio_options co = CKPTIO_OPTIONS_INIT;
+  co.snapshot_bytes = bytes + (64u << 20);
+  if (ckptio_ctx_create(&co, &ctx) != 0 || ckptio_comm_from_mpi(&world, &comm) != 0) MPI_Abort(world, 1);
   if (!strcmp(argv[3], "save")) {
     float *w = malloc(bytes), *copy = malloc(bytes);
     for (size_t i = 0; i < n; i++) w[i] = (float)(i % 1000 + rank);
     memset(copy, 1, bytes);
     ckptio_tensor tensor = {"w", CKPTIO_F32, 1, {(int64_t)n}, w, CKPTIO_DEVICE_HOST};
-    ckptio_tiers *fast = open_tiers(ctx, &comm, shm, work, 1, 0), *disk = open_tiers(ctx, &comm, shm, work, 0, 1);
+    ckptio_tiers *sync = open_tiers(ctx, &comm, shm, work, 1, 0, 0), *bg = open_tiers(ctx, &comm, shm, work, 1, 0, 1),
+                 *disk = open_tiers(ctx, &comm, shm, work, 0, 1, 0);
     int rounds = atoi(argv[4]);
     for (int r = 1; r <= rounds; r++) {
-      MPI_Barrier(world);
+      MPI_Barrier(MPI_COMM_WORLD);
       double t0 = now();
       memcpy(copy, w, bytes);
       double c = slowest(t0);
-      MPI_Barrier(world);
+      MPI_Barrier(MPI_COMM_WORLD);
       t0 = now();
-      must(ckptio_tiers_save(fast, (uint64_t)r, &tensor, 1), fast, "save to memory + peers");
+      must(ckptio_tiers_save(sync, (uint64_t)r, &tensor, 1), sync, "save to memory + peers");
       double f = slowest(t0);
-      MPI_Barrier(world);
+      /* The background save of the next step: the stall, then its finish. */
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = now();
+      must(ckptio_tiers_save(bg, (uint64_t)(rounds + r), &tensor, 1), bg, "background save");
+      double stall = slowest(t0);
+      must(ckptio_tiers_wait(bg), bg, "background finish");
+      double finished = slowest(t0);
+      MPI_Barrier(MPI_COMM_WORLD);
       t0 = now();
       must(ckptio_tiers_save(disk, (uint64_t)r, &tensor, 1), disk, "durable save");
       double d = slowest(t0);
-      MPI_Barrier(world);
+      MPI_Barrier(MPI_COMM_WORLD);
       t0 = now();
       raw_write(shm, w, bytes);
       double m = slowest(t0);
       if (rank == 0)
-        printf("RESULT {\"round\": %d, \"copy\": %.4f, \"memory_peers\": %.4f, \"durable\": %.4f, "
-               "\"raw_shm_write\": %.4f}\n", r, c, f, d, m);
+        printf("RESULT {\"round\": %d, \"copy\": %.4f, \"memory_peers\": %.4f, \"background_stall\": %.4f, "
+               "\"background_finish\": %.4f, \"durable\": %.4f, \"raw_shm_write\": %.4f}\n", r, c, f, stall,
+               finished, d, m);
     }
-    ckptio_tiers_close(fast);
+    ckptio_tiers_close(bg);
+    ckptio_tiers_close(sync);
     ckptio_tiers_close(disk);
     free(w);
     free(copy);
   } else {
-    ckptio_tiers *t = open_tiers(ctx, &comm, shm, work, 1, 1);
+    ckptio_tiers *t = open_tiers(ctx, &comm, shm, work, 1, 1, 0);
     char dur[4200];
     snprintf(dur, sizeof(dur), "%s/durable/step-%08llu/rank-%05d.safetensors", work,
              strtoull(argv[4], NULL, 10), rank);
@@ -138,7 +156,7 @@ int main(int argc, char **argv) {
       close(fd);
     }
     float *w = malloc(bytes);
-    MPI_Barrier(world);
+    MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now();
     uint64_t step = 0;
     char path[4096];
@@ -160,6 +178,7 @@ int main(int argc, char **argv) {
     free(w);
   }
   ckptio_ctx_free(ctx);
+  MPI_Comm_free(&world);
   MPI_Finalize();
   return 0;
 }

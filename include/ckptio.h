@@ -1721,8 +1721,8 @@ int ckptio_trace_stop(void);
 
 /* ------------------------------------------------------------ tiers */
 
-/* Why experimental: new; the storage tier, background filling and
- * resharding restores are still to come (see docs/TIERS.md).
+/* Why experimental: new; the storage tier and resharding restores are
+ * still to come (see docs/TIERS.md).
  *
  * Multi-rank checkpoints kept in tiers, restored from the fastest that
  * holds a whole, verified step. Each rank's part (its tensors, one
@@ -1766,8 +1766,12 @@ typedef struct ckptio_tiers_options {
   int durable_keep;          /* steps kept there; >= 1 */
   int fatal;                 /* 0: a failing tier warns and the save returns 0 (training goes
                               * on; the tier is tried again at the next step); 1: it fails */
+  int background;            /* 1: a save returns at its snapshot point and a thread of the
+                              * handle fills the tiers and publishes (calling the communicator
+                              * and the warning callback from that thread); 0: it returns
+                              * when every tier is published */
 } ckptio_tiers_options;
-#define CKPTIO_TIERS_OPTIONS_INIT { sizeof(ckptio_tiers_options), NULL, 2, 0, 1, NULL, 1, 2, 0 }
+#define CKPTIO_TIERS_OPTIONS_INIT { sizeof(ckptio_tiers_options), NULL, 2, 0, 1, NULL, 1, 2, 0, 0 }
 
 /* The tiers a restore can take a part from, fastest first. */
 typedef enum ckptio_tier {
@@ -1805,13 +1809,31 @@ void ckptio_tiers_set_warning(ckptio_tiers *t, ckptio_tiers_warn_fn fn, void *ar
 
 /*! ckptio_tiers_save() : (experimental)
  *  Collective: saves this rank's `n` tensors (host or device memory,
- *  borrowed for the call) as its part of `step` into every tier due at this
- *  step, then agrees and publishes as above. Steps must grow.
+ *  borrowed until the call returns) as its part of `step` into every tier
+ *  due at this step, then agrees and publishes as above. Steps must grow.
+ *  The part is written by one writer of the context (into the memory tier
+ *  when there is one, else the durable tier; the durable part is then a
+ *  copy of the memory one), so the call returns at that writer's snapshot
+ *  point when `background` is set: with the context's snapshot memory as
+ *  large as the part (ckptio_options.snapshot_bytes), after one copy of
+ *  the tensors; without it, once the ring has taken them all. In
+ *  background mode a save first waits for the previous one's finish; the
+ *  communicator must then take calls from the handle's thread while the
+ *  program's own threads run (MPI: MPI_THREAD_MULTIPLE and a communicator
+ *  only ckptio uses, MPI_Comm_dup).
  *  @return 0 (with fatal 0 also when a tier failed: it is then not
- *          published for this step, and a warning says why), or the first
- *          failure (fatal 1, or every tier failed), the reason in
+ *          published for this step, and a warning says why; in background
+ *          mode, also when the finish is still running), or the first
+ *          failure (fatal 1, or every tier failed; in background mode with
+ *          fatal 1, the previous save's failure), the reason in
  *          ckptio_tiers_last_error. */
 int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n);
+
+/*! ckptio_tiers_wait() : (experimental)
+ *  Collective in background mode: waits for the last save's finish.
+ *  @return what ckptio_tiers_save would have returned for it without
+ *          background (0 when there is none). */
+int ckptio_tiers_wait(ckptio_tiers *t);
 
 /*! ckptio_tiers_restore() : (experimental)
  *  Collective: finds the newest step restorable as described above and
@@ -1828,7 +1850,8 @@ int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len
 int ckptio_tiers_stats_get(const ckptio_tiers *t, ckptio_tiers_stats *out);
 /*! The last error or warning of this handle ("" if none). Borrowed. */
 const char *ckptio_tiers_last_error(const ckptio_tiers *t);
-/*! Not collective. Accepts NULL. */
+/*! Waits for the last save's finish first (collective then, in background
+ *  mode, when one is running). Accepts NULL. */
 void ckptio_tiers_close(ckptio_tiers *t);
 
 #pragma GCC visibility pop

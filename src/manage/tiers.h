@@ -5,6 +5,7 @@
 #ifndef CKPTIO_MANAGE_TIERS_H
 #define CKPTIO_MANAGE_TIERS_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,6 +15,18 @@
  * durable), every copy there (peers). */
 #define TIERS_PUBLISHED "PUBLISHED"
 #define TIERS_COPIES "COPIES"
+
+/* One save's work behind its snapshot point (tiers_save.c). */
+typedef struct tiers_job {
+  uint64_t step;
+  int due[CKPTIO_TIERS];
+  int rc[CKPTIO_TIERS];
+  char why[CKPTIO_TIERS][CKPTIO_ERRLEN];
+  ckptio_writer *w;        /* the part's writer past its snapshot point, until its file is whole */
+  const char *w_dir;       /* its tier's directory: memory, or durable without a memory tier */
+  uint64_t bytes;          /* the part file's size */
+  int result;              /* what the save returns */
+} tiers_job;
 
 struct ckptio_tiers {
   ckptio_ctx *ctx;
@@ -26,6 +39,9 @@ struct ckptio_tiers {
   ckptio_tiers_stats stats;
   uint64_t last_step;
   int saved;               /* last_step holds a step */
+  tiers_job job;           /* the last save's */
+  pthread_t thread;        /* finishing it, in background mode */
+  int running;             /* thread to be joined */
   char err[CKPTIO_ERRLEN];
 };
 
@@ -33,6 +49,9 @@ struct ckptio_tiers {
  * and the rank whose k-th copy rank r holds. */
 int tiers_holder(const ckptio_tiers *t, int r, int k);
 int tiers_held(const ckptio_tiers *t, int r, int k);
+
+/* Waits for the last save's background finish. @return its result. */
+int tiers_join(ckptio_tiers *t);
 
 /* Reports a warning: into t->err and to the callback. */
 void tiers_warn(ckptio_tiers *t, uint64_t step, int tier, int code, const char *fmt, ...)
@@ -57,6 +76,10 @@ int tiers_marked(const char *dir, uint64_t step, const char *mark);
 long tiers_steps(const char *dir, uint64_t **steps);
 /* Size of a regular file, or -errno. */
 int64_t tiers_file_size(const char *path);
+/* Copies file src to dst (created, fsync'd). @return 0 or -errno. */
+int tiers_copy_file(const char *src, const char *dst);
+/* fsync of DIR/step-N. @return 0 or -errno. */
+int tiers_sync_step_dir(const char *dir, uint64_t step);
 /* Keeps, of the steps up to `current`, the `keep` newest marked with
  * `mark` (or with `mark2`, when not NULL) and `current`; from every other
  * step directory up to `current` removes this rank's files (its own part, and with `copies` the copies it

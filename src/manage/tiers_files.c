@@ -61,7 +61,7 @@ static int sync_path(const char *path, int flags) {
 }
 
 int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync) {
-  char path[4096], tmp[4200], sdir[4096];
+  char path[4096], tmp[4200];
   int rc = tiers_mark_path(path, sizeof(path), dir, step, mark);
   if (rc < 0) return rc;
   /* Ranks sharing the directory mark it at once: a temp name each. */
@@ -78,7 +78,36 @@ int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync) {
     unlink(tmp);
     return rc;
   }
-  if (sync && tiers_path(sdir, sizeof(sdir), dir, step, NULL, 0) == 0) rc = sync_path(sdir, O_RDONLY | O_DIRECTORY);
+  return sync ? tiers_sync_step_dir(dir, step) : 0;
+}
+
+int tiers_sync_step_dir(const char *dir, uint64_t step) {
+  char path[4096];
+  int rc = tiers_path(path, sizeof(path), dir, step, NULL, 0);
+  return rc < 0 ? rc : sync_path(path, O_RDONLY | O_DIRECTORY);
+}
+
+int tiers_copy_file(const char *src, const char *dst) {
+  enum { PIECE = 8 << 20 };
+  int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
+  char *buf = malloc(PIECE);
+  if (in < 0 || !buf) rc = in < 0 ? -errno : -ENOMEM;
+  if (rc == 0 && (out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)) < 0) rc = -errno;
+  for (off_t off = 0; rc == 0;) {
+    ssize_t n = pread(in, buf, PIECE, off);
+    if (n < 0) rc = -errno;
+    if (n <= 0) break;
+    for (ssize_t put = 0; rc == 0 && put < n;) {
+      ssize_t w = pwrite(out, buf + put, (size_t)(n - put), off + put);
+      if (w < 0) rc = -errno;
+      else put += w;
+    }
+    off += n;
+  }
+  if (rc == 0 && fsync(out) != 0) rc = -errno;
+  if (out >= 0 && close(out) != 0 && rc == 0) rc = -errno;
+  if (in >= 0) close(in);
+  free(buf);
   return rc;
 }
 

@@ -176,6 +176,7 @@ out:
 
 int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len) {
   if (!t || !step || !path || !len) return CKPTIO_E_INVALID_ARG;
+  tiers_join(t); /* the last save published (or not) first: its failure was warned */
   int n = t->comm.nranks, me = t->comm.rank;
   list mine = {0}, all = {0};
   long *pick = calloc((size_t)n, sizeof(long));

@@ -3,13 +3,16 @@
 # machines of 2 (tests/dist/tiers_driver.c), each machine's memory tier its
 # own directory WORK/node<n>/shm, the durable tier WORK/durable. Memory
 # keeps 2 steps, 1 peer copy on the other machine, durable every 2nd step.
-#   tiers.sh DRIVER WORKDIR
-# Exits 77 (skip) when mpirun is missing.
+#   tiers.sh DRIVER WORKDIR [background]
+# With "background", every save returns at its snapshot point and the
+# handle's thread fills the tiers (TIERS_BACKGROUND). Exits 77 (skip) when
+# mpirun is missing.
 set -euo pipefail
 DRIVER="$1" WORK="$2"
+[ "${3:-}" = background ] && export TIERS_BACKGROUND=1
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mpi() { timeout 120 mpirun -np 4 --oversubscribe --bind-to none "$DRIVER" "$WORK" "$@"; }
+mpi() { timeout 120 mpirun -x TIERS_BACKGROUND -np 4 --oversubscribe --bind-to none "$DRIVER" "$WORK" "$@"; }
 fail() { echo "FAIL: $*"; exit 1; }
 rm -rf "$WORK"
 mkdir -p "$WORK"
@@ -69,4 +72,4 @@ grep -q "rank 3, step 8, the durable tier: skipped" "$WORK/warn3.log" || { cat "
 echo "== everything lost: restore says so on every rank"
 rm -rf "$WORK/node0" "$WORK/node1" "$WORK/durable"
 mpi none
-echo "PASS: tiers"
+echo "PASS: tiers ${3:-}"

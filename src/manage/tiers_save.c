@@ -1,0 +1,268 @@
+/* The save of tiered checkpoints (ckptio_tiers_save in ckptio.h). Its
+ * start runs on the caller's thread: this rank's part goes into a writer
+ * (the memory tier's file, or the durable one's when there is no memory
+ * tier) and the call waits for the writer's snapshot point. Its finish —
+ * the part made durable in its file, the copies sent to their holders,
+ * the durable copy, the agreements and marks, the retirement — runs on
+ * the same thread, or, with the background option, on a thread of the
+ * handle while training goes on; the next save, a restore, ckptio_tiers_wait
+ * and ckptio_tiers_close wait for it.
+ *
+ * Publication, per tier: the ranks agree that every part is there before
+ * anyone marks the step, and agree again that every rank marked it before
+ * anyone retires an older step, so a crash between any two of these
+ * leaves the previous step restorable. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/collective.h"
+#include "core/error.h"
+#include "manage/tiers.h"
+
+static const char *const tier_names[CKPTIO_TIERS] = {"memory", "peers", "durable"};
+
+/* Test builds only (as io/fault.c's variables): CKPTIO_FAULT_TIERS_KILL=
+ * POINT:RANK kills rank RANK with SIGKILL at POINT of every save, where
+ * POINT is "written" (parts written, nothing agreed), "agreed" (agreed,
+ * not marked) or "marked" (marked, not agreed to retire). */
+#ifdef CKPTIO_FAULT_INJECTION
+static void crash_point(const ckptio_tiers *t, const char *point) {
+  const char *v = getenv("CKPTIO_FAULT_TIERS_KILL");
+  size_t n = strlen(point);
+  if (v && !strncmp(v, point, n) && v[n] == ':' && atoi(v + n + 1) == t->comm.rank) raise(SIGKILL);
+}
+#else
+#define crash_point(t, point) ((void)0)
+#endif
+
+static const char *tier_dir(const ckptio_tiers *t, int tier) {
+  return tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+}
+
+static const char *tier_mark(int tier) { return tier == CKPTIO_TIER_PEER ? TIERS_COPIES : TIERS_PUBLISHED; }
+
+/* ------------------------------------------------------------ the start */
+
+/* This rank's part as one safetensors file with CRC32s at DIR/step-N/
+ * rank-R.safetensors through the writer's own atomic commit, started and
+ * waited for up to its snapshot point (the tensors may then change). */
+static int start_part(ckptio_tiers *t, tiers_job *j, const ckptio_tensor *ts, size_t n, char *why) {
+  char path[4096];
+  int rc = tiers_make_step_dir(j->w_dir, j->step);
+  if (rc == 0) rc = tiers_path(path, sizeof(path), j->w_dir, j->step, "rank", t->comm.rank);
+  if (rc < 0) return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", j->w_dir, ckptio_strerror(rc));
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  ckptio_ctx_options(t->ctx, &o);
+  o.crc = 1;
+  rc = ckptio_writer_open(t->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &o, &j->w);
+  if (rc < 0) return ckptio_fail(why, rc, "%s", ckptio_last_open_error());
+  for (size_t i = 0; rc == 0 && i < n; i++) rc = ckptio_writer_add(j->w, &ts[i]);
+  if (rc == 0) rc = ckptio_writer_commit_async(j->w);
+  if (rc == 0) rc = ckptio_writer_wait_snapshot(j->w);
+  if (rc < 0) {
+    ckptio_fail(why, rc, "%s", ckptio_writer_last_error(j->w));
+    ckptio_writer_close(j->w);
+    j->w = NULL;
+  }
+  return rc;
+}
+
+/* ----------------------------------------------------------- the finish */
+
+/* The part's file complete: its size in j->bytes. */
+static int end_part(ckptio_tiers *t, tiers_job *j, char *why) {
+  char path[4096];
+  int rc = ckptio_writer_wait_durable(j->w);
+  if (rc < 0) ckptio_fail(why, rc, "%s", ckptio_writer_last_error(j->w));
+  ckptio_writer_close(j->w);
+  j->w = NULL;
+  if (rc < 0) return rc;
+  tiers_path(path, sizeof(path), j->w_dir, j->step, "rank", t->comm.rank);
+  int64_t size = tiers_file_size(path);
+  if (size < 0) return ckptio_fail(why, (int)size, "%s: %s", path, ckptio_strerror((int)size));
+  j->bytes = (uint64_t)size;
+  return 0;
+}
+
+/* Sends this rank's part in memory to its holders and receives the parts
+ * it holds. Collective; own_rc < 0 (the part was not written) sends none. */
+static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_bytes, char *why) {
+  int n = t->comm.nranks, me = t->comm.rank, K = t->o.peers;
+  size_t m = (size_t)n * (size_t)K;
+  uint64_t mine = own_rc == 0 ? own_bytes : 0, *sizes = calloc((size_t)n, sizeof(uint64_t));
+  tiers_move *moves = calloc(m, sizeof(*moves));
+  char(*paths)[4096] = calloc(m, sizeof(*paths));
+  const char **from = calloc(m, sizeof(char *)), **to = calloc(m, sizeof(char *));
+  int *ok = calloc(m, sizeof(int));
+  int rc = 0, local = 0;
+  if (!sizes || !moves || !paths || !from || !to || !ok) {
+    rc = ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to send copies", me);
+    goto out;
+  }
+  rc = t->comm.allgather(t->comm.user, &mine, sizes, sizeof(mine));
+  if (rc < 0) {
+    ckptio_fail(t->err, rc, "rank %d: the communicator's allgather failed: %s", me, ckptio_strerror(rc));
+    goto out;
+  }
+  local = tiers_make_step_dir(t->o.memory_dir, step);
+  if (local < 0) ckptio_fail(why, local, "%s: cannot make its step directory: %s", t->o.memory_dir,
+                             ckptio_strerror(local));
+  for (size_t i = 0; i < m; i++) {
+    int r = (int)(i / (size_t)K), k = (int)(i % (size_t)K) + 1;
+    moves[i] = (tiers_move){r, tiers_holder(t, r, k), sizes[r]};
+    if (r == me && tiers_path(paths[i], sizeof(paths[i]), t->o.memory_dir, step, "rank", me) == 0) from[i] = paths[i];
+    if (moves[i].dst == me && tiers_path(paths[i], sizeof(paths[i]), t->o.memory_dir, step, "copy", r) == 0)
+      to[i] = paths[i];
+  }
+  rc = tiers_exchange(t, moves, m, from, to, ok);
+  for (size_t i = 0; rc == 0 && local == 0 && i < m; i++) {
+    if (moves[i].dst != me) continue;
+    if (!sizes[moves[i].src] || !ok[i]) {
+      local = ckptio_fail(why, CKPTIO_E_RANK, "rank %d did not receive rank %d's copy%s", me, moves[i].src,
+                          sizes[moves[i].src] ? "" : " (that rank's part was not written)");
+      break;
+    }
+    t->stats.saved_bytes[CKPTIO_TIER_PEER] += moves[i].bytes;
+  }
+out:
+  free(sizes);
+  free(moves);
+  free(paths);
+  free(from);
+  free(to);
+  free(ok);
+  return rc < 0 ? rc : local;
+}
+
+/* The durable part as a copy of the memory tier's file (the same bytes,
+ * CRC32s included): a temp file, fsync'd, renamed into place. */
+static int copy_to_durable(ckptio_tiers *t, uint64_t step, char *why) {
+  char src[4096], dst[4096], tmp[4200];
+  int rc = tiers_make_step_dir(t->o.durable_dir, step);
+  if (rc == 0) rc = tiers_path(src, sizeof(src), t->o.memory_dir, step, "rank", t->comm.rank);
+  if (rc == 0) rc = tiers_path(dst, sizeof(dst), t->o.durable_dir, step, "rank", t->comm.rank);
+  if (rc < 0) return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", t->o.durable_dir,
+                                 ckptio_strerror(rc));
+  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", dst, (int)getpid());
+  rc = tiers_copy_file(src, tmp);
+  if (rc == 0 && rename(tmp, dst) != 0) rc = -errno;
+  if (rc < 0) {
+    unlink(tmp);
+    return ckptio_fail(why, rc, "%s: copying %s there failed: %s", t->o.durable_dir, src, ckptio_strerror(rc));
+  }
+  return tiers_sync_step_dir(t->o.durable_dir, step);
+}
+
+/* The agreement, then the marks, then the agreement to retire, for one
+ * tier. @return 0 when the step is published there; else the failure (with
+ * why), after which the step is not marked there. */
+static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) {
+  char err[CKPTIO_ERRLEN] = "";
+  /* A failure of this rank keeps its own reason in why; another's comes in err. */
+  rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
+  if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
+  crash_point(t, "agreed");
+  rc = tiers_mark(tier_dir(t, tier), step, tier_mark(tier), tier == CKPTIO_TIER_DURABLE);
+  if (rc < 0)
+    ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tier_dir(t, tier), (unsigned long long)step,
+                ckptio_strerror(rc));
+  crash_point(t, "marked");
+  err[0] = '\0';
+  rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
+  if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
+  return 0;
+}
+
+/* Everything after the snapshot point; the save's result in j->result. */
+static void finish(ckptio_tiers *t, tiers_job *j) {
+  int *rc = j->rc, mem = j->due[CKPTIO_TIER_MEMORY];
+  int first_tier = mem ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
+  if (j->w) rc[first_tier] = end_part(t, j, j->why[first_tier]);
+  if (j->due[CKPTIO_TIER_PEER]) {
+    rc[CKPTIO_TIER_PEER] = send_copies(t, j->step, rc[CKPTIO_TIER_MEMORY], j->bytes, j->why[CKPTIO_TIER_PEER]);
+    if (rc[CKPTIO_TIER_PEER] < 0 && t->err[0] && strstr(t->err, "communicator")) {
+      j->result = rc[CKPTIO_TIER_PEER]; /* the collectives are broken: nothing more can be agreed */
+      return;
+    }
+  }
+  if (j->due[CKPTIO_TIER_DURABLE] && mem)
+    rc[CKPTIO_TIER_DURABLE] = rc[CKPTIO_TIER_MEMORY] < 0 ? ckptio_fail(j->why[CKPTIO_TIER_DURABLE], rc[0], "%s", j->why[0])
+                                                         : copy_to_durable(t, j->step, j->why[CKPTIO_TIER_DURABLE]);
+  crash_point(t, "written");
+  int first = 0, published = 0;
+  char first_msg[CKPTIO_ERRLEN] = "";
+  for (int tier = 0; tier < CKPTIO_TIERS; tier++) {
+    if (!j->due[tier]) continue;
+    int p = publish(t, j->step, tier, rc[tier], j->why[tier]);
+    if (p == 0) {
+      published++;
+      if (tier != CKPTIO_TIER_PEER) t->stats.saved_bytes[tier] += j->bytes;
+      continue;
+    }
+    t->stats.failed_tier_saves++;
+    tiers_warn(t, j->step, tier, p, "step %llu not saved to the %s tier: %s", (unsigned long long)j->step,
+               tier_names[tier], j->why[tier]);
+    if (!first) first = p, memcpy(first_msg, t->err, sizeof(first_msg));
+  }
+  if (first) memcpy(t->err, first_msg, sizeof(first_msg)); /* a failed save names its first tier */
+  if (mem)
+    tiers_retire(t, t->o.memory_dir, t->o.memory_keep, TIERS_PUBLISHED, t->o.peers ? TIERS_COPIES : NULL,
+                 t->o.peers > 0, j->step);
+  if (j->due[CKPTIO_TIER_DURABLE])
+    tiers_retire(t, t->o.durable_dir, t->o.durable_keep, TIERS_PUBLISHED, NULL, 0, j->step);
+  j->result = first && (t->o.fatal || !published) ? first : 0;
+}
+
+static void *finish_thread(void *arg) {
+  ckptio_tiers *t = arg;
+  finish(t, &t->job);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+int tiers_join(ckptio_tiers *t) {
+  if (!t->running) return 0;
+  pthread_join(t->thread, NULL);
+  t->running = 0;
+  return t->job.result;
+}
+
+int ckptio_tiers_wait(ckptio_tiers *t) { return t ? tiers_join(t) : CKPTIO_E_INVALID_ARG; }
+
+int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n) {
+  if (!t || (n && !tensors)) return CKPTIO_E_INVALID_ARG;
+  int before = tiers_join(t);
+  if (before < 0 && t->o.fatal) return before; /* the previous step's, in its message */
+  if (t->saved && step <= t->last_step)
+    return ckptio_fail(t->err, CKPTIO_E_INVALID_ARG, "step %llu after step %llu: steps must grow",
+                       (unsigned long long)step, (unsigned long long)t->last_step);
+  tiers_job *j = &t->job;
+  memset(j, 0, sizeof(*j));
+  j->step = step;
+  j->due[CKPTIO_TIER_MEMORY] = t->o.memory_dir != NULL;
+  j->due[CKPTIO_TIER_PEER] = t->o.peers > 0;
+  j->due[CKPTIO_TIER_DURABLE] = t->o.durable_dir && step % (uint64_t)t->o.durable_every == 0;
+  int first_tier = j->due[CKPTIO_TIER_MEMORY] ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
+  j->w_dir = tier_dir(t, first_tier);
+  /* A step saved again (after a restore to an older one) is not published
+   * until this save agrees on it. */
+  char path[4096];
+  for (int tier = 0; tier < CKPTIO_TIERS; tier++)
+    if (j->due[tier] && t->leader && tiers_mark_path(path, sizeof(path), tier_dir(t, tier), step, tier_mark(tier)) == 0)
+      unlink(path);
+  t->saved = 1;
+  t->last_step = step;
+  if (j->due[first_tier]) j->rc[first_tier] = start_part(t, j, tensors, n, j->why[first_tier]);
+  if (t->o.background && pthread_create(&t->thread, NULL, finish_thread, t) == 0) {
+    t->running = 1;
+    return 0;
+  }
+  finish(t, j);
+  return j->result;
+}
