@@ -271,6 +271,7 @@ class TiersOptions(ctypes.Structure):  # ckptio_tiers_options
         ("durable_every", ctypes.c_int),
         ("durable_keep", ctypes.c_int),
         ("fatal", ctypes.c_int),
+        ("background", ctypes.c_int),
     ]
 
 
@@ -394,6 +395,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_tiers_save": (_I, [_P, ctypes.c_uint64, ctypes.POINTER(Tensor_), ctypes.c_size_t]),
     "ckptio_tiers_restore": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
     "ckptio_tiers_stats_get": (_I, [_P, ctypes.POINTER(TiersStats)]),
+    "ckptio_tiers_wait": (_I, [_P]),
     "ckptio_tiers_last_error": (_S, [_P]),
     "ckptio_tiers_close": (None, [_P]),
 }

@@ -28,6 +28,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from . import _lib
 from ._core import PathLike, ctx
@@ -61,6 +62,11 @@ class TieredCheckpointManager:
     durable_every: a durable save when step % durable_every == 0.
     memory_keep, durable_keep: steps kept per tier.
     fatal: a failing tier raises instead of warning.
+    background: save returns at its snapshot point (one copy of the
+        tensors when ckptio.configure(snapshot_bytes=...) covers a rank's
+        state) and a thread fills the tiers while training goes on; the
+        next save, restore, wait and close wait for it. The tiers then talk
+        over a gloo group of their own, made here (collectively).
     group: the torch.distributed group (None: the default group, or this
         process alone when torch.distributed is not initialised).
     timeout: bounds each collective (a dead rank then fails the others)."""
@@ -68,14 +74,21 @@ class TieredCheckpointManager:
     def __init__(self, memory_dir: Optional[PathLike] = None, durable_dir: Optional[PathLike] = None, *,
                  peers: int = 0, ranks_per_node: Optional[int] = None, memory_keep: int = 2,
                  durable_every: int = 1, durable_keep: int = 2, fatal: bool = False,
-                 group: Any = None, timeout: Optional[datetime.timedelta] = None) -> None:
+                 background: bool = False, group: Any = None,
+                 timeout: Optional[datetime.timedelta] = None) -> None:
         if ranks_per_node is None:
             ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if background and dist.is_available() and dist.is_initialized():
+            # The finishing thread's collectives must not interleave with the
+            # training loop's on one group.
+            group = dist.new_group(ranks=dist.get_process_group_ranks(group) if group is not None else None,
+                                   backend="gloo")
         self._group = Group(group, timeout)
         self._lib: Any = _lib.lib()
         self._warnings: List[str] = []
         o = _lib.TiersOptions(ctypes.sizeof(_lib.TiersOptions), _dir(memory_dir), memory_keep, peers,
-                              ranks_per_node, _dir(durable_dir), durable_every, durable_keep, int(fatal))
+                              ranks_per_node, _dir(durable_dir), durable_every, durable_keep, int(fatal),
+                              int(background))
         t = ctypes.c_void_p()
         check(self._lib.ckptio_tiers_open(ctx(), ctypes.byref(self._group.comm), ctypes.byref(o), ctypes.byref(t)),
               "cannot open the checkpoint tiers", self._lib.ckptio_last_open_error())
@@ -101,7 +114,8 @@ class TieredCheckpointManager:
     def save(self, step: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Collective: this rank's tensors (CPU or CUDA) as its part of
         `step` (steps grow), into every tier due at this step; returns once
-        they are published (or warned about)."""
+        they are published (or warned about), or in background mode once
+        the tensors are copied."""
         t = self._handle()
         items = [(name, *as_saveable(name, v)) for name, v in state_dict.items()]
         if any(device != _lib.DEVICE_HOST for _, _, _, device in items):
@@ -113,6 +127,11 @@ class TieredCheckpointManager:
                                     (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), v.data_ptr(), device)
         rc = self._lib.ckptio_tiers_save(t, step, descs, len(items))
         self._after(rc, f"cannot save step {step}")
+
+    def wait(self) -> None:
+        """Collective in background mode: waits until the last save is
+        published (or warned about); raises its failure with fatal=True."""
+        self._after(self._lib.ckptio_tiers_wait(self._handle()), "the last save")
 
     def restore(self, device: Device = "cpu") -> Tuple[Optional[int], Dict[str, torch.Tensor]]:
         """Collective: (step, this rank's tensors on `device`) of the newest
@@ -138,6 +157,7 @@ class TieredCheckpointManager:
                 "skipped_copies": s.skipped_copies, "failed_tier_saves": s.failed_tier_saves}
 
     def close(self) -> None:
+        """Waits for the last save (collective in background mode), then frees the handle."""
         if self._t is not None:
             self._lib.ckptio_tiers_close(self._t)
             self._t = None

@@ -41,11 +41,17 @@ def worker(rank, port, base, job, durable, out):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            background = job[0] == "save-background"
             tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // 2}", "shm"),
-                                            durable_dir=durable, peers=1, ranks_per_node=2, durable_every=2)
-            if job[0] == "save":
+                                            durable_dir=durable, peers=1, ranks_per_node=2, durable_every=2,
+                                            background=background)
+            if job[0].startswith("save"):
                 for s in range(job[1], job[2] + 1):
-                    tiers.save(s, state(rank, s))
+                    st = state(rank, s)
+                    tiers.save(s, st)
+                    if background:
+                        st["w"].zero_()  # after the snapshot: the saved part keeps the values
+                tiers.wait()
             else:
                 step, got = tiers.restore()
                 result["step"] = step
@@ -130,3 +136,14 @@ def test_a_failing_tier_warns_and_training_goes_on(tmp_path):
     assert all(r["stats"]["failed_tier_saves"] == 1 for r in rs), rs  # step 2 only: durable_every=2
     for r in run(tmp_path, ("restore",), durable=str(blocker / "durable")):
         assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["memory"], r
+
+
+def test_background_saves_return_at_the_snapshot_and_restore_alike(tmp_path):
+    import shutil
+    run(tmp_path, ("save-background", 1, 3))
+    for r in run(tmp_path, ("restore",)):
+        assert r["step"] == 3 and r["equal"] and tiers_used(r) == ["memory"], r
+    shutil.rmtree(tmp_path / "node0")
+    rs = run(tmp_path, ("restore",))
+    assert [r["step"] for r in rs] == [3] * 4 and all(r["equal"] for r in rs), rs
+    assert [tiers_used(r) for r in rs] == [["peers"], ["peers"], ["memory"], ["memory"]], rs
