@@ -1848,6 +1848,25 @@ int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len
 
 /*! Copies this handle's counters into *out (out->size set by the caller). */
 int ckptio_tiers_stats_get(const ckptio_tiers *t, ckptio_tiers_stats *out);
+
+/* One file of a tier directory, as ckptio_tiers_list finds it. Not
+ * versioned: an output array, which may change while experimental. */
+typedef struct ckptio_tiers_file {
+  uint64_t step;
+  int rank;          /* whose part */
+  int copy;          /* 1: a copy held for that rank (copy-R), 0: the rank's own part (rank-R) */
+  int published;     /* 1: its step is marked for it (PUBLISHED for parts, COPIES for copies) */
+  uint64_t bytes;
+  char path[4096];
+} ckptio_tiers_file;
+
+/*! ckptio_tiers_list() : (experimental)
+ *  The parts and copies in the step directories of a tier directory (a
+ *  node's memory directory or a durable one), by step, then parts before
+ *  copies, then rank. Not collective; reads only.
+ *  @return the count, *out malloc'd (free() it; NULL when 0), or -errno
+ *          (-ENOENT: no such directory). */
+int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out);
 /*! The last error or warning of this handle ("" if none). Borrowed. */
 const char *ckptio_tiers_last_error(const ckptio_tiers *t);
 /*! Waits for the last save's finish first (collective then, in background

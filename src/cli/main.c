@@ -10,6 +10,8 @@
 
 int cli_checkpoints_main(int argc, char **argv); /* src/cli/checkpoints.c */
 void cli_checkpoints_usage(FILE *out);
+int cli_tiers_main(int argc, char **argv); /* src/cli/tiers.c */
+void cli_tiers_usage(FILE *out);
 
 typedef struct command {
   const char *name;
@@ -29,6 +31,8 @@ static const command kCommands[] = {
      cli_bench_usage},
     {"checkpoints", "list a checkpoint manager's directory (steps, sizes, state)",
      cli_checkpoints_main, cli_checkpoints_usage},
+    {"tiers", "list tier directories of tiered checkpoints (parts, copies, state)", cli_tiers_main,
+     cli_tiers_usage},
 };
 #define NCOMMANDS (sizeof(kCommands) / sizeof(kCommands[0]))
 

@@ -190,3 +190,79 @@ void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, 
   }
   free(steps);
 }
+
+/* 1 and *rank when name is "<what>-RRRRR.safetensors", canonically. */
+static int parse_file(const char *name, const char *what, int *rank) {
+  size_t n = strlen(what);
+  if (strncmp(name, what, n) != 0 || name[n] != '-') return 0;
+  char *end;
+  long r = strtol(name + n + 1, &end, 10);
+  char canon[64];
+  snprintf(canon, sizeof(canon), "%s-%05ld.safetensors", what, r);
+  if (r < 0 || r > 0x7fffffff || strcmp(canon, name) != 0) return 0;
+  *rank = (int)r;
+  return 1;
+}
+
+static int cmp_file(const void *a, const void *b) {
+  const ckptio_tiers_file *x = a, *y = b;
+  if (x->step != y->step) return x->step < y->step ? -1 : 1;
+  if (x->copy != y->copy) return x->copy - y->copy;
+  return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out) {
+  if (!dir || !out) return CKPTIO_E_INVALID_ARG;
+  *out = NULL;
+  struct stat st;
+  if (stat(dir, &st) != 0) return -errno;
+  uint64_t *steps;
+  long ns = tiers_steps(dir, &steps);
+  if (ns < 0) return ns;
+  size_t n = 0, cap = 0;
+  int64_t rc = 0;
+  for (long i = 0; i < ns && rc == 0; i++) {
+    char sdir[4096];
+    tiers_path(sdir, sizeof(sdir), dir, steps[i], NULL, 0);
+    DIR *d = opendir(sdir);
+    if (!d) continue; /* removed meanwhile */
+    int marks[2] = {tiers_marked(dir, steps[i], TIERS_PUBLISHED), tiers_marked(dir, steps[i], TIERS_COPIES)};
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d))) {
+      int rank, copy;
+      if (parse_file(e->d_name, "rank", &rank)) copy = 0;
+      else if (parse_file(e->d_name, "copy", &rank)) copy = 1;
+      else continue;
+      if (n == cap) {
+        cap = cap ? cap * 2 : 16;
+        ckptio_tiers_file *nv = realloc(*out, cap * sizeof(**out));
+        if (!nv) {
+          rc = -ENOMEM;
+          break;
+        }
+        *out = nv;
+      }
+      ckptio_tiers_file *f = &(*out)[n];
+      memset(f, 0, sizeof(*f));
+      f->step = steps[i], f->rank = rank, f->copy = copy, f->published = marks[copy];
+      tiers_path(f->path, sizeof(f->path), dir, steps[i], copy ? "copy" : "rank", rank);
+      int64_t size = tiers_file_size(f->path);
+      if (size < 0) continue; /* removed meanwhile */
+      f->bytes = (uint64_t)size;
+      n++;
+    }
+    closedir(d);
+  }
+  free(steps);
+  if (rc < 0) {
+    free(*out);
+    *out = NULL;
+    return rc;
+  }
+  if (n) qsort(*out, n, sizeof(**out), cmp_file);
+  if (!n) {
+    free(*out);
+    *out = NULL;
+  }
+  return (int64_t)n;
+}

@@ -3,13 +3,13 @@
 # machines of 2 (tests/dist/tiers_driver.c), each machine's memory tier its
 # own directory WORK/node<n>/shm, the durable tier WORK/durable. Memory
 # keeps 2 steps, 1 peer copy on the other machine, durable every 2nd step.
-#   tiers.sh DRIVER WORKDIR [background]
-# With "background", every save returns at its snapshot point and the
+#   tiers.sh DRIVER WORKDIR MODE CLI    (MODE: sync or background; CLI: the ckptio command)
+# In background mode every save returns at its snapshot point and the
 # handle's thread fills the tiers (TIERS_BACKGROUND). Exits 77 (skip) when
 # mpirun is missing.
 set -euo pipefail
-DRIVER="$1" WORK="$2"
-[ "${3:-}" = background ] && export TIERS_BACKGROUND=1
+DRIVER="$1" WORK="$2" MODE="$3" CLI="$4"
+[ "$MODE" = background ] && export TIERS_BACKGROUND=1
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 mpi() { timeout 120 mpirun -x TIERS_BACKGROUND -np 4 --oversubscribe --bind-to none "$DRIVER" "$WORK" "$@"; }
@@ -23,6 +23,9 @@ mpi save 1 3
 [ "$(steps "$WORK/node0/shm")" = "step-00000002 step-00000003 " ] || fail "memory holds $(steps "$WORK/node0/shm")"
 [ "$(steps "$WORK/durable")" = "step-00000002 " ] || fail "durable holds $(steps "$WORK/durable")"
 ls "$WORK/node1/shm/step-00000003" | grep -q "copy-00000" || fail "node1 holds no copy of rank 0"
+"$CLI" tiers --verify "$WORK/node1/shm" "$WORK/durable" | tee "$WORK/tiers.txt"
+[ "$(grep -c ' verified ' "$WORK/tiers.txt")" = 12 ] || fail "ckptio tiers: not 2 x (2 parts + 2 copies) + 4 durable parts verified"
+grep -q "^3  *copy  *0 .*verified .*node1/shm/step-00000003/copy-00000.safetensors" "$WORK/tiers.txt" || fail "ckptio tiers: no copy of rank 0 on node 1"
 
 echo "== a rank SIGKILLed at each point of a save's publication: the job ends, the restart restores a whole step"
 for point in written agreed marked; do
@@ -48,6 +51,8 @@ echo "== steps 8-9, then rank 0's part in memory damaged: the copy on machine 1 
 mpi save 8 9
 f="$WORK/node0/shm/step-00000009/rank-00000.safetensors"
 printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 100 )) conv=notrunc status=none
+if "$CLI" tiers --verify "$WORK/node0/shm" >"$WORK/tiers-bad.txt"; then cat "$WORK/tiers-bad.txt"; fail "ckptio tiers --verify exited 0 with a damaged part"; fi
+grep -q "^9  *part  *0 .*CORRUPT .*rank-00000.safetensors.*checksum" "$WORK/tiers-bad.txt" || { cat "$WORK/tiers-bad.txt"; fail "ckptio tiers does not name the damaged part"; }
 mpi restore 9 pmmm 2>"$WORK/warn1.log"
 grep -q "rank 0 warning: .*rank 0, step 9, memory: skipped" "$WORK/warn1.log" || { cat "$WORK/warn1.log"; fail "no warning naming rank 0, step 9, memory"; }
 
@@ -72,4 +77,4 @@ grep -q "rank 3, step 8, the durable tier: skipped" "$WORK/warn3.log" || { cat "
 echo "== everything lost: restore says so on every rank"
 rm -rf "$WORK/node0" "$WORK/node1" "$WORK/durable"
 mpi none
-echo "PASS: tiers ${3:-}"
+echo "PASS: tiers $MODE"
