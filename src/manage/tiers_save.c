@@ -28,16 +28,19 @@ static const char *const tier_names[CKPTIO_TIERS] = {"memory", "peers", "durable
 
 /* Test builds only (as io/fault.c's variables): CKPTIO_FAULT_TIERS_KILL=
  * POINT:RANK kills rank RANK with SIGKILL at POINT of every save, where
- * POINT is "written" (parts written, nothing agreed), "agreed" (agreed,
- * not marked) or "marked" (marked, not agreed to retire). */
+ * POINT is "written" (parts written, nothing agreed), or "agreed" (agreed,
+ * not marked) or "marked" (marked, not agreed to retire) followed by the
+ * tier whose publication it is in: "agreed-memory", "marked-durable", ... */
 #ifdef CKPTIO_FAULT_INJECTION
-static void crash_point(const ckptio_tiers *t, const char *point) {
+static void crash_point(const ckptio_tiers *t, const char *point, const char *tier) {
   const char *v = getenv("CKPTIO_FAULT_TIERS_KILL");
-  size_t n = strlen(point);
-  if (v && !strncmp(v, point, n) && v[n] == ':' && atoi(v + n + 1) == t->comm.rank) raise(SIGKILL);
+  char want[64];
+  snprintf(want, sizeof(want), "%s%s%s:", point, tier ? "-" : "", tier ? tier : "");
+  size_t n = strlen(want);
+  if (v && !strncmp(v, want, n) && atoi(v + n) == t->comm.rank) raise(SIGKILL);
 }
 #else
-#define crash_point(t, point) ((void)0)
+#define crash_point(t, point, tier) ((void)0)
 #endif
 
 static const char *tier_dir(const ckptio_tiers *t, int tier) {
@@ -166,12 +169,12 @@ static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) 
   /* A failure of this rank keeps its own reason in why; another's comes in err. */
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
   if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
-  crash_point(t, "agreed");
+  crash_point(t, "agreed", tier_names[tier]);
   rc = tiers_mark(tier_dir(t, tier), step, tier_mark(tier), tier == CKPTIO_TIER_DURABLE);
   if (rc < 0)
     ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tier_dir(t, tier), (unsigned long long)step,
                 ckptio_strerror(rc));
-  crash_point(t, "marked");
+  crash_point(t, "marked", tier_names[tier]);
   err[0] = '\0';
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
   if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
@@ -193,7 +196,7 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
   if (j->due[CKPTIO_TIER_DURABLE] && mem)
     rc[CKPTIO_TIER_DURABLE] = rc[CKPTIO_TIER_MEMORY] < 0 ? ckptio_fail(j->why[CKPTIO_TIER_DURABLE], rc[0], "%s", j->why[0])
                                                          : copy_to_durable(t, j->step, j->why[CKPTIO_TIER_DURABLE]);
-  crash_point(t, "written");
+  crash_point(t, "written", NULL);
   int first = 0, published = 0;
   char first_msg[CKPTIO_ERRLEN] = "";
   for (int tier = 0; tier < CKPTIO_TIERS; tier++) {
