@@ -43,10 +43,8 @@ int cli_checkpoints_main(int argc, char **argv) {
   const char *dir = NULL;
   int verify = 0, json = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--verify")) {
-      verify = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
+    if (cli_listing_option(argv[i], &verify, &json)) {
+      continue;
     } else if (argv[i][0] == '-' && argv[i][1]) {
       fprintf(stderr, "ckptio checkpoints: unknown option '%s'\n\n", argv[i]);
       cli_checkpoints_usage(stderr);
@@ -75,10 +73,8 @@ int cli_checkpoints_main(int argc, char **argv) {
   int ret = CLI_EXIT_USAGE;
   ckptio_ctx *ctx = NULL;
   ckptio_manager *m = NULL;
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
-  o.load_method = CKPTIO_LOAD_MMAP; /* as verify: CRCs from the mapping, a tiny ring */
-  o.chunk_bytes = 2u << 20;
-  o.staging_bytes = 4u << 20;
+  ckptio_options o;
+  cli_verify_options(&o);
   if (object) {
     /* An object has no mapping: each read is a request, so 8 MiB ones,
      * 8 in flight. */
@@ -86,7 +82,6 @@ int cli_checkpoints_main(int argc, char **argv) {
     o.chunk_bytes = 8u << 20;
     o.staging_bytes = 64u << 20;
   }
-  o.cuda = 0;
   int rc = ckptio_ctx_create(&o, &ctx);
   if (rc < 0) {
     fprintf(stderr, "ckptio checkpoints: %s\n", cli_open_error(rc));

@@ -60,6 +60,12 @@ void cli_shell_word(FILE *out, const char *s);
 const char *cli_open_error(int rc);
 /* Which exit code a library error while reading a file maps to. */
 int cli_exit_for_read_error(int rc);
+/* The listing commands' (checkpoints, tiers) own options: 1 when arg is
+ * --verify or --json (and sets it), else 0. */
+int cli_listing_option(const char *arg, int *verify, int *json);
+/* A context for reading local checkpoints whole to check their CRC32s:
+ * from the mapping, with a tiny ring, no CUDA. */
+void cli_verify_options(ckptio_options *o);
 /* Files of a checkpoint made of several: a set's shards, or a DCP
  * checkpoint's .distcp files (no shards: they do not open alone, so the
  * reader's shard count is 0 for them); 0 for one file. */

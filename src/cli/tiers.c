@@ -91,10 +91,8 @@ static int list_dir(ckptio_ctx *ctx, const char *dir, int verify, int json, int 
 int cli_tiers_main(int argc, char **argv) {
   int verify = 0, json = 0, ndirs = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--verify")) {
-      verify = 1;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
+    if (cli_listing_option(argv[i], &verify, &json)) {
+      continue;
     } else if (argv[i][0] == '-' && argv[i][1]) {
       fprintf(stderr, "ckptio tiers: unknown option '%s'\n\n", argv[i]);
       cli_tiers_usage(stderr);
@@ -108,11 +106,8 @@ int cli_tiers_main(int argc, char **argv) {
     return CLI_EXIT_USAGE;
   }
   ckptio_ctx *ctx = NULL;
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
-  o.load_method = CKPTIO_LOAD_MMAP; /* as verify: CRCs from the mapping, a tiny ring */
-  o.chunk_bytes = 2u << 20;
-  o.staging_bytes = 4u << 20;
-  o.cuda = 0;
+  ckptio_options o;
+  cli_verify_options(&o);
   int rc = ckptio_ctx_create(&o, &ctx);
   if (rc < 0) {
     fprintf(stderr, "ckptio tiers: %s\n", cli_open_error(rc));

@@ -186,3 +186,17 @@ size_t cli_files_of(ckptio_reader *r) {
   while (ckptio_reader_shard(r, n, NULL, NULL, NULL) == 0) n++;
   return n;
 }
+
+int cli_listing_option(const char *arg, int *verify, int *json) {
+  if (!strcmp(arg, "--verify")) return *verify = 1;
+  if (!strcmp(arg, "--json")) return *json = 1;
+  return 0;
+}
+
+void cli_verify_options(ckptio_options *o) {
+  *o = (ckptio_options)CKPTIO_OPTIONS_INIT;
+  o->load_method = CKPTIO_LOAD_MMAP; /* CRCs from the mapping, a tiny ring */
+  o->chunk_bytes = 2u << 20;
+  o->staging_bytes = 4u << 20;
+  o->cuda = 0;
+}
