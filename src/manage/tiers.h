@@ -66,9 +66,9 @@ int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char
 int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark);
 /* Creates DIR (every missing level) and DIR/step-N. @return 0 or -errno. */
 int tiers_make_step_dir(const char *dir, uint64_t step);
-/* Writes DIR/step-N/<mark> (a temp file renamed into place; with sync,
- * fsync'd, and the directory too). @return 0 or -errno. */
-int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync);
+/* Writes DIR/step-N/<mark> for `rank` (a temp file of its own renamed into
+ * place; with sync, fsync'd, and the directory too). @return 0 or -errno. */
+int tiers_mark(const char *dir, uint64_t step, const char *mark, int rank, int sync);
 /* 1 when DIR/step-N/<mark> exists. */
 int tiers_marked(const char *dir, uint64_t step, const char *mark);
 /* The steps of DIR's step directories, ascending (malloc'd). @return the
@@ -81,10 +81,9 @@ int tiers_copy_file(const char *src, const char *dst);
 /* fsync of DIR/step-N. @return 0 or -errno. */
 int tiers_sync_step_dir(const char *dir, uint64_t step);
 /* Keeps, of the steps up to `current`, the `keep` newest marked with
- * `mark` (or with `mark2`, when not NULL) and `current`; from every other
- * step directory up to `current` removes this rank's files (its own part, and with `copies` the copies it
- * holds), and on the node's leader the marks and the directory once empty. */
-void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2, int copies,
+ * `mark` (or with `mark2`, when not NULL) and `current`; every other step
+ * directory up to `current` is removed whole by the node's leader. */
+void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2,
                   uint64_t current);
 
 /* ------------------------------------------------------------- exchange */

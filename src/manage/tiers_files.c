@@ -60,12 +60,13 @@ static int sync_path(const char *path, int flags) {
   return rc;
 }
 
-int tiers_mark(const char *dir, uint64_t step, const char *mark, int sync) {
+int tiers_mark(const char *dir, uint64_t step, const char *mark, int rank, int sync) {
   char path[4096], tmp[4200];
   int rc = tiers_mark_path(path, sizeof(path), dir, step, mark);
   if (rc < 0) return rc;
-  /* Ranks sharing the directory mark it at once: a temp name each. */
-  snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
+  /* Ranks sharing the directory mark it at once: a temp name each (ranks
+   * may be threads of one process: the pid alone is not enough). */
+  snprintf(tmp, sizeof(tmp), "%s.%d.%d.tmp", path, (int)getpid(), rank);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   if (fd < 0) return -errno;
   char text[64];
@@ -158,20 +159,26 @@ int64_t tiers_file_size(const char *path) {
   return S_ISREG(st.st_mode) ? (int64_t)st.st_size : -EISDIR;
 }
 
-/* Removes from step's directory what this rank put there, and, on the
- * leader, the marks and the directory when nothing else is left. */
-static void remove_step(ckptio_tiers *t, const char *dir, uint64_t step, int copies) {
-  char path[4096];
-  if (tiers_path(path, sizeof(path), dir, step, "rank", t->comm.rank) == 0) unlink(path);
-  for (int k = 1; copies && k <= t->o.peers; k++)
-    if (tiers_path(path, sizeof(path), dir, step, "copy", tiers_held(t, t->comm.rank, k)) == 0) unlink(path);
-  if (!t->leader) return;
-  if (tiers_mark_path(path, sizeof(path), dir, step, TIERS_PUBLISHED) == 0) unlink(path);
-  if (tiers_mark_path(path, sizeof(path), dir, step, TIERS_COPIES) == 0) unlink(path);
-  if (tiers_path(path, sizeof(path), dir, step, NULL, 0) == 0) rmdir(path); /* fails while others' files remain */
+/* On the node's leader, removes step's directory and all in it: the
+ * parts, the copies, the marks and what a killed save left (temp files of
+ * the writer, the exchange or a mark). Every rank of the node retires the
+ * same steps, all of them past any write (retirement follows the second
+ * agreement of the current step), so one rank clears them for all. */
+static void remove_step(ckptio_tiers *t, const char *dir, uint64_t step) {
+  char sdir[4096], path[4400];
+  if (!t->leader || tiers_path(sdir, sizeof(sdir), dir, step, NULL, 0) < 0) return;
+  DIR *d = opendir(sdir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+        snprintf(path, sizeof(path), "%s/%s", sdir, e->d_name) < (int)sizeof(path))
+      unlink(path);
+  closedir(d);
+  rmdir(sdir);
 }
 
-void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2, int copies,
+void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2,
                   uint64_t current) {
   uint64_t *steps;
   long n = tiers_steps(dir, &steps);
@@ -186,7 +193,7 @@ void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, 
       kept += marked;
       continue;
     }
-    remove_step(t, dir, steps[i], copies);
+    remove_step(t, dir, steps[i]);
   }
   free(steps);
 }

@@ -170,7 +170,7 @@ static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) 
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
   if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
   crash_point(t, "agreed", tier_names[tier]);
-  rc = tiers_mark(tier_dir(t, tier), step, tier_mark(tier), tier == CKPTIO_TIER_DURABLE);
+  rc = tiers_mark(tier_dir(t, tier), step, tier_mark(tier), t->comm.rank, tier == CKPTIO_TIER_DURABLE);
   if (rc < 0)
     ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tier_dir(t, tier), (unsigned long long)step,
                 ckptio_strerror(rc));
@@ -214,10 +214,9 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
   }
   if (first) memcpy(t->err, first_msg, sizeof(first_msg)); /* a failed save names its first tier */
   if (mem)
-    tiers_retire(t, t->o.memory_dir, t->o.memory_keep, TIERS_PUBLISHED, t->o.peers ? TIERS_COPIES : NULL,
-                 t->o.peers > 0, j->step);
+    tiers_retire(t, t->o.memory_dir, t->o.memory_keep, TIERS_PUBLISHED, t->o.peers ? TIERS_COPIES : NULL, j->step);
   if (j->due[CKPTIO_TIER_DURABLE])
-    tiers_retire(t, t->o.durable_dir, t->o.durable_keep, TIERS_PUBLISHED, NULL, 0, j->step);
+    tiers_retire(t, t->o.durable_dir, t->o.durable_keep, TIERS_PUBLISHED, NULL, j->step);
   j->result = first && (t->o.fatal || !published) ? first : 0;
 }
 

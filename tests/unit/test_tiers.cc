@@ -1,0 +1,222 @@
+// Tiered checkpoints in one process: 4 threads play 4 ranks as 2 machines
+// of 2 (thread_comm.h), each machine's memory tier its own directory, so the
+// sanitizer builds see the save (synchronous and on the handle's thread),
+// the exchange of copies and the restore. Every restored part is checked
+// byte for byte. (tests/dist/tiers.sh runs the same over MPI processes,
+// with kills; tests/interop/test_tiers.py over gloo.)
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#define CKPTIO_EXPERIMENTAL
+#include "ckpt_fixture.h"
+#include "thread_comm.h"
+
+using namespace ckptio_test;
+
+namespace {
+
+constexpr int kRanks = 4, kPerNode = 2;
+
+// Rank r's tensors at `step`.
+std::vector<Tensor> part(int r, uint64_t step) {
+  return {make_tensor("w", CKPTIO_F32, {100 + 10 * r, 64}, (uint64_t)r * 1000 + step),
+          make_tensor("b", CKPTIO_I64, {3 + r}, (uint64_t)r * 1000 + step + 500)};
+}
+
+struct Job {
+  std::string root;
+  int background = 0, fatal = 0;
+  std::string durable;  // "" : root/durable
+
+  ckptio_tiers_options options(int r, std::string *mem, std::string *dur) const {
+    *mem = root + "/node" + std::to_string(r / kPerNode) + "/shm";
+    *dur = durable.empty() ? root + "/durable" : durable;
+    ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
+    o.memory_dir = mem->c_str();
+    o.peers = 1;
+    o.ranks_per_node = kPerNode;
+    o.durable_dir = dur->c_str();
+    o.durable_every = 2;
+    o.background = background;
+    o.fatal = fatal;
+    return o;
+  }
+};
+
+// Runs body(rank, handle) on kRanks threads, each with its own context and
+// handle over one in-process communicator.
+void on_ranks(const Job &s, const std::function<void(int, ckptio_tiers *)> &body) {
+  Group g(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; r++)
+    threads.emplace_back([&, r] {
+      Member m{&g, r};
+      ckptio_comm comm = group_comm(&m);
+      TestContext tc;
+      std::string mem, dur;
+      ckptio_tiers_options o = s.options(r, &mem, &dur);
+      ckptio_tiers *t = nullptr;
+      ASSERT_EQ(ckptio_tiers_open(tc.ctx, &comm, &o, &t), 0) << ckptio_last_open_error();
+      body(r, t);
+      ckptio_tiers_close(t);
+    });
+  for (auto &t : threads) t.join();
+}
+
+void save_steps(const Job &s, uint64_t first, uint64_t last) {
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    for (uint64_t step = first; step <= last; step++) {
+      std::vector<Tensor> ts = part(r, step);
+      std::vector<ckptio_tensor> d = {host_desc(ts[0]), host_desc(ts[1])};
+      EXPECT_EQ(ckptio_tiers_save(t, step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
+      // The save took its copy: changing the tensors now must not change it.
+      for (auto &x : ts) std::fill(x.bytes.begin(), x.bytes.end(), 0xEE);
+    }
+    EXPECT_EQ(ckptio_tiers_wait(t), 0) << ckptio_tiers_last_error(t);
+  });
+}
+
+// Each rank restores: the step, and from which tier, per rank.
+struct Restored {
+  uint64_t step[kRanks] = {};
+  int tier[kRanks] = {};
+  uint64_t skipped[kRanks] = {};
+};
+
+Restored restore(const Job &s) {
+  Restored out;
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    char path[4096];
+    uint64_t step = 0;
+    ASSERT_EQ(ckptio_tiers_restore(t, &step, path, sizeof(path)), 0) << ckptio_tiers_last_error(t);
+    ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+    ASSERT_EQ(ckptio_tiers_stats_get(t, &st), 0);
+    out.step[r] = step;
+    out.tier[r] = -1;
+    for (int k = 0; k < CKPTIO_TIERS; k++)
+      if (st.restored_bytes[k]) out.tier[r] = out.tier[r] < 0 ? k : 9;  // 9: more than one tier
+    out.skipped[r] = st.skipped_copies;
+    TestContext tc;
+    expect_loads(tc.ctx, path, part(r, step));
+  });
+  return out;
+}
+
+void flip_byte(const std::string &path) {
+  std::vector<uint8_t> b = read_file(path);
+  b[b.size() - 100] ^= 0xFF;
+  write_file(path, b);
+}
+
+class Tiers : public ::testing::TestWithParam<int> {};
+
+TEST_P(Tiers, RestoresFromMemoryPeersAndDiskNeverABadCopy) {
+  TempDir dir;
+  Job s{dir.path(), GetParam(), 0, ""};
+  save_steps(s, 1, 3);
+  Restored a = restore(s);
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(a.step[r], 3u) << r;
+    EXPECT_EQ(a.tier[r], CKPTIO_TIER_MEMORY) << r;
+  }
+  // Rank 0's own part damaged: its copy (held by rank 2, on the other node) serves.
+  flip_byte(dir.path() + "/node0/shm/step-00000003/rank-00000.safetensors");
+  Restored b = restore(s);
+  EXPECT_EQ(b.step[0], 3u);
+  EXPECT_EQ(b.tier[0], CKPTIO_TIER_PEER);
+  EXPECT_EQ(b.skipped[0], 1u);
+  // Node 1 lost: its ranks from the copies on node 0.
+  std::filesystem::remove_all(dir.path() + "/node1");
+  Restored c = restore(s);
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(c.step[r], 3u) << r;
+    EXPECT_EQ(c.tier[r], r < kPerNode ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_PEER) << r;
+  }
+  // Both nodes lost: the newest durable step (every 2nd).
+  std::filesystem::remove_all(dir.path() + "/node0");
+  std::filesystem::remove_all(dir.path() + "/node1");
+  Restored d = restore(s);
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(d.step[r], 2u) << r;
+    EXPECT_EQ(d.tier[r], CKPTIO_TIER_DURABLE) << r;
+  }
+  // Nothing anywhere: -ENOENT on every rank.
+  std::filesystem::remove_all(dir.path() + "/durable");
+  on_ranks(s, [&](int, ckptio_tiers *t) {
+    char path[4096];
+    uint64_t step = 0;
+    EXPECT_EQ(ckptio_tiers_restore(t, &step, path, sizeof(path)), -ENOENT);
+    EXPECT_NE(std::string(ckptio_tiers_last_error(t)).find("no step is whole"), std::string::npos);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndBackground, Tiers, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int> &i) { return i.param ? "background" : "sync"; });
+
+TEST(TiersSave, AFailingTierWarnsAndTheSaveGoesOnUnlessFatal) {
+  TempDir dir;
+  write_file(dir.file("blocked"), std::string("a file where the durable directory would go"));
+  for (int fatal = 0; fatal <= 1; fatal++) {
+    Job s{dir.path() + "/f" + std::to_string(fatal), 0, fatal, dir.file("blocked") + "/durable"};
+    on_ranks(s, [&](int r, ckptio_tiers *t) {
+      std::vector<Tensor> ts = part(r, 2);
+      std::vector<ckptio_tensor> d = {host_desc(ts[0]), host_desc(ts[1])};
+      int rc = ckptio_tiers_save(t, 2, d.data(), d.size());  // durable due at step 2
+      std::string err = ckptio_tiers_last_error(t);
+      EXPECT_NE(err.find("not saved to the durable tier"), std::string::npos) << err;
+      if (fatal)
+        EXPECT_LT(rc, 0);
+      else
+        EXPECT_EQ(rc, 0) << err;
+      ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+      ckptio_tiers_stats_get(t, &st);
+      EXPECT_EQ(st.failed_tier_saves, 1u);
+      EXPECT_GT(st.saved_bytes[CKPTIO_TIER_MEMORY], 0u);  // memory still published
+    });
+  }
+}
+
+TEST(TiersOpen, RefusesWhatCannotWork) {
+  TestContext tc;
+  ckptio_comm one;
+  ckptio_comm_single(&one);
+  ckptio_tiers *t = nullptr;
+  ckptio_tiers_options none = CKPTIO_TIERS_OPTIONS_INIT;
+  EXPECT_EQ(ckptio_tiers_open(tc.ctx, &one, &none, &t), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("no tier"), std::string::npos);
+  ckptio_tiers_options peers = CKPTIO_TIERS_OPTIONS_INIT;
+  peers.memory_dir = "/tmp/unused";
+  peers.peers = 1;  // one node: a copy would stay on its own machine
+  EXPECT_EQ(ckptio_tiers_open(tc.ctx, &one, &peers, &t), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("more nodes than copies"), std::string::npos);
+  Group g(4);
+  Member m{&g, 0};
+  ckptio_comm four = group_comm(&m);
+  ckptio_tiers_options uneven = CKPTIO_TIERS_OPTIONS_INIT;
+  uneven.memory_dir = "/tmp/unused";
+  uneven.ranks_per_node = 3;
+  EXPECT_EQ(ckptio_tiers_open(tc.ctx, &four, &uneven, &t), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("does not divide"), std::string::npos);
+  EXPECT_EQ(t, nullptr);
+}
+
+TEST(TiersSave, StepsMustGrow) {
+  TempDir dir;
+  TestContext tc;
+  ckptio_comm one;
+  ckptio_comm_single(&one);
+  std::string mem = dir.file("shm");
+  ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
+  o.memory_dir = mem.c_str();
+  ckptio_tiers *t = nullptr;
+  ASSERT_EQ(ckptio_tiers_open(tc.ctx, &one, &o, &t), 0) << ckptio_last_open_error();
+  std::vector<Tensor> ts = part(0, 5);
+  ckptio_tensor d = host_desc(ts[0]);
+  EXPECT_EQ(ckptio_tiers_save(t, 5, &d, 1), 0) << ckptio_tiers_last_error(t);
+  EXPECT_EQ(ckptio_tiers_save(t, 5, &d, 1), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_tiers_last_error(t)).find("steps must grow"), std::string::npos);
+  ckptio_tiers_close(t);
+}
+
+}  // namespace
