@@ -3,7 +3,8 @@
 # with 1 peer copy each: the save's stall to memory + peers against a
 # durable save and against a plain copy of the part, then restores from
 # each tier (memory; a machine's memory wiped: peers; both wiped and the
-# durable parts out of the page cache: durable), every part loaded after.
+# durable parts out of the page cache: durable), every part loaded after;
+# and, as the reference, each part saved to and loaded from S3 (SeaweedFS).
 #   bench/tiers.sh [WORK (/work/exp/tiers)] [MIB per rank (1024)] [ROUNDS (5)]
 set -euo pipefail
 WORK="${1:-/work/exp/tiers}" MIB="${2:-1024}" ROUNDS="${3:-5}"
@@ -21,4 +22,10 @@ rm -rf "$TIERS_SHM/node0" "$TIERS_SHM/node1"
 mpi restore "$ROUNDS" durable-cold | grep RESULT
 rm -rf "$TIERS_SHM/node0" "$TIERS_SHM/node1"
 mpi restore "$ROUNDS" durable-cold | grep RESULT
+# The same parts from S3 (SeaweedFS on 127.0.0.1, started and stopped here).
+for i in 1 2 3; do
+  "$(dirname "$0")/../.venv/bin/python" "$(dirname "$0")/../tests/s3/weed_server.py" -- \
+    bash -c 'mpirun -x AWS_ENDPOINT_URL -x AWS_ACCESS_KEY_ID -x AWS_SECRET_ACCESS_KEY -x AWS_REGION -np 2 \
+             --oversubscribe --bind-to none "$0" "$1" "$2" s3 "$CKPTIO_S3_BUCKET"' "$BENCH" "$WORK" "$MIB" | grep RESULT
+done
 rm -rf "$WORK" "$TIERS_SHM"

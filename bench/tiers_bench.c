@@ -14,7 +14,10 @@
  *   tiers_bench WORK MIB restore STEP NAME   a restore (+ loading every tensor
  *                                      into memory), reported under NAME, with
  *                                      the bytes per tier; durable parts are
- *                                      dropped from the page cache first */
+ *                                      dropped from the page cache first
+ *   tiers_bench WORK MIB s3 BUCKET     the reference: each rank's part saved to
+ *                                      s3://BUCKET, then loaded back whole (run
+ *                                      under tests/s3/weed_server.py) */
 #define CKPTIO_EXPERIMENTAL
 #include <fcntl.h>
 #include <stdio.h>
@@ -90,7 +93,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &nranks);
   if (argc < 5 || (!strcmp(argv[3], "restore") && argc < 6)) {
-    fprintf(stderr, "usage: tiers_bench WORK MIB save ROUNDS | restore STEP NAME\n");
+    fprintf(stderr, "usage: tiers_bench WORK MIB save ROUNDS | restore STEP NAME | s3 BUCKET\n");
     return 2;
   }
   const char *work = argv[1], *shm = getenv("TIERS_SHM");
@@ -144,6 +147,34 @@ int main(int argc, char **argv) {
     ckptio_tiers_close(disk);
     free(w);
     free(copy);
+  } else if (!strcmp(argv[3], "s3")) {
+    /* The reference a tier restore is held against: this rank's part of the
+     * same size saved to object storage, then loaded whole from there by
+     * a fresh reader (its own GETs), every byte into memory. */
+    char url[4200];
+    snprintf(url, sizeof(url), "s3://%s/tiers-bench/rank-%05d.safetensors", argv[4], rank);
+    float *w = malloc(bytes);
+    for (size_t i = 0; i < n; i++) w[i] = (float)(i % 1000 + rank);
+    ckptio_tensor tensor = {"w", CKPTIO_F32, 1, {(int64_t)n}, w, CKPTIO_DEVICE_HOST};
+    ckptio_writer *wr = NULL;
+    if (ckptio_writer_open(ctx, url, CKPTIO_FORMAT_SAFETENSORS, NULL, &wr) != 0 || ckptio_writer_add(wr, &tensor) != 0 ||
+        ckptio_writer_commit(wr) != 0) {
+      fprintf(stderr, "rank %d: save to %s: %s\n", rank, url, wr ? ckptio_writer_last_error(wr) : ckptio_last_open_error());
+      MPI_Abort(world, 1);
+    }
+    ckptio_writer_close(wr);
+    memset(w, 0, bytes);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now();
+    ckptio_reader *r = NULL;
+    if (ckptio_reader_open(ctx, url, NULL, &r) != 0 || ckptio_reader_load(r, 0, w, bytes) != 0) {
+      fprintf(stderr, "rank %d: load of %s: %s\n", rank, url, r ? ckptio_reader_last_error(r) : ckptio_last_open_error());
+      MPI_Abort(world, 1);
+    }
+    ckptio_reader_close(r);
+    double s = slowest(t0);
+    if (rank == 0) printf("RESULT {\"restore\": \"s3\", \"seconds\": %.4f}\n", s);
+    free(w);
   } else {
     ckptio_tiers *t = open_tiers(ctx, &comm, shm, work, 1, 1, 0);
     char dur[4200];
