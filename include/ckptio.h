@@ -1839,7 +1839,8 @@ int ckptio_tiers_wait(ckptio_tiers *t);
  *  Collective: finds the newest step restorable as described above and
  *  makes this rank's part of it a verified local file: its path (in the
  *  memory directory when a peer sent it, else where it was found) goes to
- *  path[0, len), to open with ckptio_reader_open.
+ *  path[0, len), to open with ckptio_reader_open. Every CRC32 of it has
+ *  just been checked: open it with crc 0 to skip a second pass.
  *  @return 0 and *step; -ENOENT when no step is whole anywhere (nothing
  *          published, or every holder lost or damaged); another negative
  *          code when the restore itself failed (the communicator, memory),

@@ -111,6 +111,9 @@ int tiers_verify(ckptio_tiers *t, const char *path, char *why) {
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   ckptio_ctx_options(t->ctx, &o);
   o.crc = 1;
+  /* The CRCs straight from the page cache's mapping (a part in memory is
+   * already there): no copy of the file into the ring. */
+  o.load_method = CKPTIO_LOAD_MMAP;
   ckptio_reader *r = NULL;
   int rc = ckptio_reader_open(t->ctx, path, &o, &r);
   if (rc < 0) return ckptio_fail(why, rc, "%s", ckptio_last_open_error());
