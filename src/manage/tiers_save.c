@@ -93,8 +93,11 @@ static int end_part(ckptio_tiers *t, tiers_job *j, char *why) {
 }
 
 /* Sends this rank's part in memory to its holders and receives the parts
- * it holds. Collective; own_rc < 0 (the part was not written) sends none. */
-static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_bytes, char *why) {
+ * it holds. Collective; own_rc < 0 (the part was not written) sends none.
+ * @return 0, this rank's failure (with why), or with *broken set the
+ * communicator's (or memory's) failure, after which nothing more can be
+ * agreed (with t->err). */
+static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_bytes, char *why, int *broken) {
   int n = t->comm.nranks, me = t->comm.rank, K = t->o.peers;
   size_t m = (size_t)n * (size_t)K;
   uint64_t mine = own_rc == 0 ? own_bytes : 0, *sizes = calloc((size_t)n, sizeof(uint64_t));
@@ -139,6 +142,7 @@ out:
   free(from);
   free(to);
   free(ok);
+  *broken = rc < 0;
   return rc < 0 ? rc : local;
 }
 
@@ -187,9 +191,11 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
   int first_tier = mem ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
   if (j->w) rc[first_tier] = end_part(t, j, j->why[first_tier]);
   if (j->due[CKPTIO_TIER_PEER]) {
-    rc[CKPTIO_TIER_PEER] = send_copies(t, j->step, rc[CKPTIO_TIER_MEMORY], j->bytes, j->why[CKPTIO_TIER_PEER]);
-    if (rc[CKPTIO_TIER_PEER] < 0 && t->err[0] && strstr(t->err, "communicator")) {
-      j->result = rc[CKPTIO_TIER_PEER]; /* the collectives are broken: nothing more can be agreed */
+    int broken = 0;
+    rc[CKPTIO_TIER_PEER] =
+        send_copies(t, j->step, rc[CKPTIO_TIER_MEMORY], j->bytes, j->why[CKPTIO_TIER_PEER], &broken);
+    if (broken) {
+      j->result = rc[CKPTIO_TIER_PEER]; /* nothing more can be agreed: nothing of this step is marked */
       return;
     }
   }

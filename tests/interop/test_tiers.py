@@ -50,6 +50,7 @@ def act(rank, base, durable, action):
     from ckptio.tiers import TieredCheckpointManager
     kind = action[0]
     if kind in ("wipe", "flip"):
+        dist.barrier()  # every rank is done with the previous action's files
         if rank == 0:
             for name in action[1:]:
                 path = os.path.join(base, name)
