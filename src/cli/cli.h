@@ -63,8 +63,8 @@ int cli_exit_for_read_error(int rc);
 /* The listing commands' (checkpoints, tiers) own options: 1 when arg is
  * --verify or --json (and sets it), else 0. */
 int cli_listing_option(const char *arg, int *verify, int *json);
-/* A context for reading local checkpoints whole to check their CRC32s:
- * from the mapping, with a tiny ring, no CUDA. */
+/* A context for reading local checkpoints whole to check their CRC32s
+ * (verify, checkpoints, tiers): from the mapping, with a tiny ring, no CUDA. */
 void cli_verify_options(ckptio_options *o);
 /* Files of a checkpoint made of several: a set's shards, or a DCP
  * checkpoint's .distcp files (no shards: they do not open alone, so the

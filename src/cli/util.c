@@ -195,7 +195,12 @@ int cli_listing_option(const char *arg, int *verify, int *json) {
 
 void cli_verify_options(ckptio_options *o) {
   *o = (ckptio_options)CKPTIO_OPTIONS_INIT;
-  o->load_method = CKPTIO_LOAD_MMAP; /* CRCs from the mapping, a tiny ring */
+  /* Checksums straight from the file mapping: no staging copy, so the ring
+   * can stay tiny (its first touch costs more than a small file's check).
+   * Measured on a 1 GB file here: mmap 4.4-5.8 GB/s warm, pread through 4
+   * slots 1.6-5.3; cold both follow the disk. */
+  o->crc = 1;
+  o->load_method = CKPTIO_LOAD_MMAP;
   o->chunk_bytes = 2u << 20;
   o->staging_bytes = 4u << 20;
   o->cuda = 0;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/hold.h"
+#include "core/nameset.h"
 #include "manage/manage.h"
 
 void mgr_step_name(uint64_t step, char *buf, size_t len) { snprintf(buf, len, "step-%08" PRIu64, step); }
@@ -55,6 +56,37 @@ void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...) 
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   m->warn(m->warn_arg, step, code, msg);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int64_t mgr_step_dirs(int at, const char *name, uint64_t **steps) {
+  *steps = NULL;
+  DIR *d;
+  int orc = mgr_opendir(at, name, 0, &d);
+  if (orc < 0) return orc;
+  size_t n = 0, cap = 0;
+  int64_t rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    uint64_t step;
+    if (!mgr_parse_step(e->d_name, &step)) continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) continue;
+    if ((rc = ckptio_array_grow((void **)steps, &cap, n, sizeof(**steps))) < 0) break;
+    (*steps)[n++] = step;
+  }
+  closedir(d);
+  if (rc < 0) {
+    free(*steps);
+    *steps = NULL;
+    return rc;
+  }
+  if (n) qsort(*steps, n, sizeof(**steps), cmp_u64);
+  return (int64_t)n;
 }
 
 int mgr_opendir(int dirfd, const char *name, int flags, DIR **out) {

@@ -83,6 +83,10 @@ void mgr_entry_free(mgr_entry *e);
  * removed. */
 int mgr_content_error(const ckptio_manager *m, int code);
 
+/* The steps of the canonically named step directories in name under at
+ * (a directory's fd, or AT_FDCWD), ascending (malloc'd into *steps; free
+ * it). @return the count or -errno. */
+int64_t mgr_step_dirs(int at, const char *name, uint64_t **steps);
 /* fdopendir of name under dirfd (O_DIRECTORY | O_CLOEXEC | flags); @return 0 or -errno. */
 int mgr_opendir(int dirfd, const char *name, int flags, DIR **out);
 /* Removes DIR/name and everything below it (a few levels at most); with

@@ -13,50 +13,12 @@
 
 #include "manage/manage.h"
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
   *steps = NULL;
   if (m->st) return mgr_obj_scan_steps(m, steps);
-  DIR *d;
-  int orc = mgr_opendir(m->dirfd, ".", 0, &d);
-  if (orc < 0) {
-    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-orc));
-    return orc;
-  }
-  uint64_t *v = NULL;
-  size_t n = 0, cap = 0;
-  int64_t rc = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    uint64_t step;
-    if (!mgr_parse_step(e->d_name, &step)) continue;
-    struct stat st;
-    if (fstatat(m->dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode)) continue;
-    if (n == cap) {
-      size_t nc = cap ? cap * 2 : 16;
-      uint64_t *nv = realloc(v, nc * sizeof(*nv));
-      if (!nv) {
-        rc = -ENOMEM;
-        break;
-      }
-      v = nv;
-      cap = nc;
-    }
-    v[n++] = step;
-  }
-  closedir(d);
-  if (rc < 0) {
-    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text((int)-rc));
-    free(v);
-    return rc;
-  }
-  if (n) qsort(v, n, sizeof(*v), cmp_u64);
-  *steps = v;
-  return (int64_t)n;
+  int64_t rc = mgr_step_dirs(m->dirfd, ".", steps);
+  if (rc < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text((int)-rc));
+  return rc;
 }
 
 int mgr_content_error(const ckptio_manager *m, int code) {

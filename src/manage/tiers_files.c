@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/nameset.h"
 #include "manage/manage.h"
 #include "manage/tiers.h"
 
@@ -117,40 +118,9 @@ int tiers_marked(const char *dir, uint64_t step, const char *mark) {
   return tiers_mark_path(path, sizeof(path), dir, step, mark) == 0 && access(path, F_OK) == 0;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 long tiers_steps(const char *dir, uint64_t **steps) {
-  *steps = NULL;
-  DIR *d = opendir(dir);
-  if (!d) return errno == ENOENT ? 0 : -errno;
-  size_t n = 0, cap = 0;
-  long rc = 0;
-  struct dirent *e;
-  while ((e = readdir(d))) {
-    uint64_t step;
-    if (!mgr_parse_step(e->d_name, &step)) continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
-      uint64_t *nv = realloc(*steps, cap * sizeof(**steps));
-      if (!nv) {
-        rc = -ENOMEM;
-        break;
-      }
-      *steps = nv;
-    }
-    (*steps)[n++] = step;
-  }
-  closedir(d);
-  if (rc < 0) {
-    free(*steps);
-    *steps = NULL;
-    return rc;
-  }
-  if (n) qsort(*steps, n, sizeof(**steps), cmp_u64);
-  return (long)n;
+  int64_t n = mgr_step_dirs(AT_FDCWD, dir, steps);
+  return n == -ENOENT ? 0 : (long)n;
 }
 
 int64_t tiers_file_size(const char *path) {
@@ -165,17 +135,8 @@ int64_t tiers_file_size(const char *path) {
  * same steps, all of them past any write (retirement follows the second
  * agreement of the current step), so one rank clears them for all. */
 static void remove_step(ckptio_tiers *t, const char *dir, uint64_t step) {
-  char sdir[4096], path[4400];
-  if (!t->leader || tiers_path(sdir, sizeof(sdir), dir, step, NULL, 0) < 0) return;
-  DIR *d = opendir(sdir);
-  if (!d) return;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
-        snprintf(path, sizeof(path), "%s/%s", sdir, e->d_name) < (int)sizeof(path))
-      unlink(path);
-  closedir(d);
-  rmdir(sdir);
+  char sdir[4096];
+  if (t->leader && tiers_path(sdir, sizeof(sdir), dir, step, NULL, 0) == 0) mgr_remove_tree(AT_FDCWD, sdir, NULL);
 }
 
 void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2,
@@ -240,15 +201,7 @@ int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out) {
       if (parse_file(e->d_name, "rank", &rank)) copy = 0;
       else if (parse_file(e->d_name, "copy", &rank)) copy = 1;
       else continue;
-      if (n == cap) {
-        cap = cap ? cap * 2 : 16;
-        ckptio_tiers_file *nv = realloc(*out, cap * sizeof(**out));
-        if (!nv) {
-          rc = -ENOMEM;
-          break;
-        }
-        *out = nv;
-      }
+      if ((rc = ckptio_array_grow((void **)out, &cap, n, sizeof(**out))) < 0) break;
       ckptio_tiers_file *f = &(*out)[n];
       memset(f, 0, sizeof(*f));
       f->step = steps[i], f->rank = rank, f->copy = copy, f->published = marks[copy];

@@ -13,6 +13,7 @@
 
 #include "core/collective.h"
 #include "core/error.h"
+#include "core/nameset.h"
 #include "manage/tiers.h"
 
 /* One published copy of one part. */
@@ -31,14 +32,9 @@ typedef struct list {
 } list;
 
 static int push(list *l, holding h) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 16;
-    holding *nv = realloc(l->v, cap * sizeof(*nv));
-    if (!nv) return -ENOMEM;
-    l->v = nv, l->cap = cap;
-  }
-  l->v[l->n++] = h;
-  return 0;
+  int rc = ckptio_array_grow((void **)&l->v, &l->cap, l->n, sizeof(*l->v));
+  if (rc == 0) l->v[l->n++] = h;
+  return rc;
 }
 
 /* The file of part `part` in DIR at step, if the step is marked with
