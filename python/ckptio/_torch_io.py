@@ -456,6 +456,13 @@ def start(opener: Callable[..., int], path: PathLike, crc: bool, open_args: Iter
     return fill_and_commit(w, shown, p, ops)
 
 
+def tensor_desc(name: str, t: torch.Tensor, dtype: str, device: int) -> "_lib.Tensor_":
+    """The ckptio_tensor of an as_saveable tensor (its memory borrowed)."""
+    shape = tuple(t.shape)
+    return _lib.Tensor_(name.encode(), code_of(dtype), len(shape), (ctypes.c_int64 * _lib.MAX_DIMS)(*shape),
+                        t.data_ptr(), device)
+
+
 def fill_and_commit(w: ctypes.c_void_p, shown: str, p: Plan, ops: WriterOps) -> SaveHandle:
     """Fills the open writer `w` from a Plan and starts its commit: a
     SaveHandle making its calls through `ops` (writer_ops(), or one whose
@@ -470,9 +477,7 @@ def fill_and_commit(w: ctypes.c_void_p, shown: str, p: Plan, ops: WriterOps) -> 
             check(ops.set_stream(w, device, stream),
                   f"{shown}: CUDA stream of device {device - 1}", ops.last_error(w))
         for name, t, dtype, device in p.tensors:
-            shape = tuple(t.shape)
-            desc = _lib.Tensor_(name.encode(), code_of(dtype), len(shape),
-                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
+            desc = tensor_desc(name, t, dtype, device)
             check(ops.add(w, ctypes.byref(desc)), f"{shown}: tensor {name!r}",
                   ops.last_error(w))
         check(ops.commit_async(w), f"cannot save {shown}", ops.last_error(w), shown)

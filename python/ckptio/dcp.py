@@ -49,7 +49,7 @@ from torch.futures import Future
 from . import _lib
 from ._group import Group
 from ._core import ctx, options
-from ._torch_io import TORCH_DTYPES, as_saveable, code_of
+from ._torch_io import TORCH_DTYPES, as_saveable, tensor_desc
 from .errors import check, from_code
 
 __all__ = ["Writer", "Reader", "BYTES_PREFIX"]
@@ -166,8 +166,7 @@ class Writer(StorageWriter):
             if device != _lib.DEVICE_HOST and device not in streams:
                 streams[device] = torch.cuda.current_stream(t.device).cuda_stream
             shape = tuple(t.shape)
-            desc = _lib.Tensor_(name.encode(), code_of(dtype), len(shape),
-                                (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), t.data_ptr(), device)
+            desc = tensor_desc(name, t, dtype, device)
             whole = offsets is None or (all(o == 0 for o in offsets) and list(shape) == global_shape)
             if whole or offsets is None or global_shape is None:
                 rc = lib.ckptio_writer_add(w, ctypes.byref(desc))

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from . import _lib
 from ._core import PathLike, ctx
 from ._group import Group
-from ._torch_io import Device, as_saveable, code_of
+from ._torch_io import Device, plan, tensor_desc
 from .errors import check
 from .torch import load_file
 
@@ -117,15 +117,11 @@ class TieredCheckpointManager:
         they are published (or warned about), or in background mode once
         the tensors are copied."""
         t = self._handle()
-        items = [(name, *as_saveable(name, v)) for name, v in state_dict.items()]
-        if any(device != _lib.DEVICE_HOST for _, _, _, device in items):
+        p = plan(state_dict, None)  # every check of a save_file, before any tier is touched
+        if p.streams:
             torch.cuda.synchronize()  # the library copies on its own streams
-        descs = (_lib.Tensor_ * max(1, len(items)))()
-        for i, (name, v, dtype, device) in enumerate(items):
-            shape = tuple(v.shape)
-            descs[i] = _lib.Tensor_(name.encode(), code_of(dtype), len(shape),
-                                    (ctypes.c_int64 * _lib.MAX_DIMS)(*shape), v.data_ptr(), device)
-        rc = self._lib.ckptio_tiers_save(t, step, descs, len(items))
+        descs = (_lib.Tensor_ * max(1, len(p.tensors)))(*(tensor_desc(*item) for item in p.tensors))
+        rc = self._lib.ckptio_tiers_save(t, step, descs, len(p.tensors))
         self._after(rc, f"cannot save step {step}")
 
     def wait(self) -> None:
