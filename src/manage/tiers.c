@@ -12,6 +12,10 @@
 #include "core/sized.h"
 #include "manage/tiers.h"
 
+const char *tiers_dir(const ckptio_tiers *t, int tier) {
+  return tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+}
+
 int tiers_holder(const ckptio_tiers *t, int r, int k) {
   return (r + k * t->o.ranks_per_node) % t->comm.nranks;
 }
@@ -79,7 +83,6 @@ int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tie
   }
   t->ctx = ctx;
   t->comm = c;
-  t->nodes = nodes;
   t->leader = c.rank % o.ranks_per_node == 0;
   t->stats = (ckptio_tiers_stats)CKPTIO_TIERS_STATS_INIT;
   *out = t;

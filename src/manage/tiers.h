@@ -32,7 +32,6 @@ struct ckptio_tiers {
   ckptio_ctx *ctx;
   ckptio_comm comm;
   ckptio_tiers_options o;  /* memory_dir and durable_dir point at our copies */
-  int nodes;               /* nranks / ranks_per_node */
   int leader;              /* the first rank of its node: removes marks and directories */
   ckptio_tiers_warn_fn warn;
   void *warn_arg;
@@ -49,6 +48,9 @@ struct ckptio_tiers {
  * and the rank whose k-th copy rank r holds. */
 int tiers_holder(const ckptio_tiers *t, int r, int k);
 int tiers_held(const ckptio_tiers *t, int r, int k);
+
+/* A tier's directory: the durable one, or the memory one (own parts and peers' copies). */
+const char *tiers_dir(const ckptio_tiers *t, int tier);
 
 /* Waits for the last save's background finish. @return its result. */
 int tiers_join(ckptio_tiers *t);

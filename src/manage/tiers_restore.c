@@ -53,7 +53,7 @@ static int add_if_held(list *l, const char *dir, uint64_t step, const char *mark
 static int list_mine(ckptio_tiers *t, list *l) {
   int me = t->comm.rank, rc = 0;
   for (int tier = 0; tier < CKPTIO_TIERS && rc == 0; tier++) {
-    const char *dir = tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+    const char *dir = tiers_dir(t, tier);
     if (!dir || (tier == CKPTIO_TIER_PEER && !t->o.peers)) continue;
     uint64_t *steps;
     long n = tiers_steps(dir, &steps);
@@ -152,7 +152,7 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
   }
   if ((rc = tiers_exchange(t, moves, m, from, to, ok)) < 0) goto out;
   const holding *h = &all->v[pick[me]];
-  const char *dir = h->tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+  const char *dir = tiers_dir(t, h->tier);
   int got = 1;
   for (size_t i = 0; i < m; i++)
     if (moves[i].dst == me && !ok[i]) got = 0;

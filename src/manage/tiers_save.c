@@ -43,10 +43,6 @@ static void crash_point(const ckptio_tiers *t, const char *point, const char *ti
 #define crash_point(t, point, tier) ((void)0)
 #endif
 
-static const char *tier_dir(const ckptio_tiers *t, int tier) {
-  return tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
-}
-
 static const char *tier_mark(int tier) { return tier == CKPTIO_TIER_PEER ? TIERS_COPIES : TIERS_PUBLISHED; }
 
 /* ------------------------------------------------------------ the start */
@@ -174,9 +170,9 @@ static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) 
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
   if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
   crash_point(t, "agreed", tier_names[tier]);
-  rc = tiers_mark(tier_dir(t, tier), step, tier_mark(tier), t->comm.rank, tier == CKPTIO_TIER_DURABLE);
+  rc = tiers_mark(tiers_dir(t, tier), step, tier_mark(tier), t->comm.rank, tier == CKPTIO_TIER_DURABLE);
   if (rc < 0)
-    ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tier_dir(t, tier), (unsigned long long)step,
+    ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tiers_dir(t, tier), (unsigned long long)step,
                 ckptio_strerror(rc));
   crash_point(t, "marked", tier_names[tier]);
   err[0] = '\0';
@@ -257,12 +253,12 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
   j->due[CKPTIO_TIER_PEER] = t->o.peers > 0;
   j->due[CKPTIO_TIER_DURABLE] = t->o.durable_dir && step % (uint64_t)t->o.durable_every == 0;
   int first_tier = j->due[CKPTIO_TIER_MEMORY] ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
-  j->w_dir = tier_dir(t, first_tier);
+  j->w_dir = tiers_dir(t, first_tier);
   /* A step saved again (after a restore to an older one) is not published
    * until this save agrees on it. */
   char path[4096];
   for (int tier = 0; tier < CKPTIO_TIERS; tier++)
-    if (j->due[tier] && t->leader && tiers_mark_path(path, sizeof(path), tier_dir(t, tier), step, tier_mark(tier)) == 0)
+    if (j->due[tier] && t->leader && tiers_mark_path(path, sizeof(path), tiers_dir(t, tier), step, tier_mark(tier)) == 0)
       unlink(path);
   t->saved = 1;
   t->last_step = step;
