@@ -94,19 +94,19 @@ void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, 
 typedef struct tiers_move {
   int src, dst;
   uint64_t bytes;
+  char path[4096];  /* this rank's end of it: the file src reads or dst writes; "" on other ranks */
+  int ok;           /* set by tiers_exchange: 1 when the move went through on this rank */
 } tiers_move;
 
-/* Collective: every rank passes the same list. For each move, rank src
- * reads the `bytes` bytes of from[i] and rank dst writes them to to[i]
- * (created; a temp name renamed into place once whole), in rounds in which
- * a rank sends and receives at most one part, through bounded chunks of
- * the communicator's alltoallv. A rank whose file cannot be read or
- * written goes on taking part (so no rank hangs) and fails its moves:
- * ok[i] (on both ends) is 1 only for a move that went through on this
- * rank. @return 0, or a negative code (the communicator failed, memory)
- * with t->err. */
-int tiers_exchange(ckptio_tiers *t, const tiers_move *moves, size_t n, const char *const *from,
-                   const char *const *to, int *ok);
+/* Collective: every rank passes the same list (each with its own paths).
+ * For each move, rank src reads the `bytes` bytes of its path and rank dst
+ * writes them to its path (created; a temp name renamed into place once
+ * whole), in rounds in which a rank sends and receives at most one part,
+ * through bounded chunks of the communicator's alltoallv. A rank whose
+ * file cannot be read or written goes on taking part (so no rank hangs)
+ * and fails its moves. @return 0, or a negative code (the communicator
+ * failed, memory) with t->err. */
+int tiers_exchange(ckptio_tiers *t, tiers_move *moves, size_t n);
 
 /* A part's every CRC32 checked: opened by ckptio_reader_open and
  * ckptio_reader_verify, nothing unchecked. @return 0, or the failure with

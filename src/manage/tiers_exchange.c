@@ -24,14 +24,13 @@ typedef struct ends {
   char tmp[4200];     /* the receiving file's temp name */
 } ends;
 
-static void open_ends(ckptio_tiers *t, ends *e, const char *const *from, const char *const *to) {
+static void open_ends(ends *e, const tiers_move *moves) {
   e->in = e->out = -1;
-  if (e->send >= 0) e->in = open(from[e->send], O_RDONLY | O_CLOEXEC);
+  if (e->send >= 0) e->in = open(moves[e->send].path, O_RDONLY | O_CLOEXEC);
   if (e->recv >= 0) {
-    snprintf(e->tmp, sizeof(e->tmp), "%s.%d.tmp", to[e->recv], (int)getpid());
+    snprintf(e->tmp, sizeof(e->tmp), "%s.%d.tmp", moves[e->recv].path, (int)getpid());
     e->out = open(e->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   }
-  (void)t;
 }
 
 /* The pieces of one chunk: what this rank sends (read into sbuf; zeros
@@ -63,9 +62,8 @@ static uint64_t piece(uint64_t bytes, uint64_t off) {
 
 /* One round: the moves in `round` (n of them, each rank at most once per
  * side), chunk after chunk. */
-static int run_round(ckptio_tiers *t, const tiers_move *moves, const long *round, size_t n, const char *const *from,
-                     const char *const *to, int *ok, unsigned char *sbuf, unsigned char *rbuf, size_t *sc,
-                     size_t *rc_) {
+static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size_t n, unsigned char *sbuf,
+                     unsigned char *rbuf, size_t *sc, size_t *rc_) {
   int me = t->comm.rank;
   ends e = {.send = -1, .recv = -1};
   uint64_t longest = 0;
@@ -75,7 +73,7 @@ static int run_round(ckptio_tiers *t, const tiers_move *moves, const long *round
     if (m->dst == me) e.recv = round[i];
     longest = m->bytes > longest ? m->bytes : longest;
   }
-  open_ends(t, &e, from, to);
+  open_ends(&e, moves);
   int sent_ok = e.send < 0 || e.in >= 0, recv_ok = e.recv < 0 || e.out >= 0, rc = 0;
   for (uint64_t off = 0; rc == 0 && (off < longest || (longest == 0 && off == 0)); off += TIERS_CHUNK) {
     memset(sc, 0, (size_t)t->comm.nranks * sizeof(size_t));
@@ -99,16 +97,15 @@ static int run_round(ckptio_tiers *t, const tiers_move *moves, const long *round
   if (e.in >= 0) close(e.in);
   if (e.out >= 0 && close(e.out) != 0) recv_ok = 0;
   if (e.recv >= 0) {
-    if (rc == 0 && recv_ok && rename(e.tmp, to[e.recv]) != 0) recv_ok = 0;
+    if (rc == 0 && recv_ok && rename(e.tmp, moves[e.recv].path) != 0) recv_ok = 0;
     if (!(rc == 0 && recv_ok)) unlink(e.tmp);
-    ok[e.recv] = rc == 0 && recv_ok;
+    moves[e.recv].ok = rc == 0 && recv_ok;
   }
-  if (e.send >= 0) ok[e.send] = rc == 0 && sent_ok;
+  if (e.send >= 0) moves[e.send].ok = rc == 0 && sent_ok;
   return rc;
 }
 
-int tiers_exchange(ckptio_tiers *t, const tiers_move *moves, size_t n, const char *const *from,
-                   const char *const *to, int *ok) {
+int tiers_exchange(ckptio_tiers *t, tiers_move *moves, size_t n) {
   size_t nr = (size_t)t->comm.nranks;
   long *round = malloc((n + 1) * sizeof(long));
   unsigned char *done = calloc(n + 1, 1), *busy = malloc(2 * nr);
@@ -120,7 +117,7 @@ int tiers_exchange(ckptio_tiers *t, const tiers_move *moves, size_t n, const cha
     /* Every rank allocates the same; a failure here fails the job's collectives anyway. */
     goto out;
   }
-  for (size_t i = 0; i < n; i++) ok[i] = 0;
+  for (size_t i = 0; i < n; i++) moves[i].ok = 0;
   /* Greedy rounds, the same on every rank: each move joins the first
    * round where neither its sender sends nor its receiver receives. */
   for (size_t left = n; left > 0 && rc == 0;) {
@@ -133,7 +130,7 @@ int tiers_exchange(ckptio_tiers *t, const tiers_move *moves, size_t n, const cha
       round[k++] = (long)i;
     }
     left -= k;
-    rc = run_round(t, moves, round, k, from, to, ok, sbuf, rbuf, sc, sc + nr);
+    rc = run_round(t, moves, round, k, sbuf, rbuf, sc, sc + nr);
   }
 out:
   free(round);

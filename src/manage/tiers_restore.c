@@ -130,43 +130,31 @@ static const char *tier_word(int tier) {
 static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t step, char *path, size_t len,
                    int *code, char *why) {
   int n = t->comm.nranks, me = t->comm.rank, rc = 0;
-  tiers_move *moves = calloc((size_t)n, sizeof(*moves));
-  char(*paths)[4096] = calloc((size_t)n, sizeof(*paths));
-  const char **from = calloc((size_t)n, sizeof(char *)), **to = calloc((size_t)n, sizeof(char *));
-  int *ok = calloc((size_t)n, sizeof(int));
+  tiers_move *moves = calloc((unsigned)n, sizeof(*moves)); /* a move per rank at most (n >= 1: open checks) */
   size_t m = 0;
-  if (!moves || !paths || !from || !to || !ok) {
-    rc = ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to restore", me);
-    goto out;
-  }
+  if (!moves) return ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to restore", me);
   for (int r = 0; r < n; r++) {
     const holding *h = &all->v[pick[r]];
     if (h->tier != CKPTIO_TIER_PEER) continue;
-    moves[m] = (tiers_move){h->holder, r, h->bytes};
-    if (h->holder == me) tiers_path(paths[m], sizeof(paths[m]), t->o.memory_dir, step, "copy", r), from[m] = paths[m];
+    tiers_move *v = &moves[m++];
+    v->src = h->holder, v->dst = r, v->bytes = h->bytes;
+    if (h->holder == me) tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "copy", r);
     if (r == me) {
       tiers_make_step_dir(t->o.memory_dir, step);
-      tiers_path(paths[m], sizeof(paths[m]), t->o.memory_dir, step, "rank", r), to[m] = paths[m];
+      tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "rank", r);
     }
-    m++;
   }
-  if ((rc = tiers_exchange(t, moves, m, from, to, ok)) < 0) goto out;
-  const holding *h = &all->v[pick[me]];
-  const char *dir = tiers_dir(t, h->tier);
-  int got = 1;
-  for (size_t i = 0; i < m; i++)
-    if (moves[i].dst == me && !ok[i]) got = 0;
-  int v = tiers_path(path, len, dir, step, "rank", me);
-  if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
-  else if (v == 0) v = tiers_verify(t, path, why);
-  else ckptio_fail(why, v, "path too long");
-  *code = v;
-out:
+  if ((rc = tiers_exchange(t, moves, m)) == 0) {
+    int got = 1;
+    for (size_t i = 0; i < m; i++)
+      if (moves[i].dst == me && !moves[i].ok) got = 0;
+    int v = tiers_path(path, len, tiers_dir(t, all->v[pick[me]].tier), step, "rank", me);
+    if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
+    else if (v == 0) v = tiers_verify(t, path, why);
+    else ckptio_fail(why, v, "path too long");
+    *code = v;
+  }
   free(moves);
-  free(paths);
-  free(from);
-  free(to);
-  free(ok);
   return rc;
 }
 

@@ -98,11 +98,8 @@ static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_
   size_t m = (size_t)n * (size_t)K;
   uint64_t mine = own_rc == 0 ? own_bytes : 0, *sizes = calloc((size_t)n, sizeof(uint64_t));
   tiers_move *moves = calloc(m, sizeof(*moves));
-  char(*paths)[4096] = calloc(m, sizeof(*paths));
-  const char **from = calloc(m, sizeof(char *)), **to = calloc(m, sizeof(char *));
-  int *ok = calloc(m, sizeof(int));
   int rc = 0, local = 0;
-  if (!sizes || !moves || !paths || !from || !to || !ok) {
+  if (!sizes || !moves) {
     rc = ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to send copies", me);
     goto out;
   }
@@ -115,16 +112,16 @@ static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_
   if (local < 0) ckptio_fail(why, local, "%s: cannot make its step directory: %s", t->o.memory_dir,
                              ckptio_strerror(local));
   for (size_t i = 0; i < m; i++) {
+    tiers_move *v = &moves[i];
     int r = (int)(i / (size_t)K), k = (int)(i % (size_t)K) + 1;
-    moves[i] = (tiers_move){r, tiers_holder(t, r, k), sizes[r]};
-    if (r == me && tiers_path(paths[i], sizeof(paths[i]), t->o.memory_dir, step, "rank", me) == 0) from[i] = paths[i];
-    if (moves[i].dst == me && tiers_path(paths[i], sizeof(paths[i]), t->o.memory_dir, step, "copy", r) == 0)
-      to[i] = paths[i];
+    v->src = r, v->dst = tiers_holder(t, r, k), v->bytes = sizes[r];
+    if (r == me) tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "rank", me);
+    if (v->dst == me) tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "copy", r);
   }
-  rc = tiers_exchange(t, moves, m, from, to, ok);
+  rc = tiers_exchange(t, moves, m);
   for (size_t i = 0; rc == 0 && local == 0 && i < m; i++) {
     if (moves[i].dst != me) continue;
-    if (!sizes[moves[i].src] || !ok[i]) {
+    if (!sizes[moves[i].src] || !moves[i].ok) {
       local = ckptio_fail(why, CKPTIO_E_RANK, "rank %d did not receive rank %d's copy%s", me, moves[i].src,
                           sizes[moves[i].src] ? "" : " (that rank's part was not written)");
       break;
@@ -134,10 +131,6 @@ static int send_copies(ckptio_tiers *t, uint64_t step, int own_rc, uint64_t own_
 out:
   free(sizes);
   free(moves);
-  free(paths);
-  free(from);
-  free(to);
-  free(ok);
   *broken = rc < 0;
   return rc < 0 ? rc : local;
 }
