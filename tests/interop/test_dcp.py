@@ -8,7 +8,6 @@ dcp.save on every rank and keeps the previous checkpoint."""
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,15 +23,10 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
 import ckptio.dcp  # noqa: E402
 import ckptio.torch  # noqa: E402
+import rendezvous  # noqa: E402
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def full(name, shape, dtype=torch.float32):
@@ -99,8 +93,8 @@ def full_state(msd, osd):
     return out
 
 
-def worker(rank, world, port, steps):
-    work(rank, world, port, steps)
+def worker(rank, world, init_method, steps):
+    work(rank, world, init_method, steps)
     # Every check of this rank passed and its process group is destroyed.
     # Leave without the interpreter's teardown: in two suite runs out of
     # about ten, torch's C++ side aborted rank 0 (the rank that hosts the
@@ -111,9 +105,8 @@ def worker(rank, world, port, steps):
     os._exit(0)
 
 
-def work(rank, world, port, steps):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def work(rank, world, init_method, steps):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         for mode, path, out in steps:
             try:
@@ -207,7 +200,7 @@ def run(world, *steps):
     (each imports torch) is most of this file's time, so what one world size
     can do in one group is done there."""
     steps = [(mode, str(path), str(out[0]) if out else "") for mode, path, *out in steps]
-    mp.start_processes(worker, args=(world, free_port(), steps), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(worker, args=(world, rendezvous.init_method(), steps), nprocs=world, join=True, start_method="spawn")
 
 
 # The suite saves at 4 ranks and loads at 1, 2 and 3; saving at 1 and 2 as

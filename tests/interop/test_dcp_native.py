@@ -11,7 +11,6 @@ import io
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -30,17 +29,12 @@ import ckptio  # noqa: E402
 import ckptio.dcp  # noqa: E402
 import ckptio.torch  # noqa: E402
 from ckptio import _lib  # noqa: E402
+import rendezvous  # noqa: E402
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 CLI = os.environ.get("CKPTIO_CLI")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def full(name, shape, dtype):
@@ -80,9 +74,8 @@ def fsdp_model(world):
     return m, opt
 
 
-def worker(rank, world, port, steps):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def worker(rank, world, init_method, steps):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
         for mode, path in steps:
             try:
@@ -142,7 +135,7 @@ def load_resharded(world, path):
 
 def run(world, *steps):
     """One process group of `world` ranks running the steps (mode, path) in order."""
-    mp.start_processes(worker, args=(world, free_port(), [(mode, str(path)) for mode, path in steps]),
+    mp.start_processes(worker, args=(world, rendezvous.init_method(), [(mode, str(path)) for mode, path in steps]),
                        nprocs=world, join=True, start_method="spawn")
 
 

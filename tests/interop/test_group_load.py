@@ -9,7 +9,6 @@ rank and the cause, within the timeout: nothing hangs."""
 import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -22,15 +21,10 @@ st = pytest.importorskip("safetensors.torch")
 
 import ckptio.torch as ct  # noqa: E402
 from ckptio import _group  # noqa: E402
+import rendezvous  # noqa: E402
 
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def model():
@@ -152,12 +146,11 @@ def scenario(rank, world, name, path):
     return {}
 
 
-def worker(rank, world, port, steps, out):
+def worker(rank, world, init_method, steps, out):
     """Runs the steps [(name, path)] in order in one process group (a
     spawn costs seconds: torch's import), each step's result in
     out/step{i}-rank{r}.json."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     for i, (name, path) in enumerate(steps):
         t0 = time.monotonic()
         try:
@@ -182,7 +175,7 @@ def run_steps(world, steps, tmp_path):
     out = tmp_path / f"out-{world}-{time.monotonic_ns()}"
     out.mkdir()
     steps = [(name, str(path)) for name, path in steps]
-    ctx = mp.start_processes(worker, args=(world, free_port(), steps, str(out)), nprocs=world,
+    ctx = mp.start_processes(worker, args=(world, rendezvous.init_method(), steps, str(out)), nprocs=world,
                              join=False, start_method="spawn")
     for p in ctx.processes:
         p.join(300)

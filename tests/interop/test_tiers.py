@@ -9,7 +9,6 @@ a barrier). Restarts in fresh processes are tests/dist/tiers.sh's (MPI)."""
 import json
 import os
 import shutil
-import socket
 import time
 
 import pytest
@@ -21,13 +20,9 @@ mp = pytest.importorskip("torch.multiprocessing")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
+import rendezvous  # noqa: E402
+
 WORLD = 4
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def state(rank, step):
@@ -83,9 +78,8 @@ def act(rank, base, durable, action):
     return result
 
 
-def worker(rank, port, base, actions, durable, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+def worker(rank, init_method, base, actions, durable, out):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
     results = []
     try:
         for action in actions:
@@ -103,7 +97,7 @@ def run(base, actions, durable=None):
     out = os.path.join(base, f"out-{time.monotonic_ns()}")
     os.makedirs(out)
     durable = durable or os.path.join(base, "durable")
-    ctx = mp.start_processes(worker, args=(free_port(), str(base), actions, durable, out), nprocs=WORLD,
+    ctx = mp.start_processes(worker, args=(rendezvous.init_method(), str(base), actions, durable, out), nprocs=WORLD,
                              join=False, start_method="spawn")
     for p in ctx.processes:
         p.join(300)
