@@ -78,7 +78,7 @@ void ckptio_gpu_drain_d2h(ckptio_gpu *g, uint64_t mask);
 
 /* The PCI bus id "dddd:bb:dd.f" of a GPU (NUMA placement). */
 int ckptio_gpu_pci_bus_id(ckptio_gpu *g, int gpu, char *buf, size_t len, char *err, size_t errlen);
-/* ---- the public device calls (src/device_api.c) ---- */
+/* ---- the public device calls (src/ctx/device_api.c) ---- */
 
 /* Copies n bytes between host memory and GPU `gpu` on that GPU's copy
  * stream of direction `dir` (CKPTIO_GPU_H2D: src on the host), after the

@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "ckptio.h"
+#include "core/align.h"
 #include "core/error.h"
 #include "io/file.h"
-#include "staging/ring.h" /* CKPTIO_IO_ALIGN */
 
 #define PAGE_DOWN(x) ((x) & ~(uintptr_t)(CKPTIO_IO_ALIGN - 1))
 #define PAGE_UP(x) PAGE_DOWN((x) + CKPTIO_IO_ALIGN - 1)

@@ -8,7 +8,7 @@
 #include <sys/mman.h>
 
 #include "core/error.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 
 /* One ranged read into the image, the storage's sentence kept. */
 static int read_into(const ckptio_image *im, uint64_t off, uint64_t len, char *err) {

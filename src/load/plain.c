@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/align.h"
 #include "core/crc32.h"
 #include "device/transfer.h"
 #include "formats/safetensors.h"

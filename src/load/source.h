@@ -15,7 +15,7 @@
 #include "core/stats.h"
 #include "formats/index.h"
 #include "io/rfile.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 
 typedef struct ckptio_source ckptio_source;
 typedef struct ckptio_exec_out ckptio_exec_out;

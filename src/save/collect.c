@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 
 int ckptio_collect_stream(ckptio_collect *c, ckptio_ctx *ctx, int device, void *stream, const char *where,
                           char *err) {

@@ -7,7 +7,7 @@
 
 #include "ckptio.h"
 #include "core/error.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "save/save.h"
 
 /* The public opens: ckptio_last_open_error is cleared on entry and holds

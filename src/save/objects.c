@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/shardname.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "io/file.h"
 
 int ckptio_objects_put(const ckptio_storage *store, const char *path, const void *data, size_t len, int sync,

@@ -16,7 +16,7 @@
 #include "core/sized.h"
 #include "core/stats.h"
 #include "formats/hf_index.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "io/file.h"
 #include "io/publish.h"
 #include "save/collect.h"

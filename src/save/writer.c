@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "compress/shuffle.h"
+#include "core/align.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/nameset.h"
@@ -20,7 +21,7 @@
 #include "formats/layout.h"
 #include "formats/safetensors.h"
 #include "formats/torch_write.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "io/file.h"
 #include "io/publish.h"
 #include "save/save.h"

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKPTIO_IO_ALIGN 4096u
+#include "core/align.h"
 
 typedef struct ckptio_ring ckptio_ring;
 

@@ -2,37 +2,49 @@
 """The architecture guard (issue 10, item 5): fails when
 
   (a) two rooms of src/ call each other, directly or around a loop. A room
-      is a folder of src/ (files directly in src/ form the room "src";
+      is a folder of src/ (a file directly in src/ would form the room "src";
       cuda/ is the room "cuda"); a call is an object file of one room
       using a global function that an object of another room defines, read
       from the built objects of ckptio_obj and ckptio_cli with nm;
   (b) a file outside cuda/ includes a CUDA header;
   (c) a file of src/ outside src/device/ uses the device table (ops->);
-  (e) a room calls a room outside the list ALLOWED gives it, or a room
-      other than a library's owner (LIBRARY_OWNER) calls that library
-      (libcurl is src/s3's alone);
+  (e) a room calls (uses a function of) or includes a header of a room its
+      row of docs/ARCHITECTURE.md's table does not name in its "may call"
+      column, or a room other than a library's owner (LIBRARY_OWNER) calls
+      that library (libcurl is src/s3's alone);
   (d) an object of ckptio_obj or ckptio_cli calls a C library function
       that is not thread-safe (strerror and kin, UNSAFE_LIBC below): the
       library's workers, commit threads and the manager's closer run
       beside the caller's threads (core/error.h's ckptio_errno_text names
       an errno safely);
-  (f) an object of a room held to the public API (PUBLIC_ONLY: the command,
-      src/cli, and the manager, src/manage) uses a function another room
-      defines that include/ckptio.h does not declare, outside the rooms
-      docs/ARCHITECTURE.md lets it call besides (core, for the manager).
+  (f) an object of a room held to the public API (its "may call" cell
+      says "the public API": the command and the manager) uses a function
+      another room defines that include/ckptio.h does not declare, outside
+      the rooms the cell names besides (core, for the manager);
+  (g) the table and the tree disagree: a room with files has no row, or a
+      row names a room with none.
+
+The table is the one source of the rules: a "may call" cell names the
+rooms it allows as the first column names them, in backticks (`src/core`,
+`cuda`); any other text of the cell is for the reader. --self-test shows
+every rule biting: for each room it compiles a probe object calling a
+function of a room the room may not call, and a probe source including such
+a room's header, and fails unless the check reports both.
 
 Prints the room graph, every cycle with the symbols that make each of its
 edges, and every (b) and (c) finding. Exit 1 on any finding, 0 when clean,
 2 when it cannot check (no objects: build first). --report prints the same
 and exits 0. Python 3 standard library only.
 
-usage: check_rooms.py --build BUILD_DIR [--source SOURCE_DIR] [--nm NM] [--report]
+usage: check_rooms.py --build BUILD_DIR [--source SOURCE_DIR] [--nm NM] [--cc CC] [--report] [--self-test]
 """
 import argparse
+import functools
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 TARGETS = ("ckptio_obj", "ckptio_cli")
 SOURCE_EXT = (".c", ".cc", ".cpp")
@@ -45,18 +57,41 @@ FUNC_TYPES = set("TWi")  # global text, weak, indirect functions (nm -P)
 # Functions whose result lives in a static buffer shared by every thread
 # (POSIX lists them as not thread-safe); each has a safe form.
 UNSAFE_LIBC = ("strerror", "strsignal", "strtok", "localtime", "gmtime", "ctime", "asctime")
-# Rooms held to a list of the rooms they may call (docs/ARCHITECTURE.md's
-# table), and libraries (by symbol prefix) only one room may call.
-ALLOWED = {"src/s3": ("src/core",), "src/storage": ("src/core", "src/s3")}
+# Libraries (by symbol prefix) only one room may call.
 LIBRARY_OWNER = {"curl_": "src/s3"}
-# Rooms that are users of the library: every function of another room they
-# use must be one ckptio.h declares, except in the rooms listed (the "may
-# call" column of docs/ARCHITECTURE.md: the manager may also call core).
-PUBLIC_ONLY = {"src/cli": (), "src/manage": ("src/core",)}
+TABLE = os.path.join("docs", "ARCHITECTURE.md")
+TABLE_ROW = re.compile(r"^\|\s*`([^`]+)`[^|]*\|[^|]*\|(.*)\|\s*$")
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([a-z0-9_]+)/[^"]+"', re.M)
+
+
+class Room:
+    """A row of the table: the rooms it may call, and whether it is held to
+    the public API for every other room."""
+
+    def __init__(self, allowed, public_only):
+        self.allowed, self.public_only = allowed, public_only
+
+
+def read_table(source):
+    """{room: Room} from docs/ARCHITECTURE.md's table of rooms."""
+    rooms = {}
+    with open(os.path.join(source, TABLE)) as fh:
+        for line in fh:
+            m = TABLE_ROW.match(line)
+            if not m:
+                continue
+            name = m.group(1).rstrip("/")
+            if not (name.startswith("src/") or name == "cuda"):
+                continue
+            cell = m.group(2)
+            allowed = tuple(t.rstrip("/") for t in re.findall(r"`([^`]+)`", cell)
+                            if t.startswith("src/") or t.rstrip("/") == "cuda")
+            rooms[name] = Room(allowed, "the public API" in cell)
+    return rooms
 
 
 def room_of(rel):
-    """src/device/gpu.c -> src/device; src/ctx.c -> src; cuda/x.c -> cuda."""
+    """src/device/gpu.c -> src/device; src/ctx/ctx.c -> src/ctx; cuda/x.c -> cuda."""
     parts = rel.split("/")
     if parts[0] == "src":
         return "src" if len(parts) == 2 else "src/" + parts[1]
@@ -80,6 +115,7 @@ def find_objects(build, source):
     return sorted(out)
 
 
+@functools.lru_cache(maxsize=None)
 def nm_symbols(nm, obj):
     """(defined global functions, undefined symbols) of one object."""
     text = subprocess.run([nm, "-P", obj], check=True, capture_output=True, text=True).stdout
@@ -205,13 +241,41 @@ def unsafe_libc_uses(objects, nm):
     return hits
 
 
-def forbidden_calls(edges, objects, nm):
-    """(e): calls outside ALLOWED, and library calls outside their owner."""
+def include_edges(files, source):
+    """{(from_room, to_room): {header: sorted including files}} of files
+    (relative path, text): "X/y.h" names the room src/X."""
+    edges = {}
+    for rel, text in files:
+        a = room_of(rel)
+        for m in INCLUDE.finditer(strip_comments(text)):
+            b = "src/" + m.group(1)
+            if b != a and os.path.isdir(os.path.join(source, b)):
+                header = m.group(0).split('"')[1]
+                edges.setdefault((a, b), {}).setdefault(header, set()).add(rel)
+    return edges
+
+
+def room_sources(source):
+    """(relative path, text) of every C file of src/ and cuda/."""
+    out = []
+    for rel, p in source_files(source, ("src", "cuda")):
+        with open(p, errors="replace") as fh:
+            out.append((rel, fh.read()))
+    return out
+
+
+def forbidden(table, calls, includes, objects, nm):
+    """(e): calls and includes outside a room's "may call" cell (for a room
+    held to the public API, its calls are (f)'s), and library calls outside
+    their owner."""
     hits = []
-    for (a, b), syms in sorted(edges.items()):
-        if a in ALLOWED and b not in ALLOWED[a]:
-            hits.append("%s calls %s (%s), but may call only %s" % (a, b, " ".join(sorted(syms)[:5]),
-                                                                 ", ".join(ALLOWED[a])))
+    for what, edges in (("calls", calls), ("includes", includes)):
+        for (a, b), names in sorted(edges.items()):
+            row = table.get(a)
+            if row is None or b in row.allowed or (what == "calls" and row.public_only):
+                continue
+            hits.append("%s %s %s (%s), but may call only %s (%s)"
+                        % (a, what, b, " ".join(sorted(names)[:5]), ", ".join(row.allowed) or "no room", TABLE))
     for rel, obj in objects:
         _, undefined = nm_symbols(nm, obj)
         for prefix, owner in LIBRARY_OWNER.items():
@@ -221,18 +285,27 @@ def forbidden_calls(edges, objects, nm):
     return hits
 
 
-def non_public_uses(edges, public):
+def non_public_uses(table, calls, public):
     """(f): functions of another room, not declared by include/ckptio.h,
-    used by a room of PUBLIC_ONLY outside the rooms it lists."""
+    used by a room held to the public API outside the rooms its cell names."""
     hits = []
-    for (a, b), syms in sorted(edges.items()):
-        if a not in PUBLIC_ONLY or b in PUBLIC_ONLY[a]:
+    for (a, b), syms in sorted(calls.items()):
+        row = table.get(a)
+        if row is None or not row.public_only or b in row.allowed:
             continue
         for s in sorted(set(syms) - public):
             hits.append("%s uses %s (defined in %s), which include/ckptio.h does not declare: %s may call "
-                        "only the public API%s (docs/ARCHITECTURE.md); used by %s"
-                        % (a, s, b, a, "".join(" and " + r for r in PUBLIC_ONLY[a]), ", ".join(sorted(syms[s]))))
+                        "only the public API%s (%s); used by %s"
+                        % (a, s, b, a, "".join(" and " + r for r in row.allowed), TABLE, ", ".join(sorted(syms[s]))))
     return hits
+
+
+def table_drift(table, rooms):
+    """(g): rooms without a row, rows without a room."""
+    return (["%s has files but no row in %s's table" % (r, TABLE) for r in sorted(set(rooms) - set(table))] +
+            ["%s's table has a row for %s, which has no files" % (TABLE, r) for r in sorted(set(table) - set(rooms))] +
+            ["%s's row for %s names %s, which is not a room" % (TABLE, r, b)
+             for r in sorted(table) for b in table[r].allowed if b not in table])
 
 
 def public_api(source):
@@ -244,12 +317,48 @@ def public_api(source):
         return set()
 
 
+def probe_findings(table, objects, sources, source, public, nm, cc, workdir):
+    """--self-test: for each room of the table, a probe object in that room
+    calling a function of a room it may not call (a function ckptio.h does
+    not declare, for a room held to the public API), and a probe source
+    including that room's header. Returns the probes the check missed."""
+    calls = room_graph(objects, nm)
+    owner = {}  # room -> a function it defines outside the public API
+    for (_, b), syms in sorted(calls.items()):
+        owner.setdefault(b, next((x for x in sorted(syms) if x not in public), None))
+    missed = []
+    for room in sorted(table):
+        target = next((b for b in sorted(table) if b != room and b not in table[room].allowed
+                       and b.startswith("src/") and owner.get(b)), None)
+        if target is None:
+            continue
+        sym = owner[target]
+        c = os.path.join(workdir, room.replace("/", "_") + "_probe.c")
+        with open(c, "w") as fh:
+            fh.write("extern void %s(void);\nvoid ckptio_probe(void) { %s(); }\n" % (sym, sym))
+        subprocess.run([cc, "-c", c, "-o", c + ".o"], check=True)
+        probe = room + "/__probe.c"
+        header = target[len("src/"):] + "/probe.h"
+        probe_calls = room_graph(objects + [(probe, c + ".o")], nm)
+        probe_includes = include_edges(sources + [(probe, '#include "%s"\n' % header)], source)
+        said = "\n".join(forbidden(table, probe_calls, probe_includes, [], nm) +
+                          non_public_uses(table, probe_calls, public))
+        for what, needle in (("a call of %s" % sym, sym), ("an include of %s" % header, header)):
+            if needle not in said:
+                missed.append("%s: the check missed %s (%s) against the table" % (room, what, target))
+            else:
+                print("  %-13s -> %-13s %s: reported" % (room, target, what))
+    return missed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True, help="the CMake build directory")
     ap.add_argument("--source", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     ap.add_argument("--nm", default="nm")
+    ap.add_argument("--cc", default="cc", help="the C compiler of --self-test's probes")
     ap.add_argument("--report", action="store_true", help="print the findings, exit 0")
+    ap.add_argument("--self-test", action="store_true", help="also show each room's rules reporting a probe")
     ap.add_argument("--verbose", action="store_true", help="also list the files behind each symbol")
     args = ap.parse_args()
     source = os.path.abspath(args.source)
@@ -260,10 +369,13 @@ def main():
         print("check_rooms: no objects of %s under %s/CMakeFiles: build them first"
               % (" and ".join(TARGETS), args.build))
         return 2
+    table = read_table(source)
+    sources = room_sources(source)
     edges = room_graph(objects, args.nm)
+    includes = include_edges(sources, source)
 
     public = public_api(source)
-    rooms = sorted({room_of(rel) for rel, _ in objects})
+    rooms = sorted({room_of(rel) for rel, _ in objects} | {room_of(rel) for rel, _ in sources})
     print("rooms (%d objects): %s" % (len(objects), ", ".join(rooms)))
     print("\nroom graph (A -> B: an object of A calls functions defined in B; how many, how many of"
           "\nthem public in include/ckptio.h, the first few):")
@@ -283,32 +395,33 @@ def main():
             for s in sorted(syms):
                 print("      %s%s" % (s, "  (used by %s)" % ", ".join(sorted(syms[s])) if args.verbose else ""))
 
-    cuda = cuda_includes(source)
-    print("\n(b) CUDA headers included outside cuda/: %d" % len(cuda))
-    for h in cuda:
-        print("  " + h)
-    table = device_table_uses(source)
-    print("\n(c) device table (ops->) used outside src/device/: %d" % len(table))
-    for h in table:
-        print("  " + h)
+    sections = [
+        ("(b) CUDA headers included outside cuda/", cuda_includes(source)),
+        ("(c) device table (ops->) used outside src/device/", device_table_uses(source)),
+        ("(d) C library functions that are not thread-safe (%s)" % ", ".join(UNSAFE_LIBC),
+         unsafe_libc_uses(objects, args.nm)),
+        ("(e) calls and includes outside a room's \"may call\" (%s), libraries outside their owner" % TABLE,
+         forbidden(table, edges, includes, objects, args.nm)),
+        ("(f) functions outside include/ckptio.h used by rooms held to the public API (%s)"
+         % ", ".join(r for r in sorted(table) if table[r].public_only),
+         non_public_uses(table, edges, public) if public else ["include/ckptio.h not found: cannot tell the public API"]),
+        ("(g) rooms and %s's table apart" % TABLE, table_drift(table, rooms)),
+    ]
+    bad = bool(cycles)
+    for title, hits in sections:
+        print("\n%s: %d" % (title, len(hits)))
+        for h in hits:
+            print("  " + h)
+        bad = bad or bool(hits)
 
-    unsafe = unsafe_libc_uses(objects, args.nm)
-    print("\n(d) C library functions that are not thread-safe (%s): %d" % (", ".join(UNSAFE_LIBC), len(unsafe)))
-    for h in unsafe:
-        print("  " + h)
+    if args.self_test:
+        print("\nself-test: a probe per room against its row of %s:" % TABLE)
+        with tempfile.TemporaryDirectory() as work:
+            missed = probe_findings(table, objects, sources, source, public, args.nm, args.cc, work)
+        for h in missed:
+            print("  " + h)
+        bad = bad or bool(missed)
 
-    forbidden = forbidden_calls(edges, objects, args.nm)
-    print("\n(e) calls a room may not make (ALLOWED, LIBRARY_OWNER): %d" % len(forbidden))
-    for h in forbidden:
-        print("  " + h)
-
-    internal = non_public_uses(edges, public) if public else ["include/ckptio.h not found: cannot tell the public API"]
-    print("\n(f) functions outside include/ckptio.h used by %s: %d"
-          % (", ".join(sorted(PUBLIC_ONLY)), len(internal)))
-    for h in internal:
-        print("  " + h)
-
-    bad = bool(cycles or cuda or table or unsafe or forbidden or internal)
     print("\ncheck_rooms: %s" % ("FAIL" if bad else "ok"))
     return 1 if bad and not args.report else 0
 

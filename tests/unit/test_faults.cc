@@ -11,7 +11,7 @@
 #include "ckpt_fixture.h"
 extern "C" {
 #include "core/hold.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "io/fault.h"
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #include "core/hold.h"
 #include "formats/hf_index.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 #include "io/fault.h"
 }
 

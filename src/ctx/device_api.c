@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/sized.h"
 #include "device/transfer.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 
 /* The context's GPU `device` (CKPTIO_DEVICE_CUDA(n)): 0 and its ordinal,
  * or an error naming the call in err. */

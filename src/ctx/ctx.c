@@ -7,12 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/align.h"
 #include "core/options.h"
 #include "core/sized.h"
 #include "core/trace.h"
 #include "device/numa.h"
 #include "device/transfer.h"
-#include "internal.h"
+#include "ctx/ctx.h"
 
 unsigned ckptio_version_number(void) { return CKPTIO_VERSION_NUMBER; }
 

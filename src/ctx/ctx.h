@@ -1,6 +1,6 @@
 /* What the writer, the reader and the context share inside the library. */
-#ifndef CKPTIO_INTERNAL_H
-#define CKPTIO_INTERNAL_H
+#ifndef CKPTIO_CTX_CTX_H
+#define CKPTIO_CTX_CTX_H
 
 #include <sys/types.h>
 
