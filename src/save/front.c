@@ -37,8 +37,21 @@ int ckptio_writer_open_ranks(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
                                "ckptio_writer_open_ranks", msg);
 }
 
+/* The verbs that build a save run on an open writer only: after an abort
+ * every verb but close is refused, and after commit these are. */
+static int refused(ckptio_writer *w, const char *what, const char *tensor) {
+  if (w->state == CKPTIO_WRITER_OPEN) return 0;
+  if (w->state == CKPTIO_WRITER_ABORTED)
+    return ckptio_fail(w->err, CKPTIO_E_STATE,
+                       "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->where);
+  if (tensor) return ckptio_fail(w->err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->where, tensor);
+  return ckptio_fail(w->err, CKPTIO_E_STATE, "%s: %s", w->where, what);
+}
+
 int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
-  return w ? w->verbs->set_metadata(w, key, value) : CKPTIO_E_INVALID_ARG;
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  int rc = refused(w, "metadata after commit", NULL);
+  return rc < 0 ? rc : w->verbs->set_metadata(w, key, value);
 }
 
 int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t len) {
@@ -48,11 +61,15 @@ int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t 
 }
 
 int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
-  return w ? w->verbs->set_stream(w, device, stream) : CKPTIO_E_INVALID_ARG;
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  int rc = refused(w, "stream set after commit", NULL);
+  return rc < 0 ? rc : w->verbs->set_stream(w, device, stream);
 }
 
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
-  return w ? w->verbs->add(w, t, (ckptio_fill){NULL, NULL}) : CKPTIO_E_INVALID_ARG;
+  if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
+  int rc = refused(w, NULL, t->name);
+  return rc < 0 ? rc : w->verbs->add(w, t, (ckptio_fill){NULL, NULL});
 }
 
 int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill_fn fill, void *arg) {
@@ -62,13 +79,16 @@ int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill
                           "tensor '%s': a filled tensor has no data pointer and lives on the host "
                           "(data NULL, device CKPTIO_DEVICE_HOST)",
                           t->name);
-  return w->verbs->add(w, t, (ckptio_fill){fill, arg});
+  int rc = refused(w, NULL, t->name);
+  return rc < 0 ? rc : w->verbs->add(w, t, (ckptio_fill){fill, arg});
 }
 
 int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
                            const int64_t *offsets) {
   if (!w || !t || !t->name || !global_shape || !offsets || t->ndim < 0 || t->ndim > CKPTIO_MAX_DIMS)
     return CKPTIO_E_INVALID_ARG;
+  int rc = refused(w, NULL, t->name);
+  if (rc < 0) return rc;
   if (w->verbs->add_part) return w->verbs->add_part(w, t, global_shape, offsets);
   for (int d = 0; d < t->ndim; d++)
     if (offsets[d] != 0 || global_shape[d] != t->shape[d])
@@ -82,7 +102,8 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
 int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (code >= 0) code = CKPTIO_E_INVALID_ARG;
-  return w->verbs->abort(w, code, why);
+  int rc = refused(w, "abort after commit", NULL);
+  return rc < 0 ? rc : w->verbs->abort(w, code, why);
 }
 
 /* In a forked child a parent's writer has no coordinator or workers: the
@@ -90,7 +111,12 @@ int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {
 static int forked(ckptio_writer *w) { return ckptio_ctx_check_process(w->ctx, w->err, sizeof(w->err)); }
 
 #define DRIVE(w, verb) (!(w) ? CKPTIO_E_INVALID_ARG : forked(w) < 0 ? CKPTIO_E_STATE : (w)->verbs->verb(w))
-int ckptio_writer_commit_async(ckptio_writer *w) { return DRIVE(w, commit_async); }
+int ckptio_writer_commit_async(ckptio_writer *w) {
+  if (!w) return CKPTIO_E_INVALID_ARG;
+  if (forked(w) < 0) return CKPTIO_E_STATE;
+  int rc = refused(w, "commit called twice", NULL);
+  return rc < 0 ? rc : w->verbs->commit_async(w);
+}
 int ckptio_writer_wait_snapshot(ckptio_writer *w) { return DRIVE(w, wait_snapshot); }
 int ckptio_writer_wait_durable(ckptio_writer *w) { return DRIVE(w, wait_durable); }
 int ckptio_writer_poll_snapshot(ckptio_writer *w) { return DRIVE(w, poll_snapshot); }

@@ -24,8 +24,6 @@
 #include "save/ranks.h"
 #include "save/save.h"
 
-enum { R_OPEN, R_RUNNING, R_DONE, R_ABORTED };
-
 typedef struct ranks_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
   ckptio_ctx *ctx;
@@ -33,22 +31,15 @@ typedef struct ranks_writer {
   ckptio_comm comm;
   char *dir, *prefix;
   ckptio_collect c;
-  int state;
   int local_rc;           /* this rank's failure after the plan (reported at the agreement) */
   ckptio_rplan plan;
   ckptio_writer *sub;     /* this rank's file, or NULL when it writes none */
   ckptio_tmpfile file;
   ckptio_swap how;
   const ckptio_storage *store; /* dir is a storage's prefix: the files are objects (save/objects.h) */
-  int result;             /* once R_DONE */
+  int result;             /* once CKPTIO_WRITER_DONE */
   uint64_t start_ns, end_ns, publish_ns;
 } ranks_writer;
-
-/* Every verb but close after ckptio_writer_abort. */
-static int aborted(ranks_writer *w) {
-  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
-                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->dir);
-}
 
 static const ckptio_writer_verbs ranks_verbs;
 
@@ -126,6 +117,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->base.verbs = &ranks_verbs;
   w->base.ctx = ctx;
+  w->base.where = w->dir;
   w->ctx = ctx;
   w->comm = c;
   w->store = object ? store : NULL;
@@ -144,25 +136,18 @@ fail:
 
 static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
 
 static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *value) {
   ranks_writer *w = (ranks_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
-  if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
 static int ranks_add_box(ranks_writer *w, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets,
                          ckptio_fill fill) {
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
-  if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN)
-    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, global, offsets, fill, w->base.err);
 }
 
@@ -219,28 +204,26 @@ static int start_file(ranks_writer *w) {
 
 static int ranks_commit_async(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   char id[33];
   ckptio_save_id_make(id);
   w->start_ns = ckptio_now_ns();
   int rc = ckptio_rplan_make(&w->comm, &w->c, 0, NULL, id, &w->plan, w->base.err);
   if (rc == CKPTIO_E_RANK) { /* the same verdict on every rank: nothing to agree on later */
-    w->state = R_DONE;
+    w->base.state = CKPTIO_WRITER_DONE;
     w->result = rc;
     return rc;
   }
   if (rc < 0) { /* this rank's alone (memory, the communicator): told at the agreement */
-    w->state = R_RUNNING;
+    w->base.state = CKPTIO_WRITER_RUNNING;
     return w->local_rc = rc;
   }
   if (w->plan.nboxes == 0) {
-    w->state = R_DONE;
+    w->base.state = CKPTIO_WRITER_DONE;
     return w->result = ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor",
                                    w->dir);
   }
-  w->state = R_RUNNING;
+  w->base.state = CKPTIO_WRITER_RUNNING;
   /* A failure from here on is this rank's alone: the others learn it at the
    * agreement, which wait_durable or close (collective) runs. */
   return w->local_rc = start_file(w);
@@ -251,8 +234,6 @@ static int ranks_commit_async(ckptio_writer *base) {
  * naming it. */
 static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_ABORTED) return aborted(w);
-  if (w->state != R_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
   char id[33];
   ckptio_save_id_make(id);
   if (code >= 0) code = CKPTIO_E_RANK;
@@ -260,7 +241,7 @@ static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   snprintf(msg, sizeof(msg), "%s", why && *why ? why : ckptio_strerror(code));
   int rc = ckptio_rplan_make(&w->comm, &w->c, code, msg, id, &w->plan, w->base.err);
   ckptio_rplan_free(&w->plan);
-  w->state = R_ABORTED;
+  w->base.state = CKPTIO_WRITER_ABORTED;
   if (rc == -ENOMEM || rc == CKPTIO_E_RANK) rc = code; /* this rank's own failure stands */
   w->result = ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
   return w->result;
@@ -415,18 +396,18 @@ undo:
 
 static int ranks_wait_durable(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_DONE) return w->result;
-  if (w->state != R_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state == CKPTIO_WRITER_DONE) return w->result;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   w->result = agree_and_publish(w);
   w->end_ns = ckptio_now_ns();
-  w->state = R_DONE;
+  w->base.state = CKPTIO_WRITER_DONE;
   return w->result;
 }
 
 static int ranks_wait_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
-  if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   int rc = w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
   /* This rank's own failure, named; the others learn it at wait_durable. */
   return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
@@ -434,14 +415,14 @@ static int ranks_wait_snapshot(ckptio_writer *base) {
 
 static int ranks_poll_durable(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
-  return w->state == R_DONE ? (w->result < 0 ? w->result : 1) : 0;
+  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  return w->base.state == CKPTIO_WRITER_DONE ? (w->result < 0 ? w->result : 1) : 0;
 }
 
 static int ranks_poll_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->state == R_OPEN || w->state == R_ABORTED) return CKPTIO_E_STATE;
-  if (w->local_rc < 0 || (w->state == R_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   return w->sub ? w->sub->verbs->poll_snapshot(w->sub) : 1;
 }
 
@@ -453,7 +434,7 @@ static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
     int rc = w->sub->verbs->stats(w->sub, &s);
     if (rc < 0) return rc;
   }
-  if (w->state == R_RUNNING || w->state == R_DONE) {
+  if (w->base.state == CKPTIO_WRITER_RUNNING || w->base.state == CKPTIO_WRITER_DONE) {
     s.seconds = (double)((w->end_ns ? w->end_ns : ckptio_now_ns()) - w->start_ns) / 1e9;
     s.commit_seconds += (double)w->publish_ns / 1e9;
   }
@@ -472,12 +453,12 @@ static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total)
 
 static size_t ranks_shard_count(const ckptio_writer *base) {
   const ranks_writer *w = (const ranks_writer *)base;
-  return w->state == R_RUNNING || w->state == R_DONE ? w->plan.nfiles : 0;
+  return w->base.state == CKPTIO_WRITER_RUNNING || w->base.state == CKPTIO_WRITER_DONE ? w->plan.nfiles : 0;
 }
 
 static int ranks_close(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  int rc = w->state == R_RUNNING ? ranks_wait_durable(base) : 0;
+  int rc = w->base.state == CKPTIO_WRITER_RUNNING ? ranks_wait_durable(base) : 0;
   if (w->sub) w->sub->verbs->close(w->sub); /* removes a temp file not taken */
   ckptio_tmpfile_abort(&w->file);
   ckptio_rplan_free(&w->plan);

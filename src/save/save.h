@@ -41,11 +41,24 @@ typedef struct ckptio_writer_verbs {
   int (*abort)(ckptio_writer *w, int code, const char *why);
 } ckptio_writer_verbs;
 
+/* Where a save is, for every kind. The front refuses the verbs that build
+ * a save (add, metadata, stream, commit, abort) unless it is OPEN, with one
+ * message for all kinds; the kinds move it. DONE: a multi-rank save's
+ * result is known (the other kinds keep RUNNING until close). */
+typedef enum {
+  CKPTIO_WRITER_OPEN,
+  CKPTIO_WRITER_RUNNING,
+  CKPTIO_WRITER_DONE,
+  CKPTIO_WRITER_ABORTED
+} ckptio_writer_state;
+
 /* The head of every kind's struct. */
 struct ckptio_writer {
   const ckptio_writer_verbs *verbs;
   const ckptio_ctx *ctx;          /* whose process alone may drive the save */
   char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
+  ckptio_writer_state state;
+  const char *where;              /* the kind's path or directory, for messages */
   int sync;                       /* committed by ckptio_writer_commit: the caller
                                      waits for the durable point, so an early
                                      snapshot buys it nothing (writer.c in_place);

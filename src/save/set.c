@@ -26,8 +26,6 @@
 #include "save/objects.h"
 #include "save/save.h"
 
-enum { S_OPEN, S_RUNNING, S_ABORTED };
-
 typedef struct set_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
   ckptio_ctx *ctx;
@@ -37,7 +35,6 @@ typedef struct set_writer {
   ckptio_shard_order order;
   ckptio_collect c;       /* the tensors, metadata and streams, for every shard */
 
-  int state;
   size_t nshards;
   size_t *order_of;       /* [i]: the tensor at position i of the shards' order */
   size_t *first;          /* [k]: first position of shard k; [nshards] = count */
@@ -54,12 +51,6 @@ typedef struct set_writer {
   _Atomic uint64_t end_ns;        /* durable (or failed), set by shard_main */
   _Atomic uint64_t publish_ns;    /* renames, index write, directory syncs */
 } set_writer;
-
-/* Every verb but close after ckptio_writer_abort. */
-static int aborted(set_writer *w) {
-  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
-                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->dir);
-}
 
 static const ckptio_writer_verbs set_verbs;
 
@@ -102,6 +93,7 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
   w->base.verbs = &set_verbs;
   w->base.ctx = ctx;
+  w->base.where = w->dir;
   w->ctx = ctx;
   w->max_shard_bytes = max_shard_bytes;
   w->order = order;
@@ -121,25 +113,18 @@ fail:
 
 static int set_set_stream(ckptio_writer *base, int device, void *stream) {
   set_writer *w = (set_writer *)base;
-  if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->dir);
   return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
 }
 
 static int set_set_metadata(ckptio_writer *base, const char *key, const char *value) {
   set_writer *w = (set_writer *)base;
   if (!key || !value) return CKPTIO_E_INVALID_ARG;
-  if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->dir);
   return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
 static int set_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill) {
   set_writer *w = (set_writer *)base;
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
-  if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN)
-    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->dir, t->name);
   return ckptio_collect_add(&w->c, t, NULL, NULL, fill, w->base.err);
 }
 
@@ -397,8 +382,6 @@ static void close_subs(set_writer *w) {
 static int set_commit_async(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
-  if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->dir);
   w->base.err[0] = '\0';
   /* An index maps tensors to files: with none there is no set to index. */
   if (w->c.count == 0)
@@ -423,9 +406,9 @@ static int set_commit_async(ckptio_writer *base) {
       goto fail; /* close_subs waits for the shards already started */
     }
   }
-  w->state = S_RUNNING;
+  w->base.state = CKPTIO_WRITER_RUNNING;
   if ((rc = pthread_create(&w->thread, NULL, shard_main, w)) != 0) {
-    w->state = S_OPEN;
+    w->base.state = CKPTIO_WRITER_OPEN;
     rc = ckptio_fail(w->base.err, -rc, "%s: cannot start the save thread: %s", w->dir, ckptio_errno_text(rc));
     goto fail;
   }
@@ -440,15 +423,13 @@ fail:
  * starting the save. */
 static int set_abort(ckptio_writer *base, int code, const char *why) {
   set_writer *w = (set_writer *)base;
-  if (w->state == S_ABORTED) return aborted(w);
-  if (w->state != S_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->dir);
-  w->state = S_ABORTED;
+  w->base.state = CKPTIO_WRITER_ABORTED;
   return ckptio_fail(w->base.err, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
 }
 
 static int set_wait_durable(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
-  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
   while (!w->durable_done) pthread_cond_wait(&w->cv, &w->mu);
   int rc = w->result;
@@ -458,7 +439,7 @@ static int set_wait_durable(ckptio_writer *base) {
 
 static int set_wait_snapshot(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
-  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   for (size_t k = 0; k < w->nshards; k++) {
     int rc = w->sub[k]->verbs->wait_snapshot(w->sub[k]);
     if (rc < 0) return set_wait_durable(base); /* the set's error, once settled */
@@ -468,7 +449,7 @@ static int set_wait_snapshot(ckptio_writer *base) {
 
 static int set_poll_durable(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
-  if (w->state != S_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
   int rc = w->durable_done ? (w->result < 0 ? w->result : 1) : 0;
   pthread_mutex_unlock(&w->mu);
@@ -490,7 +471,7 @@ static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
   const set_writer *w = (const set_writer *)base;
   ckptio_stats sum = CKPTIO_STATS_INIT, one;
   sum.threads = w->ctx->opts.threads;
-  for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
+  for (size_t k = 0; w->base.state == CKPTIO_WRITER_RUNNING && k < w->nshards; k++) {
     one = (ckptio_stats)CKPTIO_STATS_INIT;
     int rc = w->sub[k]->verbs->stats(w->sub[k], &one);
     if (rc < 0) return rc;
@@ -503,7 +484,7 @@ static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
     sum.threads = one.threads;
     sum.staging_bytes = one.staging_bytes;
   }
-  if (w->state == S_RUNNING) {
+  if (w->base.state == CKPTIO_WRITER_RUNNING) {
     uint64_t end = atomic_load(&w->end_ns);
     sum.seconds = (double)((end ? end : ckptio_now_ns()) - w->start_ns) / 1e9;
     sum.commit_seconds += (double)atomic_load(&w->publish_ns) / 1e9;
@@ -514,7 +495,7 @@ static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
 static void set_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
   set_writer *w = (set_writer *)base;
   uint64_t d = 0;
-  for (size_t k = 0; w->state == S_RUNNING && k < w->nshards; k++) {
+  for (size_t k = 0; w->base.state == CKPTIO_WRITER_RUNNING && k < w->nshards; k++) {
     uint64_t x = 0;
     w->sub[k]->verbs->progress(w->sub[k], &x, NULL);
     d += x;
@@ -528,7 +509,7 @@ static size_t set_shard_count(const ckptio_writer *base) { return ((const set_wr
 static int set_close(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
   int rc = 0;
-  if (w->state == S_RUNNING) {
+  if (w->base.state == CKPTIO_WRITER_RUNNING) {
     rc = set_wait_durable(base);
     pthread_join(w->thread, NULL);
   }

@@ -48,8 +48,6 @@ typedef struct chunk_job {
 
 #define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
 
-enum { W_OPEN, W_RUNNING, W_ABORTED };
-
 struct file_writer {
   ckptio_writer base;     /* first: the public handle is this struct */
   ckptio_ctx *ctx;
@@ -69,7 +67,6 @@ struct file_writer {
   void *start_event[MAX_GPUS];
   uint64_t gpus_used;
 
-  int state;
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -101,12 +98,6 @@ struct file_writer {
   uint64_t flushed;       /* held chunks before this were looked at */
   size_t crc_next;        /* tensors (file order) before this have their CRC set */
 };
-
-/* Every verb but close after ckptio_writer_abort. */
-static int aborted(file_writer *w) {
-  return ckptio_fail(w->base.err, CKPTIO_E_STATE,
-                     "%s: the save was aborted (ckptio_writer_abort): the writer may only be closed", w->path);
-}
 
 static const ckptio_writer_verbs file_verbs;
 
@@ -146,6 +137,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
   }
   w->base.verbs = &file_verbs;
   w->base.ctx = ctx;
+  w->base.where = w->path;
   w->ctx = ctx;
   w->format = format;
   w->file.fd = w->file.fd_direct = -1;
@@ -158,8 +150,6 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
 
 static int add_metadata(file_writer *w, const char *key, const char *value, int reserved_ok) {
   if (!w || !key || !value) return CKPTIO_E_INVALID_ARG;
-  if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: metadata after commit", w->path);
   if (!reserved_ok && strncmp(key, "ckptio.", 7) == 0)
     return ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "metadata key '%s' is reserved (prefix 'ckptio.')", key);
   for (size_t i = 0; i < w->nmeta; i++)
@@ -193,7 +183,7 @@ int ckptio_file_writer_set_pickle(ckptio_writer *base, const void *pickle, size_
   if (base->verbs != &file_verbs || w->format != CKPTIO_FORMAT_PYTORCH)
     return ckptio_fail(base->err, CKPTIO_E_INVALID_ARG,
                        "a data.pkl is given to a writer of one PyTorch file (ckptio_writer_open, CKPTIO_FORMAT_PYTORCH)");
-  if (w->state != W_OPEN) return ckptio_fail(base->err, CKPTIO_E_STATE, "the save has started");
+  if (w->base.state != CKPTIO_WRITER_OPEN) return ckptio_fail(base->err, CKPTIO_E_STATE, "the save has started");
   uint8_t *copy = malloc(len ? len : 1);
   if (!copy) return ckptio_fail(base->err, -ENOMEM, "out of memory");
   memcpy(copy, pickle, len);
@@ -205,14 +195,14 @@ int ckptio_file_writer_set_pickle(ckptio_writer *base, const void *pickle, size_
 
 int ckptio_file_writer_hold_publish(ckptio_writer *base) {
   file_writer *w = (file_writer *)base;
-  if (!w || w->state != W_OPEN) return CKPTIO_E_STATE;
+  if (!w || w->base.state != CKPTIO_WRITER_OPEN) return CKPTIO_E_STATE;
   w->hold = 1;
   return 0;
 }
 
 int ckptio_file_writer_take_file(ckptio_writer *base, ckptio_tmpfile *out) {
   file_writer *w = (file_writer *)base;
-  if (!w || !w->hold || w->state != W_RUNNING || !w->durable_done || w->result < 0 || (!w->file.tmp && !w->file.obj))
+  if (!w || !w->hold || w->base.state != CKPTIO_WRITER_RUNNING || !w->durable_done || w->result < 0 || (!w->file.tmp && !w->file.obj))
     return CKPTIO_E_STATE;
   *out = w->file;
   memset(&w->file, 0, sizeof(w->file));
@@ -250,8 +240,6 @@ static int file_set_stream(ckptio_writer *base, int device, void *stream) {
   int ord;
   char msg[CKPTIO_ERRLEN];
   if (!w) return CKPTIO_E_INVALID_ARG;
-  if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: stream set after commit", w->path);
   if (ckptio_ctx_gpu_ordinal(w->ctx, device, &ord, msg, sizeof(msg)) < 0)
     return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "%s: %s", w->path, msg);
   if (ord >= MAX_GPUS) return ckptio_fail(w->base.err, CKPTIO_E_DEVICE, "%s: ckptio handles GPUs 0 to 63", w->path);
@@ -264,9 +252,6 @@ static const char *wtensor_name(const void *items, size_t i) { return ((const wt
 static int file_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fill) {
   file_writer *w = (file_writer *)base;
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
-  if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN)
-    return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: tensor '%s' added after commit", w->path, t->name);
   int64_t nbytes = ckptio_tensor_nbytes(t->dtype, t->ndim, t->shape);
   if (nbytes < 0)
     return ckptio_fail(w->base.err, (int)nbytes, "tensor '%s': %s (dtype, shape or byte count)", t->name,
@@ -1002,16 +987,14 @@ static void *save_main(void *arg) {
 static int file_commit_async(ckptio_writer *base) {
   file_writer *w = (file_writer *)base;
   if (!w) return CKPTIO_E_INVALID_ARG;
-  if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: commit called twice", w->path);
   int rc = w->gpus_used ? mark_callers(w) : 0;
   if (rc < 0) return rc;
   ckptio_batch_init(&w->batch);
-  w->state = W_RUNNING;
+  w->base.state = CKPTIO_WRITER_RUNNING;
   w->timers.start_ns = ckptio_now_ns();
   rc = pthread_create(&w->thread, NULL, save_main, w);
   if (rc) {
-    w->state = W_OPEN;
+    w->base.state = CKPTIO_WRITER_OPEN;
     ckptio_batch_destroy(&w->batch);
     return ckptio_fail(w->base.err, -rc, "%s: cannot start the save thread: %s", w->path, ckptio_errno_text(rc));
   }
@@ -1022,15 +1005,13 @@ static int file_commit_async(ckptio_writer *base) {
  * verb but close from starting a save (the open created no file). */
 static int file_abort(ckptio_writer *base, int code, const char *why) {
   file_writer *w = (file_writer *)base;
-  if (w->state == W_ABORTED) return aborted(w);
-  if (w->state != W_OPEN) return ckptio_fail(w->base.err, CKPTIO_E_STATE, "%s: abort after commit", w->path);
-  w->state = W_ABORTED;
+  w->base.state = CKPTIO_WRITER_ABORTED;
   return ckptio_fail(w->base.err, code, "save abandoned by its caller: %s", why && *why ? why : ckptio_strerror(code));
 }
 
 /* The snapshot flag, or with `durable` the durable one. */
 static int wait_flag(file_writer *w, int durable) {
-  if (w->state != W_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   const int *flag = durable ? &w->durable_done : &w->snapshot_done;
   pthread_mutex_lock(&w->mu);
   while (!*flag) pthread_cond_wait(&w->cv, &w->mu);
@@ -1040,7 +1021,7 @@ static int wait_flag(file_writer *w, int durable) {
 }
 
 static int poll_flag(file_writer *w, int durable) {
-  if (w->state != W_RUNNING) return CKPTIO_E_STATE;
+  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   pthread_mutex_lock(&w->mu);
   int rc = w->durable_done && w->result < 0 ? w->result : durable ? w->durable_done : w->snapshot_done;
   pthread_mutex_unlock(&w->mu);
@@ -1072,7 +1053,7 @@ static size_t file_shard_count(const ckptio_writer *base) {
 static int file_close(ckptio_writer *base) {
   file_writer *w = (file_writer *)base;
   int rc = 0;
-  if (w->state == W_RUNNING) {
+  if (w->base.state == CKPTIO_WRITER_RUNNING) {
     rc = wait_flag(w, 1);
     pthread_join(w->thread, NULL);
     ckptio_batch_destroy(&w->batch);
