@@ -9,7 +9,6 @@
  * read into an image for the parse (load/image.h), each frame by one ranged
  * read into its worker's buffer. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +17,7 @@
 
 #include "compress/shuffle.h"
 #include "core/crc32.h"
+#include "core/lender.h"
 #include "formats/safetensors.h"
 #include "formats/zstd_seekable.h"
 #include "load/exec.h"
@@ -43,9 +43,8 @@ typedef struct zsrc {
   ckptio_zs_table t;
   int shuffle;
   workspace *ws;
-  int nws, free_ws, *stack;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
+  int nws;
+  ckptio_lender lend; /* of ws */
 } zsrc;
 
 #define Z(src) ((zsrc *)(src))
@@ -131,18 +130,15 @@ static int parse(zsrc *z, ckptio_image *im) {
   if (rc < 0) return ckptio_fail(z->s.err, rc, "%s: %s", path, msg);
   z->nws = ckptio_codec_jobs(z->s.ctx);
   z->ws = calloc((size_t)z->nws, sizeof(workspace));
-  z->stack = calloc((size_t)z->nws, sizeof(int));
   ZSTD_DCtx *d = ZSTD_createDCtx();
   uint8_t prefix[8] = {0}, *hdr = NULL;
   uint64_t n = 0, plain = z->t.dsize_total;
   ckptio_st_index st;
   memset(&st, 0, sizeof(st));
-  if (!z->ws || !z->stack || !d) {
+  if (!z->ws || !d || ckptio_lender_init(&z->lend, z->nws) < 0) {
     rc = -ENOMEM;
     goto out;
   }
-  for (int i = 0; i < z->nws; i++) z->stack[i] = i;
-  z->free_ws = z->nws;
   if (z->f.store && (rc = fetch_prefix(z, im, plain < 8 ? plain : 8)) < 0) goto out;
   if ((rc = decode_prefix(z, file, d, prefix, plain < 8 ? plain : 8)) < 0) goto out;
   if ((rc = ckptio_st_header_length(prefix, plain, &n, msg, sizeof(msg))) < 0) {
@@ -278,20 +274,9 @@ static int zstd_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_t
 
 /* ------------------------------------------------------------ run */
 
-static workspace *ws_get(zsrc *z) {
-  pthread_mutex_lock(&z->mu);
-  while (!z->free_ws) pthread_cond_wait(&z->cv, &z->mu);
-  workspace *w = &z->ws[z->stack[--z->free_ws]];
-  pthread_mutex_unlock(&z->mu);
-  return w;
-}
+static workspace *ws_get(zsrc *z) { return &z->ws[ckptio_lender_borrow(&z->lend)]; }
 
-static void ws_put(zsrc *z, workspace *w) {
-  pthread_mutex_lock(&z->mu);
-  z->stack[z->free_ws++] = (int)(w - z->ws);
-  pthread_cond_signal(&z->cv);
-  pthread_mutex_unlock(&z->mu);
-}
+static void ws_put(zsrc *z, workspace *w) { ckptio_lender_return(&z->lend, (int)(w - z->ws)); }
 
 /* Decompresses frame fi into out (exactly its entry's size). */
 static int inflate_frame(zsrc *z, workspace *w, size_t fi, uint8_t *out, char *msg, size_t len) {
@@ -444,10 +429,8 @@ static void zstd_close(ckptio_source *s) {
     free(z->ws[i].comp);
   }
   free(z->ws);
-  free(z->stack);
+  ckptio_lender_fini(&z->lend);
   ckptio_zs_table_free(&z->t);
-  pthread_cond_destroy(&z->cv);
-  pthread_mutex_destroy(&z->mu);
   ckptio_rfile_close(&z->f);
   ckptio_index_free(&s->idx);
 }
@@ -485,8 +468,6 @@ int ckptio_zstd_from(ckptio_ctx *ctx, const ckptio_options *opts, ckptio_rfile *
     return -ENOMEM;
   }
   z->f = *f;
-  pthread_mutex_init(&z->mu, NULL);
-  pthread_cond_init(&z->cv, NULL);
   int rc = ckptio_source_init(&z->s, &zstd_ops, ctx, opts, f->path, err);
   ckptio_image im;
   memset(&im, 0, sizeof(im));

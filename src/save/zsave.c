@@ -14,6 +14,7 @@
 #include "ckptio.h"
 #include "compress/shuffle.h"
 #include "core/error.h"
+#include "core/lender.h"
 #include "formats/zstd_seekable.h"
 #include "io/file.h"
 #include "save/zsave.h"
@@ -34,8 +35,8 @@ struct ckptio_zsave {
   uint8_t **cbuf;             /* data frame c uses cbuf[(c - 1) % buffers] */
   size_t cbuf_bytes;
   workspace *ws;
-  int nws, free_ws;
-  int *ws_stack;
+  int nws;
+  ckptio_lender lend;         /* of ws */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint64_t next;              /* first frame whose file offset is unknown */
@@ -135,9 +136,8 @@ int ckptio_zsave_open(const ckptio_zsave_params *p, ckptio_zsave **out, char *er
   z->cbuf = calloc(z->p.buffers, sizeof(uint8_t *));
   z->nws = z->p.threads;
   z->ws = calloc((size_t)z->nws, sizeof(workspace));
-  z->ws_stack = calloc((size_t)z->nws, sizeof(int));
   if (!z->csize || !z->dsize || !z->coff || !z->ready || !z->written || !z->header_frame || !z->cbuf || !z->ws ||
-      !z->ws_stack)
+      ckptio_lender_init(&z->lend, z->nws) < 0)
     goto fail;
   for (uint64_t c = 0; c < n; c++) z->dsize[c] = (uint32_t)(z->start[c + 1] - z->start[c]);
   z->cbuf_bytes = ZSTD_compressBound((size_t)z->p.max_frame);
@@ -149,8 +149,6 @@ int ckptio_zsave_open(const ckptio_zsave_params *p, ckptio_zsave **out, char *er
   z->ready[0] = z->written[0] = 1;
   z->next = 1;
   z->end = z->csize[0];
-  for (int i = 0; i < z->nws; i++) z->ws_stack[i] = i;
-  z->free_ws = z->nws;
   *out = z;
   return 0;
 fail:
@@ -167,7 +165,7 @@ void ckptio_zsave_free(ckptio_zsave *z) {
   for (size_t i = 0; z->cbuf && i < z->p.buffers; i++) free(z->cbuf[i]);
   free(z->cbuf);
   free(z->ws);
-  free(z->ws_stack);
+  ckptio_lender_fini(&z->lend);
   free(z->header_frame);
   free(z->written);
   free(z->ready);
@@ -214,20 +212,9 @@ void ckptio_zsave_abort(ckptio_zsave *z, int rc) {
   pthread_mutex_unlock(&z->mu);
 }
 
-static workspace *ws_get(ckptio_zsave *z) {
-  pthread_mutex_lock(&z->mu);
-  while (!z->free_ws) pthread_cond_wait(&z->cv, &z->mu);
-  workspace *w = &z->ws[z->ws_stack[--z->free_ws]];
-  pthread_mutex_unlock(&z->mu);
-  return w;
-}
+static workspace *ws_get(ckptio_zsave *z) { return &z->ws[ckptio_lender_borrow(&z->lend)]; }
 
-static void ws_put(ckptio_zsave *z, workspace *w) {
-  pthread_mutex_lock(&z->mu);
-  z->ws_stack[z->free_ws++] = (int)(w - z->ws);
-  pthread_cond_broadcast(&z->cv);
-  pthread_mutex_unlock(&z->mu);
-}
+static void ws_put(ckptio_zsave *z, workspace *w) { ckptio_lender_return(&z->lend, (int)(w - z->ws)); }
 
 /* The frame's bytes with every whole-element piece of a tensor shuffled. */
 static void shuffle_frame(const ckptio_zsave *z, uint8_t *dst, const uint8_t *src, uint64_t s, uint64_t e) {
