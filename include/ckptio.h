@@ -1660,6 +1660,14 @@ typedef struct ckptio_storage_ops {
   int (*sweep)(void *self, const char *prefix, char *err, size_t errlen);
 } ckptio_storage_ops;
 
+/*! ckptio_path_scheme() : (experimental)
+ *  The length of `path`'s scheme when it is a storage's path: 2 for
+ *  "s3://bucket/key", 0 for a local path (and for NULL). A scheme is RFC
+ *  3986's (a letter, then letters, digits, '+', '-' or '.') followed by
+ *  "://"; every path the library opens is routed by this rule, so a
+ *  program that tells a local path from an object's asks it here. */
+size_t ckptio_path_scheme(const char *path);
+
 /*! ckptio_ctx_storage_register() :
  *  Routes paths "SCHEME://..." opened on this context to `ops` (copied) and
  *  `self` (borrowed: it must outlive the context). Replaces a storage

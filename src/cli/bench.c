@@ -567,7 +567,7 @@ static uint64_t maxrss_bytes(void) {
 static int bench_main(bench_opts o) {
   /* A storage's prefix (s3://bucket/prefix): objects, not files; its own
    * flow and limits (bench_s3.c). */
-  if (o.dir && strstr(o.dir, "://")) return bench_storage_main(&o);
+  if (ckptio_path_scheme(o.dir)) return bench_storage_main(&o);
   char keepdir[4096];
   if (!o.dir && o.keep) {
     /* Same filesystem as the kept file, so it is renamed, never copied. */

@@ -63,7 +63,7 @@ int cli_checkpoints_main(int argc, char **argv) {
   /* The manager creates a missing directory; a listing must not. A
    * storage's prefix is never created (the manager asks the storage to
    * list it, and fails naming the URL when it cannot). */
-  int object = strstr(dir, "://") != NULL;
+  int object = ckptio_path_scheme(dir) > 0;
   struct stat st;
   if (!object && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
     fprintf(stderr, "ckptio checkpoints: %s: not a directory\n", dir);

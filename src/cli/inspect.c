@@ -332,7 +332,7 @@ int cli_inspect_main(int argc, char **argv) {
   }
   if (cli_files_of(r) > 0) {
     set_facts(r, &facts);
-  } else if (strstr(path, "://")) {
+  } else if (ckptio_path_scheme(path)) {
     object_facts(r, &facts);
   } else if ((rc = read_facts(path, &facts)) < 0 &&
              (rc = read_facts(ckptio_reader_shard(r, 0, &path, NULL, NULL) == 0 ? path : "", &facts)) < 0) {

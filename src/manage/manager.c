@@ -85,7 +85,8 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
   ckptio_closer_init(&m->closer);
   /* "s3://b/ckpts/" and "s3://b/ckpts" are one prefix: step names are
    * joined with one '/'. */
-  for (size_t n = strlen(d); object && n > 0 && d[n - 1] == '/' && !strstr(d + n - 3, "://"); n--) d[n - 1] = '\0';
+  size_t root = object ? ckptio_path_scheme(d) + 3 : 0; /* "s3://" itself stays */
+  for (size_t n = strlen(d); object && n > root && d[n - 1] == '/'; n--) d[n - 1] = '\0';
   m->ctx = ctx;
   m->dir = d;
   m->dirfd = fd;

@@ -41,9 +41,11 @@ void ckptio_storages_free(ckptio_storages *t) {
   free(t);
 }
 
-/* Length of path's scheme ("s3" of "s3://b/k"), or 0 when it has none:
- * RFC 3986's letters, digits, '+', '-', '.', a letter first. */
-static size_t scheme_len(const char *path) {
+/* RFC 3986's scheme (a letter, then letters, digits, '+', '-', '.') and
+ * "://": the one rule of what is a storage's path, for the library, the
+ * manager, the command and the Python package. */
+size_t ckptio_path_scheme(const char *path) {
+  if (!path) return 0;
   size_t n = 0;
   while ((path[n] >= 'a' && path[n] <= 'z') || (path[n] >= 'A' && path[n] <= 'Z') ||
          (n && ((path[n] >= '0' && path[n] <= '9') || path[n] == '+' || path[n] == '-' || path[n] == '.')))
@@ -67,7 +69,7 @@ int ckptio_storages_register(ckptio_storages *t, const char *scheme, const ckpti
                           !ops ? "no table of verbs" : "1 to 31 letters, digits, '+', '-' or '.'");
   memcpy(probe, scheme, len);
   memcpy(probe + len, "://", 4);
-  if (scheme_len(probe) != len || !strcmp(scheme, "file"))
+  if (ckptio_path_scheme(probe) != len || !strcmp(scheme, "file"))
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG,
                           "storage scheme '%s': a letter then letters, digits, '+', '-' or '.', and not \"file\"",
                           scheme);
@@ -99,7 +101,7 @@ int ckptio_storages_register(ckptio_storages *t, const char *scheme, const ckpti
 
 int ckptio_storages_find(ckptio_storages *t, const char *path, const ckptio_storage **out, char *err,
                          size_t errlen) {
-  size_t len = scheme_len(path);
+  size_t len = ckptio_path_scheme(path);
   if (!len || (len == 4 && !strncmp(path, "file", 4))) return 0;
   int rc = 1;
   pthread_mutex_lock(&t->mu);

@@ -9,7 +9,7 @@
 // killed save left (uploads never completed, a set's shards without an
 // index) is swept by the next save, and resume finds the newest complete
 // step whatever `latest` says.
-#define CKPTIO_EXPERIMENTAL  // ckptio_ctx_storage, ckptio_storage_ops
+#define CKPTIO_EXPERIMENTAL  // ckptio_ctx_storage, ckptio_storage_ops, ckptio_path_scheme
 #include <errno.h>
 #include <unistd.h>
 
@@ -382,6 +382,24 @@ class ManageStorage : public ::testing::TestWithParam<std::string> {
 
 // Several steps: each published whole, `latest` naming the newest, keep-last-2
 // removing the older ones entirely (no object of theirs left), nothing open.
+// The one rule that tells a storage's path from a local one (the library's
+// routing, the manager, the command and Python all ask it): RFC 3986's
+// scheme, then "://".
+TEST(PathScheme, SchemesAreRfc3986FollowedBySlashes) {
+  EXPECT_EQ(ckptio_path_scheme("s3://bucket/key"), 2u);
+  EXPECT_EQ(ckptio_path_scheme("my+x.y-z://a/b"), 8u);
+  EXPECT_EQ(ckptio_path_scheme("S3://bucket"), 2u);
+  EXPECT_EQ(ckptio_path_scheme("s3://"), 2u);
+  EXPECT_EQ(ckptio_path_scheme("/tmp/run://1/model.safetensors"), 0u);  // "://" inside a local path
+  EXPECT_EQ(ckptio_path_scheme("ckpt/s3://x"), 0u);
+  EXPECT_EQ(ckptio_path_scheme("1s://x"), 0u);  // a scheme starts with a letter
+  EXPECT_EQ(ckptio_path_scheme("s_3://x"), 0u);
+  EXPECT_EQ(ckptio_path_scheme("s3:/x"), 0u);
+  EXPECT_EQ(ckptio_path_scheme("model.safetensors"), 0u);
+  EXPECT_EQ(ckptio_path_scheme(""), 0u);
+  EXPECT_EQ(ckptio_path_scheme(nullptr), 0u);
+}
+
 TEST_P(ManageStorage, SavesStepsKeepsTheLastTwoAndResumes) {
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   mo.keep_last = 2;
