@@ -99,8 +99,8 @@ const char *ckptio_error_name(int code);
  *  (there is no handle to keep it), else "". The open-type calls are
  *  ckptio_ctx_create, ckptio_reader_open, ckptio_writer_open,
  *  ckptio_writer_open_sharded, ckptio_writer_open_ranks,
- *  ckptio_manager_open, ckptio_ctx_storage_register and the experimental
- *  device calls (ckptio_device_describe, ckptio_device_copy,
+ *  ckptio_manager_open, and the experimental ckptio_ctx_storage_register
+ *  and device calls (ckptio_device_describe, ckptio_device_copy,
  *  ckptio_host_pin, ckptio_host_unpin): each clears it on entry and, when it fails (a NULL
  *  argument included), leaves a sentence naming the path or the call. No
  *  other call changes it (a set's commit opens its files without it; the
@@ -193,7 +193,20 @@ int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape)
  *    struct (the stats, ckptio_manager_checkpoint) return the code alone.
  *    The caller's size field and those tail bytes are never written.
  * A size ends at a field boundary: sizeof of an older version of the
- * struct does. */
+ * struct does.
+ *
+ * Frozen structs. The structs without a size field are frozen for every
+ * 1.x release: no field is added, removed, moved or retyped, and no
+ * meaning of a value changes, so a program built against any 1.x header
+ * passes or receives them as this library lays them out. They are
+ * ckptio_tensor and ckptio_tensor_info (one tensor), the request structs
+ * ckptio_load_request, ckptio_slice_request and ckptio_box_request (arrays
+ * of them are passed, so a size field would not make them growable), and,
+ * experimental, ckptio_byte_range and ckptio_tiers_file. What 1.x needs
+ * beyond them comes as a new struct and a new call, never as a longer
+ * one. Enums are open: a later 1.x may add values (a dtype, a format, a
+ * load method, an error code), and a program must treat a value it does
+ * not know as "other", not as an error of the library's. */
 
 typedef enum ckptio_format {
   CKPTIO_FORMAT_SAFETENSORS = 0,  /* .safetensors, with CRC32s in __metadata__ */
@@ -203,7 +216,7 @@ typedef enum ckptio_format {
 
 typedef enum ckptio_load_method {
   CKPTIO_LOAD_AUTO = 0,  /* PREAD when the page cache holds most of the data
-                            (a sample of pages, mincore:
+                            (a sample of pages, mincore: the experimental
                             ckptio_reader_resident), and when the load fits
                             in memory: its bytes at most half the memory
                             this process can still take (MemAvailable, or
@@ -399,8 +412,8 @@ int ckptio_device_free(ckptio_ctx *ctx, int device, void *ptr);
  * chunk; neighbouring small tensors, up to a chunk of them, are one read
  * into the ring), into the staging ring or straight into host destinations, every
  * CRC checked as for a file. Objects are never mapped and never read with
- * O_DIRECT: a zero-copy load (ckptio_reader_map_private, ckptio_reader_view)
- * of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
+ * O_DIRECT: a zero-copy load (the experimental ckptio_reader_map_private,
+ * ckptio_reader_view) of one returns CKPTIO_E_FORMAT. Saves write each chunk of the ring to the
  * object from the worker that filled it, the chunk holding the header
  * last (once its CRCs are known; a .pt's chunks holding a tensor's data
  * descriptor as soon as the chunks before them are written), then
@@ -1140,7 +1153,7 @@ int ckptio_reader_load_boxes(ckptio_reader *r, ckptio_box_request *reqs, size_t 
  * meanwhile shows as incomplete.
  *
  * On a storage. DIR may be a storage's prefix ("s3://bucket/ckpts", or any
- * scheme registered with ckptio_ctx_storage_register whose storage has the
+ * scheme registered with (experimental) ckptio_ctx_storage_register whose storage has the
  * list verb; saves also need create and remove). A step directory is then
  * the objects under "DIR/step-N/" and `latest` the object "DIR/latest".
  * Objects cannot be renamed, so a save writes its step's objects in place
