@@ -37,8 +37,9 @@ extern "C" {
 #define CKPTIO_VERSION_NUMBER \
   (CKPTIO_VERSION_MAJOR * 10000 + CKPTIO_VERSION_MINOR * 100 + CKPTIO_VERSION_PATCH)
 
-/*! ckptio_version_number() :
- *  @return the version of the linked library, as CKPTIO_VERSION_NUMBER. */
+/*! ckptio_version_number(), ckptio_version_string() :
+ *  @return the version of the linked library, as CKPTIO_VERSION_NUMBER, and
+ *          as text ("1.1.0"; static). */
 unsigned ckptio_version_number(void);
 const char *ckptio_version_string(void);
 
@@ -120,11 +121,14 @@ typedef enum ckptio_dtype {
   CKPTIO_DTYPE_COUNT
 } ckptio_dtype;
 
-/*! @return bits per element (4, 6, 8, 16, 32 or 64), or 0 for a bad dtype. */
+/*! ckptio_dtype_bits() :
+ *  @return bits per element (4, 6, 8, 16, 32 or 64), or 0 for a bad dtype. */
 int ckptio_dtype_bits(ckptio_dtype dtype);
-/*! @return the safetensors name ("BF16"), or NULL for a bad dtype. */
+/*! ckptio_dtype_name() :
+ *  @return the safetensors name ("BF16"), or NULL for a bad dtype. */
 const char *ckptio_dtype_name(ckptio_dtype dtype);
-/*! Parses a safetensors dtype name. @return 0, or CKPTIO_E_DTYPE. */
+/*! ckptio_dtype_parse() :
+ *  Parses a safetensors dtype name. @return 0, or CKPTIO_E_DTYPE. */
 int ckptio_dtype_parse(const char *name, ckptio_dtype *out);
 
 /* ---------------------------------------------------------------- tensors */
@@ -164,7 +168,8 @@ typedef struct ckptio_tensor_info {
                           offset / crc32 describe the whole storage record */
 } ckptio_tensor_info;
 
-/*! Bytes of a tensor of this dtype and shape.
+/*! ckptio_tensor_nbytes() :
+ *  Bytes of a tensor of this dtype and shape.
  *  @return the byte count, or CKPTIO_E_SHAPE / CKPTIO_E_OVERFLOW /
  *          CKPTIO_E_MISALIGNED / CKPTIO_E_DTYPE. */
 int64_t ckptio_tensor_nbytes(ckptio_dtype dtype, int ndim, const int64_t *shape);
@@ -365,11 +370,13 @@ typedef struct ckptio_ctx ckptio_ctx;
  *         loads.
  *  @return 0 and *out, or a negative code (*out is then NULL). */
 int ckptio_ctx_create(const ckptio_options *opts, ckptio_ctx **out);
-/*! Joins the workers and frees the ring. Every writer and reader of this
+/*! ckptio_ctx_free() :
+ *  Joins the workers and frees the ring. Every writer and reader of this
  *  context must have been closed first. Accepts NULL; in a forked child,
  *  a parent's context is left as it is (see above). */
 void ckptio_ctx_free(ckptio_ctx *ctx);
-/*! The options in force (defaults resolved) into *out, whose size the
+/*! ckptio_ctx_options() :
+ *  The options in force (defaults resolved) into *out, whose size the
  *  caller sets (start from CKPTIO_OPTIONS_INIT; the rule of versioned
  *  structs). With ctx NULL, *out gets CKPTIO_OPTIONS_INIT's values (nothing
  *  resolved).
@@ -384,7 +391,8 @@ int ckptio_ctx_options(const ckptio_ctx *ctx, ckptio_options *out);
  *          "CUDA unavailable: <reason>" (static or context-owned string). */
 int ckptio_ctx_cuda(const ckptio_ctx *ctx, const char **why);
 
-/*! Device memory for load destinations, when the caller has none of its own.
+/*! ckptio_device_alloc(), ckptio_device_free() :
+ *  Device memory for load destinations, when the caller has none of its own.
  *  ckptio_device_alloc returns 0 and *ptr, or CKPTIO_E_DEVICE; free the
  *  memory with ckptio_device_free on the same context. */
 int ckptio_device_alloc(ckptio_ctx *ctx, int device, uint64_t nbytes, void **ptr);
@@ -467,7 +475,8 @@ typedef struct ckptio_writer ckptio_writer;
 int ckptio_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format,
                        const ckptio_options *opts, ckptio_writer **out);
 
-/*! Adds a string to the file's metadata. Key and value copied. Keys starting
+/*! ckptio_writer_set_metadata() :
+ *  Adds a string to the file's metadata. Key and value copied. Keys starting
  *  with "ckptio." are reserved. @return 0, CKPTIO_E_DUPLICATE, ... */
 int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value);
 
@@ -533,14 +542,18 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream);
  *  @return 0 if the save started; its outcome comes from wait / poll. */
 int ckptio_writer_commit_async(ckptio_writer *w);
 
-/*! Blocks until the snapshot point. @return 0, or the save's error. */
+/*! ckptio_writer_wait_snapshot() :
+ *  Blocks until the snapshot point. @return 0, or the save's error. */
 int ckptio_writer_wait_snapshot(ckptio_writer *w);
-/*! Blocks until the file is durable. @return 0, or the save's error. */
+/*! ckptio_writer_wait_durable() :
+ *  Blocks until the file is durable. @return 0, or the save's error. */
 int ckptio_writer_wait_durable(ckptio_writer *w);
-/*! @return 1 when reached, 0 when not yet, or the save's (negative) error. */
+/*! ckptio_writer_poll_snapshot(), ckptio_writer_poll_durable() :
+ *  @return 1 when reached, 0 when not yet, or the save's (negative) error. */
 int ckptio_writer_poll_snapshot(ckptio_writer *w);
 int ckptio_writer_poll_durable(ckptio_writer *w);
-/*! Bytes of tensor data written so far and in all. Either pointer may be NULL. */
+/*! ckptio_writer_progress() :
+ *  Bytes of tensor data written so far and in all. Either pointer may be NULL. */
 void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total);
 
 /* Where the time of one save or load went. Stage times are summed over the
@@ -575,21 +588,26 @@ typedef struct ckptio_stats {
 
 #define CKPTIO_STATS_INIT { sizeof(ckptio_stats), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
-/*! Stage timings of the finished (or running) save / of the last load. */
+/*! ckptio_writer_stats() :
+ *  Stage timings of the finished (or running) save / of the last load. */
 int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out);
 
-/*! Blocking save: commit_async then wait_durable. */
+/*! ckptio_writer_commit() :
+ *  Blocking save: commit_async then wait_durable. */
 int ckptio_writer_commit(ckptio_writer *w);
 
-/*! Waits for a running commit, then frees the writer. A writer closed without
+/*! ckptio_writer_close() :
+ *  Waits for a running commit, then frees the writer. A writer closed without
  *  a commit writes nothing. Accepts NULL. @return the save's outcome. */
 int ckptio_writer_close(ckptio_writer *w);
 
-/*! The detail of the last failure of this writer, or "" if none. Borrowed
+/*! ckptio_writer_last_error() :
+ *  The detail of the last failure of this writer, or "" if none. Borrowed
  *  until the next call on the writer. */
 const char *ckptio_writer_last_error(const ckptio_writer *w);
 
-/*! Files the save writes: 1 for a writer from ckptio_writer_open; for one
+/*! ckptio_writer_shard_count() :
+ *  Files the save writes: 1 for a writer from ckptio_writer_open; for one
  *  from ckptio_writer_open_sharded, its shards once committed (0 before).
  *  0 for NULL. */
 size_t ckptio_writer_shard_count(const ckptio_writer *w);
@@ -610,22 +628,31 @@ typedef struct ckptio_reader ckptio_reader;
  *          detail names the rule and the tensor. */
 int ckptio_reader_open(ckptio_ctx *ctx, const char *path, const ckptio_options *opts,
                        ckptio_reader **out);
+/*! ckptio_reader_close() :
+ *  Frees the reader, closing its files and mappings; what it lent (names,
+ *  metadata, views) is invalid after. Accepts NULL. */
 void ckptio_reader_close(ckptio_reader *r);
 
-/*! @return the number of tensors. */
+/*! ckptio_reader_count() :
+ *  @return the number of tensors. */
 size_t ckptio_reader_count(const ckptio_reader *r);
-/*! @return "safetensors", "pytorch", "safetensors-sharded" or "dcp" (static). */
+/*! ckptio_reader_format() :
+ *  @return "safetensors", "pytorch", "safetensors-sharded" or "dcp" (static). */
 const char *ckptio_reader_format(const ckptio_reader *r);
-/*! Fills *out for tensor `index` (file order, by offset). */
+/*! ckptio_reader_info() :
+ *  Fills *out for tensor `index` (file order, by offset). */
 int ckptio_reader_info(const ckptio_reader *r, size_t index, ckptio_tensor_info *out);
-/*! @return the index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */
+/*! ckptio_reader_find() :
+ *  @return the index of the tensor named `name`, or CKPTIO_E_NOT_FOUND. */
 int64_t ckptio_reader_find(const ckptio_reader *r, const char *name);
 
-/*! Metadata: count, and the key / value at an index (borrowed until close). */
+/*! ckptio_reader_metadata_count(), ckptio_reader_metadata_at() :
+ *  Metadata: count, and the key / value at an index (borrowed until close). */
 size_t ckptio_reader_metadata_count(const ckptio_reader *r);
 int ckptio_reader_metadata_at(const ckptio_reader *r, size_t index,
                               const char **key, const char **value);
-/*! @return the value of `key` (borrowed until close), or NULL. */
+/*! ckptio_reader_metadata_get() :
+ *  @return the value of `key` (borrowed until close), or NULL. */
 const char *ckptio_reader_metadata_get(const ckptio_reader *r, const char *key);
 
 /* One tensor to load: copy tensor `index` into `dst` (at least `dst_bytes`),
@@ -643,7 +670,8 @@ typedef struct ckptio_load_request {
  *  CRC32 is checked and a mismatch fails with CKPTIO_E_CHECKSUM naming it.
  *  @return 0, or the first error (other destinations may be partly written). */
 int ckptio_reader_load_many(ckptio_reader *r, const ckptio_load_request *reqs, size_t n);
-/*! One tensor: ckptio_reader_load_many with one request. */
+/*! ckptio_reader_load() :
+ *  One tensor: ckptio_reader_load_many with one request. */
 int ckptio_reader_load(ckptio_reader *r, size_t index, void *dst, uint64_t dst_bytes);
 
 /*! ckptio_reader_view() :
@@ -663,7 +691,8 @@ int ckptio_reader_view(ckptio_reader *r, size_t index, const void **data, uint64
  *  Borrowed until the reader is closed or the stream is replaced. */
 int ckptio_reader_set_stream(ckptio_reader *r, int device, void *stream);
 
-/*! Checks every recorded CRC32 in parallel. @return 0, CKPTIO_E_CHECKSUM
+/*! ckptio_reader_verify() :
+ *  Checks every recorded CRC32 in parallel. @return 0, CKPTIO_E_CHECKSUM
  *  (detail names the first bad tensor), or an I/O error. Tensors without a
  *  recorded CRC are counted in *unchecked when it is not NULL. */
 int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
@@ -675,12 +704,17 @@ int ckptio_reader_verify(ckptio_reader *r, size_t *unchecked);
 int ckptio_reader_compression(const ckptio_reader *r, uint64_t *frames, uint64_t *compressed_bytes,
                               uint64_t *decompressed_bytes);
 
-/*! Stage timings of the last load_many / verify. */
+/*! ckptio_reader_stats() :
+ *  Stage timings of the last load_many / verify. */
 int ckptio_reader_stats(const ckptio_reader *r, ckptio_stats *out);
 
-/*! Bytes loaded so far by the running load / verify, and in all. */
+/*! ckptio_reader_progress() :
+ *  Bytes loaded so far by the running load / verify, and in all. */
 void ckptio_reader_progress(ckptio_reader *r, uint64_t *done, uint64_t *total);
 
+/*! ckptio_reader_last_error() :
+ *  The detail of the last failure of this reader, or "" if none. Borrowed
+ *  until the next call on the reader. */
 const char *ckptio_reader_last_error(const ckptio_reader *r);
 
 /* ---------------------------------------------------------------- slices */
@@ -766,7 +800,8 @@ int64_t ckptio_reader_slice_nbytes(ckptio_reader *r, size_t index, int dim, int6
  *          CKPTIO_E_DEVICE, CKPTIO_E_CHECKSUM (full slices), I/O errors. */
 int ckptio_reader_load_slices(ckptio_reader *r, ckptio_slice_request *reqs, size_t n);
 
-/*! One slice into host memory: ckptio_reader_load_slices with one request.
+/*! ckptio_reader_load_slice() :
+ *  One slice into host memory: ckptio_reader_load_slices with one request.
  *  @verified  may be NULL; else gets the request's `verified`. */
 int ckptio_reader_load_slice(ckptio_reader *r, size_t index, int dim, int64_t start, int64_t stop,
                              void *dst, uint64_t dst_bytes, int *verified);
@@ -807,16 +842,19 @@ int ckptio_split_rank(int64_t size, int rank, int nranks, int64_t *start, int64_
  * (numbers as decimal strings), then each shard's keys not seen before
  * (ckptio.shard excepted). */
 
-/*! Shard files of a set opened through an index: their count, or 0 when the
+/*! ckptio_reader_shard_count() :
+ *  Shard files of a set opened through an index: their count, or 0 when the
  *  reader is a single file, and also for a DCP directory, whose .distcp
  *  files do not open on their own (ckptio_reader_shard still names them). */
 size_t ckptio_reader_shard_count(const ckptio_reader *r);
-/*! Shard k of a set (or file k of a DCP directory): its path (borrowed until
+/*! ckptio_reader_shard() :
+ *  Shard k of a set (or file k of a DCP directory): its path (borrowed until
  *  close), its tensor count and tensor bytes. Any out pointer may be NULL.
  *  @return 0 or CKPTIO_E_INVALID_ARG. */
 int ckptio_reader_shard(const ckptio_reader *r, size_t k, const char **path, size_t *tensors,
                         uint64_t *bytes);
-/*! @return the shard holding tensor `index` (0 for a single file), or
+/*! ckptio_reader_shard_of() :
+ *  @return the shard holding tensor `index` (0 for a single file), or
  *  CKPTIO_E_INVALID_ARG. */
 int64_t ckptio_reader_shard_of(const ckptio_reader *r, size_t index);
 
@@ -983,7 +1021,8 @@ typedef struct ckptio_comm {
   int (*alltoallv)(void *user, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts);
 } ckptio_comm;
 
-/*! The one-process communicator: rank 0 of 1, collectives are copies.
+/*! ckptio_comm_single() :
+ *  The one-process communicator: rank 0 of 1, collectives are copies.
  *  Fills the whole ckptio_comm of the header the program was built with: a
  *  program built against 1.0's header calls the symbol of version
  *  CKPTIO_1.0, which writes 1.0's shorter struct and nothing past it. */
@@ -1057,9 +1096,11 @@ int ckptio_writer_abort(ckptio_writer *w, int code, const char *why);
  * overlapping, covering it exactly, each file's entry of the part's shape;
  * failures are CKPTIO_E_SHARD naming the tensor, the part and the file. */
 
-/*! Parts of tensor `index`: 1 for a tensor stored whole, else its parts. */
+/*! ckptio_reader_part_count() :
+ *  Parts of tensor `index`: 1 for a tensor stored whole, else its parts. */
 size_t ckptio_reader_part_count(const ckptio_reader *r, size_t index);
-/*! Part k of tensor `index`: the file holding it (borrowed until close), its
+/*! ckptio_reader_part() :
+ *  Part k of tensor `index`: the file holding it (borrowed until close), its
  *  offsets and sizes in the global tensor (ndim values each, into arrays of
  *  CKPTIO_MAX_DIMS). Any out pointer may be NULL. @return 0 or
  *  CKPTIO_E_INVALID_ARG. */
@@ -1312,12 +1353,14 @@ typedef struct ckptio_checkpoint_info {
  *  @return the number of checkpoints, or -errno reading DIR. */
 int64_t ckptio_manager_list(ckptio_manager *m, int verify);
 
-/*! Entry i (0 .. count - 1, oldest first) of the last ckptio_manager_list.
+/*! ckptio_manager_checkpoint() :
+ *  Entry i (0 .. count - 1, oldest first) of the last ckptio_manager_list.
  *  @return 0, or CKPTIO_E_INVALID_ARG (i out of range, out NULL, or out's
  *  size refused: see "Versioned structs"). */
 int ckptio_manager_checkpoint(const ckptio_manager *m, size_t i, ckptio_checkpoint_info *out);
 
-/*! The detail of the last failure of this manager, or "". Borrowed until
+/*! ckptio_manager_last_error() :
+ *  The detail of the last failure of this manager, or "". Borrowed until
  *  the next call on the manager. */
 const char *ckptio_manager_last_error(const ckptio_manager *m);
 
@@ -1370,7 +1413,8 @@ extern "C" {
 /* Why experimental: free text for a benchmark's report; what NUMA
  * placement does, and when (at ckptio_ctx_create, near GPU 0), is not
  * settled. */
-/*! What NUMA placement did for this context ("NUMA: one node on this
+/*! ckptio_ctx_numa_report() :
+ *  What NUMA placement did for this context ("NUMA: one node on this
  *  machine; nothing to place", ...), or "" when CUDA is off. Borrowed. */
 const char *ckptio_ctx_numa_report(const ckptio_ctx *ctx);
 
@@ -1414,7 +1458,7 @@ int ckptio_device_describe(const ckptio_ctx *ctx, int device, ckptio_device_info
 int ckptio_device_copy(ckptio_ctx *ctx, void *dst, int dst_device, const void *src, int src_device,
                        uint64_t nbytes);
 
-/*! ckptio_host_pin() / ckptio_host_unpin() : (experimental)
+/*! ckptio_host_pin(), ckptio_host_unpin() : (experimental)
  *  Pins nbytes of host memory at ptr for DMA with every GPU
  *  (cudaHostRegister, portable), and unpins it: ptr must be what was pinned,
  *  and memory is unpinned before it is freed.
@@ -1428,7 +1472,8 @@ int ckptio_host_unpin(ckptio_ctx *ctx, void *ptr);
 
 /* Why experimental: a figure for tools (`ckptio inspect`); what it counts
  * for a set, a compressed file or a DCP directory is not settled. */
-/*! @return bytes before the first tensor's data (header, zip records). */
+/*! ckptio_reader_header_bytes() :
+ *  @return bytes before the first tensor's data (header, zip records). */
 uint64_t ckptio_reader_header_bytes(const ckptio_reader *r);
 
 /* Why experimental: zero-copy loads hand the caller a mapping that
@@ -1560,7 +1605,8 @@ int ckptio_reader_load_boxes_group(ckptio_reader *r, const ckptio_comm *comm, ck
  *  @return 0; CKPTIO_E_INVALID_ARG (another kind of writer, pickle NULL);
  *          CKPTIO_E_STATE (committed already); -ENOMEM. */
 int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t len);
-/*! Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
+/*! ckptio_map_free() :
+ *  Releases a mapping of ckptio_reader_map_private. Accepts NULL. @return 0 or -errno. */
 int ckptio_map_free(void *base, uint64_t size);
 
 /* ---------------------------------------------------------------- slices */
@@ -1825,7 +1871,8 @@ typedef void (*ckptio_tiers_warn_fn)(void *arg, uint64_t step, int tier, int cod
 int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tiers_options *opts,
                       ckptio_tiers **out);
 
-/*! Where warnings go (NULL: dropped; ckptio_tiers_last_error keeps the last). */
+/*! ckptio_tiers_set_warning() :
+ *  Where warnings go (NULL: dropped; ckptio_tiers_last_error keeps the last). */
 void ckptio_tiers_set_warning(ckptio_tiers *t, ckptio_tiers_warn_fn fn, void *arg);
 
 /*! ckptio_tiers_save() : (experimental)
@@ -1868,7 +1915,8 @@ int ckptio_tiers_wait(ckptio_tiers *t);
  *          the reason in ckptio_tiers_last_error. */
 int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len);
 
-/*! Copies this handle's counters into *out (out->size set by the caller). */
+/*! ckptio_tiers_stats_get() :
+ *  Copies this handle's counters into *out (out->size set by the caller). */
 int ckptio_tiers_stats_get(const ckptio_tiers *t, ckptio_tiers_stats *out);
 
 /* One file of a tier directory, as ckptio_tiers_list finds it. Not
@@ -1889,9 +1937,11 @@ typedef struct ckptio_tiers_file {
  *  @return the count, *out malloc'd (free() it; NULL when 0), or -errno
  *          (-ENOENT: no such directory). */
 int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out);
-/*! The last error or warning of this handle ("" if none). Borrowed. */
+/*! ckptio_tiers_last_error() :
+ *  The last error or warning of this handle ("" if none). Borrowed. */
 const char *ckptio_tiers_last_error(const ckptio_tiers *t);
-/*! Waits for the last save's finish first (collective then, in background
+/*! ckptio_tiers_close() :
+ *  Waits for the last save's finish first (collective then, in background
  *  mode, when one is running). Accepts NULL. */
 void ckptio_tiers_close(ckptio_tiers *t);
 

@@ -5,7 +5,8 @@ declared where CKPTIO_EXPERIMENTAL is defined), the list in src/ckptio.map,
 and the symbols libckptio.so defines are the same three sets, each under the
 version node of the map. Catches a function exported by accident (an internal ckptio_*
 that lost its `static` or hidden visibility), one declared but not built or
-not listed, and a listed one that no longer exists.
+not listed, and a listed one that no longer exists; and that every declared
+function has its doc comment, in the header's one form ("/*! name() :").
 
 usage: check_exports.py LIBCKPTIO_SO SOURCE_DIR [CC]
 Exit 0 when they agree, 1 with the differences. Python 3 standard library,
@@ -96,6 +97,35 @@ def check_old_comm_single(lib):
     return problems
 
 
+DECLARATION = re.compile(r"^(?:const |unsigned )?[a-z_0-9]+\s*\**\s*(ckptio_\w+)\((?!\*)")
+
+
+def undocumented(source):
+    """Public functions without their doc comment in the header's one form:
+    "/*! name() :" (or "/*! a(), b() :" over a group declared together)
+    directly above the declaration."""
+    lines = open(os.path.join(source, "include", "ckptio.h")).read().split("\n")
+    problems, i = [], 0
+    while i < len(lines):
+        if not DECLARATION.match(lines[i]):
+            i += 1
+            continue
+        start, names = i, []
+        while i < len(lines) and DECLARATION.match(lines[i]):
+            names.append(DECLARATION.match(lines[i]).group(1))
+            while not lines[i].rstrip().endswith(";"):
+                i += 1
+            i += 1
+        k = start - 1
+        while k >= 0 and lines[start - 1].rstrip().endswith("*/") and "/*" not in lines[k]:
+            k -= 1
+        head = lines[k] if k >= 0 and lines[start - 1].rstrip().endswith("*/") else ""
+        want = "/*! %s :" % ", ".join(n + "()" for n in names)
+        if not head.startswith(want):
+            problems.append("ckptio.h:%d: %s: no doc comment starting '%s' above it" % (start + 1, names[0], want))
+    return problems
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -130,6 +160,7 @@ def main():
         if built[name] != node_of[name]:
             problems.append(f"{name}: exported under version '{built[name]}', not {node_of[name]}")
     problems += check_old_comm_single(lib)
+    problems += undocumented(source)
     for p in problems:
         print("FAIL " + p)
     print(f"check_exports: {len(header)} functions declared ({len(stable)} stable, {len(header - stable)} "
