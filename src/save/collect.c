@@ -93,9 +93,9 @@ int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t 
 
 int ckptio_collect_apply(const ckptio_collect *c, ckptio_writer *sub) {
   int rc = 0;
-  for (size_t i = 0; i < c->nmeta2 && rc == 0; i += 2) rc = sub->verbs->set_metadata(sub, c->meta[i], c->meta[i + 1]);
+  for (size_t i = 0; i < c->nmeta2 && rc == 0; i += 2) rc = sub->ops->set_metadata(sub, c->meta[i], c->meta[i + 1]);
   for (int ord = 0; ord < 64 && rc == 0; ord++)
-    if (c->user_stream[ord]) rc = sub->verbs->set_stream(sub, CKPTIO_DEVICE_CUDA(ord), c->user_stream[ord]);
+    if (c->user_stream[ord]) rc = sub->ops->set_stream(sub, CKPTIO_DEVICE_CUDA(ord), c->user_stream[ord]);
   return rc;
 }
 

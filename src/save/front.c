@@ -51,7 +51,7 @@ static int refused(ckptio_writer *w, const char *what, const char *tensor) {
 int ckptio_writer_set_metadata(ckptio_writer *w, const char *key, const char *value) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   int rc = refused(w, "metadata after commit", NULL);
-  return rc < 0 ? rc : w->verbs->set_metadata(w, key, value);
+  return rc < 0 ? rc : w->ops->set_metadata(w, key, value);
 }
 
 int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t len) {
@@ -63,13 +63,13 @@ int ckptio_writer_set_torch_pickle(ckptio_writer *w, const void *pickle, size_t 
 int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   int rc = refused(w, "stream set after commit", NULL);
-  return rc < 0 ? rc : w->verbs->set_stream(w, device, stream);
+  return rc < 0 ? rc : w->ops->set_stream(w, device, stream);
 }
 
 int ckptio_writer_add(ckptio_writer *w, const ckptio_tensor *t) {
   if (!w || !t || !t->name) return CKPTIO_E_INVALID_ARG;
   int rc = refused(w, NULL, t->name);
-  return rc < 0 ? rc : w->verbs->add(w, t, (ckptio_fill){NULL, NULL});
+  return rc < 0 ? rc : w->ops->add(w, t, (ckptio_fill){NULL, NULL});
 }
 
 int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill_fn fill, void *arg) {
@@ -80,7 +80,7 @@ int ckptio_writer_add_fill(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill
                           "(data NULL, device CKPTIO_DEVICE_HOST)",
                           t->name);
   int rc = refused(w, NULL, t->name);
-  return rc < 0 ? rc : w->verbs->add(w, t, (ckptio_fill){fill, arg});
+  return rc < 0 ? rc : w->ops->add(w, t, (ckptio_fill){fill, arg});
 }
 
 int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64_t *global_shape,
@@ -89,33 +89,33 @@ int ckptio_writer_add_part(ckptio_writer *w, const ckptio_tensor *t, const int64
     return CKPTIO_E_INVALID_ARG;
   int rc = refused(w, NULL, t->name);
   if (rc < 0) return rc;
-  if (w->verbs->add_part) return w->verbs->add_part(w, t, global_shape, offsets);
+  if (w->ops->add_part) return w->ops->add_part(w, t, global_shape, offsets);
   for (int d = 0; d < t->ndim; d++)
     if (offsets[d] != 0 || global_shape[d] != t->shape[d])
       return ckptio_err_fmt(w->err, sizeof(w->err), CKPTIO_E_INVALID_ARG,
                             "tensor '%s': a part of a tensor needs a multi-rank writer (ckptio_writer_open_ranks); "
                             "this writer stores tensors whole",
                             t->name);
-  return w->verbs->add(w, t, (ckptio_fill){NULL, NULL});
+  return w->ops->add(w, t, (ckptio_fill){NULL, NULL});
 }
 
 int ckptio_writer_abort(ckptio_writer *w, int code, const char *why) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (code >= 0) code = CKPTIO_E_INVALID_ARG;
   int rc = refused(w, "abort after commit", NULL);
-  return rc < 0 ? rc : w->verbs->abort(w, code, why);
+  return rc < 0 ? rc : w->ops->abort(w, code, why);
 }
 
 /* In a forked child a parent's writer has no coordinator or workers: the
  * calls that would start or wait for them refuse at once instead. */
 static int forked(ckptio_writer *w) { return ckptio_ctx_check_process(w->ctx, w->err, sizeof(w->err)); }
 
-#define DRIVE(w, verb) (!(w) ? CKPTIO_E_INVALID_ARG : forked(w) < 0 ? CKPTIO_E_STATE : (w)->verbs->verb(w))
+#define DRIVE(w, verb) (!(w) ? CKPTIO_E_INVALID_ARG : forked(w) < 0 ? CKPTIO_E_STATE : (w)->ops->verb(w))
 int ckptio_writer_commit_async(ckptio_writer *w) {
   if (!w) return CKPTIO_E_INVALID_ARG;
   if (forked(w) < 0) return CKPTIO_E_STATE;
   int rc = refused(w, "commit called twice", NULL);
-  return rc < 0 ? rc : w->verbs->commit_async(w);
+  return rc < 0 ? rc : w->ops->commit_async(w);
 }
 int ckptio_writer_wait_snapshot(ckptio_writer *w) { return DRIVE(w, wait_snapshot); }
 int ckptio_writer_wait_durable(ckptio_writer *w) { return DRIVE(w, wait_durable); }
@@ -130,7 +130,7 @@ int ckptio_writer_commit(ckptio_writer *w) {
 
 void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
   if (w) {
-    w->verbs->progress(w, done, total);
+    w->ops->progress(w, done, total);
     return;
   }
   if (done) *done = 0;
@@ -138,13 +138,13 @@ void ckptio_writer_progress(ckptio_writer *w, uint64_t *done, uint64_t *total) {
 }
 
 int ckptio_writer_stats(const ckptio_writer *w, ckptio_stats *out) {
-  return w ? w->verbs->stats(w, out) : CKPTIO_E_INVALID_ARG;
+  return w ? w->ops->stats(w, out) : CKPTIO_E_INVALID_ARG;
 }
 
-size_t ckptio_writer_shard_count(const ckptio_writer *w) { return w ? w->verbs->shard_count(w) : 0; }
+size_t ckptio_writer_shard_count(const ckptio_writer *w) { return w ? w->ops->shard_count(w) : 0; }
 
 /* A parent's writer is left to the parent in a forked child (closing
  * it would join threads the child does not have). */
-int ckptio_writer_close(ckptio_writer *w) { return !w ? 0 : forked(w) < 0 ? CKPTIO_E_STATE : w->verbs->close(w); }
+int ckptio_writer_close(ckptio_writer *w) { return !w ? 0 : forked(w) < 0 ? CKPTIO_E_STATE : w->ops->close(w); }
 
 const char *ckptio_writer_last_error(const ckptio_writer *w) { return w ? w->err : ""; }

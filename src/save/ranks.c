@@ -41,7 +41,7 @@ typedef struct ranks_writer {
   uint64_t start_ns, end_ns, publish_ns;
 } ranks_writer;
 
-static const ckptio_writer_verbs ranks_verbs;
+static const ckptio_writer_ops ranks_ops;
 
 static int single_allgather(void *user, const void *send, void *recv, size_t bytes) {
   (void)user;
@@ -115,7 +115,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   }
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
-  w->base.verbs = &ranks_verbs;
+  w->base.ops = &ranks_ops;
   w->base.ctx = ctx;
   w->base.where = w->dir;
   w->ctx = ctx;
@@ -193,11 +193,11 @@ static int start_file(ranks_writer *w) {
   for (size_t i = 0; i < w->plan.nboxes && rc == 0; i++)
     if (w->plan.boxes[i].writer == w->comm.rank) {
       const ckptio_ctensor *ct = &w->c.tensors[w->plan.boxes[i].local];
-      rc = s->verbs->add(s, &ct->t, ct->fill);
+      rc = s->ops->add(s, &ct->t, ct->fill);
     }
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   s->sync = w->base.sync;
-  if (rc == 0) rc = s->verbs->commit_async(s);
+  if (rc == 0) rc = s->ops->commit_async(s);
   if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
   return 0;
 }
@@ -352,7 +352,7 @@ static int publish_objects(ranks_writer *w) {
 static int agree_and_publish(ranks_writer *w) {
   char *err = w->base.err;
   int rc = w->local_rc;
-  if (rc == 0 && w->sub && (rc = w->sub->verbs->wait_durable(w->sub)) < 0)
+  if (rc == 0 && w->sub && (rc = w->sub->ops->wait_durable(w->sub)) < 0)
     ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
   if (rc == 0 && w->sub && (rc = ckptio_file_writer_take_file(w->sub, &w->file)) < 0)
     ckptio_fail(w->base.err, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
@@ -408,7 +408,7 @@ static int ranks_wait_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
   if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
-  int rc = w->sub ? w->sub->verbs->wait_snapshot(w->sub) : 0;
+  int rc = w->sub ? w->sub->ops->wait_snapshot(w->sub) : 0;
   /* This rank's own failure, named; the others learn it at wait_durable. */
   return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
 }
@@ -423,7 +423,7 @@ static int ranks_poll_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
   if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
-  return w->sub ? w->sub->verbs->poll_snapshot(w->sub) : 1;
+  return w->sub ? w->sub->ops->poll_snapshot(w->sub) : 1;
 }
 
 static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
@@ -431,7 +431,7 @@ static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
   ckptio_stats s = CKPTIO_STATS_INIT;
   s.threads = w->ctx->opts.threads;
   if (w->sub) {
-    int rc = w->sub->verbs->stats(w->sub, &s);
+    int rc = w->sub->ops->stats(w->sub, &s);
     if (rc < 0) return rc;
   }
   if (w->base.state == CKPTIO_WRITER_RUNNING || w->base.state == CKPTIO_WRITER_DONE) {
@@ -444,7 +444,7 @@ static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
 static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
   ranks_writer *w = (ranks_writer *)base;
   if (w->sub) {
-    w->sub->verbs->progress(w->sub, done, total);
+    w->sub->ops->progress(w->sub, done, total);
     return;
   }
   if (done) *done = 0;
@@ -459,7 +459,7 @@ static size_t ranks_shard_count(const ckptio_writer *base) {
 static int ranks_close(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
   int rc = w->base.state == CKPTIO_WRITER_RUNNING ? ranks_wait_durable(base) : 0;
-  if (w->sub) w->sub->verbs->close(w->sub); /* removes a temp file not taken */
+  if (w->sub) w->sub->ops->close(w->sub); /* removes a temp file not taken */
   ckptio_tmpfile_abort(&w->file);
   ckptio_rplan_free(&w->plan);
   ckptio_collect_free(&w->c);
@@ -469,8 +469,19 @@ static int ranks_close(ckptio_writer *base) {
   return rc;
 }
 
-static const ckptio_writer_verbs ranks_verbs = {
-    ranks_set_metadata, ranks_set_stream,   ranks_add,      ranks_commit_async, ranks_wait_snapshot,
-    ranks_wait_durable, ranks_poll_snapshot, ranks_poll_durable, ranks_progress, ranks_stats,
-    ranks_shard_count,  ranks_close,        ranks_add_part,     ranks_abort,
+static const ckptio_writer_ops ranks_ops = {
+    .set_metadata = ranks_set_metadata,
+    .set_stream = ranks_set_stream,
+    .add = ranks_add,
+    .commit_async = ranks_commit_async,
+    .wait_snapshot = ranks_wait_snapshot,
+    .wait_durable = ranks_wait_durable,
+    .poll_snapshot = ranks_poll_snapshot,
+    .poll_durable = ranks_poll_durable,
+    .progress = ranks_progress,
+    .stats = ranks_stats,
+    .shard_count = ranks_shard_count,
+    .close = ranks_close,
+    .add_part = ranks_add_part,
+    .abort = ranks_abort,
 };

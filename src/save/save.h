@@ -20,7 +20,7 @@ typedef struct ckptio_fill {
   void *arg;
 } ckptio_fill;
 
-typedef struct ckptio_writer_verbs {
+typedef struct ckptio_writer_ops {
   int (*set_metadata)(ckptio_writer *w, const char *key, const char *value);
   int (*set_stream)(ckptio_writer *w, int device, void *stream);
   int (*add)(ckptio_writer *w, const ckptio_tensor *t, ckptio_fill fill); /* add and add_fill */
@@ -39,7 +39,7 @@ typedef struct ckptio_writer_verbs {
   /* ckptio_writer_abort: every kind then refuses every verb but close with
    * CKPTIO_E_STATE (on a multi-rank writer it is also collective). */
   int (*abort)(ckptio_writer *w, int code, const char *why);
-} ckptio_writer_verbs;
+} ckptio_writer_ops;
 
 /* Where a save is, for every kind. The front refuses the verbs that build
  * a save (add, metadata, stream, commit, abort) unless it is OPEN, with one
@@ -54,7 +54,7 @@ typedef enum {
 
 /* The head of every kind's struct. */
 struct ckptio_writer {
-  const ckptio_writer_verbs *verbs;
+  const ckptio_writer_ops *ops;
   const ckptio_ctx *ctx;          /* whose process alone may drive the save */
   char err[CKPTIO_ERRLEN];        /* ckptio_writer_last_error */
   ckptio_writer_state state;

@@ -52,7 +52,7 @@ typedef struct set_writer {
   _Atomic uint64_t publish_ns;    /* renames, index write, directory syncs */
 } set_writer;
 
-static const ckptio_writer_verbs set_verbs;
+static const ckptio_writer_ops set_ops;
 
 int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix, ckptio_format format,
                            uint64_t max_shard_bytes, ckptio_shard_order order, const ckptio_options *opts,
@@ -91,7 +91,7 @@ int ckptio_set_writer_open(ckptio_ctx *ctx, const char *dir, const char *prefix,
   }
   rc = -ENOMEM;
   if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
-  w->base.verbs = &set_verbs;
+  w->base.ops = &set_ops;
   w->base.ctx = ctx;
   w->base.where = w->dir;
   w->ctx = ctx;
@@ -201,7 +201,7 @@ static int open_shard(set_writer *w, size_t k) {
   rc = ckptio_collect_apply(&w->c, s);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->save_id);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
-  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->verbs->add(s, &placed(w, i)->t, placed(w, i)->fill);
+  for (size_t i = w->first[k]; i < w->first[k + 1] && rc == 0; i++) rc = s->ops->add(s, &placed(w, i)->t, placed(w, i)->fill);
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
   if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, s->err);
   return 0;
@@ -330,7 +330,7 @@ static void *shard_main(void *arg) {
   set_writer *w = arg;
   int rc = 0;
   for (size_t k = 0; k < w->nshards; k++) {
-    int r = w->sub[k]->verbs->wait_durable(w->sub[k]);
+    int r = w->sub[k]->ops->wait_durable(w->sub[k]);
     if (r < 0 && rc == 0) {
       rc = r;
       ckptio_fail(w->base.err, r, "%s", w->sub[k]->err);
@@ -365,7 +365,7 @@ static void *shard_main(void *arg) {
 
 static void close_subs(set_writer *w) {
   for (size_t k = 0; w->sub && k < w->nshards; k++)
-    if (w->sub[k]) w->sub[k]->verbs->close(w->sub[k]);
+    if (w->sub[k]) w->sub[k]->ops->close(w->sub[k]);
   free(w->sub);
   free(w->files);
   free(w->how);
@@ -401,7 +401,7 @@ static int set_commit_async(ckptio_writer *base) {
   /* On this thread: each writer records its GPU snapshot events here. */
   for (size_t k = 0; k < w->nshards; k++) {
     w->sub[k]->sync = w->base.sync;
-    if ((rc = w->sub[k]->verbs->commit_async(w->sub[k])) < 0) {
+    if ((rc = w->sub[k]->ops->commit_async(w->sub[k])) < 0) {
       ckptio_fail(w->base.err, rc, "%s: shard %zu/%zu: %s", w->dir, k + 1, w->nshards, w->sub[k]->err);
       goto fail; /* close_subs waits for the shards already started */
     }
@@ -441,7 +441,7 @@ static int set_wait_snapshot(ckptio_writer *base) {
   set_writer *w = (set_writer *)base;
   if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   for (size_t k = 0; k < w->nshards; k++) {
-    int rc = w->sub[k]->verbs->wait_snapshot(w->sub[k]);
+    int rc = w->sub[k]->ops->wait_snapshot(w->sub[k]);
     if (rc < 0) return set_wait_durable(base); /* the set's error, once settled */
   }
   return 0;
@@ -463,7 +463,7 @@ static int set_poll_snapshot(ckptio_writer *base) {
   int rc = set_poll_durable(base);
   if (rc != 0) return rc;
   for (size_t k = 0; k < w->nshards; k++)
-    if (w->sub[k]->verbs->poll_snapshot(w->sub[k]) != 1) return 0;
+    if (w->sub[k]->ops->poll_snapshot(w->sub[k]) != 1) return 0;
   return 1;
 }
 
@@ -473,7 +473,7 @@ static int set_stats(const ckptio_writer *base, ckptio_stats *out) {
   sum.threads = w->ctx->opts.threads;
   for (size_t k = 0; w->base.state == CKPTIO_WRITER_RUNNING && k < w->nshards; k++) {
     one = (ckptio_stats)CKPTIO_STATS_INIT;
-    int rc = w->sub[k]->verbs->stats(w->sub[k], &one);
+    int rc = w->sub[k]->ops->stats(w->sub[k], &one);
     if (rc < 0) return rc;
     sum.bytes += one.bytes;
     if (one.snapshot_seconds > sum.snapshot_seconds) sum.snapshot_seconds = one.snapshot_seconds;
@@ -497,7 +497,7 @@ static void set_progress(ckptio_writer *base, uint64_t *done, uint64_t *total) {
   uint64_t d = 0;
   for (size_t k = 0; w->base.state == CKPTIO_WRITER_RUNNING && k < w->nshards; k++) {
     uint64_t x = 0;
-    w->sub[k]->verbs->progress(w->sub[k], &x, NULL);
+    w->sub[k]->ops->progress(w->sub[k], &x, NULL);
     d += x;
   }
   if (done) *done = d;
@@ -523,9 +523,19 @@ static int set_close(ckptio_writer *base) {
   return rc;
 }
 
-static const ckptio_writer_verbs set_verbs = {
-    set_set_metadata,  set_set_stream,   set_add,      set_commit_async, set_wait_snapshot, set_wait_durable,
-    set_poll_snapshot, set_poll_durable, set_progress, set_stats,        set_shard_count,   set_close,
-    NULL, /* add_part: tensors whole only */
-    set_abort,
+static const ckptio_writer_ops set_ops = {
+    .set_metadata = set_set_metadata,
+    .set_stream = set_set_stream,
+    .add = set_add,
+    .commit_async = set_commit_async,
+    .wait_snapshot = set_wait_snapshot,
+    .wait_durable = set_wait_durable,
+    .poll_snapshot = set_poll_snapshot,
+    .poll_durable = set_poll_durable,
+    .progress = set_progress,
+    .stats = set_stats,
+    .shard_count = set_shard_count,
+    .close = set_close,
+    .add_part = NULL, /* tensors whole only: the front takes whole boxes as add */
+    .abort = set_abort,
 };

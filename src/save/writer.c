@@ -99,7 +99,7 @@ struct file_writer {
   size_t crc_next;        /* tensors (file order) before this have their CRC set */
 };
 
-static const ckptio_writer_verbs file_verbs;
+static const ckptio_writer_ops file_ops;
 
 int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format format, const ckptio_options *opts,
                             char *err, ckptio_writer **out) {
@@ -135,7 +135,7 @@ int ckptio_file_writer_open(ckptio_ctx *ctx, const char *path, ckptio_format for
     free(w);
     return rc < 0 ? rc : -ENOMEM;
   }
-  w->base.verbs = &file_verbs;
+  w->base.ops = &file_ops;
   w->base.ctx = ctx;
   w->base.where = w->path;
   w->ctx = ctx;
@@ -176,11 +176,11 @@ int ckptio_file_writer_set_reserved_metadata(ckptio_writer *base, const char *ke
   return add_metadata(w, key, value, 1);
 }
 
-static const ckptio_writer_verbs file_verbs;
+static const ckptio_writer_ops file_ops;
 
 int ckptio_file_writer_set_pickle(ckptio_writer *base, const void *pickle, size_t len) {
   file_writer *w = (file_writer *)base;
-  if (base->verbs != &file_verbs || w->format != CKPTIO_FORMAT_PYTORCH)
+  if (base->ops != &file_ops || w->format != CKPTIO_FORMAT_PYTORCH)
     return ckptio_fail(base->err, CKPTIO_E_INVALID_ARG,
                        "a data.pkl is given to a writer of one PyTorch file (ckptio_writer_open, CKPTIO_FORMAT_PYTORCH)");
   if (w->base.state != CKPTIO_WRITER_OPEN) return ckptio_fail(base->err, CKPTIO_E_STATE, "the save has started");
@@ -1084,9 +1084,19 @@ static int file_close(ckptio_writer *base) {
   return rc;
 }
 
-static const ckptio_writer_verbs file_verbs = {
-    file_set_metadata,  file_set_stream,   file_add,      file_commit_async, file_wait_snapshot, file_wait_durable,
-    file_poll_snapshot, file_poll_durable, file_progress, file_stats,        file_shard_count,   file_close,
-    NULL, /* add_part: tensors whole only */
-    file_abort,
+static const ckptio_writer_ops file_ops = {
+    .set_metadata = file_set_metadata,
+    .set_stream = file_set_stream,
+    .add = file_add,
+    .commit_async = file_commit_async,
+    .wait_snapshot = file_wait_snapshot,
+    .wait_durable = file_wait_durable,
+    .poll_snapshot = file_poll_snapshot,
+    .poll_durable = file_poll_durable,
+    .progress = file_progress,
+    .stats = file_stats,
+    .shard_count = file_shard_count,
+    .close = file_close,
+    .add_part = NULL, /* tensors whole only: the front takes whole boxes as add */
+    .abort = file_abort,
 };
