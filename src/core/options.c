@@ -41,21 +41,32 @@ static int not_per_call(char *err, size_t errlen, const char *field, long long c
 
 int ckptio_options_check_call(const ckptio_options *ctx, const ckptio_options *call, char *err, size_t errlen) {
   const ckptio_options init = CKPTIO_OPTIONS_INIT;
+  ckptio_options c = *call;
+  /* The struct the context was created with asked for AUTO or a snapshot
+   * size that was rounded down to whole chunks: the same request is the
+   * same. */
+  if (ckptio_options_snapshot_bytes(c.snapshot_bytes, ctx->chunk_bytes) == ctx->snapshot_bytes)
+    c.snapshot_bytes = ctx->snapshot_bytes;
   /* A field left at its initial value is "the context's": every caller
    * starts from CKPTIO_OPTIONS_INIT and sets what it means to set. */
-#define SAME(f) (call->f == init.f || call->f == ctx->f)
-#define REFUSE(f) not_per_call(err, errlen, #f, (long long)call->f, (long long)ctx->f)
-  if (!SAME(threads)) return REFUSE(threads);
-  if (!SAME(chunk_bytes)) return REFUSE(chunk_bytes);
-  if (!SAME(staging_bytes)) return REFUSE(staging_bytes);
-  if (!SAME(cuda)) return REFUSE(cuda);
-  if (!SAME(numa)) return REFUSE(numa);
-  /* The struct the context was created with asked for AUTO or a size that
-   * was rounded down to whole chunks: the same request is the same. */
-  if (!SAME(snapshot_bytes) &&
-      ckptio_options_snapshot_bytes(call->snapshot_bytes, ctx->chunk_bytes) != ctx->snapshot_bytes)
-    return REFUSE(snapshot_bytes);
-#undef REFUSE
-#undef SAME
+#define CHECK_CONTEXT(f)                                                                                      \
+  if (c.f != init.f && c.f != ctx->f) return not_per_call(err, errlen, #f, (long long)call->f, (long long)ctx->f);
+#define CHECK_CALL(f)
+#define CHECK(f, kind) CHECK_##kind(f)
+  CKPTIO_OPTION_FIELDS(CHECK)
+#undef CHECK
+#undef CHECK_CALL
+#undef CHECK_CONTEXT
   return 0;
+}
+
+void ckptio_options_merge_call(const ckptio_options *ctx, const ckptio_options *call, ckptio_options *out) {
+  *out = *ctx;
+#define MERGE_CONTEXT(f)
+#define MERGE_CALL(f) out->f = call->f;
+#define MERGE(f, kind) MERGE_##kind(f)
+  CKPTIO_OPTION_FIELDS(MERGE)
+#undef MERGE
+#undef MERGE_CALL
+#undef MERGE_CONTEXT
 }

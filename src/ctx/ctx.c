@@ -228,15 +228,9 @@ int ckptio_options_for_call(const ckptio_ctx *ctx, const ckptio_options *call, c
   int rc = copy_options(call, &c, err);
   if (rc == 0) rc = ckptio_options_check_call(&ctx->opts, &c, err, CKPTIO_ERRLEN);
   if (rc < 0) return rc;
-  /* The per-call fields; the context-only ones were just found to be the
-   * context's (or left at their initial values): a call shares the pool,
-   * the ring and the GPU state, it does not choose them. */
-  out->crc = c.crc;
-  out->direct_io = c.direct_io;
-  out->fsync = c.fsync;
-  out->load_method = c.load_method;
-  out->compress_level = c.compress_level;
-  out->shuffle = c.shuffle;
-  out->open_flags = c.open_flags;
+  /* The context-only fields were just found to be the context's (or left
+   * at their initial values): a call shares the pool, the ring and the GPU
+   * state, it does not choose them. */
+  ckptio_options_merge_call(&ctx->opts, &c, out);
   return 0;
 }

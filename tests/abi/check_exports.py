@@ -6,7 +6,8 @@ and the symbols libckptio.so defines are the same three sets, each under the
 version node of the map. Catches a function exported by accident (an internal ckptio_*
 that lost its `static` or hidden visibility), one declared but not built or
 not listed, and a listed one that no longer exists; and that every declared
-function has its doc comment, in the header's one form ("/*! name() :").
+function has its doc comment, in the header's one form ("/*! name() :"),
+and that the library's list of ckptio_options' fields is the struct's.
 
 usage: check_exports.py LIBCKPTIO_SO SOURCE_DIR [CC]
 Exit 0 when they agree, 1 with the differences. Python 3 standard library,
@@ -126,6 +127,21 @@ def undocumented(source):
     return problems
 
 
+def option_fields_apart(source):
+    """The fields of ckptio_options (after size), in order, against the
+    library's one list of them (src/core/options.h, CKPTIO_OPTION_FIELDS),
+    which the per-call check and merge walk."""
+    header = open(os.path.join(source, "include", "ckptio.h")).read()
+    body = re.search(r"typedef struct ckptio_options \{(.*?)\} ckptio_options;", header, re.S).group(1)
+    fields = re.findall(r"^\s+[a-z_0-9 ]+?\s+\**([a-z_0-9]+);", re.sub(r"/\*.*?\*/", "", body, flags=re.S), re.M)
+    table = open(os.path.join(source, "src", "core", "options.h")).read().split("#define CKPTIO_OPTION_FIELDS(X)")[1]
+    listed = re.findall(r"X\((\w+), (?:CONTEXT|CALL)\)", table.split("\n\n")[0])
+    if fields[1:] != listed:
+        return ["ckptio_options has the fields %s after size, CKPTIO_OPTION_FIELDS (src/core/options.h) lists %s"
+                % (", ".join(fields[1:]), ", ".join(listed))]
+    return []
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -161,6 +177,7 @@ def main():
             problems.append(f"{name}: exported under version '{built[name]}', not {node_of[name]}")
     problems += check_old_comm_single(lib)
     problems += undocumented(source)
+    problems += option_fields_apart(source)
     for p in problems:
         print("FAIL " + p)
     print(f"check_exports: {len(header)} functions declared ({len(stable)} stable, {len(header - stable)} "
