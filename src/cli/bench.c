@@ -558,10 +558,20 @@ static int bench_one(bench_state *s, bench_result *res, bench_run *out) {
   return 0;
 }
 
-static uint64_t maxrss_bytes(void) {
+uint64_t bench_maxrss_bytes(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   return (uint64_t)ru.ru_maxrss * 1024;
+}
+
+ckptio_options bench_ctx_options(const bench_opts *o) {
+  ckptio_options co = CKPTIO_OPTIONS_INIT;
+  co.threads = o->threads;
+  co.chunk_bytes = o->chunk;
+  co.staging_bytes = o->staging;
+  co.snapshot_bytes = o->snapshot;
+  co.crc = o->crc;
+  return co;
 }
 
 static int bench_main(bench_opts o) {
@@ -615,14 +625,9 @@ static int bench_main(bench_opts o) {
     fail_msg("allocating load buffers", -ENOMEM, NULL);
     goto fail;
   }
-  res.rss_baseline = maxrss_bytes();
+  res.rss_baseline = bench_maxrss_bytes();
 
-  ckptio_options co = CKPTIO_OPTIONS_INIT;
-  co.threads = o.threads;
-  co.chunk_bytes = o.chunk;
-  co.staging_bytes = o.staging;
-  co.snapshot_bytes = o.snapshot;
-  co.crc = o.crc;
+  ckptio_options co = bench_ctx_options(&o);
   co.fsync = o.fsync;
   co.direct_io = o.direct;
   co.load_method = o.load;
@@ -670,7 +675,7 @@ static int bench_main(bench_opts o) {
   }
   res.load_skipped = s.load_skipped;
   if (stat(g_ckpt, &st) == 0) res.file_bytes = (uint64_t)st.st_size;
-  res.rss_peak = maxrss_bytes();
+  res.rss_peak = bench_maxrss_bytes();
 
   if (o.keep) {
     if (rename(g_ckpt, o.keep) != 0) {

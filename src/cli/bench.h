@@ -117,5 +117,10 @@ int bench_save_model(ckptio_ctx *ctx, const char *path, ckptio_format format, co
 /* SIGINT, SIGTERM and SIGHUP to handler (restarting system calls): a bench
  * stopped by the user still removes what it wrote. */
 void bench_catch_signals(void (*handler)(int));
+/* The context options every bench sets from its command line: threads,
+ * chunk, staging, snapshot and CRC (a local bench adds its own). */
+ckptio_options bench_ctx_options(const bench_opts *o);
+/* The process's peak resident memory so far (ru_maxrss), in bytes. */
+uint64_t bench_maxrss_bytes(void);
 
 #endif

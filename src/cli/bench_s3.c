@@ -26,7 +26,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include "cli/bench.h"
@@ -425,12 +424,6 @@ static void report_table(FILE *out, const sb *s, const sb_run *runs, int n, cons
 
 /* ------------------------------------------------------------ main */
 
-static uint64_t maxrss_bytes(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (uint64_t)ru.ru_maxrss * 1024;
-}
-
 int bench_storage_main(bench_opts *o) {
   if (o->keep || o->gpu >= 0 || o->max_shard || o->format != CKPTIO_FORMAT_SAFETENSORS) {
     fprintf(stderr, "ckptio bench: --dir %s: on a storage the bench saves safetensors from host memory only "
@@ -471,14 +464,9 @@ int bench_storage_main(bench_opts *o) {
     fail(&s, "allocating load buffers", -ENOMEM, NULL);
     goto out;
   }
-  uint64_t rss_base = maxrss_bytes();
+  uint64_t rss_base = bench_maxrss_bytes();
 
-  ckptio_options co = CKPTIO_OPTIONS_INIT;
-  co.threads = o->threads;
-  co.chunk_bytes = o->chunk;
-  co.staging_bytes = o->staging;
-  co.snapshot_bytes = o->snapshot;
-  co.crc = o->crc;
+  ckptio_options co = bench_ctx_options(o);
   if ((rc = ckptio_ctx_create(&co, &s.ctx)) < 0) {
     fail(&s, "creating the context", rc, cli_open_error(rc));
     goto out;
@@ -505,7 +493,7 @@ int bench_storage_main(bench_opts *o) {
     ret = 128 + g_stop;
     goto out;
   }
-  uint64_t rss_peak = maxrss_bytes();
+  uint64_t rss_peak = bench_maxrss_bytes();
   if (o->json)
     report_json(stdout, &s, runs, done, &f, rss_base, rss_peak);
   else
