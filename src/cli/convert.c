@@ -8,6 +8,7 @@
  * (plus the page cache), whatever the model's size.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -74,66 +75,139 @@ static int add_tensors(ckptio_reader *r, const char *in, ckptio_writer *w, int t
   return 0;
 }
 
-int cli_convert_main(int argc, char **argv) {
-  const char *in = NULL, *out = NULL, *fmt = NULL;
-  int crc = 1, level = 0, shuffle = 0;
-  uint64_t max_shard = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--format") && i + 1 < argc) {
-      fmt = argv[++i];
-    } else if (!strcmp(argv[i], "--max-shard-size") && i + 1 < argc) {
-      if (cli_parse_size(argv[++i], &max_shard) < 0 || max_shard == 0) {
-        fprintf(stderr, "ckptio convert: bad --max-shard-size '%s'\n", argv[i]);
-        return CLI_EXIT_USAGE;
-      }
-    } else if (!strcmp(argv[i], "--compress") && i + 1 < argc) {
-      char *end;
-      long v = strtol(argv[++i], &end, 10);
-      if (*end || v == 0 || v < -131072 || v > 22) {
-        fprintf(stderr, "ckptio convert: --compress wants a zstd level (1-22, or negative), got '%s'\n", argv[i]);
-        return CLI_EXIT_USAGE;
-      }
-      level = (int)v;
-    } else if (!strcmp(argv[i], "--shuffle")) {
-      shuffle = 1;
-    } else if (!strcmp(argv[i], "--no-crc")) {
-      crc = 0;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "ckptio convert: unknown option '%s'\n\n", argv[i]);
-      cli_convert_usage(stderr);
-      return CLI_EXIT_USAGE;
-    } else if (!in) {
-      in = argv[i];
-    } else if (!out) {
-      out = argv[i];
-    } else {
-      fprintf(stderr, "ckptio convert: IN and OUT only\n");
-      return CLI_EXIT_USAGE;
+/* The command line of one conversion. */
+typedef struct convert_opts {
+  const char *in, *out;
+  ckptio_format format;
+  int crc, level, shuffle;
+  uint64_t max_shard; /* 0: one file */
+} convert_opts;
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, "ckptio convert: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n\n");
+  cli_convert_usage(stderr);
+  return CLI_EXIT_USAGE;
+}
+
+/* @return 0, or CLI_EXIT_USAGE with the reason printed. */
+static int parse_opts(int argc, char **argv, convert_opts *o) {
+  enum { OPT_FORMAT = 256, OPT_MAX_SHARD, OPT_COMPRESS, OPT_SHUFFLE, OPT_NOCRC };
+  static const struct option kLong[] = {
+      {"format", required_argument, 0, OPT_FORMAT},     {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
+      {"compress", required_argument, 0, OPT_COMPRESS}, {"shuffle", no_argument, 0, OPT_SHUFFLE},
+      {"no-crc", no_argument, 0, OPT_NOCRC},            {0, 0, 0, 0},
+  };
+  memset(o, 0, sizeof(*o));
+  o->crc = 1;
+  const char *fmt = NULL;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, "", kLong, NULL)) != -1) {
+    char *end;
+    long v;
+    switch (c) {
+      case OPT_FORMAT:
+        if (strcmp(optarg, "safetensors") && strcmp(optarg, "pt"))
+          return usage_error("--format is safetensors or pt, not '%s'", optarg);
+        fmt = optarg;
+        break;
+      case OPT_MAX_SHARD:
+        if (cli_parse_size(optarg, &o->max_shard) < 0 || o->max_shard == 0)
+          return usage_error("bad --max-shard-size '%s' (e.g. 2GiB, 500MB)", optarg);
+        break;
+      case OPT_COMPRESS:
+        v = strtol(optarg, &end, 10);
+        if (*end || v == 0 || v < -131072 || v > 22)
+          return usage_error("--compress wants a zstd level (1-22, or negative), got '%s'", optarg);
+        o->level = (int)v;
+        break;
+      case OPT_SHUFFLE:
+        o->shuffle = 1;
+        break;
+      case OPT_NOCRC:
+        o->crc = 0;
+        break;
+      default:
+        return usage_error("unknown or incomplete option '%s'", argv[optind - 1]);
     }
   }
-  if (!in || !out || (fmt && strcmp(fmt, "safetensors") && strcmp(fmt, "pt")) ||
-      (max_shard && fmt && strcmp(fmt, "safetensors")) || (shuffle && !level) || (max_shard && level)) {
-    cli_convert_usage(stderr);
-    return CLI_EXIT_USAGE;
-  }
-  ckptio_format format = CKPTIO_FORMAT_SAFETENSORS;
-  if (!max_shard && (fmt ? !strcmp(fmt, "pt") : (ends_with(out, ".pt") || ends_with(out, ".pth"))))
-    format = CKPTIO_FORMAT_PYTORCH;
+  if (argc - optind != 2) return usage_error("%s", argc - optind < 2 ? "IN and OUT are needed" : "IN and OUT only");
+  o->in = argv[optind];
+  o->out = argv[optind + 1];
+  if (o->max_shard && fmt && strcmp(fmt, "safetensors")) return usage_error("%s", "shards are safetensors");
+  if (o->shuffle && !o->level) return usage_error("%s", "--shuffle goes with --compress");
+  if (o->max_shard && o->level) return usage_error("%s", "shards are never compressed");
+  o->format = !o->max_shard && (fmt ? !strcmp(fmt, "pt") : (ends_with(o->out, ".pt") || ends_with(o->out, ".pth")))
+                  ? CKPTIO_FORMAT_PYTORCH
+                  : CKPTIO_FORMAT_SAFETENSORS;
+  return 0;
+}
 
+/* The writer of OUT (one file, or a sharded set in the directory OUT,
+ * made if missing) with IN's string metadata. @return 0, or a code with
+ * the reason printed. */
+static int open_output(ckptio_ctx *ctx, ckptio_reader *r, const convert_opts *o, ckptio_writer **w) {
+  if (o->max_shard && mkdir(o->out, 0777) < 0 && errno != EEXIST) {
+    int rc = -errno;
+    fprintf(stderr, "ckptio convert: %s: %s\n", o->out, ckptio_strerror(rc));
+    return rc;
+  }
+  ckptio_options wo = CKPTIO_OPTIONS_INIT;
+  wo.crc = o->crc;
+  wo.compress_level = o->level;
+  wo.shuffle = o->shuffle;
+  int rc = o->max_shard ? ckptio_writer_open_sharded(ctx, o->out, "model", o->format, o->max_shard,
+                                                     CKPTIO_SHARD_ORDER_ADDED, NULL, w)
+                        : ckptio_writer_open(ctx, o->out, o->format, &wo, w);
+  if (rc < 0) {
+    fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
+    return rc;
+  }
+  for (size_t i = 0; i < ckptio_reader_metadata_count(r); i++) {
+    const char *k, *v;
+    ckptio_reader_metadata_at(r, i, &k, &v);
+    if (strncmp(k, "ckptio.", 7) == 0) continue; /* the writer writes its own */
+    if (!strcmp(k, "total_size") && ckptio_reader_shard_count(r)) continue; /* the index's own */
+    if ((rc = ckptio_writer_set_metadata(*w, k, v)) < 0) {
+      fprintf(stderr, "ckptio convert: %s\n", ckptio_writer_last_error(*w));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* The line a successful conversion prints. */
+static void report(const convert_opts *o, ckptio_reader *r, ckptio_writer *w, double secs) {
+  uint64_t total = 0;
+  ckptio_writer_progress(w, NULL, &total);
+  char hb[32], kind[64];
+  snprintf(kind, sizeof(kind), "%s%s", o->format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors",
+           o->level ? (o->shuffle ? ", zstd + shuffle" : ", zstd") : "");
+  if (o->max_shard) snprintf(kind, sizeof(kind), "safetensors, %zu shards", ckptio_writer_shard_count(w));
+  printf("OK %s -> %s (%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", o->in, o->out, kind, ckptio_reader_count(r),
+         cli_fmt_bytes(total, hb, sizeof(hb)), secs, secs > 0 ? (double)total / secs / 1e9 : 0.0);
+}
+
+int cli_convert_main(int argc, char **argv) {
+  convert_opts o;
+  if (parse_opts(argc, argv, &o)) return CLI_EXIT_USAGE;
   int ret = CLI_EXIT_USAGE, rc;
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
   ckptio_writer *w = NULL; /* one file, or a sharded set */
-  cli_pull *pull = NULL; /* the input's tensors without a view */
+  cli_pull *pull = NULL;   /* the input's tensors without a view */
   const char *why = "";
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
-  o.crc = crc;
-  o.load_method = CKPTIO_LOAD_AUTO; /* verify reads a cold input by O_DIRECT: no page cache mapped into the process */
-  if ((rc = ckptio_ctx_create(&o, &ctx)) < 0) {
+  ckptio_options co = CKPTIO_OPTIONS_INIT;
+  co.crc = o.crc;
+  co.load_method = CKPTIO_LOAD_AUTO; /* verify reads a cold input by O_DIRECT: no page cache mapped into the process */
+  if ((rc = ckptio_ctx_create(&co, &ctx)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     goto fail;
   }
-  if ((rc = ckptio_reader_open(ctx, in, NULL, &r)) < 0) {
+  if ((rc = ckptio_reader_open(ctx, o.in, NULL, &r)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
     ret = cli_exit_for_read_error(rc);
     goto fail;
@@ -141,43 +215,20 @@ int cli_convert_main(int argc, char **argv) {
   /* The input's CRCs are checked before anything is written: a conversion
    * must not launder a corrupt file into one with fresh, matching CRCs.
    * (A DCP checkpoint records none: nothing to read here.) */
-  if (crc && (rc = ckptio_reader_verify(r, NULL)) < 0) {
+  if (o.crc && (rc = ckptio_reader_verify(r, NULL)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", ckptio_reader_last_error(r));
     ret = cli_exit_for_read_error(rc);
     goto fail;
   }
-  if (max_shard && mkdir(out, 0777) < 0 && errno != EEXIST) {
-    fprintf(stderr, "ckptio convert: %s: %s\n", out, ckptio_strerror(-errno));
-    goto fail;
-  }
-  ckptio_options wo = o;
-  wo.compress_level = level;
-  wo.shuffle = shuffle;
-  rc = max_shard ? ckptio_writer_open_sharded(ctx, out, "model", format, max_shard, CKPTIO_SHARD_ORDER_ADDED, NULL, &w)
-                 : ckptio_writer_open(ctx, out, format, &wo, &w);
-  if (rc < 0) {
-    fprintf(stderr, "ckptio convert: %s\n", cli_open_error(rc));
-    goto fail;
-  }
-  for (size_t i = 0; i < ckptio_reader_metadata_count(r); i++) {
-    const char *k, *v;
-    ckptio_reader_metadata_at(r, i, &k, &v);
-    if (strncmp(k, "ckptio.", 7) == 0) continue; /* the writer writes its own */
-    if (!strcmp(k, "total_size") && ckptio_reader_shard_count(r)) continue; /* the index's own */
-    if ((rc = ckptio_writer_set_metadata(w, k, v)) < 0) {
-      fprintf(stderr, "ckptio convert: %s\n", ckptio_writer_last_error(w));
-      goto fail;
-    }
-  }
+  if (open_output(ctx, r, &o, &w) < 0) goto fail;
   ckptio_options used = CKPTIO_OPTIONS_INIT; /* ckptio_ctx_options reads its size */
   ckptio_ctx_options(ctx, &used);
-  if ((rc = add_tensors(r, in, w, used.threads, &pull, &why)) < 0) {
+  if ((rc = add_tensors(r, o.in, w, used.threads, &pull, &why)) < 0) {
     fprintf(stderr, "ckptio convert: %s\n", *why ? why : ckptio_strerror(rc));
     ret = cli_exit_for_read_error(rc);
     goto fail;
   }
   cli_progress bar;
-  uint64_t total = 0;
   double t0 = cli_now();
   cli_progress_start(&bar, "convert", cli_progress_writer, w);
   rc = ckptio_writer_commit(w);
@@ -186,15 +237,7 @@ int cli_convert_main(int argc, char **argv) {
     fprintf(stderr, "ckptio convert: %s\n", ckptio_writer_last_error(w));
     goto fail;
   }
-  ckptio_writer_progress(w, NULL, &total);
-  char hb[32];
-  double secs = cli_now() - t0;
-  char kind[64];
-  snprintf(kind, sizeof(kind), "%s%s", format == CKPTIO_FORMAT_PYTORCH ? "pytorch" : "safetensors",
-           level ? (shuffle ? ", zstd + shuffle" : ", zstd") : "");
-  if (max_shard) snprintf(kind, sizeof(kind), "safetensors, %zu shards", ckptio_writer_shard_count(w));
-  printf("OK %s -> %s (%s): %zu tensors, %s in %.3f s, %.2f GB/s\n", in, out, kind, ckptio_reader_count(r),
-         cli_fmt_bytes(total, hb, sizeof(hb)), secs, secs > 0 ? (double)total / secs / 1e9 : 0.0);
+  report(&o, r, w, cli_now() - t0);
   ret = CLI_EXIT_OK;
 fail:
   ckptio_writer_close(w);
