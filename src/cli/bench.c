@@ -574,24 +574,73 @@ ckptio_options bench_ctx_options(const bench_opts *o) {
   return co;
 }
 
+/* --dir, or --keep's directory (same filesystem as the kept file, so it
+ * is renamed, never copied; its text in buf), or ".": a directory, or the
+ * reason printed. @return 0 or -1. */
+static int bench_dir(bench_opts *o, char *buf, size_t len) {
+  if (!o->dir && o->keep) {
+    snprintf(buf, len, "%s", o->keep);
+    o->dir = dirname(buf);
+  }
+  if (!o->dir) o->dir = ".";
+  struct stat st;
+  int dir_ok = stat(o->dir, &st) == 0;
+  if (dir_ok && S_ISDIR(st.st_mode)) return 0;
+  fprintf(stderr, "ckptio bench: --dir %s: %s\n", o->dir, dir_ok ? "not a directory" : ckptio_strerror(-errno));
+  return -1;
+}
+
+/* The context of the runs, and with --device the model moved to that GPU.
+ * @return 0, or -1 with the reason printed. */
+static int open_context(bench_state *s, bench_result *res, bench_gpu *gpu) {
+  const bench_opts *o = s->o;
+  ckptio_options co = bench_ctx_options(o);
+  co.fsync = o->fsync;
+  co.direct_io = o->direct;
+  co.load_method = o->load;
+  int rc = ckptio_ctx_create(&co, &s->ctx);
+  if (rc < 0) {
+    fprintf(stderr, "ckptio bench: creating the context (--threads %d --chunk %llu --staging %llu): %s\n",
+            o->threads, (unsigned long long)o->chunk, (unsigned long long)o->staging, cli_open_error(rc));
+    return -1;
+  }
+  res->ctx_opts = (ckptio_options)CKPTIO_OPTIONS_INIT;
+  ckptio_ctx_options(s->ctx, &res->ctx_opts);
+  res->numa = ckptio_ctx_numa_report(s->ctx);
+  if (o->gpu < 0) return 0;
+  const char *why = NULL;
+  if (!ckptio_ctx_cuda(s->ctx, &why)) {
+    fprintf(stderr, "ckptio bench: --device cuda:%d: %s\n", o->gpu, why);
+    return -1;
+  }
+  cli_model *model = s->m;
+  if (bench_gpu_open(gpu, s->ctx, o->gpu, model, s->dst, model->arena_bytes) < 0) return -1;
+  /* From here the model lives on the GPU: the host arena stays the
+   * pattern that loads are compared with and raw writes write. */
+  for (size_t i = 0; i < model->count; i++) {
+    model->tensors[i].data = gpu->src + model->arena_offset[i];
+    model->tensors[i].device = CKPTIO_DEVICE_CUDA(o->gpu);
+  }
+  s->gpu = gpu;
+  res->gpu = gpu;
+  return 0;
+}
+
+/* --keep: the last run's checkpoint moved to path. @return 0, or a code
+ * with the reason printed. */
+static int keep_file(const char *path) {
+  int rc = rename(g_ckpt, path) == 0 ? 0 : errno == EXDEV ? copy_file(g_ckpt, path) : -errno;
+  if (rc < 0) fprintf(stderr, "ckptio bench: --keep %s: %s\n", path, ckptio_strerror(rc));
+  return rc;
+}
+
 static int bench_main(bench_opts o) {
   /* A storage's prefix (s3://bucket/prefix): objects, not files; its own
    * flow and limits (bench_s3.c). */
   if (ckptio_path_scheme(o.dir)) return bench_storage_main(&o);
   char keepdir[4096];
-  if (!o.dir && o.keep) {
-    /* Same filesystem as the kept file, so it is renamed, never copied. */
-    snprintf(keepdir, sizeof(keepdir), "%s", o.keep);
-    o.dir = dirname(keepdir);
-  }
-  if (!o.dir) o.dir = ".";
+  if (bench_dir(&o, keepdir, sizeof(keepdir)) < 0) return CLI_EXIT_USAGE;
   struct stat st;
-  int dir_ok = stat(o.dir, &st) == 0;
-  if (!dir_ok || !S_ISDIR(st.st_mode)) {
-    fprintf(stderr, "ckptio bench: --dir %s: %s\n", o.dir,
-            dir_ok ? "not a directory" : ckptio_strerror(-errno));
-    return CLI_EXIT_USAGE;
-  }
 
   int ret = CLI_EXIT_USAGE, rc;
   cli_machine machine;
@@ -627,35 +676,7 @@ static int bench_main(bench_opts o) {
   }
   res.rss_baseline = bench_maxrss_bytes();
 
-  ckptio_options co = bench_ctx_options(&o);
-  co.fsync = o.fsync;
-  co.direct_io = o.direct;
-  co.load_method = o.load;
-  if ((rc = ckptio_ctx_create(&co, &s.ctx)) < 0) {
-    fprintf(stderr, "ckptio bench: creating the context (--threads %d --chunk %llu --staging %llu): %s\n",
-            o.threads, (unsigned long long)o.chunk, (unsigned long long)o.staging,
-            cli_open_error(rc));
-    goto fail;
-  }
-  res.ctx_opts = (ckptio_options)CKPTIO_OPTIONS_INIT;
-  ckptio_ctx_options(s.ctx, &res.ctx_opts);
-  res.numa = ckptio_ctx_numa_report(s.ctx);
-  if (o.gpu >= 0) {
-    const char *why = NULL;
-    if (!ckptio_ctx_cuda(s.ctx, &why)) {
-      fprintf(stderr, "ckptio bench: --device cuda:%d: %s\n", o.gpu, why);
-      goto fail;
-    }
-    if (bench_gpu_open(&gpu, s.ctx, o.gpu, &model, s.dst, model.arena_bytes) < 0) goto fail;
-    /* From here the model lives on the GPU: the host arena stays the
-     * pattern that loads are compared with and raw writes write. */
-    for (size_t i = 0; i < model.count; i++) {
-      model.tensors[i].data = gpu.src + model.arena_offset[i];
-      model.tensors[i].device = CKPTIO_DEVICE_CUDA(o.gpu);
-    }
-    s.gpu = &gpu;
-    res.gpu = &gpu;
-  }
+  if (open_context(&s, &res, &gpu) < 0) goto fail;
 
   res.opts = &o;
   res.machine = &machine;
@@ -677,15 +698,7 @@ static int bench_main(bench_opts o) {
   if (stat(g_ckpt, &st) == 0) res.file_bytes = (uint64_t)st.st_size;
   res.rss_peak = bench_maxrss_bytes();
 
-  if (o.keep) {
-    if (rename(g_ckpt, o.keep) != 0) {
-      rc = errno == EXDEV ? copy_file(g_ckpt, o.keep) : -errno;
-      if (rc < 0) {
-        fprintf(stderr, "ckptio bench: --keep %s: %s\n", o.keep, ckptio_strerror(rc));
-        goto fail;
-      }
-    }
-  }
+  if (o.keep && keep_file(o.keep) < 0) goto fail;
   if (o.json)
     bench_report_json(stdout, &res);
   else
