@@ -120,7 +120,7 @@ void ckptio_save_id_make(char out[33]) {
   for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
-int ckptio_collect_check_dir(const char *dir, const char *prefix, int object, char *msg, size_t len) {
+static int check_dir(const char *dir, const char *prefix, int object, char *msg, size_t len) {
   struct stat st;
   if (!*prefix || strchr(prefix, '/') || !strcmp(prefix, ".") || !strcmp(prefix, ".."))
     return ckptio_err_fmt(msg, len, CKPTIO_E_INVALID_ARG, "prefix '%s': must be a plain, non-empty file name", prefix);
@@ -128,4 +128,51 @@ int ckptio_collect_check_dir(const char *dir, const char *prefix, int object, ch
   if (stat(dir, &st) < 0) return ckptio_err_fmt(msg, len, -errno, "%s: %s", dir, ckptio_errno_text(errno));
   if (!S_ISDIR(st.st_mode)) return ckptio_err_fmt(msg, len, -ENOTDIR, "%s: %s", dir, ckptio_errno_text(ENOTDIR));
   return 0;
+}
+
+int ckptio_many_open(size_t size, ckptio_ctx *ctx, const ckptio_writer_ops *ops, const ckptio_options *opts,
+                     const char *dir, const char *prefix, const char *kind, ckptio_many_writer **out, char *msg) {
+  const ckptio_storage *store = NULL;
+  int object = ckptio_storages_find(ctx->storages, dir, &store, msg, CKPTIO_ERRLEN);
+  int rc = object < 0 ? object : check_dir(dir, prefix, object, msg, CKPTIO_ERRLEN);
+  if (rc < 0) return rc;
+  ckptio_many_writer *m = calloc(1, size);
+  if (!m) return -ENOMEM;
+  if ((rc = ckptio_options_for_call(ctx, opts, &m->opts, msg)) < 0) goto fail;
+  if (m->opts.compress_level) {
+    rc = CKPTIO_E_FORMAT;
+    snprintf(msg, CKPTIO_ERRLEN, "%s: %s are plain safetensors; compress single files", dir, kind);
+    goto fail;
+  }
+  rc = -ENOMEM;
+  if (!(m->dir = strdup(dir)) || !(m->prefix = strdup(prefix))) goto fail;
+  m->base.ops = ops;
+  m->base.ctx = ctx;
+  m->base.where = m->dir;
+  m->ctx = ctx;
+  m->store = object ? store : NULL;
+  *out = m;
+  return 0;
+fail:
+  ckptio_many_free(m);
+  return rc;
+}
+
+void ckptio_many_free(ckptio_many_writer *m) {
+  if (!m) return;
+  ckptio_collect_free(&m->c);
+  free(m->dir);
+  free(m->prefix);
+  free(m);
+}
+
+int ckptio_many_set_stream(ckptio_writer *base, int device, void *stream) {
+  ckptio_many_writer *m = (ckptio_many_writer *)base;
+  return ckptio_collect_stream(&m->c, m->ctx, device, stream, m->dir, m->base.err);
+}
+
+int ckptio_many_set_metadata(ckptio_writer *base, const char *key, const char *value) {
+  ckptio_many_writer *m = (ckptio_many_writer *)base;
+  if (!key || !value) return CKPTIO_E_INVALID_ARG;
+  return ckptio_collect_metadata(&m->c, key, value, m->base.err);
 }

@@ -10,6 +10,7 @@
 #include "ckptio.h"
 #include "core/nameset.h"
 #include "save/save.h"
+#include "storage/storage.h"
 
 typedef struct ckptio_ctensor {
   ckptio_tensor t;        /* name owned; t.shape is the part's */
@@ -41,10 +42,31 @@ int ckptio_collect_add(ckptio_collect *c, const ckptio_tensor *t, const int64_t 
 int ckptio_collect_apply(const ckptio_collect *c, ckptio_writer *sub);
 void ckptio_collect_free(ckptio_collect *c);
 
-/* The directory and file prefix of a writer of several files: a plain,
- * non-empty prefix and an existing directory. @return 0, or
- * CKPTIO_E_INVALID_ARG / -ENOENT / -ENOTDIR with the reason in msg. */
-int ckptio_collect_check_dir(const char *dir, const char *prefix, int object, char *msg, size_t len);
+/* The head of a writer of several files (a sharded set, a rank's side of
+ * a multi-rank checkpoint), first in both kinds' structs: what both open
+ * the same way and collect into before their commit. */
+typedef struct ckptio_many_writer {
+  ckptio_writer base;     /* first: the public handle */
+  ckptio_ctx *ctx;
+  ckptio_options opts;    /* the context's, with the call's */
+  char *dir, *prefix;
+  const ckptio_storage *store; /* dir is a storage's prefix: the files are objects (save/objects.h) */
+  ckptio_collect c;       /* the tensors, metadata and streams, for every file */
+} ckptio_many_writer;
+
+/* A zeroed struct of `size` bytes (the kind's) whose head is open on dir
+ * (an existing directory, or a storage's prefix) and prefix (plain, not
+ * empty), with the call's options. Its files are plain safetensors, read
+ * directly by other tools: a compression level is refused, saying so in
+ * words of `kind` ("shards", "multi-rank files"). @return 0 and *out, or
+ * a code with the reason in msg (CKPTIO_ERRLEN). */
+int ckptio_many_open(size_t size, ckptio_ctx *ctx, const ckptio_writer_ops *ops, const ckptio_options *opts,
+                     const char *dir, const char *prefix, const char *kind, ckptio_many_writer **out, char *msg);
+/* Frees what the head holds and the struct (NULL: nothing). */
+void ckptio_many_free(ckptio_many_writer *m);
+/* The verbs both kinds take as they are: into the collected state. */
+int ckptio_many_set_stream(ckptio_writer *base, int device, void *stream);
+int ckptio_many_set_metadata(ckptio_writer *base, const char *key, const char *value);
 
 /* A random save id (32 hex digits and a NUL) that ties a set's files to its
  * index. */

@@ -25,18 +25,13 @@
 #include "save/save.h"
 
 typedef struct ranks_writer {
-  ckptio_writer base;     /* first: the public handle is this struct */
-  ckptio_ctx *ctx;
-  ckptio_options opts;
+  ckptio_many_writer m;   /* first: the public handle, dir, options, what is collected */
   ckptio_comm comm;
-  char *dir, *prefix;
-  ckptio_collect c;
   int local_rc;           /* this rank's failure after the plan (reported at the agreement) */
   ckptio_rplan plan;
   ckptio_writer *sub;     /* this rank's file, or NULL when it writes none */
   ckptio_tmpfile file;
   ckptio_swap how;
-  const ckptio_storage *store; /* dir is a storage's prefix: the files are objects (save/objects.h) */
   int result;             /* once CKPTIO_WRITER_DONE */
   uint64_t start_ns, end_ns, publish_ns;
 } ranks_writer;
@@ -89,7 +84,7 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
   int rc = CKPTIO_E_INVALID_ARG;
   if (!out) return rc;
   *out = NULL;
-  ranks_writer *w = NULL;
+  ranks_writer *w;
   if (!ctx || !comm || !dir || !*dir || !prefix) return rc;
   /* An older, shorter communicator lacks the fields past its size: they
    * are zero, so a missing collective is refused below like a NULL one. */
@@ -102,53 +97,23 @@ int ckptio_ranks_writer_open(ckptio_ctx *ctx, const ckptio_comm *comm, const cha
              dir, comm->size);
     goto fail;
   }
-  const ckptio_storage *store = NULL;
-  int object = ckptio_storages_find(ctx->storages, dir, &store, msg, sizeof(msg));
-  if ((rc = object) < 0 || (rc = ckptio_collect_check_dir(dir, prefix, object, msg, sizeof(msg))) < 0) goto fail;
-  rc = -ENOMEM;
-  if (!(w = calloc(1, sizeof(*w)))) goto fail;
-  if ((rc = ckptio_options_for_call(ctx, opts, &w->opts, msg)) < 0) goto fail;
-  if (w->opts.compress_level) {
-    rc = CKPTIO_E_FORMAT;
-    snprintf(msg, sizeof(msg), "%s: multi-rank files are plain safetensors; compress single files", dir);
+  ckptio_many_writer *m;
+  if ((rc = ckptio_many_open(sizeof(*w), ctx, &ranks_ops, opts, dir, prefix, "multi-rank files", &m, msg)) < 0)
     goto fail;
-  }
-  rc = -ENOMEM;
-  if (!(w->dir = strdup(dir)) || !(w->prefix = strdup(prefix))) goto fail;
-  w->base.ops = &ranks_ops;
-  w->base.ctx = ctx;
-  w->base.where = w->dir;
-  w->ctx = ctx;
+  w = (ranks_writer *)m;
   w->comm = c;
-  w->store = object ? store : NULL;
   w->file.fd = w->file.fd_direct = -1;
-  *out = &w->base;
+  *out = &w->m.base;
   return 0;
 fail:
-  if (w) {
-    free(w->dir);
-    free(w->prefix);
-    free(w);
-  }
   if (*msg) snprintf(err, CKPTIO_ERRLEN, "%s", msg);
   return rc;
-}
-
-static int ranks_set_stream(ckptio_writer *base, int device, void *stream) {
-  ranks_writer *w = (ranks_writer *)base;
-  return ckptio_collect_stream(&w->c, w->ctx, device, stream, w->dir, w->base.err);
-}
-
-static int ranks_set_metadata(ckptio_writer *base, const char *key, const char *value) {
-  ranks_writer *w = (ranks_writer *)base;
-  if (!key || !value) return CKPTIO_E_INVALID_ARG;
-  return ckptio_collect_metadata(&w->c, key, value, w->base.err);
 }
 
 static int ranks_add_box(ranks_writer *w, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets,
                          ckptio_fill fill) {
   if (!t || !t->name) return CKPTIO_E_INVALID_ARG;
-  return ckptio_collect_add(&w->c, t, global, offsets, fill, w->base.err);
+  return ckptio_collect_add(&w->m.c, t, global, offsets, fill, w->m.base.err);
 }
 
 static int ranks_add_part(ckptio_writer *base, const ckptio_tensor *t, const int64_t *global, const int64_t *offsets) {
@@ -161,14 +126,14 @@ static int ranks_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fi
 
 /* The file name of file k (0-based) of the plan. */
 static void file_name(const ranks_writer *w, size_t k, char *buf, size_t len) {
-  ckptio_shardname_format(buf, len, w->prefix, k, w->plan.nfiles, w->store ? w->plan.save_id : NULL);
+  ckptio_shardname_format(buf, len, w->m.prefix, k, w->plan.nfiles, w->m.store ? w->plan.save_id : NULL);
 }
 
 /* The path of file k, malloc'd. */
 static char *file_path(const ranks_writer *w, size_t k) {
   char name[4096];
   file_name(w, k, name, sizeof(name));
-  return ckptio_path_join(w->dir, name);
+  return ckptio_path_join(w->m.dir, name);
 }
 
 /* Opens this rank's file writer with the boxes the plan gives it, and
@@ -179,51 +144,51 @@ static int start_file(ranks_writer *w) {
   char tag[64], rank[32], *path = file_path(w, (size_t)k);
   if (!path) return -ENOMEM;
   char msg[CKPTIO_ERRLEN] = "";
-  int rc = ckptio_file_writer_open(w->ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->opts, msg, &w->sub);
+  int rc = ckptio_file_writer_open(w->m.ctx, path, CKPTIO_FORMAT_SAFETENSORS, &w->m.opts, msg, &w->sub);
   free(path);
   if (rc < 0)
-    return ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, *msg ? msg : ckptio_strerror(rc));
+    return ckptio_fail(w->m.base.err, rc, "%s: rank %d: %s", w->m.dir, w->comm.rank, *msg ? msg : ckptio_strerror(rc));
   ckptio_writer *s = w->sub;
   snprintf(tag, sizeof(tag), "%d/%zu", k + 1, w->plan.nfiles);
   snprintf(rank, sizeof(rank), "%d", w->comm.rank);
-  rc = ckptio_collect_apply(&w->c, s);
+  rc = ckptio_collect_apply(&w->m.c, s);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.save_id", w->plan.save_id);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.shard", tag);
   if (rc == 0) rc = ckptio_file_writer_set_reserved_metadata(s, "ckptio.rank", rank);
   for (size_t i = 0; i < w->plan.nboxes && rc == 0; i++)
     if (w->plan.boxes[i].writer == w->comm.rank) {
-      const ckptio_ctensor *ct = &w->c.tensors[w->plan.boxes[i].local];
+      const ckptio_ctensor *ct = &w->m.c.tensors[w->plan.boxes[i].local];
       rc = s->ops->add(s, &ct->t, ct->fill);
     }
   if (rc == 0) rc = ckptio_file_writer_hold_publish(s);
-  s->sync = w->base.sync;
+  s->sync = w->m.base.sync;
   if (rc == 0) rc = s->ops->commit_async(s);
-  if (rc < 0) return ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, s->err);
+  if (rc < 0) return ckptio_fail(w->m.base.err, rc, "%s: rank %d: %s", w->m.dir, w->comm.rank, s->err);
   return 0;
 }
 
 static int ranks_commit_async(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  w->base.err[0] = '\0';
+  w->m.base.err[0] = '\0';
   char id[33];
   ckptio_save_id_make(id);
   w->start_ns = ckptio_now_ns();
-  int rc = ckptio_rplan_make(&w->comm, &w->c, 0, NULL, id, &w->plan, w->base.err);
+  int rc = ckptio_rplan_make(&w->comm, &w->m.c, 0, NULL, id, &w->plan, w->m.base.err);
   if (rc == CKPTIO_E_RANK) { /* the same verdict on every rank: nothing to agree on later */
-    w->base.state = CKPTIO_WRITER_DONE;
+    w->m.base.state = CKPTIO_WRITER_DONE;
     w->result = rc;
     return rc;
   }
   if (rc < 0) { /* this rank's alone (memory, the communicator): told at the agreement */
-    w->base.state = CKPTIO_WRITER_RUNNING;
+    w->m.base.state = CKPTIO_WRITER_RUNNING;
     return w->local_rc = rc;
   }
   if (w->plan.nboxes == 0) {
-    w->base.state = CKPTIO_WRITER_DONE;
-    return w->result = ckptio_fail(w->base.err, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor",
-                                   w->dir);
+    w->m.base.state = CKPTIO_WRITER_DONE;
+    return w->result = ckptio_fail(w->m.base.err, CKPTIO_E_INVALID_ARG, "%s: a multi-rank save needs at least one tensor",
+                                   w->m.dir);
   }
-  w->base.state = CKPTIO_WRITER_RUNNING;
+  w->m.base.state = CKPTIO_WRITER_RUNNING;
   /* A failure from here on is this rank's alone: the others learn it at the
    * agreement, which wait_durable or close (collective) runs. */
   return w->local_rc = start_file(w);
@@ -239,11 +204,11 @@ static int ranks_abort(ckptio_writer *base, int code, const char *why) {
   if (code >= 0) code = CKPTIO_E_RANK;
   char msg[CKPTIO_ERRLEN];
   snprintf(msg, sizeof(msg), "%s", why && *why ? why : ckptio_strerror(code));
-  int rc = ckptio_rplan_make(&w->comm, &w->c, code, msg, id, &w->plan, w->base.err);
+  int rc = ckptio_rplan_make(&w->comm, &w->m.c, code, msg, id, &w->plan, w->m.base.err);
   ckptio_rplan_free(&w->plan);
-  w->base.state = CKPTIO_WRITER_ABORTED;
+  w->m.base.state = CKPTIO_WRITER_ABORTED;
   if (rc == -ENOMEM || rc == CKPTIO_E_RANK) rc = code; /* this rank's own failure stands */
-  w->result = ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, msg);
+  w->result = ckptio_fail(w->m.base.err, rc, "%s: rank %d: %s", w->m.dir, w->comm.rank, msg);
   return w->result;
 }
 
@@ -253,7 +218,7 @@ static int ranks_abort(ckptio_writer *base, int code, const char *why) {
  * ckptio section. */
 static int index_json(ranks_writer *w, ckptio_json_out *o) {
   const ckptio_rplan *p = &w->plan;
-  size_t len = strlen(w->prefix) + 64;
+  size_t len = strlen(w->m.prefix) + 64;
   ckptio_hf_weight *map = calloc(p->ntensors + 1, sizeof(*map));
   ckptio_split_out *split = calloc(p->ntensors + 1, sizeof(*split));
   ckptio_split_part_out *parts = calloc(p->nboxes + 1, sizeof(*parts));
@@ -294,20 +259,20 @@ static int publish_index(ranks_writer *w, int *late) {
   ckptio_tmpfile t = {.fd = -1, .fd_direct = -1};
   ckptio_swap how = CKPTIO_SWAP_NONE;
   char name[4096];
-  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
-  char *path = ckptio_path_join(w->dir, name);
+  snprintf(name, sizeof(name), "%s.safetensors.index.json", w->m.prefix);
+  char *path = ckptio_path_join(w->m.dir, name);
   int rc = path ? 0 : -ENOMEM;
-  if (rc == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: fsync of the directory: %s", w->dir, ckptio_errno_text(-rc));
+  if (rc == 0 && w->m.opts.fsync && (rc = ckptio_dir_sync(w->m.dir)) < 0)
+    ckptio_fail(w->m.base.err, rc, "%s: fsync of the directory: %s", w->m.dir, ckptio_errno_text(-rc));
   if (rc == 0 && (rc = index_json(w, &o)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: the index: %s", path, ckptio_strerror(rc));
-  if (rc == 0) rc = ckptio_tmpfile_open(&t, path, 0, o.len, w->base.err, sizeof(w->base.err));
+    ckptio_fail(w->m.base.err, rc, "%s: the index: %s", path, ckptio_strerror(rc));
+  if (rc == 0) rc = ckptio_tmpfile_open(&t, path, 0, o.len, w->m.base.err, sizeof(w->m.base.err));
   if (rc == 0 && (rc = ckptio_pwrite_full(t.fd, o.data, o.len, 0)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
-  if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->opts.fsync, w->base.err, sizeof(w->base.err));
-  if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->base.err, sizeof(w->base.err));
-  if (rc == 0 && w->opts.fsync && (*late = ckptio_dir_sync(w->dir)) < 0)
-    ckptio_fail(w->base.err, *late, "%s: fsync of the directory after publishing the index: %s", w->dir,
+    ckptio_fail(w->m.base.err, rc, "%s: write of the index: %s", path, ckptio_strerror(rc));
+  if (rc == 0) rc = ckptio_tmpfile_sync(&t, o.len, w->m.opts.fsync, w->m.base.err, sizeof(w->m.base.err));
+  if (rc == 0) rc = ckptio_tmpfile_swap_in(&t, &how, w->m.base.err, sizeof(w->m.base.err));
+  if (rc == 0 && w->m.opts.fsync && (*late = ckptio_dir_sync(w->m.dir)) < 0)
+    ckptio_fail(w->m.base.err, *late, "%s: fsync of the directory after publishing the index: %s", w->m.dir,
                 ckptio_errno_text(-*late));
   /* Not known durable: the old index keeps its temp name (as if renamed). */
   if (rc == 0) ckptio_tmpfile_release(&t, *late < 0 ? CKPTIO_SWAP_NONE : how, NULL);
@@ -322,27 +287,27 @@ static int publish_index(ranks_writer *w, int *late) {
  * failure anywhere takes back what this save published. After it, rank 0
  * removes the older saves' objects and the uploads crashed saves left. */
 static int publish_objects(ranks_writer *w) {
-  char *err = w->base.err;
+  char *err = w->m.base.err;
   int mine = w->file.obj != NULL, rc = 0;
-  if (mine) rc = ckptio_tmpfile_commit(&w->file, 0, w->opts.fsync, NULL, err, CKPTIO_ERRLEN);
+  if (mine) rc = ckptio_tmpfile_commit(&w->file, 0, w->m.opts.fsync, NULL, err, CKPTIO_ERRLEN);
   int published = mine && rc == 0;
-  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->m.dir, err);
   if (rc == 0 && w->comm.rank == 0) {
     ckptio_json_out o = {0};
     char name[4096], *path;
-    snprintf(name, sizeof(name), "%s.safetensors.index.json", w->prefix);
-    rc = (path = ckptio_path_join(w->dir, name)) ? index_json(w, &o) : -ENOMEM;
-    if (rc == 0) rc = ckptio_objects_put(w->store, path, o.data, o.len, w->opts.fsync, err, CKPTIO_ERRLEN);
-    else ckptio_fail(err, rc, "%s: the index: %s", w->dir, ckptio_strerror(rc));
+    snprintf(name, sizeof(name), "%s.safetensors.index.json", w->m.prefix);
+    rc = (path = ckptio_path_join(w->m.dir, name)) ? index_json(w, &o) : -ENOMEM;
+    if (rc == 0) rc = ckptio_objects_put(w->m.store, path, o.data, o.len, w->m.opts.fsync, err, CKPTIO_ERRLEN);
+    else ckptio_fail(err, rc, "%s: the index: %s", w->m.dir, ckptio_strerror(rc));
     free(o.data);
     free(path);
   }
-  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->m.dir, err);
   char **paths = calloc(w->plan.nfiles + 1, sizeof(char *));
   for (size_t k = 0; paths && k < w->plan.nfiles; k++) paths[k] = file_path(w, k);
   if (rc < 0 && published && paths && paths[w->plan.file_of[w->comm.rank]])
-    ckptio_objects_remove(w->store, paths[w->plan.file_of[w->comm.rank]]);
-  if (rc == 0 && w->comm.rank == 0 && paths) ckptio_objects_sweep(w->store, w->dir, w->prefix, paths, w->plan.nfiles);
+    ckptio_objects_remove(w->m.store, paths[w->plan.file_of[w->comm.rank]]);
+  if (rc == 0 && w->comm.rank == 0 && paths) ckptio_objects_sweep(w->m.store, w->m.dir, w->m.prefix, paths, w->plan.nfiles);
   for (size_t k = 0; paths && k < w->plan.nfiles; k++) free(paths[k]);
   free(paths);
   return rc;
@@ -350,45 +315,45 @@ static int publish_objects(ranks_writer *w) {
 
 /* This rank's part of the commit, every step agreed with the others. */
 static int agree_and_publish(ranks_writer *w) {
-  char *err = w->base.err;
+  char *err = w->m.base.err;
   int rc = w->local_rc;
   if (rc == 0 && w->sub && (rc = w->sub->ops->wait_durable(w->sub)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err);
+    ckptio_fail(w->m.base.err, rc, "%s: rank %d: %s", w->m.dir, w->comm.rank, w->sub->err);
   if (rc == 0 && w->sub && (rc = ckptio_file_writer_take_file(w->sub, &w->file)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: rank %d: internal error: no synced temp file", w->dir, w->comm.rank);
-  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
+    ckptio_fail(w->m.base.err, rc, "%s: rank %d: internal error: no synced temp file", w->m.dir, w->comm.rank);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->m.dir, err);
   if (rc < 0) goto undo;
   uint64_t t0 = ckptio_now_ns();
-  if (w->store) {
+  if (w->m.store) {
     rc = publish_objects(w);
     w->publish_ns = ckptio_now_ns() - t0;
     return rc;
   }
   if (w->file.tmp) rc = ckptio_tmpfile_swap_in(&w->file, &w->how, err, CKPTIO_ERRLEN);
-  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->dir, err);
+  rc = ckptio_comm_status_exchange(&w->comm, rc, err, w->m.dir, err);
   if (rc < 0) goto undo;
   int late = 0;
   if (w->comm.rank == 0) rc = publish_index(w, &late);
-  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, rc, err, w->m.dir, err);
   if (rc < 0) goto undo;
   /* Published; nothing below undoes it. Every rank learns whether the
    * index is known durable: if not, the old files stay (under their temp
    * names, strays a later save removes) and the save reports the error. */
-  rc = ckptio_comm_status_broadcast(&w->comm, 0, late, err, w->dir, err);
+  rc = ckptio_comm_status_broadcast(&w->comm, 0, late, err, w->m.dir, err);
   ckptio_held held = {0}; /* the replaced and the stale files, closed off the save */
   if (w->file.tmp || w->file.fd >= 0) ckptio_tmpfile_release(&w->file, rc < 0 ? CKPTIO_SWAP_NONE : w->how, &held);
   if (rc == 0 && w->comm.rank == 0) {
-    ckptio_remove_stale_shards(w->dir, w->prefix, w->plan.nfiles, &held);
-    ckptio_remove_stray_temps(w->dir, w->prefix);
+    ckptio_remove_stale_shards(w->m.dir, w->m.prefix, w->plan.nfiles, &held);
+    ckptio_remove_stray_temps(w->m.dir, w->m.prefix);
   }
-  ckptio_closer_add(&w->ctx->closer, &held);
-  if (rc == 0 && w->comm.rank == 0 && w->opts.fsync && (rc = ckptio_dir_sync(w->dir)) < 0)
-    ckptio_fail(w->base.err, rc, "%s: fsync of the directory after removing the old files: %s", w->dir,
+  ckptio_closer_add(&w->m.ctx->closer, &held);
+  if (rc == 0 && w->comm.rank == 0 && w->m.opts.fsync && (rc = ckptio_dir_sync(w->m.dir)) < 0)
+    ckptio_fail(w->m.base.err, rc, "%s: fsync of the directory after removing the old files: %s", w->m.dir,
                 ckptio_errno_text(-rc));
   w->publish_ns = ckptio_now_ns() - t0;
   return rc;
 undo:
-  if (w->store) ckptio_tmpfile_abort(&w->file); /* the upload, abandoned */
+  if (w->m.store) ckptio_tmpfile_abort(&w->file); /* the upload, abandoned */
   ckptio_tmpfile_swap_back(&w->file, w->how);
   w->how = CKPTIO_SWAP_NONE;
   return rc;
@@ -396,45 +361,45 @@ undo:
 
 static int ranks_wait_durable(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->base.state == CKPTIO_WRITER_DONE) return w->result;
-  if (w->base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
+  if (w->m.base.state == CKPTIO_WRITER_DONE) return w->result;
+  if (w->m.base.state != CKPTIO_WRITER_RUNNING) return CKPTIO_E_STATE;
   w->result = agree_and_publish(w);
   w->end_ns = ckptio_now_ns();
-  w->base.state = CKPTIO_WRITER_DONE;
+  w->m.base.state = CKPTIO_WRITER_DONE;
   return w->result;
 }
 
 static int ranks_wait_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
-  if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  if (w->m.base.state == CKPTIO_WRITER_OPEN || w->m.base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->m.base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   int rc = w->sub ? w->sub->ops->wait_snapshot(w->sub) : 0;
   /* This rank's own failure, named; the others learn it at wait_durable. */
-  return rc < 0 ? ckptio_fail(w->base.err, rc, "%s: rank %d: %s", w->dir, w->comm.rank, w->sub->err) : rc;
+  return rc < 0 ? ckptio_fail(w->m.base.err, rc, "%s: rank %d: %s", w->m.dir, w->comm.rank, w->sub->err) : rc;
 }
 
 static int ranks_poll_durable(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
-  return w->base.state == CKPTIO_WRITER_DONE ? (w->result < 0 ? w->result : 1) : 0;
+  if (w->m.base.state == CKPTIO_WRITER_OPEN || w->m.base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  return w->m.base.state == CKPTIO_WRITER_DONE ? (w->result < 0 ? w->result : 1) : 0;
 }
 
 static int ranks_poll_snapshot(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  if (w->base.state == CKPTIO_WRITER_OPEN || w->base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
-  if (w->local_rc < 0 || (w->base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
+  if (w->m.base.state == CKPTIO_WRITER_OPEN || w->m.base.state == CKPTIO_WRITER_ABORTED) return CKPTIO_E_STATE;
+  if (w->local_rc < 0 || (w->m.base.state == CKPTIO_WRITER_DONE && w->result < 0)) return w->local_rc < 0 ? w->local_rc : w->result;
   return w->sub ? w->sub->ops->poll_snapshot(w->sub) : 1;
 }
 
 static int ranks_stats(const ckptio_writer *base, ckptio_stats *out) {
   const ranks_writer *w = (const ranks_writer *)base;
   ckptio_stats s = CKPTIO_STATS_INIT;
-  s.threads = w->ctx->opts.threads;
+  s.threads = w->m.ctx->opts.threads;
   if (w->sub) {
     int rc = w->sub->ops->stats(w->sub, &s);
     if (rc < 0) return rc;
   }
-  if (w->base.state == CKPTIO_WRITER_RUNNING || w->base.state == CKPTIO_WRITER_DONE) {
+  if (w->m.base.state == CKPTIO_WRITER_RUNNING || w->m.base.state == CKPTIO_WRITER_DONE) {
     s.seconds = (double)((w->end_ns ? w->end_ns : ckptio_now_ns()) - w->start_ns) / 1e9;
     s.commit_seconds += (double)w->publish_ns / 1e9;
   }
@@ -453,25 +418,22 @@ static void ranks_progress(ckptio_writer *base, uint64_t *done, uint64_t *total)
 
 static size_t ranks_shard_count(const ckptio_writer *base) {
   const ranks_writer *w = (const ranks_writer *)base;
-  return w->base.state == CKPTIO_WRITER_RUNNING || w->base.state == CKPTIO_WRITER_DONE ? w->plan.nfiles : 0;
+  return w->m.base.state == CKPTIO_WRITER_RUNNING || w->m.base.state == CKPTIO_WRITER_DONE ? w->plan.nfiles : 0;
 }
 
 static int ranks_close(ckptio_writer *base) {
   ranks_writer *w = (ranks_writer *)base;
-  int rc = w->base.state == CKPTIO_WRITER_RUNNING ? ranks_wait_durable(base) : 0;
+  int rc = w->m.base.state == CKPTIO_WRITER_RUNNING ? ranks_wait_durable(base) : 0;
   if (w->sub) w->sub->ops->close(w->sub); /* removes a temp file not taken */
   ckptio_tmpfile_abort(&w->file);
   ckptio_rplan_free(&w->plan);
-  ckptio_collect_free(&w->c);
-  free(w->dir);
-  free(w->prefix);
-  free(w);
+  ckptio_many_free(&w->m);
   return rc;
 }
 
 static const ckptio_writer_ops ranks_ops = {
-    .set_metadata = ranks_set_metadata,
-    .set_stream = ranks_set_stream,
+    .set_metadata = ckptio_many_set_metadata,
+    .set_stream = ckptio_many_set_stream,
     .add = ranks_add,
     .commit_async = ranks_commit_async,
     .wait_snapshot = ranks_wait_snapshot,
