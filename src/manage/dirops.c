@@ -1,8 +1,8 @@
-/* The manager's directory operations: names of step directories and
- * temporaries, the `latest` record (replaced atomically), removal of a
- * whole step directory, warnings. Everything is relative to DIR's
- * descriptor, so a renamed or remounted path cannot redirect a removal.
- * On a storage the record goes through objects.c. */
+/* What the manager's rooms share about directories: names of step
+ * directories and temporaries, the step directories of a directory,
+ * removal of a whole tree, syncs and warnings. Everything is relative to a
+ * directory's descriptor, so a renamed or remounted path cannot redirect a
+ * removal. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -126,49 +126,3 @@ static int remove_at(int at, const char *name, int depth, ckptio_held *held) {
 }
 
 int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held) { return remove_at(dirfd, name, 0, held); }
-
-/* DIR/latest replaced: temp file, fsync, rename, fsync DIR. */
-static int write_latest(ckptio_manager *m, const char *content) {
-  char tmp[128];
-  mgr_tmp_name(m, "latest", tmp, sizeof(tmp));
-  int fd = openat(m->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd < 0) return -errno;
-  size_t n = strlen(content);
-  int rc = 0;
-  ssize_t wr = write(fd, content, n);
-  if (wr < 0)
-    rc = -errno;
-  else if ((size_t)wr != n)
-    rc = -EIO;
-  if (rc == 0 && m->sync && fdatasync(fd) != 0) rc = -errno;
-  if (close(fd) != 0 && rc == 0) rc = -errno;
-  if (rc == 0 && renameat(m->dirfd, tmp, m->dirfd, MGR_LATEST) != 0) rc = -errno;
-  if (rc < 0) {
-    unlinkat(m->dirfd, tmp, 0);
-    return rc;
-  }
-  return mgr_sync_dir(m);
-}
-
-int mgr_write_latest(ckptio_manager *m, const char *content) {
-  if (m->st) return mgr_obj_write_latest(m, content);
-  int rc = write_latest(m, content);
-  if (rc < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-rc));
-  return rc;
-}
-
-int mgr_read_latest(ckptio_manager *m, char *buf, size_t len) {
-  if (m->st) return mgr_obj_read_latest(m, buf, len);
-  int fd = openat(m->dirfd, MGR_LATEST, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 0 : -errno;
-  ssize_t n = read(fd, buf, len - 1);
-  int rc = n < 0 ? -errno : 1;
-  close(fd);
-  if (rc < 0) {
-    snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-rc));
-    return rc;
-  }
-  buf[n] = '\0';
-  buf[strcspn(buf, "\r\n")] = '\0';
-  return 1;
-}

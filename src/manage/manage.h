@@ -42,9 +42,45 @@ typedef struct mgr_entry {
   int complete, verified, error;
 } mgr_entry;
 
+/* Where a manager's checkpoints live: a local directory (local.c) or a
+ * storage's prefix (objects.c). The manager's flow (manager.c, scan.c) is
+ * the same for both and calls through its place for what differs. Each
+ * verb returns 0 (or a count) or a negative code with the cause in
+ * m->why, unless it says otherwise. */
+typedef struct mgr_place {
+  /* The published steps, ascending (malloc'd into *steps). */
+  int64_t (*scan_steps)(ckptio_manager *m, uint64_t **steps);
+  /* e->files and e->bytes of step, and the name of its checkpoint's file
+   * in file ("" with e->error and detail when there is none). @return 0 or
+   * -ENOMEM only. */
+  int (*locate)(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
+                size_t dlen);
+  /* Replaces DIR/latest with content, atomically. */
+  int (*write_latest)(ckptio_manager *m, const char *content);
+  /* The step name DIR/latest records, into buf: 1, or 0 when there is none. */
+  int (*read_latest)(ckptio_manager *m, char *buf, size_t len);
+  /* Readies the save of step: the name under DIR its writer saves into,
+   * into sub. The cause of a failure is in m->err. */
+  int (*begin_save)(ckptio_manager *m, uint64_t step, char *sub, size_t len);
+  /* The save of step is durable as `file`: make it the step's checkpoint.
+   * The cause of a failure is in m->err. */
+  int (*publish)(ckptio_manager *m, uint64_t step, const char *file);
+  /* The save is over, published or not: what begin_save took, released;
+   * the files removed, held in held when given. */
+  void (*end_save)(ckptio_manager *m, ckptio_held *held);
+  /* Removes step's checkpoint (retention); its files held in held. */
+  int (*remove_step)(ckptio_manager *m, uint64_t step, ckptio_held *held);
+  /* 1: a short read or a refused request may be the transport's (a
+   * network, a server passing through a state), not the checkpoint's. */
+  int transport_errors;
+} mgr_place;
+
+extern const mgr_place mgr_local_place, mgr_object_place;
+
 struct ckptio_manager {
   ckptio_ctx *ctx;
   char *dir;
+  const mgr_place *place;    /* local.c or objects.c */
   int dirfd;                 /* DIR, for the *at() calls and the save lock; -1 on a storage */
   const ckptio_storage_ops *st; /* the storage DIR is a prefix of, or NULL: a local directory */
   void *st_self;
@@ -70,9 +106,6 @@ void mgr_step_name(uint64_t step, char *buf, size_t len);
 /* 1 and *step when `name` is the canonical name of a step directory, else 0. */
 int mgr_parse_step(const char *name, uint64_t *step);
 
-/* The steps of the published step directories of DIR, ascending (malloc'd;
- * free it). @return the count, or a negative code (the cause in m->why). */
-int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps);
 /* Checks step directory `step`: files, bytes, reader open, and with verify
  * every CRC. Fills *e (free with mgr_entry_free). @return 0 or -ENOMEM. */
 int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e);
@@ -96,44 +129,15 @@ int mgr_remove_tree(int dirfd, const char *name, ckptio_held *held);
 
 /* A fresh hidden name "<MGR_TMP_PREFIX><what>-<pid>-<serial>" for this process. */
 void mgr_tmp_name(ckptio_manager *m, const char *what, char *buf, size_t len);
-/* Replaces DIR/latest with `content` (temp, fsync, rename, fsync DIR; on
- * a storage, one object published whole). @return 0 or a negative code
- * (the cause in m->why). */
-int mgr_write_latest(ckptio_manager *m, const char *content);
-/* The step directory name in DIR/latest (first line), into buf. @return 1,
- * 0 when there is no record, or a negative code (the cause in m->why). */
-int mgr_read_latest(ckptio_manager *m, char *buf, size_t len);
 /* Reports a warning to the callback, if any. */
 void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* fsync of DIR when the options ask for syncs. @return 0 or -errno. */
 int mgr_sync_dir(ckptio_manager *m);
 
-/* objects.c: the same on a storage, where a step directory is the prefix
- * "DIR/step-N/" and a step exists once one of mgr_files is published under
- * it (an object appears whole at publish, and a set's index goes last). Each
- * returns 0 (or a count) or a negative code with the cause in m->why. */
-
-/* One listing request for DIR/latest: the storage answers (bucket,
- * credentials) before the manager is handed out. */
+/* objects.c, the storage's place: one listing request for DIR/latest, so
+ * that the storage answers (bucket, credentials) before the manager is
+ * handed out. @return 0 or a code with the cause in m->why. */
 int mgr_obj_probe(ckptio_manager *m);
-int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps);
-/* Fills e->files and e->bytes from step's objects and puts the name of its
- * checkpoint's object in file ("" with e->error and detail when none). */
-int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
-                   size_t dlen);
-int mgr_obj_write_latest(ckptio_manager *m, const char *content);
-int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len);
-/* Removes step's objects: its checkpoint's object first, so a removal cut
- * short leaves leftovers (no step), never a step that opens damaged. */
-int mgr_obj_remove_step(ckptio_manager *m, uint64_t step);
-/* Before a save: abandons the uploads killed saves left open under
- * DIR/step-, and removes every object no step's checkpoint uses (a killed
- * set's shards, a removal cut short). */
-int mgr_obj_sweep(ckptio_manager *m);
-/* After step's save published `file`: removes what an older save of the
- * step left that the new checkpoint does not use. A leftover that would
- * still be opened instead of `file` (an older set's index) is an error. */
-int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file);
 
 #endif

@@ -1,8 +1,9 @@
 /* The checkpoint manager: a directory of step directories for a training
- * loop. A save is written by an ordinary writer into a hidden temporary
- * directory, renamed to its step name once durable, recorded in `latest`,
- * and only then are old checkpoints removed (see the manager section of
- * include/ckptio.h for the rules this file keeps). */
+ * loop. A save is readied by the manager's place (a local directory:
+ * local.c; a storage's prefix: objects.c), written by an ordinary writer,
+ * published once durable, recorded in `latest`, and only then are old
+ * checkpoints removed (see the manager section of include/ckptio.h for
+ * the rules this file keeps). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -90,6 +91,7 @@ int ckptio_manager_open(ckptio_ctx *ctx, const char *dir, const ckptio_manager_o
   m->ctx = ctx;
   m->dir = d;
   m->dirfd = fd;
+  m->place = object ? &mgr_object_place : &mgr_local_place;
   m->st = st;
   m->st_self = st_self;
   m->mo = mo;
@@ -114,16 +116,10 @@ void ckptio_manager_set_warning(ckptio_manager *m, ckptio_manager_warn_fn fn, vo
 
 const char *ckptio_manager_last_error(const ckptio_manager *m) { return m ? m->err : ""; }
 
-/* The open save is over, published or not: removes its temporary directory
- * (an unpublished save's, or the older copy of the step that publish
- * exchanged out; gone otherwise), its files held in `held` when given, and
- * drops the lock. */
+/* The open save is over, published or not. */
 static void end_save(ckptio_manager *m, ckptio_held *held) {
-  if (m->w_tmp) mgr_remove_tree(m->dirfd, m->w_tmp, held);
-  free(m->w_tmp);
-  m->w_tmp = NULL;
+  m->place->end_save(m, held);
   m->w = NULL;
-  if (m->dirfd >= 0) flock(m->dirfd, LOCK_UN);
 }
 
 void ckptio_manager_close(ckptio_manager *m) {
@@ -138,27 +134,6 @@ void ckptio_manager_close(ckptio_manager *m) {
   if (m->dirfd >= 0) close(m->dirfd);
   free(m->dir);
   free(m);
-}
-
-/* Entries of a killed save (or removal) of this manager's kind. The lock
- * is held, so no live save of another process owns them. */
-static int remove_strays(ckptio_manager *m) {
-  DIR *d;
-  int orc = mgr_opendir(m->dirfd, ".", 0, &d);
-  if (orc < 0) return orc;
-  int rc = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, MGR_TMP_PREFIX, strlen(MGR_TMP_PREFIX)) != 0) continue;
-    int r = mgr_remove_tree(m->dirfd, e->d_name, NULL);
-    if (r < 0 && rc == 0) {
-      rc = r;
-      ckptio_err_fmt(m->err, sizeof(m->err), r, "%s/%s: cannot remove this temporary: %s", m->dir, e->d_name,
-                     ckptio_errno_text(-r));
-    }
-  }
-  closedir(d);
-  return rc;
 }
 
 /* The file a single-file checkpoint is saved as. */
@@ -196,27 +171,6 @@ static int open_writer(ckptio_manager *m, uint64_t step, const char *sub) {
   return 0;
 }
 
-/* save_begin on a storage. No lock (a storage has no flock: one saving
- * process per prefix is the caller's to keep) and no temporary name (an
- * object cannot be renamed): the writer saves under the step's own prefix,
- * where its objects appear only when published, a set's index last; what
- * killed saves left is swept first. */
-static int save_begin_object(ckptio_manager *m, uint64_t step, ckptio_writer **out) {
-  if (!m->st->create || !m->st->remove)
-    return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_INVALID_ARG,
-                          "%s: its storage has no %s verb, which saves through the manager need", m->dir,
-                          !m->st->create ? "create" : "remove");
-  int rc = mgr_obj_sweep(m);
-  if (rc < 0)
-    return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: before the save of step %" PRIu64 ": %s", m->dir, step,
-                          m->why);
-  char name[MGR_STEP_NAME_MAX];
-  mgr_step_name(step, name, sizeof(name));
-  rc = open_writer(m, step, name);
-  if (rc == 0) *out = m->w;
-  return rc;
-}
-
 int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **out) {
   if (out) *out = NULL;
   if (!m || !out) return CKPTIO_E_INVALID_ARG;
@@ -225,64 +179,15 @@ int ckptio_manager_save_begin(ckptio_manager *m, uint64_t step, ckptio_writer **
     return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_STATE,
                           "%s: the save of step %" PRIu64 " is still open (ckptio_manager_save_end)", m->dir,
                           m->w_step);
-  if (m->st) return save_begin_object(m, step, out);
-  if (flock(m->dirfd, LOCK_EX | LOCK_NB) != 0) {
-    int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-    return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: another save holds the directory's lock (%s)",
-                          m->dir, ckptio_errno_text(-rc));
+  char sub[128];
+  int rc = m->place->begin_save(m, step, sub, sizeof(sub));
+  if (rc == 0) rc = open_writer(m, step, sub);
+  if (rc < 0) {
+    end_save(m, NULL);
+    return rc;
   }
-  int rc = remove_strays(m);
-  if (rc < 0) goto fail;
-  char what[64], tmp[128];
-  snprintf(what, sizeof(what), "tmp-step-%08" PRIu64, step);
-  mgr_tmp_name(m, what, tmp, sizeof(tmp));
-  if (mkdirat(m->dirfd, tmp, 0777) != 0) {
-    rc = ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s/%s: cannot create: %s", m->dir, tmp, ckptio_errno_text(errno));
-    goto fail;
-  }
-  if (!(m->w_tmp = strdup(tmp))) {
-    rc = ckptio_err_fmt(m->err, sizeof(m->err), -ENOMEM, "%s: out of memory", m->dir);
-    goto fail;
-  }
-  rc = open_writer(m, step, tmp);
-  if (rc < 0) goto fail;
   *out = m->w;
   return 0;
-fail:
-  end_save(m, NULL);
-  return rc;
-}
-
-/* Moves the durable temporary directory to its step name; an existing
- * checkpoint of that step is exchanged with it and then removed. */
-static int publish(ckptio_manager *m, const char *name) {
-  if (renameat2(m->dirfd, m->w_tmp, m->dirfd, name, RENAME_NOREPLACE) == 0) goto published;
-  if (errno == EINVAL || errno == ENOSYS) {
-    if (renameat(m->dirfd, m->w_tmp, m->dirfd, name) == 0) goto published;
-  }
-  if (errno != EEXIST && errno != ENOTEMPTY)
-    return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot rename %s to %s: %s", m->dir, m->w_tmp, name,
-                          ckptio_errno_text(errno));
-  /* A checkpoint of this step exists: the old one takes the temporary name,
-   * so a crash from here on leaves it a stray for the next save. */
-  if (renameat2(m->dirfd, m->w_tmp, m->dirfd, name, RENAME_EXCHANGE) != 0) {
-    if (errno != EINVAL && errno != ENOSYS)
-      return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot exchange %s with %s: %s", m->dir,
-                            m->w_tmp, name, ckptio_errno_text(errno));
-    char old[128];
-    mgr_tmp_name(m, "del-old", old, sizeof(old));
-    if (renameat(m->dirfd, name, m->dirfd, old) != 0 || renameat(m->dirfd, m->w_tmp, m->dirfd, name) != 0)
-      return ckptio_err_fmt(m->err, sizeof(m->err), -errno, "%s: cannot replace %s: %s", m->dir, name,
-                            ckptio_errno_text(errno));
-    free(m->w_tmp);
-    m->w_tmp = strdup(old); /* removed by end_save; a stray if that fails */
-    return mgr_sync_dir(m);
-  }
-  return mgr_sync_dir(m); /* the old checkpoint, now at w_tmp, goes in end_save */
-published:
-  free(m->w_tmp);
-  m->w_tmp = NULL;
-  return mgr_sync_dir(m);
 }
 
 /* Removes what the keep rules let go, now that `step` is durable; the
@@ -291,7 +196,7 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
   if (m->mo.keep_last == 0) return 0;
   m->why[0] = '\0';
   uint64_t *steps;
-  int64_t n = mgr_scan_steps(m, &steps);
+  int64_t n = m->place->scan_steps(m, &steps);
   if (n < 0) return (int)n;
   int rc = 0, kept = 0;
   for (int64_t i = n - 1; i >= 0; i--) {
@@ -317,21 +222,9 @@ static int retain(ckptio_manager *m, uint64_t step, ckptio_held *held) {
       continue;
     }
     if (unknown || s > step || (m->mo.keep_every && s % m->mo.keep_every == 0)) continue;
-    char name[MGR_STEP_NAME_MAX], del[128], what[64];
+    char name[MGR_STEP_NAME_MAX];
     mgr_step_name(s, name, sizeof(name));
-    int r;
-    if (m->st) {
-      r = mgr_obj_remove_step(m, s); /* its checkpoint's object first (objects.c) */
-    } else {
-      snprintf(what, sizeof(what), "del-step-%08" PRIu64, s);
-      mgr_tmp_name(m, what, del, sizeof(del));
-      /* Hidden first: a removal cut short leaves a stray, never a step
-       * directory with some files gone. The rename is made durable before
-       * the files go: a filesystem may persist their unlinks first. */
-      r = renameat(m->dirfd, name, m->dirfd, del) == 0 ? mgr_sync_dir(m) : -errno;
-      if (r == 0) r = mgr_remove_tree(m->dirfd, del, held);
-      if (r < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text(-r));
-    }
+    int r = m->place->remove_step(m, s, held);
     if (r < 0) {
       mgr_warn(m, s, r, "%s/%s: retention could not remove it: %s", m->dir, name, m->why);
       if (rc == 0) rc = r;
@@ -362,22 +255,11 @@ int ckptio_manager_save_end(ckptio_manager *m, ckptio_writer *w) {
 
   char name[MGR_STEP_NAME_MAX], line[MGR_STEP_NAME_MAX + 2];
   mgr_step_name(step, name, sizeof(name));
-  if (m->st) {
-    /* The writer's commit published the step's objects (a set: its index
-     * last); what an older save of the step left goes now. */
-    const char *file = m->mo.max_shard_bytes ? mgr_files[0] : single_file(m);
-    rc = mgr_obj_published(m, step, file);
-    if (rc < 0) {
-      ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s/%s is published, but %s", m->dir, name, file, m->why);
-      goto out;
-    }
-  } else {
-    rc = publish(m, name);
-    if (rc < 0) goto out;
-  }
+  rc = m->place->publish(m, step, m->mo.max_shard_bytes ? mgr_files[0] : single_file(m));
+  if (rc < 0) goto out;
   /* Published: what follows cannot unpublish it, only be reported. */
   snprintf(line, sizeof(line), "%s\n", name);
-  rc = mgr_write_latest(m, line);
+  rc = m->place->write_latest(m, line);
   if (rc < 0) {
     ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: %s is published, but %s could not be replaced: %s", m->dir,
                    name, MGR_LATEST, m->why);

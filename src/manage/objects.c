@@ -146,7 +146,7 @@ int mgr_obj_probe(ckptio_manager *m) {
   return rc < 0 ? rc : 0;
 }
 
-int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
+static int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
   *steps = NULL;
   mgr_objs o;
   int rc = list_steps(m, ~0ull, &o);
@@ -167,8 +167,8 @@ int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
   return (int64_t)n;
 }
 
-int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
-                   size_t dlen) {
+static int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, size_t flen, char *detail,
+                          size_t dlen) {
   file[0] = '\0';
   mgr_objs o;
   int rc = list_steps(m, step, &o);
@@ -191,7 +191,7 @@ int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *file, s
   return 0;
 }
 
-int mgr_obj_write_latest(ckptio_manager *m, const char *content) {
+static int mgr_obj_write_latest(ckptio_manager *m, const char *content) {
   char path[4096];
   snprintf(path, sizeof(path), "%s/" MGR_LATEST, m->dir);
   size_t n = strlen(content);
@@ -210,7 +210,7 @@ int mgr_obj_write_latest(ckptio_manager *m, const char *content) {
   return rc;
 }
 
-int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len) {
+static int mgr_obj_read_latest(ckptio_manager *m, char *buf, size_t len) {
   char path[4096];
   snprintf(path, sizeof(path), "%s/" MGR_LATEST, m->dir);
   void *obj = NULL;
@@ -279,7 +279,7 @@ static int remove_all_but(ckptio_manager *m, const mgr_obj *v, size_t n, const c
   return rc;
 }
 
-int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
+static int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
   mgr_objs o;
   int rc = list_steps(m, step, &o);
   if (rc < 0) return rc;
@@ -359,7 +359,7 @@ static int tidy_step(ckptio_manager *m, const mgr_obj *v, size_t n, const char *
   return rc;
 }
 
-int mgr_obj_sweep(ckptio_manager *m) {
+static int mgr_obj_sweep(ckptio_manager *m) {
   char prefix[4096];
   snprintf(prefix, sizeof(prefix), "%s/step-", m->dir);
   m->why[0] = '\0';
@@ -381,7 +381,7 @@ int mgr_obj_sweep(ckptio_manager *m) {
   return rc;
 }
 
-int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file) {
+static int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file) {
   mgr_objs o;
   int rc = list_steps(m, step, &o);
   if (rc < 0) return rc;
@@ -391,3 +391,53 @@ int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file) {
   objs_free(&o);
   return rc < 0 ? why(m, rc, "what an older save of the step left could not be removed") : 0;
 }
+
+/* A save on a storage. No lock (a storage has no flock: one saving
+ * process per prefix is the caller's to keep) and no temporary name (an
+ * object cannot be renamed): the writer saves under the step's own prefix,
+ * where its objects appear only when published, a set's index last; what
+ * killed saves left is swept first. */
+static int begin_save(ckptio_manager *m, uint64_t step, char *sub, size_t len) {
+  if (!m->st->create || !m->st->remove)
+    return ckptio_err_fmt(m->err, sizeof(m->err), CKPTIO_E_INVALID_ARG,
+                          "%s: its storage has no %s verb, which saves through the manager need", m->dir,
+                          !m->st->create ? "create" : "remove");
+  int rc = mgr_obj_sweep(m);
+  if (rc < 0)
+    return ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: before the save of step %" PRIu64 ": %s", m->dir, step,
+                          m->why);
+  mgr_step_name(step, sub, len);
+  return 0;
+}
+
+/* The writer's commit published the step's objects (a set: its index
+ * last); what an older save of the step left goes now. */
+static int publish(ckptio_manager *m, uint64_t step, const char *file) {
+  int rc = mgr_obj_published(m, step, file);
+  if (rc < 0)
+    ckptio_err_fmt(m->err, sizeof(m->err), rc, "%s: step-%08" PRIu64 "/%s is published, but %s", m->dir, step, file,
+                   m->why);
+  return rc;
+}
+
+static void end_save(ckptio_manager *m, ckptio_held *held) {
+  (void)m;
+  (void)held; /* nothing held: no lock, and an unpublished upload is swept by the next save */
+}
+
+static int remove_step(ckptio_manager *m, uint64_t step, ckptio_held *held) {
+  (void)held; /* an object's storage frees it */
+  return mgr_obj_remove_step(m, step); /* its checkpoint's object first */
+}
+
+const mgr_place mgr_object_place = {
+    .scan_steps = mgr_obj_scan_steps,
+    .locate = mgr_obj_locate,
+    .write_latest = mgr_obj_write_latest,
+    .read_latest = mgr_obj_read_latest,
+    .begin_save = begin_save,
+    .publish = publish,
+    .end_save = end_save,
+    .remove_step = remove_step,
+    .transport_errors = 1,
+};

@@ -13,19 +13,11 @@
 
 #include "manage/manage.h"
 
-int64_t mgr_scan_steps(ckptio_manager *m, uint64_t **steps) {
-  *steps = NULL;
-  if (m->st) return mgr_obj_scan_steps(m, steps);
-  int64_t rc = mgr_step_dirs(m->dirfd, ".", steps);
-  if (rc < 0) snprintf(m->why, sizeof(m->why), "%s", ckptio_errno_text((int)-rc));
-  return rc;
-}
-
 int mgr_content_error(const ckptio_manager *m, int code) {
   /* On a storage a short read or a refused request may be the network's or
    * the server's (a connection dropped past the retries, a 4xx answered to
    * a passing state), not the checkpoint's: only what its bytes say is. */
-  if (m->st && (code == CKPTIO_E_SHORT_IO || code == CKPTIO_E_INVALID_ARG)) return 0;
+  if (m->place->transport_errors && (code == CKPTIO_E_SHORT_IO || code == CKPTIO_E_INVALID_ARG)) return 0;
   return code <= CKPTIO_E_INVALID_ARG || code == -ENOENT || code == -ENOTDIR || code == -EISDIR ||
          code == -ELOOP;
 }
@@ -55,36 +47,8 @@ int mgr_check(ckptio_manager *m, uint64_t step, int verify, mgr_entry *e) {
 
   const char *file = NULL;
   char found[64] = "";
-  int fd = -1;
-  if (m->st) {
-    if (mgr_obj_locate(m, step, e, found, sizeof(found), detail, sizeof(detail)) < 0) goto fail;
-    if (found[0]) file = found;
-  } else if ((fd = openat(m->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-    e->error = -errno;
-    snprintf(detail, sizeof(detail), "%s: %s", e->dir, ckptio_errno_text(errno));
-  } else {
-    DIR *d = fdopendir(fd);
-    if (!d) {
-      close(fd);
-      goto fail;
-    }
-    struct dirent *de;
-    struct stat st;
-    while ((de = readdir(d)) != NULL) {
-      if (fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
-      e->files++;
-      e->bytes += (uint64_t)st.st_size;
-    }
-    /* The first of mgr_files present is the checkpoint's file. */
-    for (size_t i = 0; i < MGR_NFILES && !file; i++)
-      if (fstatat(fd, mgr_files[i], &st, 0) == 0 && S_ISREG(st.st_mode)) file = mgr_files[i];
-    closedir(d);
-    if (!file) {
-      e->error = -ENOENT;
-      snprintf(detail, sizeof(detail), "%s: no model.safetensors[.index.json], model.pt or "
-               "model.safetensors.zst in it", e->dir);
-    }
-  }
+  if (m->place->locate(m, step, e, found, sizeof(found), detail, sizeof(detail)) < 0) goto fail;
+  if (found[0]) file = found;
   size_t pl = file ? strlen(e->dir) + strlen(file) + 2 : 1;
   e->path = malloc(pl);
   if (!e->path) goto fail;
@@ -134,13 +98,13 @@ int ckptio_manager_latest(ckptio_manager *m, uint64_t *step, char *path, size_t 
   if (!m || (!path && len)) return CKPTIO_E_INVALID_ARG;
   m->err[0] = m->why[0] = '\0';
   uint64_t *steps;
-  int64_t n = mgr_scan_steps(m, &steps);
+  int64_t n = m->place->scan_steps(m, &steps);
   if (n < 0) {
     set_err(m, (int)n, "cannot list the directory");
     return (int)n;
   }
   char record[256];
-  int have_record = mgr_read_latest(m, record, sizeof(record));
+  int have_record = m->place->read_latest(m, record, sizeof(record));
   int rc = 0;
   mgr_entry e;
   memset(&e, 0, sizeof(e));
@@ -196,7 +160,7 @@ int64_t ckptio_manager_list(ckptio_manager *m, int verify) {
   m->err[0] = m->why[0] = '\0';
   free_list(m);
   uint64_t *steps;
-  int64_t n = mgr_scan_steps(m, &steps);
+  int64_t n = m->place->scan_steps(m, &steps);
   if (n < 0) {
     set_err(m, (int)n, "cannot list the directory");
     return n;
