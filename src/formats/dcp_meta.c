@@ -28,6 +28,49 @@ typedef struct walk {
 
 #define NONE_ID UINT32_MAX
 
+/* DCP's classes, allowed to its .metadata beside torch's weights_only
+ * globals and read as data: its metadata dataclasses (made by NEWOBJ and
+ * BUILD), the enum and path they hold (REDUCE of their arguments), and
+ * the layout value. A GLOBAL or OBJECT value of one has its kind in aux. */
+enum {
+  CKPTIO_DCP_METADATA = CKPTIO_PICKLE_CLASS_BASE,
+  CKPTIO_DCP_TENSOR_MD,
+  CKPTIO_DCP_BYTES_MD,
+  CKPTIO_DCP_CHUNK_MD,
+  CKPTIO_DCP_PROPERTIES,
+  CKPTIO_DCP_INDEX,
+  CKPTIO_DCP_STORAGE_META,
+  CKPTIO_DCP_MEM_FORMAT,
+  CKPTIO_DCP_STORAGE_INFO,
+  CKPTIO_DCP_PATH,
+  CKPTIO_DCP_STRIDED,
+};
+
+#define DCP_MD "torch.distributed.checkpoint.metadata."
+static const ckptio_pickle_class kDcpClasses[] = {
+    {DCP_MD "Metadata", CKPTIO_DCP_METADATA, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "TensorStorageMetadata", CKPTIO_DCP_TENSOR_MD, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "BytesStorageMetadata", CKPTIO_DCP_BYTES_MD, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "ChunkStorageMetadata", CKPTIO_DCP_CHUNK_MD, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "TensorProperties", CKPTIO_DCP_PROPERTIES, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "MetadataIndex", CKPTIO_DCP_INDEX, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "StorageMeta", CKPTIO_DCP_STORAGE_META, CKPTIO_PICKLE_BY_STATE},
+    {DCP_MD "_MEM_FORMAT_ENCODING", CKPTIO_DCP_MEM_FORMAT, CKPTIO_PICKLE_BY_ARGS},
+    {"torch.distributed.checkpoint.filesystem._StorageInfo", CKPTIO_DCP_STORAGE_INFO, CKPTIO_PICKLE_BY_STATE},
+    {"pathlib.PosixPath", CKPTIO_DCP_PATH, CKPTIO_PICKLE_BY_ARGS},
+    {"pathlib._local.PosixPath", CKPTIO_DCP_PATH, CKPTIO_PICKLE_BY_ARGS},
+    {"torch.strided", CKPTIO_DCP_STRIDED, CKPTIO_PICKLE_A_VALUE},
+};
+#undef DCP_MD
+
+/* Pickle.dump's protocol 4, as DCP writes its .metadata, and its classes. */
+static const ckptio_pickle_rules kDcpRules = {
+    .protocol4 = 1,
+    .classes = kDcpClasses,
+    .nclasses = sizeof(kDcpClasses) / sizeof(kDcpClasses[0]),
+    .classes_are = "DCP's metadata classes",
+};
+
 static const char *class_name(int cls) {
   static const char *const names[] = {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
                                       "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
@@ -492,7 +535,7 @@ int ckptio_dcp_meta_parse(const uint8_t *buf, size_t len, ckptio_dcp_meta *out, 
   w.err = err;
   w.errlen = errlen;
   char msg[CKPTIO_ERRLEN];
-  int rc = ckptio_pickle_parse_flags(buf, len, CKPTIO_PICKLE_DCP, &w.pk, msg, sizeof(msg));
+  int rc = ckptio_pickle_parse_with(buf, len, &kDcpRules, &w.pk, msg, sizeof(msg));
   if (rc < 0) rc = ckptio_err_fmt(err, errlen, rc, ".metadata: %s", msg);
   else rc = read_all(&w);
   for (size_t k = 0; k < w.nraw; k++) free(w.raw[k]);

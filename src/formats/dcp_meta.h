@@ -1,7 +1,7 @@
 /*
  * torch.distributed.checkpoint's .metadata (a pickle of DCP's Metadata
  * dataclasses) read as plain data: the safe pickle machine with DCP's
- * classes allowlisted (formats/pickle_read.h, CKPTIO_PICKLE_DCP), then a
+ * classes allowlisted (ckptio_pickle_rules of formats/pickle_read.h), then a
  * walk of the fixed schema into global tensors, their chunks, byte items,
  * and where each one's bytes lie. Nothing is imported or called. Pure
  * format code: the files are the caller's.

@@ -56,7 +56,7 @@ const ckptio_torch_dtype *ckptio_torch_dtype_at(int index) {
 enum {
   G_ODICT = 1, G_COUNTER, G_REBUILD, G_REBUILD_V2, G_REBUILD_V3, G_PARAM, G_PARAM_STATE,
   G_SIZE, G_DEVICE, G_ENCODE, G_SET, G_BYTEARRAY, G_COMPLEX, G_DTYPE, G_STORAGE, G_UNTYPED,
-  G_LAYOUT, /* torch.serialization._get_layout: called only under CKPTIO_PICKLE_DCP */
+  G_LAYOUT, /* torch.serialization._get_layout: called only for a caller with classes of its own */
   G_NUMPY,  /* numpy's array, scalar and dtype reducers: an OTHER value with one BUILD */
   G_OTHER,  /* in torch's allowlist, but nothing ckptio can represent */
 };
@@ -109,31 +109,20 @@ static const struct {
     {"numpy.ndarray", G_NUMPY},
 };
 
-/* CKPTIO_PICKLE_DCP's classes (ckptio_dcp_class), read as data only. */
-static const struct {
-  const char *name;
-  int kind;
-} kDcpGlobals[] = {
-    {"torch.distributed.checkpoint.metadata.Metadata", CKPTIO_DCP_METADATA},
-    {"torch.distributed.checkpoint.metadata.TensorStorageMetadata", CKPTIO_DCP_TENSOR_MD},
-    {"torch.distributed.checkpoint.metadata.BytesStorageMetadata", CKPTIO_DCP_BYTES_MD},
-    {"torch.distributed.checkpoint.metadata.ChunkStorageMetadata", CKPTIO_DCP_CHUNK_MD},
-    {"torch.distributed.checkpoint.metadata.TensorProperties", CKPTIO_DCP_PROPERTIES},
-    {"torch.distributed.checkpoint.metadata.MetadataIndex", CKPTIO_DCP_INDEX},
-    {"torch.distributed.checkpoint.metadata.StorageMeta", CKPTIO_DCP_STORAGE_META},
-    {"torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING", CKPTIO_DCP_MEM_FORMAT},
-    {"torch.distributed.checkpoint.filesystem._StorageInfo", CKPTIO_DCP_STORAGE_INFO},
-    {"pathlib.PosixPath", CKPTIO_DCP_PATH},
-    {"pathlib._local.PosixPath", CKPTIO_DCP_PATH},
-    {"torch.strided", CKPTIO_DCP_STRIDED},
-};
-
-static int dcp_kind(const char *module, const char *name) {
+/* The caller's class named module.name, or NULL. */
+static const ckptio_pickle_class *class_named(const ckptio_pickle_rules *r, const char *module, const char *name) {
   char full[2 * CKPTIO_PICKLE_MAX_GLOBAL + 2];
   snprintf(full, sizeof(full), "%s.%s", module, name);
-  for (size_t k = 0; k < sizeof(kDcpGlobals) / sizeof(kDcpGlobals[0]); k++)
-    if (!strcmp(full, kDcpGlobals[k].name)) return kDcpGlobals[k].kind;
-  return 0;
+  for (size_t k = 0; k < r->nclasses; k++)
+    if (!strcmp(full, r->classes[k].name)) return &r->classes[k];
+  return NULL;
+}
+
+/* The caller's class of kind `kind`, or NULL. */
+static const ckptio_pickle_class *class_of_kind(const ckptio_pickle_rules *r, int kind) {
+  for (size_t k = 0; k < r->nclasses; k++)
+    if (r->classes[k].kind == kind) return &r->classes[k];
+  return NULL;
 }
 
 /* torch.<X>Tensor, torch.cuda.<X>Tensor and the sparse ones: legacy tensor
@@ -224,7 +213,7 @@ typedef struct parser {
   int nmarks;
   uint32_t *memo;              /* value id + 1; 0 is unset */
   size_t memo_cap, memo_count; /* memo_count: entries set (MEMOIZE's next index) */
-  unsigned flags;              /* CKPTIO_PICKLE_* */
+  const ckptio_pickle_rules *rules; /* what is allowed besides torch.save's pickles */
   uint32_t consts[3];          /* None, False, True: id + 1, one value each */
   char *err;
   size_t errlen;
@@ -380,12 +369,12 @@ static int push_global(parser *s, char *module, size_t mlen, const char *name, s
   if (!strcmp(module, "os") || !strcmp(module, "sys") || !strcmp(module, "posix") || !strcmp(module, "nt"))
     return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed (module '%s' never is)",
                 shown_buf, module);
-  int dtype = -1, kind = s->flags & CKPTIO_PICKLE_DCP ? dcp_kind(module, name) : 0;
-  if (!kind) kind = global_kind(module, name, &dtype);
+  const ckptio_pickle_class *cls = class_named(s->rules, module, name);
+  int dtype = -1, kind = cls ? cls->kind : global_kind(module, name, &dtype);
   if (!kind)
-    return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed%s", shown_buf,
-                s->flags & CKPTIO_PICKLE_DCP ? " (not one of DCP's metadata classes nor torch's weights_only globals)"
-                                             : "");
+    return perr(s, CKPTIO_E_PICKLE, "pickle global '%s' is not allowed%s%s%s", shown_buf,
+                s->rules->nclasses ? " (not one of " : "", s->rules->nclasses ? s->rules->classes_are : "",
+                s->rules->nclasses ? " nor torch's weights_only globals)" : "");
   uint32_t id;
   int rc = push_new(s, CKPTIO_PV_GLOBAL, &id);
   if (rc < 0) return rc;
@@ -524,28 +513,49 @@ static int make_tensor(parser *s, int kind, const uint32_t *a, uint32_t n, uint3
   return 0;
 }
 
-/* A DCP class "called": NEWOBJ(cls, ()) is how pickle spells a dataclass
- * (its fields come by BUILD), REDUCE(cls, args) an enum member or a path.
- * Neither runs anything: the OBJECT keeps the class and the arguments. */
-static int dcp_object(parser *s, uint32_t fn, uint32_t args, int kind, int newobj) {
+/* A caller's class "called": NEWOBJ(cls, ()) is how pickle spells a
+ * dataclass (its fields come by BUILD), REDUCE(cls, args) an enum member or
+ * a path. Neither runs anything: the OBJECT keeps the kind and the
+ * arguments. */
+static int caller_object(parser *s, uint32_t fn, uint32_t args, const ckptio_pickle_class *cls, int newobj) {
   char nm[256];
   uint32_t r;
   int rc;
   const ckptio_pv *t = V(s, args);
+  const char *op = newobj ? "NEWOBJ" : "REDUCE";
   shown(nm, sizeof(nm), (const char *)s->p->buf + V(s, fn)->u.off, V(s, fn)->last);
-  int by_args = kind == CKPTIO_DCP_MEM_FORMAT || kind == CKPTIO_DCP_PATH;
-  if (kind == CKPTIO_DCP_STRIDED)
-    return perr(s, CKPTIO_E_PICKLE, "pickle %s calls torch.strided, which is a value, not a class",
-                newobj ? "NEWOBJ" : "REDUCE");
+  if (cls->make == CKPTIO_PICKLE_A_VALUE)
+    return perr(s, CKPTIO_E_PICKLE, "pickle %s calls %s, which is a value, not a class", op, nm);
+  int by_args = cls->make == CKPTIO_PICKLE_BY_ARGS;
   if (newobj == by_args)
-    return perr(s, CKPTIO_E_PICKLE, "pickle %s of '%s' is not allowed (DCP's dataclasses come by NEWOBJ and "
-                "BUILD, its enum and paths by REDUCE)", newobj ? "NEWOBJ" : "REDUCE", nm);
+    return perr(s, CKPTIO_E_PICKLE, "pickle %s of '%s' is not allowed (it is made by %s)", op, nm,
+                by_args ? "REDUCE of its arguments" : "NEWOBJ and BUILD, as a dataclass");
   if (newobj && t->n)
     return perr(s, CKPTIO_E_PICKLE, "pickle NEWOBJ of '%s' with %u arguments (a dataclass takes none)", nm, t->n);
   if ((rc = new_value(s, CKPTIO_PV_OBJECT, &r)) < 0) return rc;
-  V(s, r)->aux = (uint16_t)kind;
+  V(s, r)->aux = (uint16_t)cls->kind;
   V(s, r)->u.index = UINT32_MAX;
   V(s, r)->last = by_args ? args : UINT32_MAX;
+  s->stack[s->sp - 1] = r;
+  return 0;
+}
+
+/* torch.serialization._get_layout(name): the layout by its name, nothing
+ * looked up. A caller's value of that name (torch.strided) is a GLOBAL of
+ * its kind, any other layout an OTHER. */
+static int layout_by_name(parser *s, uint32_t n, const uint32_t *a) {
+  size_t len = 0;
+  uint32_t r;
+  int rc;
+  const char *name = n == 1 ? ckptio_pickle_str(s->p, a[0], &len) : NULL;
+  if (!name || V(s, a[0])->type != CKPTIO_PV_STR) return bad(s, "names a layout by something not a string");
+  const ckptio_pickle_class *value = NULL;
+  for (size_t k = 0; k < s->rules->nclasses && !value; k++) {
+    const ckptio_pickle_class *c = &s->rules->classes[k];
+    if (c->make == CKPTIO_PICKLE_A_VALUE && strlen(c->name) == len && !memcmp(c->name, name, len)) value = c;
+  }
+  if ((rc = new_value(s, value ? CKPTIO_PV_GLOBAL : CKPTIO_PV_OTHER, &r)) < 0) return rc;
+  if (value) V(s, r)->aux = (uint16_t)value->kind, V(s, r)->u.off = V(s, a[0])->u.off, V(s, r)->last = (uint32_t)len;
   s->stack[s->sp - 1] = r;
   return 0;
 }
@@ -566,18 +576,8 @@ static int op_reduce(parser *s, int newobj) {
   /* An empty tuple may come before any item exists (items still NULL), and
    * NULL + 0 is undefined: point at nothing instead. */
   const uint32_t *a = n ? s->p->items + t->u.first : NULL;
-  if (kind >= CKPTIO_DCP_METADATA) return dcp_object(s, fn, args, kind, newobj);
-  if (kind == G_LAYOUT && !newobj && (s->flags & CKPTIO_PICKLE_DCP)) {
-    /* _get_layout('torch.strided'): the layout by name, nothing looked up */
-    size_t len = 0;
-    const char *name = n == 1 ? ckptio_pickle_str(s->p, a[0], &len) : NULL;
-    if (!name || V(s, a[0])->type != CKPTIO_PV_STR) return bad(s, "names a layout by something not a string");
-    int strided = len == 13 && !memcmp(name, "torch.strided", 13);
-    if ((rc = new_value(s, strided ? CKPTIO_PV_GLOBAL : CKPTIO_PV_OTHER, &r)) < 0) return rc;
-    if (strided) V(s, r)->aux = CKPTIO_DCP_STRIDED, V(s, r)->u.off = V(s, a[0])->u.off, V(s, r)->last = 13;
-    s->stack[s->sp - 1] = r;
-    return 0;
-  }
+  if (kind >= CKPTIO_PICKLE_CLASS_BASE) return caller_object(s, fn, args, class_of_kind(s->rules, kind), newobj);
+  if (kind == G_LAYOUT && !newobj && s->rules->nclasses) return layout_by_name(s, n, a);
   if (newobj) {
     if (kind == G_ODICT || kind == G_COUNTER) kind = G_ODICT, n = 0;  /* cls.__new__(cls) */
     else if (kind != G_SET) return unsupported(s, fn);
@@ -693,7 +693,7 @@ static int refuse_op(parser *s, uint8_t op) {
 /* The opcodes of pickle.dump's protocol 4 that torch.save's protocol 2
  * never writes: framing, memoizing, module and name from the stack, and
  * the other widths of strings and bytes. */
-static int step_dcp(parser *s, uint8_t op) {
+static int step_protocol4(parser *s, uint8_t op) {
   const uint8_t *b = s->p->buf;
   uint32_t id = 0;
   size_t n;
@@ -750,7 +750,7 @@ static int step(parser *s, uint8_t op) {
     case 'Q': return op_persid(s);
     case 'b':  /* BUILD: only an OrderedDict's attributes (a state_dict's _metadata) */
       if ((rc = pop(s, &v)) < 0 || (rc = top(s, &id)) < 0) return rc;
-      if (V(s, id)->type == CKPTIO_PV_OBJECT) {  /* a DCP dataclass's fields, kept as data */
+      if (V(s, id)->type == CKPTIO_PV_OBJECT) {  /* a caller's dataclass's fields, kept as data */
         if (V(s, id)->u.index != UINT32_MAX || V(s, id)->last != UINT32_MAX)
           return perr(s, CKPTIO_E_PICKLE, "pickle BUILD on an instance that already has its state");
         V(s, id)->u.index = v;
@@ -861,23 +861,25 @@ static int step(parser *s, uint8_t op) {
       s->pos += n;
       return op_memo(s, op == 'q' || op == 'r', (size_t)rd_le(b + s->pos - n, (int)n));
     default:
-      if (s->flags & CKPTIO_PICKLE_DCP) return step_dcp(s, op);
+      if (s->rules->protocol4) return step_protocol4(s, op);
       return refuse_op(s, op);
   }
 }
 
 int ckptio_pickle_parse(const uint8_t *buf, size_t len, ckptio_pickle *out, char *err, size_t errlen) {
-  return ckptio_pickle_parse_flags(buf, len, 0, out, err, errlen);
+  static const ckptio_pickle_rules torch_save_only = {0};
+  return ckptio_pickle_parse_with(buf, len, &torch_save_only, out, err, errlen);
 }
 
-int ckptio_pickle_parse_flags(const uint8_t *buf, size_t len, unsigned flags, ckptio_pickle *out, char *err,
-                              size_t errlen) {
+int ckptio_pickle_parse_with(const uint8_t *buf, size_t len, const ckptio_pickle_rules *rules, ckptio_pickle *out,
+                             char *err, size_t errlen) {
   parser s;
   int rc = 0;
   if (!out || (!buf && len))
     return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "pickle_parse: NULL argument");
   memset(out, 0, sizeof(*out));
   memset(&s, 0, sizeof(s));
+  if (!rules) return ckptio_err_fmt(err, errlen, CKPTIO_E_INVALID_ARG, "pickle_parse: NULL rules");
   if (len > CKPTIO_PICKLE_MAX_BYTES)
     return ckptio_err_fmt(err, errlen, CKPTIO_E_PICKLE, "pickle of %zu bytes is over the %llu-byte limit",
                           len, CKPTIO_PICKLE_MAX_BYTES);
@@ -886,7 +888,7 @@ int ckptio_pickle_parse_flags(const uint8_t *buf, size_t len, unsigned flags, ck
   s.p = out;
   s.err = err;
   s.errlen = errlen;
-  s.flags = flags;
+  s.rules = rules;
   for (;;) {
     if (s.pos >= len) {
       rc = ckptio_err_fmt(err, errlen, CKPTIO_E_PICKLE, "malformed pickle: it ends at byte %zu without STOP",

@@ -43,31 +43,43 @@ typedef enum ckptio_pv_type {
   CKPTIO_PV_STR, CKPTIO_PV_BYTES, CKPTIO_PV_TUPLE, CKPTIO_PV_LIST, CKPTIO_PV_DICT,
   CKPTIO_PV_GLOBAL, CKPTIO_PV_STORAGE, CKPTIO_PV_TENSOR,
   CKPTIO_PV_OTHER,  /* an allowed value ckptio does not look into (set, device, complex) */
-  CKPTIO_PV_OBJECT, /* CKPTIO_PICKLE_DCP only: an instance of an allowlisted class, kept as
-                       plain data: aux its class, u.index its BUILD state (or UINT32_MAX),
+  CKPTIO_PV_OBJECT, /* an instance of a caller's class (ckptio_pickle_rules), kept as
+                       plain data: aux its kind, u.index its BUILD state (or UINT32_MAX),
                        last its REDUCE arguments (or UINT32_MAX) */
 } ckptio_pv_type;
 
-/* The classes CKPTIO_PICKLE_DCP allows: torch.distributed.checkpoint's
- * metadata dataclasses (never imported or called: NEWOBJ makes an empty
- * OBJECT, BUILD attaches its state), the enum and path they hold, and the
- * layout global. A GLOBAL or OBJECT value of one has it in aux. */
-typedef enum ckptio_dcp_class {
-  CKPTIO_DCP_METADATA = 64,      /* metadata.Metadata */
-  CKPTIO_DCP_TENSOR_MD,          /* metadata.TensorStorageMetadata */
-  CKPTIO_DCP_BYTES_MD,           /* metadata.BytesStorageMetadata */
-  CKPTIO_DCP_CHUNK_MD,           /* metadata.ChunkStorageMetadata */
-  CKPTIO_DCP_PROPERTIES,         /* metadata.TensorProperties */
-  CKPTIO_DCP_INDEX,              /* metadata.MetadataIndex */
-  CKPTIO_DCP_STORAGE_META,       /* metadata.StorageMeta */
-  CKPTIO_DCP_MEM_FORMAT,         /* metadata._MEM_FORMAT_ENCODING (REDUCE of one int) */
-  CKPTIO_DCP_STORAGE_INFO,       /* filesystem._StorageInfo */
-  CKPTIO_DCP_PATH,               /* pathlib's PosixPath (REDUCE of strings) */
-  CKPTIO_DCP_STRIDED,            /* the global torch.strided */
-} ckptio_dcp_class;
+/* A caller's own classes, allowed beyond torch's weights_only allowlist
+ * (formats/dcp_meta.c: torch.distributed.checkpoint's metadata). None is
+ * ever imported or called; each is made as data, one way: */
+typedef enum ckptio_pickle_make {
+  CKPTIO_PICKLE_BY_STATE, /* NEWOBJ(cls, ()) then BUILD(state), as pickle
+                             spells a dataclass: an OBJECT, u.index its state */
+  CKPTIO_PICKLE_BY_ARGS,  /* REDUCE(cls, args), an enum member or a path: an
+                             OBJECT, last its argument tuple */
+  CKPTIO_PICKLE_A_VALUE,  /* a global used as it is, never called (a layout
+                             such as torch.strided; also what
+                             torch.serialization._get_layout(name) gives) */
+} ckptio_pickle_make;
 
-/* Flags of ckptio_pickle_parse_flags. */
-#define CKPTIO_PICKLE_DCP 1u  /* a DCP .metadata: protocol 4 framing, and the classes above */
+/* The kinds a caller gives its classes start here, past the parser's own;
+ * a GLOBAL or OBJECT value of one has its kind in aux. */
+#define CKPTIO_PICKLE_CLASS_BASE 64
+
+typedef struct ckptio_pickle_class {
+  const char *name;       /* "module.qualname" */
+  int kind;               /* >= CKPTIO_PICKLE_CLASS_BASE */
+  ckptio_pickle_make make;
+} ckptio_pickle_class;
+
+/* What a parse allows beyond torch.save's pickles. */
+typedef struct ckptio_pickle_rules {
+  int protocol4;          /* 1: also the opcodes pickle.dump's protocols 4
+                             and 5 write (FRAME, MEMOIZE, STACK_GLOBAL, the
+                             short and 8-byte strings and bytes) */
+  const ckptio_pickle_class *classes;
+  size_t nclasses;
+  const char *classes_are; /* their name in messages ("DCP's metadata classes") */
+} ckptio_pickle_rules;
 
 typedef struct ckptio_pv {
   uint8_t type;       /* ckptio_pv_type */
@@ -143,13 +155,12 @@ typedef struct ckptio_pickle {
  *          global or value and the pickle byte. *out is empty on failure. */
 int ckptio_pickle_parse(const uint8_t *buf, size_t len, ckptio_pickle *out, char *err,
                         size_t errlen);
-/*! As ckptio_pickle_parse, with CKPTIO_PICKLE_DCP: also the opcodes
- *  pickle.dump's protocol 4 and 5 use (FRAME, MEMOIZE, STACK_GLOBAL, the
- *  short and 8-byte strings and bytes) and the ckptio_dcp_class allowlist,
- *  for torch.distributed.checkpoint's .metadata. Nothing more is called:
- *  the caller reads the OBJECT values as data. */
-int ckptio_pickle_parse_flags(const uint8_t *buf, size_t len, unsigned flags, ckptio_pickle *out, char *err,
-                              size_t errlen);
+/*! ckptio_pickle_parse_with() :
+ *  As ckptio_pickle_parse, with what `rules` allows besides (the newer
+ *  opcodes, a caller's classes). Nothing more is called: the caller reads
+ *  the OBJECT values as data. */
+int ckptio_pickle_parse_with(const uint8_t *buf, size_t len, const ckptio_pickle_rules *rules, ckptio_pickle *out,
+                             char *err, size_t errlen);
 void ckptio_pickle_free(ckptio_pickle *p);
 
 /*! "int", "dict", ... for messages. Static. */
