@@ -69,6 +69,21 @@ def check(sd, step=7):
     assert sd["optim"]["step"] == step and sd["optim"]["lr"] == 0.125, sd["optim"]
 
 
+def report(rank, out, values):
+    """Writes what the ranks got to `out` (torch.save, by rank 0) for a test
+    to check: a step of the shared group that asserted itself would fail the
+    fixture, an error in every test that uses it, and never reach the check
+    of the test it belongs to. DTensors become full tensors (a collective:
+    every rank calls this)."""
+    values = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in values.items()}
+    if rank == 0:
+        torch.save(values, out)
+
+
+def reported(path):
+    return torch.load(path, weights_only=True)
+
+
 def fsdp_model(world):
     """A small MLP under FSDP2 (fully_shard on a CPU mesh) with Adam, one step taken."""
     from torch.distributed.fsdp import fully_shard
@@ -134,10 +149,7 @@ def step(rank, world, mode, path, out):
         sd = {name: distribute_tensor(torch.zeros(m.size, dtype=m.properties.dtype), mesh, [Shard(0)])
               for name, m in meta.state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
         dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
-        with ckptio.torch.safe_open(path) as f:
-            for name, t in sd.items():  # bytes: the driver's floats include NaN patterns
-                assert torch.equal(t.full_tensor().contiguous().view(torch.uint8),
-                                   f.get_tensor(name).contiguous().view(torch.uint8)), name
+        report(rank, out, sd)  # the test compares it with what the C API assembles
     elif mode == "fsdp":
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -153,9 +165,7 @@ def step(rank, world, mode, path, out):
         dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
         set_state_dict(m2, opt2, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         got = full_state(*get_state_dict(m2, opt2))
-        assert got.keys() == want.keys(), (got.keys(), want.keys())
-        for k in want:
-            assert torch.equal(got[k], want[k]), k
+        report(rank, out, {"want": want, "got": got})  # full_state's tensors are full already
     elif mode == "async":
         sd = state_dict(world, "save")
         fut = dcp.async_save(sd, storage_writer=ckptio.dcp.Writer(path))
@@ -167,7 +177,10 @@ def step(rank, world, mode, path, out):
     elif mode == "load":
         sd = state_dict(world, "load", fill=False)
         dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
-        check(sd)
+        if out:  # in the shared group: the test checks what was loaded
+            report(rank, out, sd)
+        else:  # a group of the test's own: a failure here fails that test
+            check(sd)
     elif mode == "fail":
         sd = state_dict(world, "save", step=8)
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
@@ -224,9 +237,11 @@ def test_save_then_load_at_other_world_sizes(tmp_path, save_world):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """The 2-rank work of the tests below, in one process group: each test
-    has its own directory and its own steps (a barrier between steps), and
-    checks their results here. Only the C API's MPI save runs apart (mpirun);
-    if it fails, its test fails with the error and the others still run."""
+    has its own directory and its own steps (a barrier between steps). The
+    steps report what they loaded (report()) and each test checks it: a
+    step that raises fails the whole group. Only the C API's MPI save runs
+    apart (mpirun); if it fails, its test fails with the error and the
+    others still run."""
     tmp = tmp_path_factory.mktemp("two_ranks")
     steps = [
         # test_files_open_in_safetensors_the_c_api_and_the_cli
@@ -234,12 +249,12 @@ def two_ranks(tmp_path_factory):
         # test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint
         ("save", tmp / "raise"), ("list", tmp / "raise", tmp / "raise.before"),
         ("fail", tmp / "raise", tmp / "result"),
-        ("load", tmp / "raise"),  # step 7 and the first save's values
+        ("load", tmp / "raise", tmp / "raise.loaded"),
         # test_async_save_keeps_the_values_of_the_staging_point
         ("async", tmp / "async"),
-        ("load", tmp / "async"),  # the values before the changes made after async_save returned
+        ("load", tmp / "async", tmp / "async.loaded"),
         # test_fsdp2_model_and_optimizer_round_trip[2]
-        ("fsdp", tmp / "fsdp"),
+        ("fsdp", tmp / "fsdp", tmp / "fsdp.result"),
     ]
     mpi_error = None
     driver = os.environ.get("CKPTIO_DIST_DRIVER")
@@ -253,7 +268,7 @@ def two_ranks(tmp_path_factory):
         except (subprocess.SubprocessError, OSError) as e:
             mpi_error = e
         else:
-            steps.append(("load-c", tmp / "mpi"))
+            steps.append(("load-c", tmp / "mpi", tmp / "mpi.loaded"))
     run(2, *steps)
     return tmp, mpi_error
 
@@ -261,16 +276,26 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.parametrize("world", [1, 2])
 def test_fsdp2_model_and_optimizer_round_trip(tmp_path, world, request):
     if world == 2:
-        request.getfixturevalue("two_ranks")  # its fsdp step
+        result = request.getfixturevalue("two_ranks")[0] / "fsdp.result"  # its fsdp step
     else:
-        run(world, ("fsdp", tmp_path / "ckpt"))
+        result = tmp_path / "fsdp.result"
+        run(world, ("fsdp", tmp_path / "ckpt", result))
+    # Every value of the model and Adam's state after dcp.load and
+    # set_state_dict into a fresh model equals the one saved.
+    r = reported(result)
+    want, got = r["want"], r["got"]
+    assert got.keys() == want.keys(), (got.keys(), want.keys())
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
 
 
 def test_async_save_keeps_the_values_of_the_staging_point(two_ranks):
-    # The ranks' load step checked it through dcp.load; here, read apart from
-    # DCP: every tensor as staged, none with the +1000 made after async_save
-    # returned.
-    with ckptio.torch.safe_open(str(two_ranks[0] / "async")) as s:
+    # Every tensor as staged, none with the +1000 the async step added after
+    # async_save returned: through dcp.load at other placements ...
+    tmp = two_ranks[0]
+    check(reported(tmp / "async.loaded"))
+    # ... and read apart from DCP.
+    with ckptio.torch.safe_open(str(tmp / "async")) as s:
         for name, shape in SHAPES.items():
             dtype = torch.bfloat16 if name == "w_bf16" else torch.float32
             assert torch.equal(s.get_tensor(name), full(name, shape, dtype)), name
@@ -279,9 +304,18 @@ def test_async_save_keeps_the_values_of_the_staging_point(two_ranks):
 def test_a_checkpoint_the_c_api_wrote_under_mpi_loads_through_dcp(two_ranks):
     if not os.environ.get("CKPTIO_DIST_DRIVER") or not shutil.which("mpirun"):
         pytest.skip("needs mpirun and tests/dist's driver (CKPTIO_DIST_DRIVER): MPI is not installed")
-    _, mpi_error = two_ranks
+    tmp, mpi_error = two_ranks
     if mpi_error is not None:
         raise mpi_error  # the load-c step did not run
+    # Every tensor dcp.load made of it (split on dim 0 over 2 ranks) equals
+    # what the C API assembles; as bytes: the driver's floats include NaN
+    # patterns.
+    loaded = reported(tmp / "mpi.loaded")
+    with ckptio.torch.safe_open(str(tmp / "mpi")) as f:
+        assert sorted(loaded) == sorted(f.keys())
+        for name, t in loaded.items():
+            want = f.get_tensor(name)
+            assert torch.equal(t.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)), name
 
 
 def test_files_open_in_safetensors_the_c_api_and_the_cli(two_ranks):
@@ -312,3 +346,4 @@ def test_a_rank_that_raises_fails_every_rank_and_keeps_the_old_checkpoint(two_ra
     assert "rank 1" in (tmp / "result.0").read_text()
     before = (tmp / "raise.before").read_text().split("\n")
     assert sorted(p.name for p in path.iterdir()) == before
+    check(reported(tmp / "raise.loaded"))  # step 7 and the first save's values, not the failed save's step 8

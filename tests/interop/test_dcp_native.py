@@ -23,7 +23,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 mp = pytest.importorskip("torch.multiprocessing")
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: E402
 
 import ckptio  # noqa: E402
 import ckptio.dcp  # noqa: E402
@@ -77,9 +77,9 @@ def fsdp_model(world):
 def worker(rank, world, init_method, steps):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     try:
-        for mode, path in steps:
+        for mode, path, out in steps:
             try:
-                step(world, mode, path)
+                step(rank, world, mode, path, out)
             except BaseException:
                 print(f"rank {rank} of {world}: step {mode} on {path} failed", file=sys.stderr, flush=True)
                 raise
@@ -92,9 +92,15 @@ def worker(rank, world, init_method, steps):
     os._exit(0)
 
 
-def step(world, mode, path):
+def step(rank, world, mode, path, out):
     if mode == "load":
-        load_resharded(world, path)
+        # What was loaded goes to `out` for the test to check: an assertion
+        # here would fail saved(), and with it the fixture of every test at
+        # this world size, before the test it belongs to checked anything.
+        sd = load_resharded(world, path)
+        sd = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sd.items()}  # collectives
+        if rank == 0:
+            torch.save(sd, out)
         return
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -116,7 +122,8 @@ def step(world, mode, path):
 def load_resharded(world, path):
     """dcp.load through ckptio.dcp.Reader of a checkpoint DCP's own writer
     made: every tensor split on another dim than it was saved on (or
-    replicated), the byte items back as Python values."""
+    replicated), the byte items back as Python values. Returns the state
+    dict it loaded into."""
     mesh = init_device_mesh("cpu", (world,))
     other = {"row": Shard(1), "col": Shard(0), "rep": Shard(0), "ints": Replicate(), "flags": Shard(1),
              "cube": Shard(0)}
@@ -126,17 +133,24 @@ def load_resharded(world, path):
     sd["scalar"] = torch.tensor(0.0, dtype=torch.float64)
     sd["extra"] = {"step": 0, "lr": 0.0, "names": []}
     dcp.load(sd, storage_reader=ckptio.dcp.Reader(path))
+    return sd
+
+
+def check_resharded(sd):
+    """What load_resharded loaded (its DTensors as full tensors) equals what was saved."""
     for name, (shape, dt, _) in TENSORS.items():
-        assert torch.equal(bits(sd[name].full_tensor()), bits(full(name, shape, dt))), name
+        assert torch.equal(bits(sd[name]), bits(full(name, shape, dt))), name
     assert torch.equal(sd["plain_i64"], full("plain_i64", (3, 2), torch.int64))
     assert sd["scalar"].item() == 2.5
     assert sd["extra"] == {"step": 42, "lr": 0.125, "names": ["a", "b"]}, sd["extra"]
 
 
 def run(world, *steps):
-    """One process group of `world` ranks running the steps (mode, path) in order."""
-    mp.start_processes(worker, args=(world, rendezvous.init_method(), [(mode, str(path)) for mode, path in steps]),
-                       nprocs=world, join=True, start_method="spawn")
+    """One process group of `world` ranks running the steps, each
+    (mode, path) or (mode, path, out), in order."""
+    steps = [(mode, str(path), str(out[0]) if out else "") for mode, path, *out in steps]
+    mp.start_processes(worker, args=(world, rendezvous.init_method(), steps), nprocs=world, join=True,
+                       start_method="spawn")
 
 
 def torch_reference(path, tmp):
@@ -169,8 +183,8 @@ def saved(world, tmp_path_factory):
     Process start-ups are most of this file's time, so each world size's
     group does all its work: at 2 ranks also the save through DCP's zstd
     extension (tmp/z, test_dcp_zstd_extension), at 3 ranks also the load of
-    the 2-rank checkpoint (test_ckptio_dcp_reader_loads_it_at_another_world_size),
-    after its own save."""
+    the 2-rank checkpoint into tmp/loaded.pt, after its own save (checked by
+    test_ckptio_dcp_reader_loads_it_at_another_world_size)."""
     if world not in _SAVED:
         if world == 3:
             saved(2, tmp_path_factory)
@@ -179,7 +193,7 @@ def saved(world, tmp_path_factory):
         if world == 2 and zstd_available():
             steps.append(("zstd", tmp / "z"))
         if world == 3:
-            steps.append(("load", _SAVED[2] / "ckpt"))
+            steps.append(("load", _SAVED[2] / "ckpt", tmp / "loaded.pt"))
         run(world, *steps)
         _SAVED[world] = tmp
     return _SAVED[world]
@@ -257,7 +271,8 @@ def test_ckptio_dcp_reader_loads_it_at_another_world_size(ckpt, tmp_path_factory
     world, path, _, _, _ = ckpt
     if world != 2:
         pytest.skip("loaded at 3 ranks from the 2-rank checkpoint only (process start-ups are slow here)")
-    saved(3, tmp_path_factory)  # the 3-rank group's load step, after its own save: asserts every value
+    loaded = saved(3, tmp_path_factory) / "loaded.pt"  # the 3-rank group's load step, after its own save
+    check_resharded(torch.load(loaded, weights_only=True))
 
 
 @pytest.mark.skipif(not CLI, reason="CKPTIO_CLI not set (ctest sets it)")
