@@ -590,7 +590,7 @@ TEST(StPlan, RoundTripEveryDtype) {
     EXPECT_STREQ(idx.v.meta[1].key, "k\"ey\n");
     EXPECT_STREQ(idx.v.meta[1].value, "v\\al\x01");
     EXPECT_STREQ(idx.v.meta[2].key, CKPTIO_ST_VERSION_KEY);
-    EXPECT_STREQ(idx.v.meta[2].value, "1.0.0");
+    EXPECT_STREQ(idx.v.meta[2].value, ckptio_version_string());
   }
 }
 
@@ -600,7 +600,8 @@ TEST(StPlan, ExactHeaderText) {
   ckptio_st_plan_set_crc(&plan.v, 0, 0xCBF43926u);
   std::string h((const char *)plan.v.header + 8, plan.v.header_bytes - 8);
   const std::string want =
-      R"({"__metadata__":{"ckptio.version":"1.0.0","ckptio.crc32.a":"00000000","ckptio.crc32.b":"cbf43926"},)"
+      R"({"__metadata__":{"ckptio.version":")" + std::string(ckptio_version_string()) +
+      R"(","ckptio.crc32.a":"00000000","ckptio.crc32.b":"cbf43926"},)"
       R"("a":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]},)"
       R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})";
   EXPECT_EQ(h.substr(0, want.size()), want);
@@ -620,13 +621,13 @@ TEST(StPlan, NoTensorsNoMetadataStillWritesVersion) {
   ASSERT_EQ(make_plan({}, {}, 0, 4096, &plan), 0);
   EXPECT_EQ(plan.v.header_bytes, 4096u);
   EXPECT_EQ(plan.v.file_size, 4096u);
-  const std::string want = R"({"__metadata__":{"ckptio.version":"1.0.0"}})";
+  const std::string want = R"({"__metadata__":{"ckptio.version":")" + std::string(ckptio_version_string()) + R"("}})";
   EXPECT_EQ(std::string((const char *)plan.v.header + 8, want.size()), want);
   Index idx;
   ASSERT_EQ(parse(image(plan.v), &idx), 0);
   EXPECT_EQ(idx.v.count, 0u);
   ASSERT_EQ(idx.v.meta_count, 1u);
-  EXPECT_STREQ(idx.v.meta[0].value, "1.0.0");
+  EXPECT_STREQ(idx.v.meta[0].value, ckptio_version_string());
   ckptio_st_plan_set_crc(&plan.v, 0, 1);  // out of range: a no-op
 }
 
