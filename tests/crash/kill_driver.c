@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "ckptio.h"
+#include "driver.h"
 
 #define NTENSORS 4
 static const int64_t kRows[NTENSORS] = {512, 384, 256, 8};
@@ -32,17 +33,6 @@ static uint32_t value(uint64_t seq, int k, uint64_t i) {
 static int usage(void) {
   fprintf(stderr, "usage: kill_driver save|check single|pt|sharded|resharded|zstd|ranks|ranks3 PATH [COUNT [START]]\n");
   return 2;
-}
-
-static ckptio_ctx *make_ctx(void) {
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
-  o.threads = 2;
-  o.chunk_bytes = 256 << 10;
-  o.staging_bytes = 1 << 20;
-  o.cuda = 0;
-  ckptio_ctx *ctx = NULL;
-  if (ckptio_ctx_create(&o, &ctx) < 0) exit(2);
-  return ctx;
 }
 
 /* Three threads as the ranks of one save: the collectives meet at a barrier
@@ -166,7 +156,7 @@ static void say(const char *event, uint64_t seq) {
 static int save_loop(const char *kind, const char *path, uint64_t count, uint64_t start) {
   int ranks3 = !strcmp(kind, "ranks3");
   ckptio_ctx *ctxs[NRANKS];
-  for (int r = 0; r < (ranks3 ? NRANKS : 1); r++) ctxs[r] = make_ctx();
+  for (int r = 0; r < (ranks3 ? NRANKS : 1); r++) ctxs[r] = driver_ctx();
   uint32_t *bufs[NTENSORS];
   for (int k = 0; k < NTENSORS; k++) bufs[k] = malloc((size_t)kRows[k] * COLS * 4);
   int failed = 0;
@@ -220,7 +210,7 @@ static int check(const char *kind, const char *path) {
   if (!strcmp(kind, "sharded") || !strcmp(kind, "resharded") || !strncmp(kind, "ranks", 5))
     snprintf(dir, sizeof(dir), "%s", path);
   else snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-  ckptio_ctx *ctx = make_ctx();
+  ckptio_ctx *ctx = driver_ctx();
   ckptio_reader *r = NULL;
   int rc = ckptio_reader_open(ctx, path, NULL, &r);
   if (rc == -2 /* -ENOENT: no save finished yet */ ||

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ckpt_fixture.h"
+#include "manage_util.h"
 extern "C" {
 #include "s3/s3.h"
 }
@@ -167,22 +168,6 @@ struct MemStore {
 };
 
 // ------------------------------------------------------------ the fixture
-
-struct Warnings {
-  std::vector<std::string> messages;
-  static void fn(void *arg, uint64_t, int, const char *msg) { static_cast<Warnings *>(arg)->messages.push_back(msg); }
-  bool any_contains(const std::string &s) const {
-    for (auto &m : messages)
-      if (m.find(s) != std::string::npos) return true;
-    return false;
-  }
-};
-
-std::string step_name(uint64_t step) {
-  char b[32];
-  snprintf(b, sizeof(b), "step-%08llu", (unsigned long long)step);
-  return b;
-}
 
 std::vector<Tensor> model_of(uint64_t step, int n = 3) {
   std::vector<Tensor> ts;

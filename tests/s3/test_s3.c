@@ -11,7 +11,7 @@
  *   test_s3 put KEY FILE     one PUT
  *   test_s3 upload KEY FILE THREADS  a multipart upload (5 MiB parts)
  *   test_s3 bench KEY SIZE_MIB THREADS CHUNK_MIB   upload and GET rates
- *                                          (tests/s3/bench_s3.py)
+ *                                          (bench/s3/client_bench.py)
  *
  * Exit 0 pass, 1 fail, 77 skip (no server, or no libcurl in this build). */
 #include <arpa/inet.h>

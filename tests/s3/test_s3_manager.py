@@ -161,7 +161,7 @@ def check(url):
     return int(fields["complete"]), int(fields["latest"])
 
 
-@pytest.mark.skipif(not DRIVER, reason="CKPTIO_TEST_CRASH_DRIVER (tests/manage/crash_driver) is not set")
+@pytest.mark.skipif(not DRIVER, reason="CKPTIO_TEST_CRASH_DRIVER (tests/crash/manager_driver.c) is not set")
 @pytest.mark.parametrize("kind", ["single", "sharded"])
 def test_a_save_killed_mid_upload_is_swept_and_resumed(s3, kind):
     """A save loop SIGKILLed while its upload is open: the published steps

@@ -1,4 +1,4 @@
-/* The saving side of the manager's crash test (crash_test.py): `save`
+/* The saving side of the manager's kill test (manager_kill_test.py): `save`
  * resumes from the newest complete checkpoint and saves steps in a loop
  * until killed; `check` lists the directory, verifies and loads every
  * checkpoint against the bytes its step must hold, and prints what it
@@ -10,6 +10,7 @@
 #include <dirent.h>
 
 #include "ckptio.h"
+#include "driver.h"
 
 #define NTENSORS 3
 static int64_t kRows[NTENSORS] = {256, 384, 40};
@@ -44,23 +45,8 @@ static void on_warning(void *arg, uint64_t step, int code, const char *msg) {
   fprintf(stderr, "warning: %s\n", msg);
 }
 
-static ckptio_ctx *make_ctx(void) {
-  ckptio_options o = CKPTIO_OPTIONS_INIT;
-  o.threads = 2;
-  o.chunk_bytes = 256 << 10;
-  o.staging_bytes = 1 << 20;
-  o.cuda = 0;
-  ckptio_ctx *ctx = NULL;
-  int rc = ckptio_ctx_create(&o, &ctx);
-  if (rc < 0) {
-    fprintf(stderr, "ctx: %s\n", ckptio_strerror(rc));
-    exit(2);
-  }
-  return ctx;
-}
-
 static int save_loop(const char *dir, ckptio_manager_options *mo, long steps) {
-  ckptio_ctx *ctx = make_ctx();
+  ckptio_ctx *ctx = driver_ctx();
   ckptio_manager *m = NULL;
   int rc = ckptio_manager_open(ctx, dir, mo, NULL, &m);
   if (rc < 0) {
@@ -137,7 +123,7 @@ static int count_strays(const char *dir) {
 }
 
 static int check(const char *dir) {
-  ckptio_ctx *ctx = make_ctx();
+  ckptio_ctx *ctx = driver_ctx();
   ckptio_manager_options mo = CKPTIO_MANAGER_OPTIONS_INIT;
   mo.verify = 1;
   ckptio_manager *m = NULL;

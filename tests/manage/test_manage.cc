@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ckpt_fixture.h"
+#include "manage_util.h"
 extern "C" {
 #include "core/hold.h"
 }
@@ -21,27 +22,6 @@ extern "C" {
 using namespace ckptio_test;
 
 namespace {
-
-struct Warnings {
-  std::vector<std::string> messages;
-  std::vector<uint64_t> steps;
-  static void fn(void *arg, uint64_t step, int, const char *msg) {
-    auto *w = static_cast<Warnings *>(arg);
-    w->messages.push_back(msg);
-    w->steps.push_back(step);
-  }
-  bool any_contains(const std::string &s) const {
-    for (auto &m : messages)
-      if (m.find(s) != std::string::npos) return true;
-    return false;
-  }
-};
-
-std::string step_dir(uint64_t step) {
-  char b[32];
-  snprintf(b, sizeof(b), "step-%08llu", (unsigned long long)step);
-  return b;
-}
 
 std::vector<Tensor> model_of(uint64_t step) {
   return {make_tensor("a", CKPTIO_F32, {64, 33}, step * 3 + 1), make_tensor("b", CKPTIO_BF16, {300}, step * 3 + 2),
@@ -133,10 +113,10 @@ TEST_F(Manage, PublishesAndResumesFromLatest) {
   EXPECT_TRUE(warn_.messages.empty());
   ASSERT_EQ(save_step(100), 0) << ckptio_manager_last_error(m_);
   ASSERT_EQ(save_step(200), 0) << ckptio_manager_last_error(m_);
-  EXPECT_EQ(read_latest(), step_dir(200) + "\n");
+  EXPECT_EQ(read_latest(), step_name(200) + "\n");
   std::string path;
   EXPECT_EQ(latest(&path), 200u);
-  EXPECT_EQ(path, root() + "/" + step_dir(200) + "/model.safetensors");
+  EXPECT_EQ(path, root() + "/" + step_name(200) + "/model.safetensors");
   expect_loads(ctx_, path, model_of(200));
   EXPECT_TRUE(warn_.messages.empty()) << warn_.messages[0];
   EXPECT_TRUE(hidden().empty());
@@ -213,13 +193,13 @@ TEST_F(Manage, SkipsCorruptCheckpointWithWarning) {
   ASSERT_EQ(save_step(2), 0);
   // Flip a byte in the data of step 2: the header still parses (structural
   // check passes), the CRC does not.
-  std::string f = root() + "/" + step_dir(2) + "/model.safetensors";
+  std::string f = root() + "/" + step_name(2) + "/model.safetensors";
   auto b = read_file(f);
   b[b.size() - 10] ^= 0x40;
   write_file(f, b);
   EXPECT_EQ(latest(), 1u);
   ASSERT_FALSE(warn_.messages.empty());
-  EXPECT_TRUE(warn_.any_contains(step_dir(2))) << warn_.messages[0];
+  EXPECT_TRUE(warn_.any_contains(step_name(2))) << warn_.messages[0];
   EXPECT_TRUE(warn_.any_contains("verification failed"));
 
   // Without verify the structural check accepts it.
@@ -240,13 +220,13 @@ TEST_F(Manage, SkipsIncompleteCheckpoint) {
   ASSERT_EQ(save_step(1), 0);
   ASSERT_EQ(save_step(2), 0);
   // A truncated file and an empty step directory, both newer.
-  std::string f = root() + "/" + step_dir(2) + "/model.safetensors";
+  std::string f = root() + "/" + step_name(2) + "/model.safetensors";
   ASSERT_EQ(truncate(f.c_str(), 100), 0);
-  ASSERT_EQ(mkdir((root() + "/" + step_dir(3)).c_str(), 0777), 0);
+  ASSERT_EQ(mkdir((root() + "/" + step_name(3)).c_str(), 0777), 0);
   warn_.messages.clear();
   EXPECT_EQ(latest(), 1u);
-  EXPECT_TRUE(warn_.any_contains(step_dir(2)));
-  EXPECT_TRUE(warn_.any_contains(step_dir(3)));
+  EXPECT_TRUE(warn_.any_contains(step_name(2)));
+  EXPECT_TRUE(warn_.any_contains(step_name(3)));
   EXPECT_TRUE(warn_.any_contains("incomplete"));
   ASSERT_EQ(ckptio_manager_list(m_, 0), 3);
   ckptio_checkpoint_info info = CKPTIO_CHECKPOINT_INFO_INIT;
@@ -261,9 +241,9 @@ TEST_F(Manage, SkipsIncompleteCheckpoint) {
 
 TEST_F(Manage, AllIncompleteMeansNone) {
   open();
-  ASSERT_EQ(mkdir((root() + "/" + step_dir(7)).c_str(), 0777), 0);
+  ASSERT_EQ(mkdir((root() + "/" + step_name(7)).c_str(), 0777), 0);
   EXPECT_EQ(latest(), ~0ull);
-  EXPECT_TRUE(warn_.any_contains(step_dir(7)));
+  EXPECT_TRUE(warn_.any_contains(step_name(7)));
 }
 
 TEST_F(Manage, StaleOrMissingLatestRecordFallsBackToScan) {
@@ -272,10 +252,10 @@ TEST_F(Manage, StaleOrMissingLatestRecordFallsBackToScan) {
   ASSERT_EQ(save_step(2), 0);
   // A record naming an older step (a save killed between publication and
   // the record), then a missing one, then one naming nothing that exists.
-  write_file(root() + "/latest", step_dir(1) + "\n");
+  write_file(root() + "/latest", step_name(1) + "\n");
   warn_.messages.clear();
   EXPECT_EQ(latest(), 2u);
-  EXPECT_TRUE(warn_.any_contains("names \"" + step_dir(1) + "\""));
+  EXPECT_TRUE(warn_.any_contains("names \"" + step_name(1) + "\""));
   ASSERT_EQ(unlink((root() + "/latest").c_str()), 0);
   warn_.messages.clear();
   EXPECT_EQ(latest(), 2u);
@@ -284,7 +264,7 @@ TEST_F(Manage, StaleOrMissingLatestRecordFallsBackToScan) {
   EXPECT_EQ(latest(), 2u);
   // The next save writes a correct record again.
   ASSERT_EQ(save_step(3), 0);
-  EXPECT_EQ(read_latest(), step_dir(3) + "\n");
+  EXPECT_EQ(read_latest(), step_name(3) + "\n");
 }
 
 TEST_F(Manage, StrayTemporariesRemovedByNextSave) {
@@ -337,7 +317,7 @@ TEST_F(Manage, FailedOrAbandonedSavePublishesNothing) {
   open();
   EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{1}));
   EXPECT_TRUE(hidden().empty());
-  EXPECT_EQ(read_latest(), step_dir(1) + "\n");
+  EXPECT_EQ(read_latest(), step_name(1) + "\n");
 }
 
 TEST_F(Manage, SameStepIsReplaced) {
@@ -413,7 +393,7 @@ TEST_F(Manage, Sharded) {
   ASSERT_EQ(save_step(2), 0) << ckptio_manager_last_error(m_);
   std::string path;
   EXPECT_EQ(latest(&path), 2u);
-  EXPECT_EQ(path, root() + "/" + step_dir(2) + "/model.safetensors.index.json");
+  EXPECT_EQ(path, root() + "/" + step_name(2) + "/model.safetensors.index.json");
   expect_loads(ctx_, path, model_of(2));
   EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{2}));
   ASSERT_EQ(ckptio_manager_list(m_, 1), 1);
@@ -429,13 +409,13 @@ TEST_F(Manage, Sharded) {
   open(mo);
   ASSERT_EQ(save_step(1), 0);
   std::string shard;
-  for (auto &n : list_dir(root() + "/" + step_dir(2)))
+  for (auto &n : list_dir(root() + "/" + step_name(2)))
     if (n.rfind("model-00001-of-", 0) == 0) shard = n;
   ASSERT_FALSE(shard.empty());
-  ASSERT_EQ(unlink((root() + "/" + step_dir(2) + "/" + shard).c_str()), 0);
+  ASSERT_EQ(unlink((root() + "/" + step_name(2) + "/" + shard).c_str()), 0);
   warn_.messages.clear();
   EXPECT_EQ(latest(), 1u);
-  EXPECT_TRUE(warn_.any_contains(step_dir(2)));
+  EXPECT_TRUE(warn_.any_contains(step_name(2)));
 }
 
 TEST_F(Manage, RetentionNeverRemovesTheOnlyCompleteCheckpoint) {
@@ -446,7 +426,7 @@ TEST_F(Manage, RetentionNeverRemovesTheOnlyCompleteCheckpoint) {
   // Newer incomplete directories do not count towards keep_last, and are
   // not removed by an older save; the older complete one goes only once
   // the new one is published.
-  ASSERT_EQ(mkdir((root() + "/" + step_dir(30)).c_str(), 0777), 0);
+  ASSERT_EQ(mkdir((root() + "/" + step_name(30)).c_str(), 0777), 0);
   ASSERT_EQ(save_step(20), 0);
   EXPECT_EQ(steps_on_disk(), (std::vector<uint64_t>{20, 30}));
   EXPECT_EQ(latest(), 20u);

@@ -4,7 +4,7 @@ server in the same round (the disk and the 2 cores here drift minute to
 minute: compare within a round). Not a test: a check that the client is
 not the bottleneck before the S3 backend is built on it.
 
-usage: bench_s3.py TEST_S3_BINARY [--mib 256] [--threads 8] [--chunk-mib 8] [--rounds 3]
+usage: client_bench.py TEST_S3_BINARY [--mib 256] [--threads 8] [--chunk-mib 8] [--rounds 3]
 
 Each round: test_s3 bench (a multipart upload of CHUNK_MIB parts from
 THREADS threads, then
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "s3"))
 import weed_server  # noqa: E402
 
 

@@ -11,7 +11,7 @@ checkpoint existed there is always at least one. Repeats --kills times
 same directory, then saves once without a kill and checks that no stray
 temporary is left.
 
-usage: crash_test.py DRIVER WORKDIR [--kills N] [--max-seconds S] [--seed N]
+usage: manager_kill_test.py DRIVER WORKDIR [--kills N] [--max-seconds S] [--seed N]
 """
 
 import argparse
