@@ -292,7 +292,7 @@ class Contenders:
     # Loads: each returns name -> tensor / array.
     def load_ckptio(self, path):
         # The copying load: fresh memory filled by parallel preads.
-        return self.ckptio.load_file(path, mmap=False)
+        return self.ckptio.load_file(path, backend="pread")
 
     def load_ckptio_map(self, path):
         # The zero-copy load (the default on the CPU): torch tensors viewing
@@ -364,15 +364,17 @@ class Contenders:
         return self.ck_torch.load_file(path)
 
     def load_ckptio_torch_copy(self, path):
-        return self.ck_torch.load_file(path, mmap=False)
+        return self.ck_torch.load_file(path, backend="pread")
 
     def load_runai_keep(self, path):
-        # Yielded tensors alias the streamer's buffer: keeping a state dict
-        # takes a clone of each.
+        # As a user of 0.17 keeps a state dict: stream_file's owned=True
+        # (its default) yields tensors the caller owns, valid after the
+        # streamer closes, so none is copied (until 1.0 of this bench, each
+        # was cloned: a copy no user of 0.17 pays).
         from runai_model_streamer import SafetensorsStreamer
         with SafetensorsStreamer() as st:
-            st.stream_file(path)
-            return {k: t.clone() for k, t in st.get_tensors()}
+            st.stream_file(path, owned=True)
+            return dict(st.get_tensors())
 
     # Streaming: consume(name, tensor) on each tensor as it arrives; nothing
     # is kept.
@@ -424,9 +426,9 @@ PEER_MODULES = {"runai_stream": "runai_model_streamer", "runai_keep": "runai_mod
                 "fastsafetensors": "fastsafetensors", "tensorizer": "tensorizer"}
 # name, label, file it reads (written by that save), load function
 LOADS = [
-    ("ckptio_st", "ckptio load_file (safetensors, mmap=False: copy)", "ckptio_st",
+    ("ckptio_st", "ckptio load_file (safetensors, backend='pread': copy)", "ckptio_st",
      lambda c, p: c.load_ckptio(p)),
-    ("ckptio_pt", "ckptio load_file (.pt, mmap=False: copy)", "ckptio_pt",
+    ("ckptio_pt", "ckptio load_file (.pt, backend='pread': copy)", "ckptio_pt",
      lambda c, p: c.load_ckptio(p)),
     ("ckptio_st_map", "ckptio.torch.load_file (safetensors, zero-copy, CRC checked)", "ckptio_st",
      lambda c, p: c.load_ckptio_map(p)),
@@ -445,7 +447,7 @@ LOADS = [
     # touched as it is yielded and nothing is kept.
     ("ckptio_default", "ckptio.torch.load_file(path) (default call; keep)", "ckptio_st",
      lambda c, p: c.load_ckptio_default(p)),
-    ("ckptio_torch_copy", "ckptio.torch.load_file(path, mmap=False) (keep)", "ckptio_st",
+    ("ckptio_torch_copy", "ckptio.torch.load_file(path, backend='pread') (keep)", "ckptio_st",
      lambda c, p: c.load_ckptio_torch_copy(p)),
     ("ckptio_stream", "ckptio.torch.safe_open, get_tensor each, touched as read (stream)",
      "ckptio_st", lambda c, p: _streamed(c.stream_ckptio, p)),
@@ -455,7 +457,7 @@ LOADS = [
      "ckptio_st", lambda c, p: _streamed(c.stream_safetensors_keys, p)),
     ("runai_stream", "runai-model-streamer SafetensorsStreamer, touched as yielded (stream)",
      "ckptio_st", lambda c, p: _streamed(c.stream_runai, p)),
-    ("runai_keep", "runai-model-streamer SafetensorsStreamer, clone of each kept (keep)",
+    ("runai_keep", "runai-model-streamer SafetensorsStreamer, owned tensors kept (keep)",
      "ckptio_st", lambda c, p: c.load_runai_keep(p)),
     ("fastsafetensors", "fastsafetensors fastsafe_open (cpu, nogds; keep)", "ckptio_st",
      lambda c, p: c.load_fastsafetensors(p)),
@@ -1286,7 +1288,7 @@ LOAD_REFS = ("ckptio_st", "ckptio_pt", "ckptio_st_map", "ckptio_pt_map", "ckptio
              "ckptio_torch_copy", "ckptio_stream", "ckptio_stream_keys")
 REF_TITLES = {"ckptio_st": "ckptio st", "ckptio_pt": "ckptio pt", "ckptio_st_map": "ckptio st map",
               "ckptio_pt_map": "ckptio pt map", "ckptio_default": "ckptio default",
-              "ckptio_torch_copy": "ckptio mmap=False", "ckptio_stream": "ckptio stream",
+              "ckptio_torch_copy": "ckptio pread", "ckptio_stream": "ckptio stream",
               "ckptio_stream_keys": "ckptio keys() loop"}
 WAY_LABELS = {"raw_write_direct": "raw write, O_DIRECT 32 x 8 MiB in flight",
               "raw_write_buffered": "raw write, buffered 8 MiB + fdatasync",
@@ -1443,8 +1445,8 @@ GOALS26 = [
     ("stream job: ckptio safe_open + get_tensor >= 1.1x runai-model-streamer (cold, + {touch})",
      "load_cold", "ckptio_stream", "runai_stream", 1.1),
     ("keep job: ckptio.torch.load_file(path), the default call, >= 1.1x runai-model-streamer "
-     "+ clone (cold, + {touch})", "load_cold", "ckptio_default", "runai_keep", 1.1),
-    ("(info) keep job, ckptio.torch.load_file(mmap=False) / runai-model-streamer + clone "
+     "keeping its owned tensors (cold, + {touch})", "load_cold", "ckptio_default", "runai_keep", 1.1),
+    ("(info) keep job, ckptio.torch.load_file(backend='pread') / runai-model-streamer, owned tensors "
      "(cold, + {touch})", "load_cold", "ckptio_torch_copy", "runai_keep", 1.1),
     ("ckptio's default call >= 1.1x every other peer (cold, + {touch})", "load_cold",
      "ckptio_default", "best_other", 1.1),
@@ -1655,7 +1657,7 @@ def main():
     ap.add_argument("--peers2", action="store_true",
                     help="the second ring (issue 26): runai-model-streamer (stream and keep), "
                          "fastsafetensors, tensorizer, ckptio's default call, stream and "
-                         "mmap=False, next to torch, safetensors and numpy; every safetensors "
+                         "pread copy, next to torch, safetensors and numpy; every safetensors "
                          "reader reads ckptio's file")
     ap.add_argument("--contenders", default=None,
                     help="comma-separated contender names (saves and loads; see SAVES and LOADS "
