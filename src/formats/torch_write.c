@@ -232,6 +232,26 @@ static uint64_t ckptio_zip_w_central_len(const zrec *r) {
   return ZIP_CENTRAL + r->name_len + ckptio_zip_w_extra64(r);
 }
 
+/* The zip64 extra field of an entry (e64 bytes, 0: none): the sizes when
+ * they pass 32 bits (the compressed one given: the local header's is not
+ * known yet), then the local header's offset when it does. @return the end. */
+static uint8_t *zip64_extra(uint8_t *p, const zrec *r, uint32_t e64, uint64_t csize) {
+  if (!e64) return p;
+  le16(p, 1);
+  le16(p + 2, e64 - 4);
+  p += 4;
+  if (r->size >= ZIP_MAX32) {
+    le64(p, r->size);
+    le64(p + 8, csize);
+    p += 16;
+  }
+  if (r->hdr >= ZIP_MAX32) {
+    le64(p, r->hdr);
+    p += 8;
+  }
+  return p;
+}
+
 static void ckptio_zip_w_local(uint8_t *p, const zrec *r) {
   const uint32_t e64 = ckptio_zip_w_extra64(r);
   const uint64_t pad = ckptio_zip_w_local_len(r) - ZIP_LOCAL - r->name_len - e64 - 4;
@@ -243,21 +263,8 @@ static void ckptio_zip_w_local(uint8_t *p, const zrec *r) {
   p += ZIP_LOCAL;
   memcpy(p, r->name, r->name_len);
   p += r->name_len;
-  if (e64) {
-    le16(p, 1);
-    le16(p + 2, e64 - 4);
-    p += 4;
-    if (r->size >= ZIP_MAX32) {
-      /* miniz writes the compressed size before it knows it: 0. */
-      le64(p, r->size);
-      le64(p + 8, 0);
-      p += 16;
-    }
-    if (r->hdr >= ZIP_MAX32) {
-      le64(p, r->hdr);
-      p += 8;
-    }
-  }
+  /* miniz writes the compressed size before it knows it: 0. */
+  p = zip64_extra(p, r, e64, 0);
   p[0] = 'F';
   p[1] = 'B';
   le16(p + 2, pad);
@@ -292,17 +299,7 @@ static uint8_t *ckptio_zip_w_central(uint8_t *p, const zrec *r) {
   p += ZIP_CENTRAL;
   memcpy(p, r->name, r->name_len);
   p += r->name_len;
-  if (e64) {
-    le16(p, 1);
-    le16(p + 2, e64 - 4);
-    p += 4;
-    if (r->size >= ZIP_MAX32) {
-      le64(p, r->size);
-      le64(p + 8, r->size);
-      p += 16;
-    }
-    if (r->hdr >= ZIP_MAX32) le64(p, r->hdr);
-  }
+  zip64_extra(p, r, e64, r->size);
   return crc;
 }
 
