@@ -61,26 +61,8 @@ class Manage : public ::testing::Test {
     EXPECT_EQ(ckptio_writer_wait_snapshot(w), 0);
     return ckptio_manager_save_end(m_, w);
   }
-  std::vector<uint64_t> steps_on_disk() {
-    std::vector<uint64_t> out;
-    int64_t n = ckptio_manager_list(m_, 0);
-    EXPECT_GE(n, 0);
-    for (int64_t i = 0; i < n; i++) {
-      ckptio_checkpoint_info info = CKPTIO_CHECKPOINT_INFO_INIT;
-      EXPECT_EQ(ckptio_manager_checkpoint(m_, (size_t)i, &info), 0);
-      out.push_back(info.step);
-    }
-    return out;
-  }
-  uint64_t latest(std::string *path = nullptr) {
-    uint64_t step = ~0ull;
-    char buf[4096];
-    int rc = ckptio_manager_latest(m_, &step, buf, sizeof(buf));
-    EXPECT_GE(rc, 0) << ckptio_manager_last_error(m_);
-    if (rc == 0) return ~0ull;
-    if (path) *path = buf;
-    return step;
-  }
+  std::vector<uint64_t> steps_on_disk() { return listed_steps(m_); }
+  uint64_t latest(std::string *path = nullptr) { return latest_step(m_, path); }
   std::vector<std::string> hidden() {
     std::vector<std::string> out;
     for (auto &n : list_dir(root()))

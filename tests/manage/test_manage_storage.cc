@@ -237,27 +237,8 @@ class ManageStorage : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(ckptio_writer_commit_async(w), 0);
     return ckptio_manager_save_end(m_, w);
   }
-  std::vector<uint64_t> listed(std::vector<int> *complete = nullptr) {
-    std::vector<uint64_t> out;
-    int64_t n = ckptio_manager_list(m_, 0);
-    EXPECT_GE(n, 0) << ckptio_manager_last_error(m_);
-    for (int64_t i = 0; i < n; i++) {
-      ckptio_checkpoint_info info = CKPTIO_CHECKPOINT_INFO_INIT;
-      EXPECT_EQ(ckptio_manager_checkpoint(m_, (size_t)i, &info), 0);
-      out.push_back(info.step);
-      if (complete) complete->push_back(info.complete);
-    }
-    return out;
-  }
-  uint64_t latest(std::string *path = nullptr) {
-    uint64_t step = ~0ull;
-    char buf[4096];
-    int rc = ckptio_manager_latest(m_, &step, buf, sizeof(buf));
-    EXPECT_GE(rc, 0) << ckptio_manager_last_error(m_);
-    if (rc != 1) return ~0ull;
-    if (path) *path = buf;
-    return step;
-  }
+  std::vector<uint64_t> listed(std::vector<int> *complete = nullptr) { return listed_steps(m_, complete); }
+  uint64_t latest(std::string *path = nullptr) { return latest_step(m_, path); }
   // Every object under the manager's prefix, by its name below it.
   std::vector<std::string> objects() {
     std::vector<std::string> out;
