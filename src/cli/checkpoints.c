@@ -40,26 +40,12 @@ static const char *state_of(const ckptio_checkpoint_info *c, int verify) {
 }
 
 int cli_checkpoints_main(int argc, char **argv) {
-  const char *dir = NULL;
-  int verify = 0, json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (cli_listing_option(argv[i], &verify, &json)) {
-      continue;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "ckptio checkpoints: unknown option '%s'\n\n", argv[i]);
-      cli_checkpoints_usage(stderr);
-      return CLI_EXIT_USAGE;
-    } else if (dir) {
-      fprintf(stderr, "ckptio checkpoints: one DIR only\n");
-      return CLI_EXIT_USAGE;
-    } else {
-      dir = argv[i];
-    }
-  }
-  if (!dir) {
-    cli_checkpoints_usage(stderr);
+  const char *dir;
+  cli_listing l = {0, 0};
+  int ndirs;
+  if (cli_args(argc, argv, "checkpoints", cli_checkpoints_usage, cli_listing_option, &l, "DIR", &dir, 1, &ndirs))
     return CLI_EXIT_USAGE;
-  }
+  const int verify = l.verify, json = l.json;
   /* The manager creates a missing directory; a listing must not. A
    * storage's prefix is never created (the manager asks the storage to
    * list it, and fails naming the URL when it cannot). */

@@ -60,9 +60,22 @@ void cli_shell_word(FILE *out, const char *s);
 const char *cli_open_error(int rc);
 /* Which exit code a library error while reading a file maps to. */
 int cli_exit_for_read_error(int rc);
-/* The listing commands' (checkpoints, tiers) own options: 1 when arg is
- * --verify or --json (and sets it), else 0. */
-int cli_listing_option(const char *arg, int *verify, int *json);
+/* An option of a command: how many words from argv[i] it took (1, or 2
+ * with its value), or 0 when argv[i] is not one of its. */
+typedef int (*cli_option_fn)(void *opts, int argc, char **argv, int i);
+/* The words of `ckptio CMD`: options through `option` (NULL: none), the
+ * others positional, `what` (FILE, DIR) in messages, at least one and at
+ * most max of them into args (*n of them). An unknown option, none or too
+ * many positional words are printed with why and the usage. @return 0, or
+ * CLI_EXIT_USAGE. */
+int cli_args(int argc, char **argv, const char *cmd, void (*usage)(FILE *), cli_option_fn option, void *opts,
+             const char *what, const char **args, int max, int *n);
+/* The listing commands' (checkpoints, tiers) options, for cli_args:
+ * --verify and --json. */
+typedef struct cli_listing {
+  int verify, json;
+} cli_listing;
+int cli_listing_option(void *listing, int argc, char **argv, int i);
 /* A context for reading local checkpoints whole to check their CRC32s
  * (verify, checkpoints, tiers): from the mapping, with a tiny ring, no CUDA. */
 void cli_verify_options(ckptio_options *o);

@@ -282,30 +282,29 @@ static void print_table(const char *path, const file_facts *f, ckptio_reader *r)
   }
 }
 
+typedef struct inspect_opts {
+  const char *plan;
+  int json;
+} inspect_opts;
+
+static int inspect_option(void *opts, int argc, char **argv, int i) {
+  inspect_opts *o = opts;
+  if (!strcmp(argv[i], "--json")) return o->json = 1;
+  if (!strcmp(argv[i], "--plan") && i + 1 < argc) {
+    o->plan = argv[i + 1];
+    return 2;
+  }
+  return 0;
+}
+
 int cli_inspect_main(int argc, char **argv) {
-  const char *path = NULL;
-  const char *plan = NULL;
-  int json = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (!strcmp(argv[i], "--plan") && i + 1 < argc) {
-      plan = argv[++i];
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "ckptio inspect: unknown option '%s'\n\n", argv[i]);
-      cli_inspect_usage(stderr);
-      return CLI_EXIT_USAGE;
-    } else if (path) {
-      fprintf(stderr, "ckptio inspect: one FILE only\n");
-      return CLI_EXIT_USAGE;
-    } else {
-      path = argv[i];
-    }
-  }
-  if (!path) {
-    cli_inspect_usage(stderr);
+  inspect_opts io = {NULL, 0};
+  const char *path;
+  int n;
+  if (cli_args(argc, argv, "inspect", cli_inspect_usage, inspect_option, &io, "FILE", &path, 1, &n))
     return CLI_EXIT_USAGE;
-  }
+  const char *plan = io.plan;
+  const int json = io.json;
 
   int ret = CLI_EXIT_USAGE;
   ckptio_ctx *ctx = NULL;

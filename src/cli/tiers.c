@@ -89,39 +89,33 @@ static int list_dir(ckptio_ctx *ctx, const char *dir, int verify, int json, int 
 }
 
 int cli_tiers_main(int argc, char **argv) {
-  int verify = 0, json = 0, ndirs = 0;
-  for (int i = 1; i < argc; i++) {
-    if (cli_listing_option(argv[i], &verify, &json)) {
-      continue;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "ckptio tiers: unknown option '%s'\n\n", argv[i]);
-      cli_tiers_usage(stderr);
-      return CLI_EXIT_USAGE;
-    } else {
-      ndirs++;
-    }
-  }
-  if (!ndirs) {
-    cli_tiers_usage(stderr);
+  cli_listing l = {0, 0};
+  const char **dirs = calloc((size_t)argc, sizeof(*dirs));
+  int ndirs;
+  if (!dirs) return CLI_EXIT_USAGE;
+  if (cli_args(argc, argv, "tiers", cli_tiers_usage, cli_listing_option, &l, "DIR", dirs, argc, &ndirs)) {
+    free(dirs);
     return CLI_EXIT_USAGE;
   }
+  const int verify = l.verify, json = l.json;
   ckptio_ctx *ctx = NULL;
   ckptio_options o;
   cli_verify_options(&o);
   int rc = ckptio_ctx_create(&o, &ctx);
   if (rc < 0) {
     fprintf(stderr, "ckptio tiers: %s\n", cli_open_error(rc));
+    free(dirs);
     return CLI_EXIT_USAGE;
   }
   int ret = CLI_EXIT_OK, first = 1;
   if (json) printf("{\"dirs\": [");
-  for (int i = 1; i < argc; i++) {
-    if (argv[i][0] == '-' && argv[i][1]) continue;
-    int r = list_dir(ctx, argv[i], verify, json, first);
+  for (int i = 0; i < ndirs; i++) {
+    int r = list_dir(ctx, dirs[i], verify, json, first);
     first = 0;
     ret = r > ret ? r : ret;
   }
   if (json) printf("]}\n");
   ckptio_ctx_free(ctx);
+  free(dirs);
   return ret;
 }

@@ -187,9 +187,35 @@ size_t cli_files_of(ckptio_reader *r) {
   return n;
 }
 
-int cli_listing_option(const char *arg, int *verify, int *json) {
-  if (!strcmp(arg, "--verify")) return *verify = 1;
-  if (!strcmp(arg, "--json")) return *json = 1;
+int cli_args(int argc, char **argv, const char *cmd, void (*usage)(FILE *), cli_option_fn option, void *opts,
+             const char *what, const char **args, int max, int *n) {
+  *n = 0;
+  for (int i = 1; i < argc; i++) {
+    int used = option ? option(opts, argc, argv, i) : 0;
+    if (used) {
+      i += used - 1;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "ckptio %s: unknown or incomplete option '%s'\n\n", cmd, argv[i]);
+      usage(stderr);
+      return CLI_EXIT_USAGE;
+    } else if (*n == max) {
+      fprintf(stderr, "ckptio %s: one %s only\n", cmd, what);
+      return CLI_EXIT_USAGE;
+    } else {
+      args[(*n)++] = argv[i];
+    }
+  }
+  if (*n) return 0;
+  fprintf(stderr, "ckptio %s: no %s given\n\n", cmd, what);
+  usage(stderr);
+  return CLI_EXIT_USAGE;
+}
+
+int cli_listing_option(void *listing, int argc, char **argv, int i) {
+  (void)argc;
+  cli_listing *l = listing;
+  if (!strcmp(argv[i], "--verify")) return l->verify = 1;
+  if (!strcmp(argv[i], "--json")) return l->json = 1;
   return 0;
 }
 

@@ -29,23 +29,9 @@ static void print_failure(const char *path, int rc, const char *detail) {
 }
 
 int cli_verify_main(int argc, char **argv) {
-  const char *path = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "ckptio verify: unknown option '%s'\n\n", argv[i]);
-      cli_verify_usage(stderr);
-      return CLI_EXIT_USAGE;
-    }
-    if (path) {
-      fprintf(stderr, "ckptio verify: one FILE only\n");
-      return CLI_EXIT_USAGE;
-    }
-    path = argv[i];
-  }
-  if (!path) {
-    cli_verify_usage(stderr);
-    return CLI_EXIT_USAGE;
-  }
+  const char *path;
+  int npaths;
+  if (cli_args(argc, argv, "verify", cli_verify_usage, NULL, NULL, "FILE", &path, 1, &npaths)) return CLI_EXIT_USAGE;
 
   int ret = CLI_EXIT_USAGE;
   ckptio_ctx *ctx = NULL;
