@@ -11,10 +11,6 @@
 
 #include "cli/cli.h"
 
-/* Registered in main.c. */
-int cli_checkpoints_main(int argc, char **argv);
-void cli_checkpoints_usage(FILE *out);
-
 void cli_checkpoints_usage(FILE *out) {
   fprintf(out,
           "usage: ckptio checkpoints DIR [--verify] [--json]\n\n"

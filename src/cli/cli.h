@@ -32,6 +32,8 @@ int cli_inspect_main(int argc, char **argv);
 int cli_verify_main(int argc, char **argv);
 int cli_bench_main(int argc, char **argv);
 int cli_convert_main(int argc, char **argv);
+int cli_checkpoints_main(int argc, char **argv);
+int cli_tiers_main(int argc, char **argv);
 
 void cli_inspect_usage(FILE *out);
 /* inspect --plan NAME:DIM:N on an open reader (src/cli/plan.c). */
@@ -39,6 +41,8 @@ int cli_inspect_plan(ckptio_reader *r, const char *spec, int json);
 void cli_verify_usage(FILE *out);
 void cli_bench_usage(FILE *out);
 void cli_convert_usage(FILE *out);
+void cli_checkpoints_usage(FILE *out);
+void cli_tiers_usage(FILE *out);
 
 /* ------------------------------------------------------------ util.c */
 

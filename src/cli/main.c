@@ -8,11 +8,6 @@
 
 #include "cli/cli.h"
 
-int cli_checkpoints_main(int argc, char **argv); /* src/cli/checkpoints.c */
-void cli_checkpoints_usage(FILE *out);
-int cli_tiers_main(int argc, char **argv); /* src/cli/tiers.c */
-void cli_tiers_usage(FILE *out);
-
 typedef struct command {
   const char *name;
   const char *summary;

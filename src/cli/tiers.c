@@ -13,10 +13,6 @@
 
 #include "cli/cli.h"
 
-/* Registered in main.c. */
-int cli_tiers_main(int argc, char **argv);
-void cli_tiers_usage(FILE *out);
-
 void cli_tiers_usage(FILE *out) {
   fprintf(out,
           "usage: ckptio tiers DIR... [--verify] [--json]\n\n"

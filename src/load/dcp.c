@@ -392,12 +392,8 @@ static size_t dcp_parts(ckptio_source *s, size_t index, const ckptio_spart **out
 
 static int dcp_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   dcp *x = D(s);
-  if (x->parts[index])
-    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu chunks, not in one place: load it",
-                       s->path, s->idx.entries[index].name, x->m.items[index].nchunks);
-  size_t local;
-  ckptio_source *m = dcp_member(s, index, &local, NULL);
-  return m->ops->view(m, local, data, nbytes);
+  return ckptio_source_view_of_member(s, index, x->parts[index] ? x->m.items[index].nchunks : 0, "chunks", data,
+                                      nbytes);
 }
 
 static ckptio_source *dcp_file(ckptio_source *s, size_t k) { return k < D(s)->m.nfiles ? D(s)->sub[k] : NULL; }

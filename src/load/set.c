@@ -474,12 +474,8 @@ static size_t set_parts(ckptio_source *s, size_t index, const ckptio_spart **out
 
 static int set_view(ckptio_source *s, size_t index, const void **data, uint64_t *nbytes) {
   set *x = S(s);
-  if (index >= x->nwhole)
-    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu parts, not in one place: load it",
-                       s->path, s->idx.entries[index].name, x->hf.split[index - x->nwhole].nparts);
-  size_t local;
-  ckptio_source *m = set_member(s, index, &local, NULL);
-  return m->ops->view(m, local, data, nbytes);
+  return ckptio_source_view_of_member(s, index, index >= x->nwhole ? x->hf.split[index - x->nwhole].nparts : 0,
+                                      "parts", data, nbytes);
 }
 
 static ckptio_source *set_file(ckptio_source *s, size_t k) { return k < S(s)->hf.nfiles ? S(s)->sub[k] : NULL; }

@@ -58,3 +58,13 @@ void ckptio_source_ranges_of_member(ckptio_source *s, size_t index, const ckptio
   file_emit f = {emit, arg, (uint32_t)k};
   m->ops->ranges(m, local, g, emit_in_file, &f);
 }
+
+int ckptio_source_view_of_member(ckptio_source *s, size_t index, size_t pieces, const char *what,
+                                 const void **data, uint64_t *nbytes) {
+  if (pieces)
+    return ckptio_fail(s->err, CKPTIO_E_FORMAT, "%s: tensor '%s' is stored in %zu %s, not in one place: load it",
+                       s->path, s->idx.entries[index].name, pieces, what);
+  size_t local;
+  ckptio_source *m = s->ops->member(s, index, &local, NULL);
+  return m->ops->view(m, local, data, nbytes);
+}

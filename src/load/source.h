@@ -222,6 +222,11 @@ ckptio_source *ckptio_source_file_self(ckptio_source *s, size_t k);
 void ckptio_source_ranges_of_member(ckptio_source *s, size_t index, const ckptio_geom *g,
                                     void (*emit)(void *arg, uint32_t file, uint64_t off, uint64_t len), void *arg);
 
+/* The view verb of such a source: the member's view, or a refusal of a
+ * tensor stored in `pieces` > 0 pieces (`what`: "parts", "chunks"). */
+int ckptio_source_view_of_member(ckptio_source *s, size_t index, size_t pieces, const char *what,
+                                 const void **data, uint64_t *nbytes);
+
 /* The context's ring's slot size. */
 uint64_t ckptio_source_slot_bytes(const ckptio_source *s);
 
