@@ -9,14 +9,16 @@ import ctypes
 import operator
 import os
 import threading
+import warnings
 from types import TracebackType
 from typing import Any, Callable, Dict, Generic, List, Optional, SupportsIndex, Tuple, Type, TypeVar, Union
 
-from . import _lib, _mapped
+from . import _lib
 from .errors import check, from_code
 
 __all__ = ["SNAPSHOT_AUTO", "configure", "ctx", "map_ctx", "options", "dtype_code", "Reader",
-           "OpenReader", "PathLike", "MemoryFile", "scratch_dir", "parse_slice_key"]
+           "OpenReader", "PathLike", "MemoryFile", "scratch_dir", "parse_slice_key",
+           "backend_choice", "deprecated_mmap", "check_framework", "VERSION_KEY"]
 
 _R = TypeVar("_R", bound="Reader")
 PathLike = Union[str, "os.PathLike[str]", bytes, "os.PathLike[bytes]"]
@@ -178,15 +180,50 @@ def dtype_code(name: str, where: str = "") -> int:
 MAP_RESIDENT = 0.5
 
 
+def deprecated_mmap(mmap: Optional[bool], where: str) -> Optional[bool]:
+    """`mmap` as given; when it is (not None), a DeprecationWarning naming
+    `where` (the public function) and pointing at the caller's line:
+    load_file's mmap= is the keyword of ckptio before 1.0, kept working
+    beside backend=, which safetensors also takes."""
+    if mmap is not None:
+        warnings.warn(f"{where}: mmap= is deprecated and will be removed; use backend='mmap' "
+                      f"(mmap=True) or backend='pread' (mmap=False)", DeprecationWarning, stacklevel=3)
+    return mmap
+
+
 def backend_choice(backend: str, mmap: Optional[bool]) -> Optional[bool]:
     """A load's backend ("auto", "mmap", "pread" or "direct"; mmap,
     ckptio's older keyword, overrides it when given) as Reader's mapped:
     None, True, False ("direct" is a copying load: Reader's direct)."""
     if backend not in ("auto", "mmap", "pread", "direct"):
         raise ValueError(f"backend must be 'auto', 'mmap', 'pread' or 'direct', got {backend!r}")
+    # (mmap, when given, was warned of by the public function: deprecated_mmap)
     if mmap is not None:
         return bool(mmap)
     return None if backend == "auto" else backend == "mmap"
+
+
+# The key the library writes into every file's metadata (the writer's
+# version): ckptio's own, so safe_open().metadata() leaves it out, as a
+# file saved without metadata has None there in safetensors.
+VERSION_KEY = "ckptio.version"
+
+# safe_open's framework names, as safetensors takes them.
+FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "numpy", "numpy": "numpy"}
+
+
+def check_framework(framework: str, serves: str, device: object) -> None:
+    """Refuses a safe_open `framework` that is not `serves` ("pt" or
+    "numpy"), or a device numpy cannot hold, as safetensors refuses them
+    (its SafetensorError: CkptioValueError here, also a ValueError)."""
+    if FRAMEWORKS.get(framework) != serves:
+        other = "ckptio.numpy" if serves == "pt" else "ckptio.torch"
+        raise from_code(_lib.ERRORS["INVALID_ARG"],
+                        f"framework {framework!r} is invalid here: this safe_open serves "
+                        f"{serves!r} ({other}.safe_open, or ckptio.safe_open, serves the other)")
+    if serves == "numpy" and device != "cpu":
+        raise from_code(_lib.ERRORS["INVALID_ARG"],
+                        f"device {device!r} is not supported for framework numpy (its arrays live on the cpu)")
 
 
 class Reader:
@@ -298,7 +335,7 @@ class Reader:
         """Stage timings of the last load / verify (ckptio_reader_stats) as a
         dict: bytes, seconds (wall), copy_seconds (busy, summed over the
         workers), threads, staging_bytes, ..."""
-        return _mapped.stats(self.lib, self.lib.ckptio_reader_stats, self.handle)
+        return _lib.Stats.read(self.lib.ckptio_reader_stats, self.handle)
 
     def infos(self) -> List[_lib.TensorInfo]:
         """Every tensor's ckptio_tensor_info, in file order."""
@@ -366,12 +403,23 @@ class OpenReader(Generic[_R]):
         except Exception:  # noqa: BLE001 - nothing to report to in a finalizer
             pass
 
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The file's metadata (str -> str), or None when it has none, as
+        safetensors returns it. ckptio's own entries (CRCs, and the
+        version every ckptio file records) are not included:
+        ckptio.load_metadata shows the version."""
+        meta = self._reader().metadata()
+        meta.pop(VERSION_KEY, None)
+        return meta or None
+
     def _reader(self, settle: bool = True) -> _R:
         """The open reader. A reader serves one thread at a time, so unless
         the caller only reads what the open left in Python (names, shapes),
         a window the read-ahead is loading is waited for first."""
         if self._r is None:
-            raise ValueError("safe_open: the file is closed")
+            # safetensors' "File is closed" is its SafetensorError; ckptio's
+            # was a ValueError: CkptioValueError is both.
+            raise from_code(_lib.ERRORS["INVALID_ARG"], "safe_open: the file is closed")
         if settle and self._ahead is not None:
             self._ahead.settle()
         return self._r

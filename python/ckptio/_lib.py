@@ -10,7 +10,7 @@ import ctypes
 import os
 import pathlib
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 MAX_DIMS = 8
 DEVICE_HOST = 0  # CKPTIO_DEVICE_HOST; GPU n is n + 1
@@ -159,6 +159,14 @@ class Stats(ctypes.Structure):  # ckptio_stats
         out["load_methods"] = [name for code, name in enumerate(LOAD_METHODS)
                                if self.load_methods >> code & 1]
         return out
+
+    @classmethod
+    def read(cls, fn: Callable[..., int], handle: Any) -> Optional[Dict[str, Any]]:
+        """The ckptio_stats of `handle` (fn: ckptio_writer_stats or
+        ckptio_reader_stats) as_dict: bytes, seconds, per-stage busy
+        seconds, threads, staging_bytes; None when the call fails."""
+        out = cls.init()
+        return out.as_dict() if fn(handle, ctypes.byref(out)) >= 0 else None
 
 
 class LoadRequest(ctypes.Structure):  # ckptio_load_request

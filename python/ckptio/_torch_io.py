@@ -7,7 +7,7 @@ copies nothing, except that a tensor which is not a plain contiguous strided
 tensor (non-contiguous, or a lazily conjugated / negated view) is first made
 one, and that copy costs the tensor's size on its device. Loads allocate the
 destinations on the requested device (on the CPU in one mapping, placed for
-O_DIRECT: _mapped.Placer) and fill them in one parallel ckptio_reader_load_many, with the
+O_DIRECT: _placer.Placer) and fill them in one parallel ckptio_reader_load_many, with the
 CRC32s checked.
 
 CUDA tensors are saved from the GPU by the library (device =
@@ -29,22 +29,24 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping,
 
 import torch
 
-from . import _lib, _mapped
+from . import _lib, _mapped, _placer
 from ._core import PathLike, Reader, ctx, dtype_code, options
-from .errors import CkptioError, check, from_code
+from .errors import CkptioError, CkptioTypeError, check, from_code
 
 if TYPE_CHECKING:
     from ._group import Group
 
-__all__ = ["TORCH_DTYPES", "NAME_OF", "Device", "code_of", "cuda_unavailable", "load_device",
+__all__ = ["TORCH_DTYPES", "NAME_OF", "PACKED", "torch_layout", "file_shape", "overlapping", "Device", "code_of",
+           "cuda_unavailable", "load_device",
            "before_device_writes", "as_saveable", "WriterOps", "SaveHandle", "Plan", "plan",
            "start", "fill_and_commit", "TorchReader"]
 
 Device = Union[str, int, torch.device]
 
-# safetensors dtype name -> torch dtype, for every dtype both have. F4 / F6 have
-# no torch dtype (float4_e2m1fn_x2 packs two values per element, so its shape
-# is not the tensor's), and torch's complex32 / complex128 have no safetensors one.
+# safetensors dtype name -> torch dtype, for every dtype both have element for
+# element. F6 has no torch dtype; F4's, float4_e2m1fn_x2, packs two values per
+# element, so its shape is not the file's (PACKED); torch's complex32 /
+# complex128 have no safetensors dtype.
 _TORCH_NAMES = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
     "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64",
@@ -59,10 +61,67 @@ TORCH_DTYPES: Dict[str, torch.dtype] = {
     if isinstance(getattr(torch, name, None), torch.dtype)}
 NAME_OF: Dict[torch.dtype, str] = {dt: name for name, dt in TORCH_DTYPES.items()}
 
+# safetensors dtype name -> (torch dtype, values per torch element), for the
+# dtypes torch packs: a file's F4 [..., 2n] is a float4_e2m1fn_x2 [..., n]
+# (torch 2.8 on), as safetensors writes and reads it. Only whole-tensor
+# saves and loads take them (save_file, load_file, get_tensor, load_model);
+# slices, group loads and DCP refuse them as before.
+_FLOAT4 = getattr(torch, "float4_e2m1fn_x2", None)
+PACKED: Dict[str, Tuple[torch.dtype, int]] = {"F4": (_FLOAT4, 2)} if isinstance(_FLOAT4, torch.dtype) else {}
+_PACKED_NAME: Dict[torch.dtype, str] = {dt: name for name, (dt, _) in PACKED.items()}
+
+
+def torch_layout(dtype_name: str, shape: Tuple[int, ...]) -> Optional[Tuple[torch.dtype, Tuple[int, ...]]]:
+    """The torch dtype and shape of a file's tensor of safetensors dtype
+    `dtype_name` and shape `shape`; None when torch cannot hold it (F6, or
+    an F4 whose last dimension is not whole bytes)."""
+    dtype = TORCH_DTYPES.get(dtype_name)
+    if dtype is not None:
+        return dtype, shape
+    packed = PACKED.get(dtype_name)
+    if packed is None or not shape or shape[-1] % packed[1]:
+        return None
+    return packed[0], shape[:-1] + (shape[-1] // packed[1],)
+
+
+def file_shape(t: torch.Tensor, dtype_name: str) -> Tuple[int, ...]:
+    """The shape a file records for tensor t saved as `dtype_name`: t's,
+    with the last dimension counting values for a packed dtype."""
+    shape = tuple(t.shape)
+    packed = PACKED.get(dtype_name)
+    return shape if packed is None else shape[:-1] + (shape[-1] * packed[1],)
+
 
 def code_of(name: str) -> int:
     """enum ckptio_dtype of a safetensors dtype name (from the library)."""
     return dtype_code(name)
+
+
+def _memory_span(t: torch.Tensor) -> Tuple[int, int]:
+    """[first byte, end) of the memory t's elements lie in: as far as its
+    strides reach, not only numel's bytes (a non-contiguous view's do)."""
+    begin = t.data_ptr()
+    if not t.nelement():
+        return begin, begin
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return begin, begin + (last + 1) * t.element_size()
+
+
+def overlapping(tensors: Iterable[Tuple[str, torch.Tensor]]) -> List[List[str]]:
+    """Names of the tensors whose memory overlaps, in groups of two or more
+    (what safetensors calls tensors that share memory; views of distinct
+    parts of one storage do not). Meta and empty tensors have no memory."""
+    spans = sorted((str(t.device), *_memory_span(t), name) for name, t in tensors if not t.is_meta and t.nelement())
+    groups: List[List[str]] = []
+    reach: Tuple[str, int] = ("", 0)  # the furthest end so far in the current group: device, end
+    for device, begin, end, name in spans:
+        if groups and device == reach[0] and begin < reach[1]:
+            groups[-1].append(name)
+            reach = (device, max(end, reach[1]))
+        else:
+            groups.append([name])
+            reach = (device, end)
+    return [sorted(g) for g in groups if len(g) > 1]
 
 
 # ------------------------------------------------------------------ devices
@@ -110,24 +169,30 @@ def before_device_writes(device: torch.device) -> None:
 
 # --------------------------------------------------------------------- save
 
-def as_saveable(name: str, t: Any) -> Tuple[torch.Tensor, str, int]:
-    """(tensor whose memory is saved, dtype name, device code)."""
+def as_saveable(name: str, t: Any, packed: bool = True) -> Tuple[torch.Tensor, str, int]:
+    """(tensor whose memory is saved, dtype name, device code). packed:
+    take the PACKED dtypes (the writer is given file_shape's shape)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"tensor {name!r}: expected a torch.Tensor, got {type(t).__name__}")
+        raise CkptioTypeError(f"tensor {name!r} is invalid: expected a torch.Tensor, received "
+                              f"{type(t).__name__}")
     if t.layout != torch.strided:
-        raise TypeError(f"tensor {name!r}: {t.layout} tensors are not supported; "
-                        "convert to a dense tensor first")
+        raise CkptioTypeError(f"tensor {name!r}: {t.layout} tensors are not supported (sparse and other "
+                              "layouts); convert to a dense tensor first (.to_dense())")
     if t.is_quantized or t.is_nested:
         raise TypeError(f"tensor {name!r}: quantized and nested tensors are not supported")
-    dtype = NAME_OF.get(t.dtype)
+    dtype = NAME_OF.get(t.dtype) or (_PACKED_NAME.get(t.dtype) if packed else None)
+    if dtype in PACKED and t.dim() == 0:
+        raise from_code(_lib.ERRORS["SHAPE"], f"tensor {name!r}: a 0-d {t.dtype} has no last dimension "
+                        "to count its packed values in (safetensors refuses it too)")
     if dtype is None:
         raise TypeError(f"tensor {name!r}: torch dtype {t.dtype} has no safetensors dtype "
-                        f"(supported: {', '.join(str(d) for d in NAME_OF)})")
+                        f"(supported: {', '.join(str(d) for d in [*NAME_OF, *_PACKED_NAME])})")
     if t.device.type == "cpu":
         device = _lib.DEVICE_HOST
     elif t.device.type == "cuda":
         device = _lib.device_cuda(t.device.index or 0)
     else:
+        # (meta included: it has no bytes to save; safetensors fails on it too)
         raise TypeError(f"tensor {name!r}: device {t.device} is not supported (cpu or cuda)")
     if t.dim() > _lib.MAX_DIMS:
         raise ValueError(f"tensor {name!r}: {t.dim()} dims, at most {_lib.MAX_DIMS}")
@@ -298,7 +363,7 @@ class SaveHandle:
         box: List[Optional[Dict[str, Any]]] = []
 
         def get(w: Optional[ctypes.c_void_p]) -> int:
-            box.append(_mapped.stats(_lib.lib(), self._ops.stats, w))
+            box.append(_lib.Stats.read(self._ops.stats, w))
             return 0
         rc = self._call(get)
         return self._final_stats if rc is None else box[0]
@@ -320,7 +385,7 @@ class SaveHandle:
         ops.progress(w, ctypes.byref(done), ctypes.byref(total))
         self._final_progress = (done.value, total.value)
         ops.wait_durable(w)  # the stats of the whole save
-        self._final_stats = _mapped.stats(_lib.lib(), ops.stats, w)
+        self._final_stats = _lib.Stats.read(ops.stats, w)
         rc = ops.close(w)  # the save's outcome
         if rc < 0:
             self._record(rc, ops.close_detail(w))
@@ -407,8 +472,8 @@ def plan(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, st
     if sys.byteorder != "little":
         raise NotImplementedError("ckptio.torch needs a little-endian host")
     if not isinstance(tensors, collections.abc.Mapping):
-        raise TypeError("tensors must be a mapping (a dict) of str -> torch.Tensor, "
-                        f"got {type(tensors).__name__}")
+        raise CkptioTypeError("tensors must be a mapping (a dict) of str -> torch.Tensor, "
+                              f"got {type(tensors).__name__}")
     if metadata is not None and not isinstance(metadata, collections.abc.Mapping):
         raise TypeError(f"metadata must be a mapping (a dict) of str -> str, got {type(metadata).__name__}")
     items = []
@@ -458,7 +523,7 @@ def start(opener: Callable[..., int], path: PathLike, crc: bool, open_args: Iter
 
 def tensor_desc(name: str, t: torch.Tensor, dtype: str, device: int) -> "_lib.Tensor_":
     """The ckptio_tensor of an as_saveable tensor (its memory borrowed)."""
-    shape = tuple(t.shape)
+    shape = file_shape(t, dtype)
     return _lib.Tensor_(name.encode(), code_of(dtype), len(shape), (ctypes.c_int64 * _lib.MAX_DIMS)(*shape),
                         t.data_ptr(), device)
 
@@ -522,8 +587,9 @@ class TorchReader(Reader):
         return self.entries
 
     def torch_dtype(self, i: int) -> torch.dtype:
-        """The torch dtype of tensor i; CkptioValueError (DTYPE) naming it
-        when torch has none (F4, F6)."""
+        """The torch dtype of tensor i element for element (group loads'
+        boxes); CkptioValueError (DTYPE) naming it when torch has none (F6)
+        or packs it (F4: see layout)."""
         info = self.entries[i]
         dtype_name = self.dtype_name(info)
         dtype = TORCH_DTYPES.get(dtype_name)
@@ -533,19 +599,31 @@ class TorchReader(Reader):
                             "has no torch dtype; ckptio.load_file (numpy) returns its raw bytes")
         return dtype
 
-    def empty(self, i: int, placer: Optional[_mapped.Placer] = None
+    def layout(self, i: int) -> Tuple[torch.dtype, Tuple[int, ...]]:
+        """The torch dtype and shape of tensor i (torch_layout's);
+        CkptioValueError (DTYPE) naming it when torch cannot hold it."""
+        info = self.entries[i]
+        dtype_name = self.dtype_name(info)
+        layout = torch_layout(dtype_name, tuple(info.shape[:info.ndim]))
+        if layout is None:
+            raise from_code(_lib.ERRORS["DTYPE"],
+                            f"{self.shown}: tensor {info.name.decode()!r} is {dtype_name} "
+                            f"{list(info.shape[:info.ndim])}, which has no torch dtype; ckptio.load_file "
+                            "(numpy) returns its raw bytes")
+        return layout
+
+    def empty(self, i: int, placer: Optional[_placer.Placer] = None
               ) -> Tuple[str, torch.Tensor, _lib.LoadRequest]:
         """A destination for tensor i (in placer's mapping when it places
         it), and its load request."""
         info = self.entries[i]
         name = info.name.decode()
-        dtype = self.torch_dtype(i)
-        shape = tuple(info.shape[:info.ndim])
+        dtype, shape = self.layout(i)
         numel, size = numel_size(shape, dtype)
         if numel * size != info.nbytes:
             raise from_code(_lib.ERRORS["TENSOR_INFO"],
                             f"{self.shown}: tensor {name!r}: {self.dtype_name(info)} "
-                            f"{list(shape)} is {numel * size} bytes, the file says {info.nbytes}")
+                            f"{list(info.shape[:info.ndim])} is {numel * size} bytes, the file says {info.nbytes}")
         place = placer.placed(i, size) if placer is not None else None
         if place is not None:
             t = torch.frombuffer(place[0], dtype=dtype, count=numel,
@@ -555,7 +633,7 @@ class TorchReader(Reader):
         return name, t, _lib.LoadRequest(i, t.data_ptr(), info.nbytes, self.code)
 
     def load(self, indices: Iterable[int], mmap: bool = False,
-             arenas: Optional[_mapped.Arenas] = None) -> Dict[str, torch.Tensor]:
+             arenas: Optional[_placer.Arenas] = None) -> Dict[str, torch.Tensor]:
         """New tensors for `indices`; with mmap (CPU only), views of a private
         mapping of the file where possible (see load_file), the rest copied
         (the large ones into a mapping from `arenas` when given)."""
@@ -567,7 +645,7 @@ class TorchReader(Reader):
         reqs = (_lib.LoadRequest * max(len(indices), 1))()
         n = 0
         views = {i: self.view(i, mapping) for i in indices} if mapping is not None else {}
-        placer = (_mapped.Placer(self.entries, (i for i in indices if views.get(i) is None), arenas)
+        placer = (_placer.Placer(self.entries, (i for i in indices if views.get(i) is None), arenas)
                   if self.device.type == "cpu" else None)
         for i in indices:
             view = views.get(i)
@@ -637,17 +715,16 @@ class TorchReader(Reader):
         if t.device.type == "cuda" and cuda_unavailable(t.device):
             return False
         info = self.entries[i]
-        return (TORCH_DTYPES.get(self.dtype_name(info)) == t.dtype
-                and tuple(info.shape[:info.ndim]) == tuple(t.shape)
+        return (torch_layout(self.dtype_name(info), tuple(info.shape[:info.ndim])) == (t.dtype, tuple(t.shape))
                 and t.nelement() * t.element_size() == info.nbytes)
 
     def view(self, i: int, mapping: "ctypes.Array[ctypes.c_uint8]") -> Optional[torch.Tensor]:
         """Tensor i as a view of the mapping, or None when it must be copied."""
         info = self.entries[i]
-        dtype = TORCH_DTYPES.get(self.dtype_name(info))
-        if dtype is None:
+        layout = torch_layout(self.dtype_name(info), tuple(info.shape[:info.ndim]))
+        if layout is None:
             return None  # empty() names the missing dtype
-        shape = tuple(info.shape[:info.ndim])
+        dtype, shape = layout
         numel, size = numel_size(shape, dtype)
         if numel * size != info.nbytes or not _mapped.viewable(self, i, info, size):
             return None

@@ -161,7 +161,7 @@ class Writer(StorageWriter):
                 chunk = item.tensor_data.chunk
                 offsets = list(chunk.offsets)
                 global_shape = list(item.tensor_data.size)
-            t, dtype, device = as_saveable(name, t)
+            t, dtype, device = as_saveable(name, t, packed=False)  # (a part's offsets count elements)
             keep.append(t)
             if device != _lib.DEVICE_HOST and device not in streams:
                 streams[device] = torch.cuda.current_stream(t.device).cuda_stream

@@ -10,23 +10,36 @@ from the builtin a Python program already catches:
     |   +-- CkptioFileExistsError(FileExistsError)       EEXIST
     |   +-- CkptioIsADirectoryError(IsADirectoryError)   EISDIR
     |   +-- CkptioNotADirectoryError(NotADirectoryError) ENOTDIR
-    +-- TensorNotFoundError(KeyError) no tensor of that name (NOT_FOUND)
-    +-- CkptioValueError(ValueError)  a bad argument: INVALID_ARG, DTYPE,
-    |                                 SHAPE, DUPLICATE, OVERFLOW, BUFFER_TOO_SMALL
-    +-- FormatError(ValueError)       a corrupt or unsupported file: HEADER_*,
-    |                                 INVALID_OFFSET, TENSOR_INFO, ZIP, PICKLE,
-    |                                 ZSTD, SHARD, FORMAT, ...
-    +-- ChecksumError(ValueError)     a tensor's bytes differ from its CRC32
-    +-- CkptioRuntimeError(RuntimeError)  the call is not allowed now (STATE),
+    +-- CkptioSafetensorError         every other failure: what safetensors
+        |                             raises as SafetensorError (also
+        |                             ckptio.SafetensorError)
+        +-- CkptioTensorNotFoundError(KeyError)  no tensor of that name (NOT_FOUND)
+        +-- CkptioValueError(ValueError)  a bad argument: INVALID_ARG, DTYPE,
+        |                             SHAPE, DUPLICATE, OVERFLOW, BUFFER_TOO_SMALL
+        +-- CkptioFormatError(ValueError) a corrupt or unsupported file: HEADER_*,
+        |                             INVALID_OFFSET, TENSOR_INFO, ZIP, PICKLE,
+        |                             ZSTD, SHARD, FORMAT, ...
+        +-- CkptioChecksumError(ValueError) a tensor's bytes differ from its CRC32
+        +-- CkptioRuntimeError(RuntimeError)  the call is not allowed now (STATE),
                                       no usable device (DEVICE), another rank
                                       failed (RANK)
+
+The naming rule: every class ckptio defines is named Ckptio<what>Error, so
+that none shadows a builtin or another package's class in a module that
+imports both. The names of ckptio 1.0 stay as aliases of the same classes
+(FormatError, ChecksumError, TensorNotFoundError), and SafetensorError is
+CkptioSafetensorError under the name safetensors gives its own class, so
+`except SafetensorError` written for safetensors catches ckptio's failures
+when the import changes (safetensors raises OSErrors, such as
+FileNotFoundError, for system calls too).
 
 `code` is the library's negative code (a CKPTIO_E_* value, see
 ckptio.ERRORS, or -errno); `name` its name ("CHECKSUM", or the errno name
 such as "ENOSPC"); `detail` the library's message for the failure (file,
 tensor, rule), "" when it gave none; str(e) is the whole message.
 Bad Python arguments found before any library call raise plain TypeError /
-ValueError."""
+ValueError, or CkptioTypeError (both) where safetensors raises ValueError
+and ckptio 1.0 raised TypeError."""
 
 from __future__ import annotations
 
@@ -39,8 +52,10 @@ from . import _lib
 
 __all__ = ["CkptioError", "CkptioOSError", "CkptioFileNotFoundError", "CkptioPermissionError",
            "CkptioFileExistsError", "CkptioIsADirectoryError", "CkptioNotADirectoryError",
-           "TensorNotFoundError", "CkptioValueError", "FormatError", "ChecksumError",
-           "CkptioRuntimeError", "error_name", "from_code", "check"]
+           "CkptioSafetensorError", "CkptioTensorNotFoundError", "CkptioValueError",
+           "CkptioFormatError", "CkptioChecksumError", "CkptioRuntimeError", "CkptioTypeError",
+           "SafetensorError", "TensorNotFoundError", "FormatError", "ChecksumError",
+           "error_name", "from_code", "check"]
 
 
 class CkptioError(Exception):
@@ -90,29 +105,49 @@ class CkptioNotADirectoryError(CkptioOSError, NotADirectoryError):
     """A file where a directory was expected (ENOTDIR)."""
 
 
-class TensorNotFoundError(CkptioError, KeyError):
+class CkptioSafetensorError(CkptioError):
+    """A failure that is not a system call's: the file, the tensor or the
+    call is wrong. safetensors raises its SafetensorError for these; the
+    name SafetensorError is this class too (see the module's docstring)."""
+
+
+class CkptioTensorNotFoundError(CkptioSafetensorError, KeyError):
     """The checkpoint has no tensor (or key) of that name."""
 
 
-class CkptioValueError(CkptioError, ValueError):
+class CkptioValueError(CkptioSafetensorError, ValueError):
     """The library refused an argument: a bad dtype, shape, duplicate name,
     a buffer of the wrong size, an invalid option."""
 
 
-class FormatError(CkptioError, ValueError):
+class CkptioFormatError(CkptioSafetensorError, ValueError):
     """The file is not a valid checkpoint of a format this build reads
     (corrupt header, archive, pickle, zstd frame, shard set), or asks for
     something the format cannot do."""
 
 
-class ChecksumError(CkptioError, ValueError):
+class CkptioChecksumError(CkptioSafetensorError, ValueError):
     """A tensor's bytes do not match the CRC32 recorded for them: the file is
     corrupt."""
 
 
-class CkptioRuntimeError(CkptioError, RuntimeError):
+class CkptioRuntimeError(CkptioSafetensorError, RuntimeError):
     """The call cannot run now: the object's state forbids it, the device is
     unavailable or failed, or another rank of a multi-rank save failed."""
+
+
+class CkptioTypeError(TypeError, ValueError):
+    """A save's argument of the wrong kind, found before any library call
+    (no code): not a mapping of tensors, a value that is no tensor, a sparse
+    tensor. safetensors raises ValueError there and ckptio 1.0 raised
+    TypeError, so it is both and handlers written for either catch it."""
+
+
+# The names safetensors and ckptio 1.0 gave these classes (the same objects).
+SafetensorError = CkptioSafetensorError
+TensorNotFoundError = CkptioTensorNotFoundError
+FormatError = CkptioFormatError
+ChecksumError = CkptioChecksumError
 
 
 _ERRNO_CLASSES: Dict[int, Type[CkptioOSError]] = {
@@ -127,15 +162,15 @@ _ERRNO_CLASSES: Dict[int, Type[CkptioOSError]] = {
 # The library's codes by their names (ckptio_error_name): the names are the
 # header's, the values are read from the library, never copied here.
 _CLASSES: Dict[str, Type[CkptioError]] = {
-    "CHECKSUM": ChecksumError,
-    "NOT_FOUND": TensorNotFoundError,
+    "CHECKSUM": CkptioChecksumError,
+    "NOT_FOUND": CkptioTensorNotFoundError,
     "SHORT_IO": CkptioOSError,
     **dict.fromkeys(("INVALID_ARG", "DTYPE", "SHAPE", "DUPLICATE", "OVERFLOW",
                      "BUFFER_TOO_SMALL"), CkptioValueError),
     **dict.fromkeys(("HEADER_TOO_SMALL", "HEADER_TOO_LARGE", "HEADER_LENGTH", "HEADER_UTF8",
                      "HEADER_JSON", "INVALID_OFFSET", "MISALIGNED", "TENSOR_INFO",
                      "INCOMPLETE_BUFFER", "FORMAT", "PICKLE", "ZIP", "ZSTD", "SHARD"),
-                    FormatError),
+                    CkptioFormatError),
     **dict.fromkeys(("STATE", "DEVICE", "RANK"), CkptioRuntimeError),
 }
 

@@ -253,7 +253,7 @@ class CheckpointManager:
         step, path = self.latest_path()
         if step is None or path is None:
             return None, None
-        sd = load_file(path, device=device, mmap=mmap)
+        sd = load_file(path, device=device, backend="mmap" if mmap else "pread")
         if into is not None:
             if isinstance(into, torch.nn.Module):
                 into.load_state_dict(sd, strict=strict)

@@ -21,15 +21,16 @@ import ctypes
 import os
 import tempfile
 from types import TracebackType
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Type, Union, cast
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple, Type, Union, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _lib, _mapped
-from ._core import (MemoryFile, OpenReader, PathLike, ReadAhead, Reader, backend_choice, ctx, dtype_code, options,
-                    parse_slice_key, scratch_dir)
-from .errors import check, from_code
+from . import _lib, _mapped, _placer
+from . import _bytes
+from ._core import (MemoryFile, OpenReader, PathLike, ReadAhead, Reader, backend_choice, check_framework, ctx,
+                    deprecated_mmap, dtype_code, options, parse_slice_key, scratch_dir)
+from .errors import CkptioTypeError, check, from_code
 
 __all__ = ["save", "save_file", "load", "load_file", "load_metadata", "verify", "safe_open",
            "Tensor", "NUMPY_DTYPES"]
@@ -92,6 +93,10 @@ def _describe(name: str, value: Any) -> Tuple[str, Tuple[int, ...], npt.NDArray[
         shape = value.shape
         dtype: Optional[str] = value.dtype
     else:
+        if isinstance(value, Mapping):
+            # (np.asarray would make it a 0-d object array)
+            raise CkptioTypeError(f"tensor {name!r} is invalid: expected a numpy array or a ckptio.Tensor, "
+                                  f"received {type(value).__name__}")
         arr = np.asarray(value)
         dtype = None
         for st_name, np_dtype in NUMPY_DTYPES.items():
@@ -114,6 +119,40 @@ def _describe(name: str, value: Any) -> Tuple[str, Tuple[int, ...], npt.NDArray[
     return str(dtype), tuple(shape), data
 
 
+class _Saved(NamedTuple):
+    """A tensor of a save, checked: its dtype's code, and `data`, the flat
+    bytes (which the save must keep alive until its end)."""
+    name: str
+    dtype: str
+    code: int
+    shape: Tuple[int, ...]
+    data: npt.NDArray[np.uint8]
+
+
+def _checked(tensor_dict: Mapping[str, Array], metadata: Optional[Dict[str, str]],
+             shown: str) -> List[_Saved]:
+    """Every check of a save before anything is written (`shown`: the file,
+    for messages): metadata str -> str, names str, each value an array of a
+    safetensors dtype (or a Tensor) whose bytes fit its shape."""
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
+    out = []
+    lib = _lib.lib()
+    for name, tensor in tensor_dict.items():
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names must be str, got {name!r}")
+        dtype, shape, data = _describe(name, tensor)
+        where = f"{shown}: tensor {name!r}"
+        code = dtype_code(dtype, where)
+        c_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*shape)
+        nbytes = check(lib.ckptio_tensor_nbytes(code, len(shape), c_shape), f"{where} ({dtype} {list(shape)})")
+        if data.nbytes != nbytes:
+            raise ValueError(f"{where}: {dtype} {list(shape)} is {nbytes} bytes, the buffer has {data.nbytes}")
+        out.append(_Saved(name, dtype, code, shape, data))
+    return out
+
+
 def save_file(tensor_dict: Mapping[str, Array], filename: PathLike,
               metadata: Optional[Dict[str, str]] = None, *, crc: bool = True,
               format: str = "safetensors", compress: int = 0, shuffle: bool = False) -> None:
@@ -131,52 +170,45 @@ def save_file(tensor_dict: Mapping[str, Array], filename: PathLike,
         format at zstd level N, which `zstd -d` and load_file undo.
     shuffle: adds the byte-shuffle filter to compress, which only ckptio undoes."""
     code = _lib.format_code(format)
+    fspath = os.fsencode(os.fspath(filename))
+    shown = os.fsdecode(fspath)
+    saved = _checked(tensor_dict, metadata, shown)  # (the data must outlive the commit)
     lib = _lib.lib()
     context = ctx()
     opts = options(context, crc)
     opts.compress_level = int(compress)
     opts.shuffle = 1 if shuffle else 0
-    fspath = os.fsencode(os.fspath(filename))
-    shown = os.fsdecode(fspath)
     w = ctypes.c_void_p()
     check(lib.ckptio_writer_open(context, fspath, code, ctypes.byref(opts), ctypes.byref(w)),
           f"cannot save {shown}", lib.ckptio_last_open_error(), shown)
-    keep = []  # the data must outlive the commit
     try:
         for key, value in (metadata or {}).items():
-            if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(f"metadata must map str to str, got {key!r}: {value!r}")
             check(lib.ckptio_writer_set_metadata(w, key.encode(), value.encode()),
                   f"{shown}: metadata {key!r}", lib.ckptio_writer_last_error(w))
-        for name, tensor in tensor_dict.items():
-            if not isinstance(name, str):
-                raise TypeError(f"tensor names must be str, got {name!r}")
-            dtype, shape, data = _describe(name, tensor)
-            where = f"{shown}: tensor {name!r}"
-            dcode = dtype_code(dtype, where)
-            c_shape = (ctypes.c_int64 * _lib.MAX_DIMS)(*shape)
-            nbytes = check(lib.ckptio_tensor_nbytes(dcode, len(shape), c_shape),
-                           f"{where} ({dtype} {list(shape)})")
-            if data.nbytes != nbytes:
-                raise ValueError(f"{where}: {dtype} {list(shape)} is {nbytes} bytes, "
-                                 f"the buffer has {data.nbytes}")
-            keep.append(data)
-            desc = _lib.Tensor_(name.encode(), dcode, len(shape), c_shape,
-                                data.ctypes.data, _lib.DEVICE_HOST)
-            check(lib.ckptio_writer_add(w, ctypes.byref(desc)), where,
+        for t in saved:
+            desc = _lib.Tensor_(t.name.encode(), t.code, len(t.shape), (ctypes.c_int64 * _lib.MAX_DIMS)(*t.shape),
+                                t.data.ctypes.data, _lib.DEVICE_HOST)
+            check(lib.ckptio_writer_add(w, ctypes.byref(desc)), f"{shown}: tensor {t.name!r}",
                   lib.ckptio_writer_last_error(w))
         check(lib.ckptio_writer_commit(w), f"cannot save {shown}",
               lib.ckptio_writer_last_error(w), shown)
     finally:
         lib.ckptio_writer_close(w)  # after a failure it only repeats it
-    del keep
+    del saved
 
 
 def save(tensor_dict: Mapping[str, Array], metadata: Optional[Dict[str, str]] = None, *,
-         crc: bool = True, format: str = "safetensors", compress: int = 0,
+         crc: bool = False, format: str = "safetensors", compress: int = 0,
          shuffle: bool = False) -> bytes:
-    """The bytes of the file save_file would write (as
-    safetensors.numpy.save): the same keyword-only options."""
+    """The bytes of a safetensors file of the tensors, as
+    safetensors.numpy.save: the very bytes it returns (ckptio._bytes),
+    built in memory. Keyword-only: crc=True, format="pt", compress or
+    shuffle (as save_file's) give instead the bytes of the file save_file
+    would write with them (its header padded to 4 KiB, ckptio's metadata)."""
+    if format == "safetensors" and not crc and not compress and not shuffle:
+        saved = _checked(tensor_dict, metadata, "save")
+        return _bytes.serialize([_bytes.Entry(t.name, t.dtype, t.shape, t.data.ctypes.data, t.data.nbytes)
+                                 for t in saved], metadata)
     with tempfile.TemporaryDirectory(prefix="ckptio-save-", dir=scratch_dir()) as tmp:
         path = os.path.join(tmp, "m")
         save_file(tensor_dict, path, metadata, crc=crc, format=format, compress=compress,
@@ -220,23 +252,29 @@ def load_file(filename: PathLike, *, backend: str = "auto", crc: bool = True,
     "pread", always by O_DIRECT, leaving the page cache as it was.
     backend="auto" (the default): "mmap" when the page cache holds the file
     or it fits in memory, else a copy by O_DIRECT (see
-    ckptio.torch.load_file). mmap (keyword-only, ckptio's older spelling)
-    overrides backend when given."""
-    mapped = backend_choice(backend, mmap)
-    with Reader(filename, crc, mapped=mapped, direct=backend == "direct") as r:
+    ckptio.torch.load_file). mmap (keyword-only, deprecated: ckptio's
+    spelling before 1.0, True is "mmap", False "pread") overrides backend
+    when given, with a DeprecationWarning."""
+    mapped = backend_choice(backend, deprecated_mmap(mmap, "ckptio.numpy.load_file"))
+    return _load_path(filename, crc, mapped, backend == "direct")
+
+
+def _load_path(filename: PathLike, crc: bool, mapped: Optional[bool], direct: bool) -> Dict[str, Array]:
+    """load_file with its backend as Reader's mapped and direct."""
+    with Reader(filename, crc, mapped=mapped, direct=direct) as r:
         shards = r.shards() if r.mapped else []
         if not shards:
             return _load_one(r, r.mapped)
     # A sharded set, checked as a set on open: each shard loaded on its own.
     out: Dict[str, Array] = {}
     for shard in shards:
-        out.update(load_file(shard, crc=crc, mmap=mapped))
+        out.update(_load_path(shard, crc, mapped, False))
     return out
 
 
 def _array_of(r: Reader, i: int, info: _lib.TensorInfo,
               view_of: Optional["ctypes.Array[ctypes.c_uint8]"],
-              reqs: List[_lib.LoadRequest], placer: _mapped.Placer) -> Array:
+              reqs: List[_lib.LoadRequest], placer: _placer.Placer) -> Array:
     """Tensor i as an array (or Tensor): a view of the file's mapping
     `view_of` (given only for a viewable tensor), else fresh memory
     (placer's, when it places it) with its load request appended to reqs."""
@@ -290,7 +328,7 @@ def _load_one(r: Reader, mmap: bool) -> Dict[str, Array]:
     reqs: List[_lib.LoadRequest] = []
     views = {i for i, info in enumerate(infos)
              if mapping is not None and _mapped.viewable(r, i, info, _itemsize(r, info))}
-    placer = _mapped.Placer(infos, (i for i in range(len(infos)) if i not in views))
+    placer = _placer.Placer(infos, (i for i in range(len(infos)) if i not in views))
     for i, info in enumerate(infos):
         out[info.name.decode()] = _array_of(r, i, info, mapping if i in views else None, reqs, placer)
     _load_many(r, reqs)
@@ -396,11 +434,7 @@ class safe_open(OpenReader[Reader]):
 
     def __init__(self, filename: PathLike, framework: str = "numpy", device: str = "cpu", *,
                  backend: str = "auto") -> None:
-        if framework not in ("numpy", "np"):
-            raise ValueError(f"ckptio.numpy.safe_open only supports framework='numpy', "
-                             f"got {framework!r} (ckptio.torch.safe_open serves torch)")
-        if device != "cpu":
-            raise ValueError(f"numpy arrays live on the cpu, got device={device!r}")
+        check_framework(framework, "numpy", device)
         self._mmap = backend_choice(backend, None)
         r = Reader(filename, direct=backend == "direct")
         try:
@@ -411,7 +445,7 @@ class safe_open(OpenReader[Reader]):
         self._by_name = {info.name.decode(): i for i, info in enumerate(self._infos)}
         self._sizes: List[Optional[int]] = [x.nbytes for x in self._infos]
         self._r = r
-        self._arenas = _mapped.Arenas()  # a stream's windows reuse their mappings
+        self._arenas = _placer.Arenas()  # a stream's windows reuse their mappings
         self._ahead = ReadAhead(self._load, list(self._by_name))
 
     def _info(self, name: str) -> _lib.TensorInfo:
@@ -431,11 +465,6 @@ class safe_open(OpenReader[Reader]):
         self._reader(settle=False)
         return [info.name.decode() for info in self._infos]
 
-    def metadata(self) -> Optional[Dict[str, str]]:
-        """The file's metadata (str -> str), or None when it has none.
-        ckptio's CRC entries are not included."""
-        return self._reader().metadata() or None
-
     def get_tensor(self, name: str) -> Array:
         """Loads one tensor (CRC-checked) into a new array;
         TensorNotFoundError (a KeyError) when the file has none of that name.
@@ -451,7 +480,7 @@ class safe_open(OpenReader[Reader]):
         r = self._r
         assert r is not None
         reqs: List[_lib.LoadRequest] = []
-        placer = _mapped.Placer(self._infos, indices, self._arenas)
+        placer = _placer.Placer(self._infos, indices, self._arenas)
         loaded = {self._infos[k].name.decode(): _array_of(r, k, self._infos[k], None, reqs, placer)
                   for k in indices}
         _load_many(r, reqs)

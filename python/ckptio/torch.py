@@ -29,9 +29,11 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Type, Union
 import torch
 import torch.distributed as dist
 
-from . import _checkpoint, _lib, _mapped, _torch_group
-from ._core import MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, scratch_dir
-from ._torch_io import (TORCH_DTYPES, Device, SaveHandle, TorchReader, load_device, plan, start)
+from . import _bytes, _checkpoint, _lib, _placer, _torch_group
+from ._core import (MemoryFile, OpenReader, PathLike, ReadAhead, backend_choice, check_framework,
+                    deprecated_mmap, scratch_dir)
+from ._torch_io import (TORCH_DTYPES, Device, Plan, SaveHandle, TorchReader, file_shape, load_device, overlapping,
+                        plan, start, torch_layout)
 from .errors import CkptioError, from_code
 from .torch_slice import TorchSlice
 
@@ -65,15 +67,55 @@ def storage_size(tensor: torch.Tensor) -> int:
 
 # --------------------------------------------------------------------- save
 
+def _refuse_what_safetensors_refuses(tensors: Mapping[str, torch.Tensor]) -> None:
+    """safetensors.torch's save and save_file refuse tensors that share
+    memory (RuntimeError) and non-contiguous tensors (ValueError): the file
+    would hold the shared bytes once per tensor and load them as separate
+    copies, and a view saved in place of its base is a mistake more often
+    than not. ckptio's do the same, with the same classes, in the same
+    order; what is not a dense tensor is plan()'s to refuse (as safetensors
+    refuses it first)."""
+    if not isinstance(tensors, Mapping) or not all(
+            isinstance(t, torch.Tensor) and t.layout == torch.strided for t in tensors.values()):
+        return
+    shared = overlapping(tensors.items())
+    if shared:
+        raise RuntimeError(
+            f"Some tensors share memory, which safetensors and ckptio.torch's save / save_file refuse: "
+            f"{shared}. Saved, the shared memory would be stored once per tensor and load as separate "
+            "copies. Save the model with save_model (tied weights stored once), or .clone() the tensors to "
+            "store apart. More information at https://huggingface.co/docs/safetensors/torch_shared_tensors")
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(
+                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed (as in "
+                "safetensors). It may be a view of another tensor, in which case save the whole tensor and "
+                "slice it again at load time; otherwise call `.contiguous()` on it before saving.")
+
+
+def _refuse_in_safetensors(tensors: Mapping[str, torch.Tensor], format: str) -> None:
+    """save's and save_file's refusals: safetensors' (an unknown format
+    first), for the safetensors format, the one safetensors writes."""
+    if _lib.format_code(format) == _lib.FORMAT_SAFETENSORS:
+        _refuse_what_safetensors_refuses(tensors)
+
+
+def _start_save(p: Plan, filename: PathLike, format: str, crc: bool) -> SaveHandle:
+    """A save of a checked plan into one file, started."""
+    return start(_lib.lib().ckptio_writer_open, filename, crc, (_lib.format_code(format),), p)
+
+
 def save_file_async(tensors: Mapping[str, torch.Tensor], filename: PathLike,
                     metadata: Optional[Dict[str, str]] = None, *, format: str = "safetensors",
                     crc: bool = True) -> SaveHandle:
     """Starts saving `tensors` (a dict of str -> torch.Tensor) at `filename`
     and returns a SaveHandle at once; see save_file for the arguments. Do not
     modify the tensors until handle.wait_snapshot() returns; the file exists
-    (atomically) once handle.wait_durable() returns."""
-    code = _lib.format_code(format)
-    return start(_lib.lib().ckptio_writer_open, filename, crc, (code,), plan(tensors, metadata))
+    (atomically) once handle.wait_durable() returns. Unlike save_file (and
+    as save_model and save_torch_state_dict), ckptio's own call saves every
+    tensor by value: a non-contiguous one or one sharing memory is copied
+    as .contiguous() would."""
+    return _start_save(plan(tensors, metadata), filename, format, crc)
 
 
 def save_file(tensors: Mapping[str, torch.Tensor], filename: PathLike,
@@ -89,10 +131,15 @@ def save_file(tensors: Mapping[str, torch.Tensor], filename: PathLike,
     format: "safetensors", or "pt" for a torch.save zip archive that
         torch.load(weights_only=True) opens (a dict of the tensors).
     crc: record a CRC32 of every tensor (checked by load_file).
-    Tensors on CPU or CUDA devices, any dtype in TORCH_DTYPES, up to 8 dims.
-    Contiguous tensors are read in place; others are first copied by
-    .contiguous() (and conjugate / negative views resolved)."""
-    save_file_async(tensors, filename, metadata, format=format, crc=crc).wait_durable()
+    Tensors on CPU or CUDA devices, any dtype in TORCH_DTYPES or PACKED
+    (float4_e2m1fn_x2, saved as F4 as safetensors saves it), up to 8 dims.
+    In the safetensors format, as safetensors, tensors that share memory
+    raise RuntimeError and non-contiguous ones ValueError (save_model saves
+    tied weights once and makes tensors contiguous; save_file_async saves
+    them by value); in "pt" (torch.save saves views) they are saved by
+    value. Lazily conjugated or negated views are resolved (a copy)."""
+    _refuse_in_safetensors(tensors, format)
+    _start_save(plan(tensors, metadata), filename, format, crc).wait_durable()
 
 
 def save_checkpoint_async(obj: Any, path: PathLike, *, format: Optional[str] = None,
@@ -154,12 +201,22 @@ def load_checkpoint(path: PathLike, *, map_location: Any = None, select: Any = N
 
 
 def save(tensors: Mapping[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None, *,
-         format: str = "safetensors", crc: bool = True) -> bytes:
-    """The bytes of the file save_file would write, as safetensors.torch.save
-    (the file is written in memory, /dev/shm, and read back)."""
+         format: str = "safetensors", crc: bool = False) -> bytes:
+    """The bytes of a safetensors file of the tensors, as
+    safetensors.torch.save: the very bytes it returns (ckptio._bytes; CUDA
+    tensors are copied to the CPU for it), with save_file's refusals. Keyword-only: crc=True or format="pt" give instead the
+    bytes of the file save_file would write with them (written in memory,
+    /dev/shm, and read back)."""
+    _refuse_in_safetensors(tensors, format)
+    p = plan(tensors, metadata)
+    if format == "safetensors" and not crc:
+        host = [(name, t if t.device.type == "cpu" else t.cpu(), dtype) for name, t, dtype, _ in p.tensors]
+        return _bytes.serialize([_bytes.Entry(name, dtype, file_shape(t, dtype), t.data_ptr(),
+                                              t.nelement() * t.element_size()) for name, t, dtype in host],
+                                None if metadata is None else dict(p.meta))
     with tempfile.TemporaryDirectory(prefix="ckptio-save-", dir=scratch_dir()) as tmp:
         path = f"{tmp}/m"
-        save_file(tensors, path, metadata, format=format, crc=crc)
+        _start_save(p, path, format, crc).wait_durable()
         with open(path, "rb") as f:
             return f.read()
 
@@ -189,7 +246,8 @@ def save_model(model: torch.nn.Module, filename: PathLike,
     caller's metadata has that key); load_model restores them. When none of
     a group covers its storage, all are saved (ckptio stores each tensor's
     own bytes; safetensors refuses such a model). force_contiguous: save
-    .contiguous() copies (ckptio copies non-contiguous tensors anyway).
+    .contiguous() copies (ckptio copies non-contiguous tensors anyway:
+    save_model does not refuse what save_file refuses).
     format and crc as save_file's."""
     state = dict(model.state_dict())
     meta = dict(metadata or {})
@@ -204,7 +262,7 @@ def save_model(model: torch.nn.Module, filename: PathLike,
                 del state[name]
     if force_contiguous:
         state = {k: v.contiguous() for k, v in state.items()}
-    save_file(state, filename, meta or metadata, format=format, crc=crc)
+    _start_save(plan(state, meta or metadata), filename, format, crc).wait_durable()
 
 
 # ------------------------------------------------------------ sharded save
@@ -323,9 +381,9 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     memory (its pages filled in parallel, as fast as the O_DIRECT copy
     here, with no memory of its own, and kept for the next load;
     bench/RESULTS_PEERS.md), else a copy by O_DIRECT; the tensors are views
-    or copies accordingly. mmap (keyword-only, ckptio's
-    older spelling: True is "mmap", False "pread") overrides backend when
-    given. Strided views and big-endian entries of .pt files, and
+    or copies accordingly. mmap (keyword-only, deprecated: ckptio's
+    spelling before 1.0, True is "mmap", False "pread") overrides backend
+    when given, with a DeprecationWarning. Strided views and big-endian entries of .pt files, and
     misaligned tensors, are always copied. A sharded set maps each shard on
     its own (and "auto" decides shard by shard); a compressed file is
     always copied. The backend has no effect for a CUDA device.
@@ -339,19 +397,24 @@ def load_file(filename: PathLike, device: Device = "cpu", *, backend: str = "aut
     over the group (into fresh memory on `device`; a gloo twin of a group
     of another backend); see load_boxes, whose staging_bytes, timeout and
     exchange it takes."""
+    mapped = backend_choice(backend, deprecated_mmap(mmap, "ckptio.torch.load_file"))
+    direct = backend == "direct"
     if group is not None:
-        backend_choice(backend, mmap)
         return _torch_group.named(filename, device, None, group, staging_bytes, timeout, exchange,
-                                  lambda: load_file(filename, device, backend=backend, mmap=mmap))
-    mapped = backend_choice(backend, mmap)
-    with TorchReader(filename, device, mapped, direct=backend == "direct") as r:
+                                  lambda: _load_path(filename, device, mapped, direct))
+    return _load_path(filename, device, mapped, direct)
+
+
+def _load_path(filename: PathLike, device: Device, mapped: Optional[bool], direct: bool) -> Dict[str, torch.Tensor]:
+    """load_file alone, its backend as Reader's mapped and direct."""
+    with TorchReader(filename, device, mapped, direct=direct) as r:
         shards = r.shards() if r.mapped else []
         if not shards:
             return r.load(range(len(r.index())), mmap=r.mapped)
     # A sharded set, checked as a set on open: each shard loaded on its own.
     out: Dict[str, torch.Tensor] = {}
     for shard in shards:
-        out.update(load_file(shard, device, mmap=mapped))
+        out.update(_load_path(shard, device, mapped, False))
     return out
 
 
@@ -631,15 +694,7 @@ def _in_place_targets(model: torch.nn.Module, current: Mapping[str, torch.Tensor
             if plain and i is not None and t.nelement() and r.fits_in_place(i, t):
                 candidates[name] = t.detach()
     # Whatever overlaps another state tensor in memory is left out.
-    spans = sorted((str(t.device), t.data_ptr(), t.data_ptr() + t.nelement() * t.element_size(), name)
-                   for name, t in current.items() if t.nelement())
-    shared: Set[str] = set()
-    reach: Tuple[str, int, str] = ("", 0, "")  # the furthest end so far: device, end, name
-    for dev, begin, end, name in spans:
-        if dev == reach[0] and begin < reach[1]:
-            shared.update((name, reach[2]))
-        if dev != reach[0] or end > reach[1]:
-            reach = (dev, end, name)
+    shared = {name for group in overlapping(current.items()) for name in group}
     return {name: t for name, t in candidates.items() if name not in shared}
 
 
@@ -657,9 +712,7 @@ class safe_open(OpenReader[TorchReader]):
 
     def __init__(self, filename: PathLike, framework: str = "pt", device: Device = "cpu", *,
                  backend: str = "auto") -> None:
-        if framework not in ("pt", "torch", "pytorch"):
-            raise ValueError(f"ckptio.torch.safe_open only supports framework='pt', "
-                             f"got {framework!r} (ckptio.numpy.safe_open serves numpy)")
+        check_framework(framework, "pt", device)
         self._mmap = backend_choice(backend, None)
         r = TorchReader(filename, device, direct=backend == "direct")
         try:
@@ -669,7 +722,7 @@ class safe_open(OpenReader[TorchReader]):
             raise
         self._r = r
         # A stream's windows reuse their mappings once their tensors are gone.
-        self._arenas = arenas = _mapped.Arenas()
+        self._arenas = arenas = _placer.Arenas()
         self._ahead = ReadAhead(lambda indices: r.load(indices, arenas=arenas), [e.name.decode() for e in r.entries])
         self._makeable: Optional[List[Optional[int]]] = None
 
@@ -688,11 +741,6 @@ class safe_open(OpenReader[TorchReader]):
         """Tensor names in file order."""
         return [info.name.decode() for info in self._reader(settle=False).entries]
 
-    def metadata(self) -> Optional[Dict[str, str]]:
-        """The file's metadata (str -> str), or None when it has none. ckptio's
-        CRC entries are not included."""
-        return self._reader().metadata() or None
-
     def format(self) -> str:
         """"safetensors", "pytorch", or "safetensors-sharded" (an index or
         a directory of shards)."""
@@ -707,8 +755,8 @@ class safe_open(OpenReader[TorchReader]):
         i = self._index(name)
         r = self._reader(settle=False)
         if self._makeable is None:  # what a window passes over: dtypes torch lacks
-            self._makeable = [info.nbytes if TORCH_DTYPES.get(r.dtype_name(info)) is not None else None
-                              for info in r.entries]
+            self._makeable = [info.nbytes if torch_layout(r.dtype_name(info), tuple(info.shape[:info.ndim]))
+                              is not None else None for info in r.entries]
         tensor: torch.Tensor = self._read_ahead(name, i, self._makeable)
         return tensor
 
@@ -724,7 +772,7 @@ class safe_open(OpenReader[TorchReader]):
         dict: bytes, seconds (wall), copy_seconds / device_seconds (busy,
         summed over the workers), threads, staging_bytes."""
         r = self._reader()
-        return _mapped.stats(r.lib, r.lib.ckptio_reader_stats, r.handle)
+        return _lib.Stats.read(r.lib.ckptio_reader_stats, r.handle)
 
     def get_slice(self, name: str) -> TorchSlice:
         """A TorchSlice of the tensor (ckptio/torch_slice.py): get_shape(),

@@ -325,12 +325,12 @@ def test_a_damaged_byte_fails_every_rank(three, bad):
     res = three[("damaged-x", str(bad))]
     kinds = sorted(x["type"] for x in res)
     assert all(not x["ok"] for x in res), res
-    assert kinds.count("ChecksumError") == 1, res
+    assert kinds.count("CkptioChecksumError") == 1, res
     for x in res:
         assert "checksum" in x["error"] or "embed.weight" in x["error"], x
     # Sharing the page cache, every rank reads the damaged part itself.
     res = three[("damaged", str(bad))]
-    assert [x["type"] for x in res] == ["ChecksumError"] * 3, res
+    assert [x["type"] for x in res] == ["CkptioChecksumError"] * 3, res
 
 
 def test_a_rank_killed_mid_load_fails_the_others_within_the_timeout(tmp_path):

@@ -8,8 +8,11 @@ get_tensors, get_slice), save_model / load_model with tied weights,
 storage_ptr / storage_size."""
 
 import inspect
+import json
 import os
+import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ import safetensors.torch as st  # noqa: E402
 import ckptio  # noqa: E402
 import ckptio.numpy as cn  # noqa: E402
 import ckptio.torch as ct  # noqa: E402
+import library_version  # noqa: E402 - tests/interop's own
 
 PAIRS = [(st, ct), (sn, cn)]
 
@@ -98,6 +102,12 @@ def assert_same_torch(a, b):
 META = {"epoch": "3", "note": "ckptio vs safetensors"}
 
 
+def without_ckptio_keys(meta):
+    """A file's metadata as safetensors shows it, less what ckptio's
+    metadata() hides: its CRCs and the version of the writer."""
+    return {k: v for k, v in meta.items() if not k.startswith("ckptio.crc32.") and k != "ckptio.version"}
+
+
 def test_torch_save_bytes_both_ways():
     t = torch_tensors()
     ours = ct.save(t, metadata=META)
@@ -127,8 +137,8 @@ def test_torch_files_read_by_both(tmp_path, writer):
         ma, mb = a.metadata(), b.metadata()
         if writer == "safetensors":
             assert ma == mb
-        else:  # safetensors also shows ckptio's CRC keys, which ckptio hides
-            assert {k: v for k, v in mb.items() if not k.startswith("ckptio.crc32.")} == ma
+        else:  # safetensors also shows ckptio's own keys (CRCs, version), which ckptio hides
+            assert without_ckptio_keys(mb) == ma
         assert {k: ma[k] for k in META} == META
         for name in a.keys():
             assert torch.equal(a.get_tensor(name), b.get_tensor(name)), name
@@ -204,7 +214,7 @@ def test_torch_extras_are_keyword_only(tmp_path):
         ct.save_file(t, tmp_path / "m.pt", None, "pt")   # format must be named
     ct.save_file(t, tmp_path / "m.pt", format="pt", crc=False)
     assert torch.equal(torch.load(tmp_path / "m.pt", weights_only=True)["x"], t["x"])
-    assert_same_torch(ct.load_file(tmp_path / "m.pt", mmap=False), t)
+    assert_same_torch(ct.load_file(tmp_path / "m.pt", backend="pread"), t)
 
 
 # ------------------------------------------------------------------ numpy
@@ -248,7 +258,7 @@ def test_numpy_files_read_by_both(tmp_path, writer):
         assert a.keys() == b.keys()
         assert a.offset_keys() == b.offset_keys()
         ma, mb = a.metadata(), b.metadata()
-        assert {k: v for k, v in mb.items() if not k.startswith("ckptio.crc32.")} == ma
+        assert without_ckptio_keys(mb) == ma
         for name in a.keys():
             assert np.array_equal(a.get_tensor(name), b.get_tensor(name)), name
         assert_same_numpy(a.get_tensors(), b.get_tensors())
@@ -305,8 +315,248 @@ def test_numpy_keyword_names_match(tmp_path):
 
 
 def test_versions_reported():
-    lib = ckptio._lib.lib()  # the library's string says its number (major*10000 + minor*100 + patch)
-    number = int(lib.ckptio_version_number())
-    assert lib.ckptio_version_string().decode() == f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+    """The versions a run was judged against, checked: ckptio.__version__
+    is the loaded library's, which is this tree's (library_version), and
+    every version is a well-formed release number."""
+    text = library_version.checked_library_version()
+    assert ckptio.__version__ == ckptio.version() == text
+    for name, v in (("safetensors", safetensors.__version__), ("torch", torch.__version__),
+                    ("numpy", np.__version__), ("ckptio", ckptio.__version__)):
+        assert re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?([.+a-z0-9]*)", v), (name, v)
     print(f"safetensors {safetensors.__version__} torch {torch.__version__} "
-          f"numpy {np.__version__} ckptio {ckptio.version()} python {sys.version.split()[0]}")
+          f"numpy {np.__version__} ckptio {ckptio.__version__} python {sys.version.split()[0]}")
+
+
+# ------------------------------------------------- ckptio 1.1: as safetensors
+
+def theirs_raises(call):
+    """The exception safetensors' call raises (it must raise one)."""
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("call", ["save", "save_file"])
+def test_torch_refuses_what_safetensors_refuses(tmp_path, call):
+    """Non-contiguous tensors (ValueError) and tensors sharing memory
+    (RuntimeError, checked first) are refused by save and save_file with
+    safetensors' classes and advice; nothing is written."""
+    base = torch.arange(16.0).reshape(4, 4)
+    cases = {"non-contiguous": {"t": base.t()},
+             "same tensor twice": {"a": base, "b": base},
+             "overlapping views": {"a": base, "b": base[1:]},
+             "shared and non-contiguous": {"a": base, "b": base.t()}}
+    path = tmp_path / "m.safetensors"
+    for what, tensors in cases.items():
+        theirs = theirs_raises(lambda: getattr(st, call)(tensors, *([path] if call == "save_file" else [])))
+        with pytest.raises(type(theirs)) as ours:
+            getattr(ct, call)(tensors, *([path] if call == "save_file" else []))
+        assert type(ours.value) is type(theirs), what
+        if what != "shared and non-contiguous":   # (there safetensors fails in its own check, still a RuntimeError)
+            advice = ".contiguous()" if isinstance(theirs, ValueError) else "save_model"
+            assert advice in str(ours.value) and advice in str(theirs), (what, str(ours.value))
+        assert not path.exists(), what
+    # Views of distinct parts of one storage share no memory: both save them.
+    parts = {"top": base[:2], "bottom": base[2:]}
+    assert ct.save(parts) == st.save(parts)
+    # ckptio's own calls save by value, as documented (README, "Differences").
+    ct.save_file_async(cases["shared and non-contiguous"], path).wait_durable()
+    assert torch.equal(ct.load_file(path)["b"], base.t())
+
+
+def test_torch_not_a_tensor_is_safetensors_error_class(tmp_path):
+    """A dict (or any non-tensor) where a tensor belongs: ValueError as in
+    safetensors, and still the TypeError ckptio 1.0 raised (CkptioTypeError)."""
+    for bad in ({"a": {"x": torch.ones(2)}}, {"a": [1, 2]}, {"a": torch.ones(3).to_sparse()}):
+        theirs = theirs_raises(lambda: st.save(bad))
+        assert isinstance(theirs, ValueError)
+        for call in (lambda: ct.save(bad), lambda: ct.save_file(bad, tmp_path / "m.safetensors")):
+            with pytest.raises(ValueError) as ours:
+                call()
+            assert isinstance(ours.value, TypeError) and isinstance(ours.value, ckptio.CkptioTypeError)
+            assert "'a'" in str(ours.value)
+    assert isinstance(theirs_raises(lambda: st.save([torch.ones(1)])), ValueError)
+    with pytest.raises(ValueError):
+        ct.save([torch.ones(1)])
+
+
+def test_numpy_dict_value_is_refused_before_writing(tmp_path):
+    """safetensors.numpy fails on a dict value with an AttributeError from
+    its code; ckptio.numpy refuses it as ckptio.torch does (a documented
+    difference: ckptio.numpy takes array-likes, np.asarray's input)."""
+    assert isinstance(theirs_raises(lambda: sn.save({"a": {"x": np.ones(2)}})), AttributeError)
+    with pytest.raises(ckptio.CkptioTypeError, match="'a'"):
+        cn.save({"a": {"x": np.ones(2)}})
+    assert cn.load(cn.save({"a": [1, 2]}))["a"].tolist() == [1, 2]
+
+
+def all_torch_dtypes():
+    """One tensor of every dtype both torch and safetensors have, float4
+    included, named so that names and dtypes sort differently."""
+    out = {}
+    for k, dt in enumerate([*ct.TORCH_DTYPES.values(), getattr(torch, "float4_e2m1fn_x2", None)]):
+        if dt is None:
+            continue
+        raw = torch.arange(6, dtype=torch.uint8).reshape(2, 3)
+        out[f"{k % 5}_{str(dt).split('.')[-1]}"] = raw.view(dt) if torch.empty((), dtype=dt).element_size() == 1 \
+            else torch.arange(6).reshape(2, 3).to(dt)
+    return out
+
+
+@pytest.mark.parametrize("meta", [None, {}, {"k": "v"}, {"ünï": "\n\t\"\\\x01\x7f ✓"}])
+def test_save_bytes_are_safetensors_bytes(meta):
+    """save() returns safetensors' very bytes for the same tensors and
+    metadata: every dtype (their order in the file is by dtype, then name),
+    0-d and empty tensors, metadata absent, empty or with JSON escapes."""
+    t = dict(all_torch_dtypes(), **torch_tensors())
+    assert ct.save(t, metadata=meta) == st.save(t, metadata=meta)
+    if meta == {}:
+        # No tensors and empty metadata: safetensors 0.8 writes a header that
+        # is no JSON ('{},"__metadata__":{}}'); ckptio writes the valid one.
+        theirs, ours = st.save({}, metadata=meta), ct.save({}, metadata=meta)
+        with pytest.raises(ValueError):
+            json.loads(theirs[8:])
+        assert json.loads(ours[8:]) == {"__metadata__": {}} and len(ours) % 8 == 0
+    else:
+        assert ct.save({}, metadata=meta) == st.save({}, metadata=meta)
+    a = numpy_arrays()
+    a["be"] = np.arange(5, dtype=">i4")   # big-endian: stored little-endian by both
+    assert cn.save(a, metadata=meta) == sn.save(a, metadata=meta)
+    assert ckptio.save(a, metadata=meta) == sn.save(a, metadata=meta)
+
+
+def test_save_bytes_with_several_metadata_keys():
+    """safetensors keeps metadata in a hash map: with two keys or more its
+    order changes from process to process. ckptio keeps the caller's; the
+    bytes are the same but for that order."""
+    t = torch_tensors()
+    meta = {f"k{i}": str(i) for i in range(6)}
+    ours, theirs = ct.save(t, metadata=meta), st.save(t, metadata=meta)
+    assert len(ours) == len(theirs) and ours[:8] == theirs[:8]
+    n = int.from_bytes(ours[:8], "little")
+    assert ours[8 + n:] == theirs[8 + n:]
+    assert json.loads(ours[8:8 + n]) == json.loads(theirs[8:8 + n])
+    assert list(json.loads(ours[8:8 + n])["__metadata__"]) == list(meta)
+
+
+def test_save_with_crc_or_pt_goes_through_the_library():
+    t = {"x": torch.arange(4.0)}
+    data = ct.save(t, crc=True)
+    assert data != st.save(t)
+    with ct.safe_open(ckptio._core.MemoryFile(data).path, "pt") as f:
+        assert f.metadata() is None   # the CRC and version keys are ckptio's own
+    assert_same_torch(ct.load(data), t)
+    assert_same_torch(ct.load(ct.save(t, format="pt")), t)
+
+
+def test_float4_saved_and_loaded_as_safetensors_does(tmp_path):
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("this torch has no float4_e2m1fn_x2")
+    f4 = torch.arange(6, dtype=torch.uint8).reshape(2, 3).view(torch.float4_e2m1fn_x2)
+    path = tmp_path / "f4.safetensors"
+    ct.save_file({"w": f4}, path)
+    with safetensors.safe_open(path, "pt") as theirs, ct.safe_open(path, "pt") as ours:
+        assert theirs.get_slice("w").get_dtype() == "F4" and theirs.get_slice("w").get_shape() == [2, 6]
+        a, b = ours.get_tensor("w"), theirs.get_tensor("w")
+        assert a.dtype == b.dtype == f4.dtype and a.shape == b.shape == f4.shape
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert torch.equal(ct.load_file(path)["w"].view(torch.uint8), f4.view(torch.uint8))
+    # 0-d: safetensors cannot place two values either.
+    assert isinstance(theirs_raises(lambda: st.save({"x": f4[0, 0]})), safetensors.SafetensorError)
+    with pytest.raises(ckptio.SafetensorError):
+        ct.save({"x": f4[0, 0]})
+
+
+def test_meta_tensors_refused_by_both():
+    """The installed safetensors cannot save meta tensors (torch refuses to
+    copy out of one); ckptio refuses them before writing (documented)."""
+    m = {"x": torch.empty(3, device="meta")}
+    assert isinstance(theirs_raises(lambda: st.save(m)), (NotImplementedError, RuntimeError))
+    with pytest.raises(TypeError, match="meta"):
+        ct.save(m)
+
+
+@pytest.mark.parametrize("writer", ["ckptio", "safetensors"])
+def test_numpy_metadata_none_like_safetensors(tmp_path, writer):
+    """A file saved without metadata: metadata() is None on both fronts,
+    ckptio's version entry hidden (load_metadata still shows it)."""
+    path = tmp_path / "m.safetensors"
+    (cn.save_file if writer == "ckptio" else sn.save_file)({"x": np.ones(2)}, path)
+    with cn.safe_open(path, "numpy") as a, safetensors.safe_open(path, "numpy") as b, \
+            ct.safe_open(path, "pt") as c:
+        assert a.metadata() is None and c.metadata() is None
+        assert b.metadata() is None if writer == "safetensors" else "ckptio.version" in b.metadata()
+    if writer == "ckptio":
+        assert cn.load_metadata(path) == {"ckptio.version": ckptio.__version__}
+
+
+@pytest.mark.parametrize("framework,kind", [("pt", "torch"), ("torch", "torch"), ("pytorch", "torch"),
+                                            ("np", "numpy"), ("numpy", "numpy")])
+def test_top_level_safe_open_dispatches_on_framework(tmp_path, framework, kind):
+    path = tmp_path / "m.safetensors"
+    st.save_file({"x": torch.arange(3.0)}, path)
+    with ckptio.safe_open(path, framework) as ours, safetensors.safe_open(path, framework) as theirs:
+        a, b = ours.get_tensor("x"), theirs.get_tensor("x")
+        assert type(a) is type(b) and isinstance(a, torch.Tensor if kind == "torch" else np.ndarray)
+        assert a.tolist() == b.tolist()
+
+
+def closed(opener, path):
+    """A safe_open of `path` by `opener`, closed."""
+    f = opener(path, "pt")
+    f.__exit__(None, None, None)
+    return f
+
+
+def test_safetensor_error_catches_what_safetensors_raises_it_for(tmp_path):
+    """ckptio.SafetensorError: raised where safetensors raises
+    safetensors.SafetensorError (a bad header, a missing tensor, an invalid
+    framework, a closed file), each still the ckptio class and builtin it was."""
+    good = tmp_path / "m.safetensors"
+    st.save_file({"x": torch.ones(2)}, good)
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\xff" * 64)
+    # what: (safetensors' call, ckptio's, the class ckptio raised before)
+    calls = {"header": (lambda: st.load_file(junk), lambda: ct.load_file(junk), ckptio.FormatError),
+             "missing tensor": (lambda: safetensors.safe_open(good, "pt").get_tensor("nope"),
+                                lambda: ct.safe_open(good, "pt").get_tensor("nope"), KeyError),
+             "framework": (lambda: safetensors.safe_open(good, "jaxx"), lambda: ckptio.safe_open(good, "jaxx"),
+                           ValueError),
+             "closed": (lambda: closed(safetensors.safe_open, good).keys(),
+                        lambda: closed(ct.safe_open, good).keys(), ValueError)}
+    for what, (theirs, ours, old) in calls.items():
+        assert isinstance(theirs_raises(theirs), safetensors.SafetensorError), what
+        with pytest.raises(ckptio.SafetensorError) as info:
+            ours()
+        assert isinstance(info.value, old) and isinstance(info.value, ckptio.CkptioError), what
+    assert ckptio.SafetensorError is ckptio.CkptioSafetensorError is ckptio.errors.SafetensorError
+    with pytest.raises(FileNotFoundError) as info:   # an OSError, as in safetensors
+        ct.load_file(tmp_path / "nope")
+    assert not isinstance(info.value, ckptio.SafetensorError)
+
+
+def test_error_names_follow_one_rule():
+    """Every class ckptio.errors defines is Ckptio<what>Error; the other
+    public names are aliases of those classes (1.0's names, safetensors')."""
+    names = [n for n in ckptio.errors.__all__ if n[0].isupper()]
+    for name in names:
+        cls = getattr(ckptio.errors, name)
+        assert cls.__name__.startswith("Ckptio") and cls.__name__.endswith("Error"), name
+        assert getattr(ckptio, name) is cls, name
+    aliases = {n: getattr(ckptio.errors, n).__name__ for n in names if getattr(ckptio.errors, n).__name__ != n}
+    assert aliases == {"SafetensorError": "CkptioSafetensorError", "TensorNotFoundError": "CkptioTensorNotFoundError",
+                       "FormatError": "CkptioFormatError", "ChecksumError": "CkptioChecksumError"}
+
+
+@pytest.mark.parametrize("module", [cn, ct], ids=["numpy", "torch"])
+def test_load_file_mmap_keyword_is_deprecated(tmp_path, module):
+    path = tmp_path / "m.safetensors"
+    st.save_file({"x": torch.arange(4.0)}, path)
+    with pytest.warns(DeprecationWarning, match="backend=") as caught:
+        old = module.load_file(path, mmap=False)
+    assert caught[0].filename == __file__   # points at the caller's line
+    new = module.load_file(path, backend="pread")
+    assert old["x"].tolist() == new["x"].tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module.load_file(path, backend="mmap")

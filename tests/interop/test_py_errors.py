@@ -132,7 +132,7 @@ def test_flipped_byte_is_checksum_error(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0x10
     path.write_bytes(raw)
-    for call in (ckptio.verify, ckptio.load_file, lambda p: ckptio.load_file(p, mmap=False)):
+    for call in (ckptio.verify, ckptio.load_file, lambda p: ckptio.load_file(p, backend="pread")):
         with pytest.raises(ckptio.ChecksumError) as info:
             call(path)
         e = info.value
@@ -206,14 +206,14 @@ def test_configure_after_the_context_is_a_state_error(tmp_path):
     (-errno.ENOSPC, "CkptioOSError", OSError, "ENOSPC"),
     (-errno.EIO, "CkptioOSError", OSError, "EIO"),
     ("SHORT_IO", "CkptioOSError", OSError, "SHORT_IO"),
-    ("NOT_FOUND", "TensorNotFoundError", KeyError, "NOT_FOUND"),
+    ("NOT_FOUND", "CkptioTensorNotFoundError", KeyError, "NOT_FOUND"),
     ("INVALID_ARG", "CkptioValueError", ValueError, "INVALID_ARG"),
     ("DUPLICATE", "CkptioValueError", ValueError, "DUPLICATE"),
-    ("CHECKSUM", "ChecksumError", ValueError, "CHECKSUM"),
-    ("HEADER_JSON", "FormatError", ValueError, "HEADER_JSON"),
-    ("ZIP", "FormatError", ValueError, "ZIP"),
-    ("PICKLE", "FormatError", ValueError, "PICKLE"),
-    ("SHARD", "FormatError", ValueError, "SHARD"),
+    ("CHECKSUM", "CkptioChecksumError", ValueError, "CHECKSUM"),
+    ("HEADER_JSON", "CkptioFormatError", ValueError, "HEADER_JSON"),
+    ("ZIP", "CkptioFormatError", ValueError, "ZIP"),
+    ("PICKLE", "CkptioFormatError", ValueError, "PICKLE"),
+    ("SHARD", "CkptioFormatError", ValueError, "SHARD"),
     ("STATE", "CkptioRuntimeError", RuntimeError, "STATE"),
     ("DEVICE", "CkptioRuntimeError", RuntimeError, "DEVICE"),
 ])
