@@ -254,7 +254,7 @@ class Reader:
             mapped = False
         # An object of a storage ("s3://...") is never mapped: "auto" copies
         # it without opening it twice.
-        self.mapped = mapped is True or (mapped is None and b"://" not in self.path)
+        self.mapped = mapped is True or (mapped is None and not _lib.is_storage_path(self.path))
         self._open(map_ctx() if self.mapped else ctx(), crc)
         if self.mapped and (
                 self.lib.ckptio_reader_compression(self.handle, None, None, None) == 1

@@ -369,6 +369,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_map_free": (_I, [_P, ctypes.c_uint64]),
     "ckptio_reader_resident": (_I, [_P, ctypes.POINTER(ctypes.c_double)]),
     "ckptio_reader_fits_cache": (_I, [_P]),
+    "ckptio_path_scheme": (ctypes.c_size_t, [_S]),  # experimental
     "ckptio_writer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     "ckptio_reader_stats": (_I, [_P, ctypes.POINTER(Stats)]),
     # Sharded saves (ckptio.torch.save_torch_state_dict): a ckptio_writer
@@ -451,3 +452,11 @@ def lib() -> Any:
             fn.argtypes = argtypes
         _lib = handle
         return _lib
+
+
+def is_storage_path(path: Any) -> bool:
+    """Whether `path` names a storage's object or prefix ("s3://...") rather
+    than a local file: the library's own rule (ckptio_path_scheme, RFC
+    3986's scheme and "://"), so that Python never judges it otherwise."""
+    text = os.fsencode(path) if not isinstance(path, bytes) else path
+    return bool(lib().ckptio_path_scheme(text))

@@ -55,7 +55,7 @@ def cache_key(r: TorchReader, filename: PathLike) -> Optional[Tuple[str, int, in
     agree on (the kernel's boot id, the file's device and inode), when the
     checkpoint fits in that cache; else None."""
     path = os.fsdecode(filename)
-    if "://" in path or not r.cacheable():
+    if _lib.is_storage_path(path) or not r.cacheable():
         return None
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

@@ -111,7 +111,7 @@ class Writer(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[List[WriteResult]]:
         if self._group is None:
             self._group = Group(self.process_group)
-        if "://" not in self.path:  # a storage's prefix (s3://bucket/dir) has no directory to make
+        if not _lib.is_storage_path(self.path):  # a storage's prefix (s3://bucket/dir) has no directory to make
             os.makedirs(self.path, exist_ok=True)
         lib, context = _lib.lib(), ctx()
         opts = options(context, self.crc)

@@ -37,6 +37,7 @@ from typing import Any, Dict, Optional
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
 
+from . import _lib
 from . import torch as _ct
 from ._torch_io import SaveHandle
 
@@ -47,7 +48,7 @@ _STORAGE_OPTIONS = ("format", "crc")
 
 def _local(path: Any) -> str:
     text = str(os.fspath(path))
-    if "://" in text:
+    if _lib.is_storage_path(text):
         raise ValueError(f"ckptio.lightning writes local paths only, got {text!r} "
                          "(remote fsspec paths need Lightning's TorchCheckpointIO)")
     return text
