@@ -297,9 +297,9 @@ static void json_run_stats(FILE *out, const char *key, const ckptio_stats *st) {
           st->write_seconds, st->commit_seconds, st->threads, st->staging_bytes, st->direct_bytes);
 }
 
-void bench_report_json(FILE *out, const bench_result *r) {
-  const cli_machine *mc = r->machine;
-  const cli_model *m = r->model;
+/* The JSON report's head: the command that reproduces it, the version,
+ * the format and the device. */
+static void json_head(FILE *out, const bench_result *r) {
   const ckptio_options *f = &r->ctx_opts;
   fputs("{\"command\":", out);
   char *cmd = NULL;
@@ -327,6 +327,9 @@ void bench_report_json(FILE *out, const bench_result *r) {
     fputs(",\"loads_skipped\":", out);
     cli_json_string(out, r->load_skipped);
   }
+}
+
+static void json_machine(FILE *out, const cli_machine *mc) {
   fprintf(out, ",\"machine\":{\"nproc\":%ld,\"mem_bytes\":%" PRIu64 ",\"cpu\":", mc->nproc,
           mc->mem_bytes);
   cli_json_string(out, mc->cpu);
@@ -340,8 +343,15 @@ void bench_report_json(FILE *out, const bench_result *r) {
   cli_json_string(out, mc->fs_device);
   fputs(",\"fs_mount\":", out);
   cli_json_string(out, mc->fs_mount);
+  fputc('}', out);
+}
+
+/* The options in force, the model and the raw limits' setup. */
+static void json_setup(FILE *out, const bench_result *r) {
+  const cli_model *m = r->model;
+  const ckptio_options *f = &r->ctx_opts;
   fprintf(out,
-          "},\"options\":{\"shapes\":\"%s\",\"runs\":%d,\"threads\":%d,\"chunk_bytes\":%zu,"
+          ",\"options\":{\"shapes\":\"%s\",\"runs\":%d,\"threads\":%d,\"chunk_bytes\":%zu,"
           "\"staging_bytes\":%zu,\"crc\":%s,\"fsync\":%s,\"direct\":\"%s\",\"load\":\"%s\","
           "\"verify\":%s,\"snapshot_bytes\":%zu}",
           bench_shapes_name(m->shapes), r->opts->runs, f->threads, f->chunk_bytes,
@@ -372,6 +382,10 @@ void bench_report_json(FILE *out, const bench_result *r) {
     cli_json_string(out, cli_raw_read_way_name(w));
   }
   fputs("]}", out);
+}
+
+/* Every run's times and the library's stats of its save and loads. */
+static void json_runs(FILE *out, const bench_result *r) {
   fputs(",\"runs\":[", out);
   for (int i = 0; i < r->runs_done; i++) {
     const bench_run *x = &r->runs[i];
@@ -394,6 +408,11 @@ void bench_report_json(FILE *out, const bench_result *r) {
     fputc('}', out);
   }
   fputc(']', out);
+}
+
+/* Median, min and max of each rate and ratio over the runs; staging and
+ * memory. */
+static void json_figures(FILE *out, const bench_result *r) {
   json_stat(out, "save_gbps", r, S_SAVE);
   json_stat(out, "raw_write_gbps", r, S_RAW_WRITE);
   json_stat(out, "raw_write_direct_gbps", r, S_RAW_WRITE_WAY + CLI_RAW_WRITE_DIRECT);
@@ -434,4 +453,12 @@ void bench_report_json(FILE *out, const bench_result *r) {
           ",\"peak_rss_bytes\":%" PRIu64 ",\"rss_baseline_bytes\":%" PRIu64
           ",\"rss_above_model_bytes\":%" PRIu64 "}\n",
           r->rss_peak, r->rss_baseline, above);
+}
+
+void bench_report_json(FILE *out, const bench_result *r) {
+  json_head(out, r);
+  json_machine(out, r->machine);
+  json_setup(out, r);
+  json_runs(out, r);
+  json_figures(out, r);
 }
