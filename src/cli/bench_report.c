@@ -297,6 +297,12 @@ static void json_run_stats(FILE *out, const char *key, const ckptio_stats *st) {
           st->write_seconds, st->commit_seconds, st->threads, st->staging_bytes, st->direct_bytes);
 }
 
+/* ,"key":"value" with value escaped. */
+static void json_str_field(FILE *out, const char *key, const char *value) {
+  fprintf(out, ",\"%s\":", key);
+  cli_json_string(out, value);
+}
+
 /* The JSON report's head: the command that reproduces it, the version,
  * the format and the device. */
 static void json_head(FILE *out, const bench_result *r) {
@@ -314,35 +320,24 @@ static void json_head(FILE *out, const bench_result *r) {
   fprintf(out, ",\"version\":\"%s\",\"format\":\"%s\"", ckptio_version_string(),
           bench_format_name(r->opts->format));
   if (r->gpu) {
-    fprintf(out, ",\"device\":\"cuda:%d\",\"cuda_runtime\":", r->gpu->ordinal);
-    cli_json_string(out, r->gpu->info.runtime);
-    fputs(",\"gpu_name\":", out);
-    cli_json_string(out, r->gpu->info.name);
-    fputs(",\"pci_bus_id\":", out);
-    cli_json_string(out, r->gpu->info.pci_bus_id);
+    fprintf(out, ",\"device\":\"cuda:%d\"", r->gpu->ordinal);
+    json_str_field(out, "cuda_runtime", r->gpu->info.runtime);
+    json_str_field(out, "gpu_name", r->gpu->info.name);
+    json_str_field(out, "pci_bus_id", r->gpu->info.pci_bus_id);
   } else {
     fputs(",\"device\":\"host\"", out);
   }
-  if (r->load_skipped) {
-    fputs(",\"loads_skipped\":", out);
-    cli_json_string(out, r->load_skipped);
-  }
+  if (r->load_skipped) json_str_field(out, "loads_skipped", r->load_skipped);
 }
 
 static void json_machine(FILE *out, const cli_machine *mc) {
-  fprintf(out, ",\"machine\":{\"nproc\":%ld,\"mem_bytes\":%" PRIu64 ",\"cpu\":", mc->nproc,
-          mc->mem_bytes);
-  cli_json_string(out, mc->cpu);
-  fputs(",\"kernel\":", out);
-  cli_json_string(out, mc->kernel);
-  fputs(",\"dir\":", out);
-  cli_json_string(out, mc->dir);
-  fputs(",\"fs_type\":", out);
-  cli_json_string(out, mc->fs_type);
-  fputs(",\"fs_device\":", out);
-  cli_json_string(out, mc->fs_device);
-  fputs(",\"fs_mount\":", out);
-  cli_json_string(out, mc->fs_mount);
+  fprintf(out, ",\"machine\":{\"nproc\":%ld,\"mem_bytes\":%" PRIu64, mc->nproc, mc->mem_bytes);
+  json_str_field(out, "cpu", mc->cpu);
+  json_str_field(out, "kernel", mc->kernel);
+  json_str_field(out, "dir", mc->dir);
+  json_str_field(out, "fs_type", mc->fs_type);
+  json_str_field(out, "fs_device", mc->fs_device);
+  json_str_field(out, "fs_mount", mc->fs_mount);
   fputc('}', out);
 }
 
