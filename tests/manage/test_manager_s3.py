@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "s3"))  # s3_env
 import s3_env  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/setup.sh puts it in .venv)")
