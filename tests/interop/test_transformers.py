@@ -124,11 +124,11 @@ def test_save_pretrained_loads_in_ckptio(model, tmp_path):
     assert set(index["weight_map"]) == set(want), "tied keys differ from save_pretrained's"
 
     for source in (tmp_path, tmp_path / "model.safetensors.index.json"):
-        for mmap in (True, False):
-            got = ct.load_file(source, mmap=mmap)
+        for backend in ("mmap", "pread"):
+            got = ct.load_file(source, backend=backend)
             assert set(got) == set(want), source
             for name, t in want.items():
-                same(got[name], t, f"{name} from {source.name} mmap={mmap}")
+                same(got[name], t, f"{name} from {source.name} backend={backend}")
 
 
 def test_save_pretrained_slices_in_ckptio(model, tmp_path):

@@ -183,8 +183,8 @@ tensors = {"w": rng.standard_normal((64, 33), dtype=np.float32),
 path = work / "m.safetensors"
 ckptio.save_file(tensors, path, metadata={"step": "7"})
 ckptio.save_file(tensors, work / "m.st.zst", compress=3)     # zstd from the wheel
-for p, mmap in ((path, True), (path, False), (work / "m.st.zst", True)):
-    back = ckptio.load_file(p, mmap=mmap)
+for p, backend in ((path, "mmap"), (path, "pread"), (work / "m.st.zst", "mmap")):
+    back = ckptio.load_file(p, backend=backend)
     assert sorted(back) == sorted(tensors), sorted(back)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and np.array_equal(back[name], t), name

@@ -151,7 +151,7 @@ def test_a_sharded_set_loads_as_views_of_each_shard(tmp_path):
     for where in (tmp_path, tmp_path / "model.safetensors.index.json"):
         got = ct.load_file(where, backend="mmap")
         assert_equal(got, sd)
-        assert list(got) == list(ct.load_file(where, mmap=False)), "the set's order"
+        assert list(got) == list(ct.load_file(where, backend="pread")), "the set's order"
         for k, t in got.items():
             if t.numel():
                 assert any(mapped(t, s) for s in shards), f"{k} was copied"
@@ -249,7 +249,7 @@ def test_a_flipped_byte_is_refused_before_anything_is_returned(tmp_path, fmt):
     path = save(sd, tmp_path / f"m.{fmt}", fmt)
     flip_byte(path, info(path, "victim").offset + 4 * 1234)
     for load in (lambda: ct.load_file(path, backend="mmap"), lambda: ckptio.load_file(path, backend="mmap"),
-                 lambda: ct.load_file(path, mmap=False)):
+                 lambda: ct.load_file(path, backend="pread")):
         with pytest.raises(ckptio.CkptioError) as e:
             load()
         assert e.value.code == ckptio.E_CHECKSUM
@@ -330,8 +330,8 @@ def test_results_outlive_the_reader_and_the_mapping_goes_with_the_last(tmp_path)
 def test_mmap_false_copies_into_fresh_memory(tmp_path):
     sd = {"w": torch.randn(1000, 10)}
     path = save(sd, tmp_path / "m.safetensors", "safetensors")
-    got = ct.load_file(path, mmap=False)
-    arrays = ckptio.load_file(path, mmap=False)
+    got = ct.load_file(path, backend="pread")
+    arrays = ckptio.load_file(path, backend="pread")
     gc.collect()
     assert mappings(path) == []
     flip_byte(path, info(path, "w").offset)  # in place: copies do not see it
