@@ -4,14 +4,12 @@
  * published once durable, recorded in `latest`, and only then are old
  * checkpoints removed (see the manager section of include/ckptio.h for
  * the rules this file keeps). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

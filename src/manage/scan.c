@@ -1,15 +1,11 @@
 /* Reading a checkpoint directory: which step directories are published,
  * whether each is complete (opens) and verified (every CRC), the newest
  * complete one to resume from, and the listing. Nothing here writes. */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "manage/manage.h"
 

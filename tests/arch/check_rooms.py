@@ -317,12 +317,12 @@ def public_api(source):
         return set()
 
 
-def probe_findings(table, objects, sources, source, public, nm, cc, workdir):
+def probe_findings(table, objects, calls, sources, source, public, nm, cc, workdir):
     """--self-test: for each room of the table, a probe object in that room
     calling a function of a room it may not call (a function ckptio.h does
     not declare, for a room held to the public API), and a probe source
-    including that room's header. Returns the probes the check missed."""
-    calls = room_graph(objects, nm)
+    including that room's header. `calls` is the tree's room graph. Returns
+    the probes the check missed."""
     owner = {}  # room -> a function it defines outside the public API
     for (_, b), syms in sorted(calls.items()):
         owner.setdefault(b, next((x for x in sorted(syms) if x not in public), None))
@@ -417,7 +417,7 @@ def main():
     if args.self_test:
         print("\nself-test: a probe per room against its row of %s:" % TABLE)
         with tempfile.TemporaryDirectory() as work:
-            missed = probe_findings(table, objects, sources, source, public, args.nm, args.cc, work)
+            missed = probe_findings(table, objects, edges, sources, source, public, args.nm, args.cc, work)
         for h in missed:
             print("  " + h)
         bad = bad or bool(missed)
