@@ -1788,8 +1788,8 @@ int ckptio_trace_stop(void);
 
 /* ------------------------------------------------------------ tiers */
 
-/* Why experimental: new; the storage tier and resharding restores are
- * still to come (see docs/TIERS.md).
+/* Why experimental: new; resharding restores are still to come (see
+ * docs/TIERS.md).
  *
  * Multi-rank checkpoints kept in tiers, restored from the fastest that
  * holds a whole, verified step. Each rank's part (its tensors, one
@@ -1802,18 +1802,22 @@ int ckptio_trace_stop(void);
  *            (R + k * ranks_per_node) mod nranks, as copy-R.safetensors),
  *            sent over the communicator's alltoallv;
  *   durable  every `durable_every`-th step, DURABLE_DIR/step-N/rank-R.
- *            safetensors (a local or shared directory, fsync'd).
+ *            safetensors (a local or shared directory, fsync'd);
+ *   storage  every `storage_every`-th step, the object STORAGE_DIR/step-N/
+ *            rank-R.safetensors of a storage (s3://bucket/job, or a scheme
+ *            registered on the context), uploaded from the rank's file in
+ *            a faster tier (or written there when it is the only tier due).
  * A step counts as published in a tier once every rank's part of it is
  * there, agreed by all ranks: then each rank marks the step in its tier
- * directories (a file PUBLISHED) and retires the steps beyond the tier's
- * `keep`. A crash at any point before the marks leaves the step unmarked
+ * directories (a file PUBLISHED; in storage, one object PUBLISHED that
+ * rank 0 writes) and retires the steps beyond the tier's `keep`. A crash at any point before the marks leaves the step unmarked
  * and the older steps as they were.
  *
  * The restore is collective: the ranks gather which published copies each
  * holds, take the newest step whose every part has a holder, and each part
  * comes from the fastest (its rank's own memory, a peer's copy sent over
- * the communicator, the durable directory), its every CRC32 checked before
- * the path is handed out. A copy that fails its check is skipped with a
+ * the communicator, the durable directory, the storage), its every CRC32
+ * checked before the path is handed out. A copy that fails its check is skipped with a
  * warning naming the rank, the step and the tier, and the next holder, an
  * older step or a lower tier serves. The ranks must be as many as at the
  * save (same nranks and ranks_per_node). */
@@ -1837,15 +1841,19 @@ typedef struct ckptio_tiers_options {
                               * handle fills the tiers and publishes (calling the communicator
                               * and the warning callback from that thread); 0: it returns
                               * when every tier is published */
+  const char *storage_dir;   /* a storage's prefix ("s3://bucket/job"); NULL: no storage tier */
+  int storage_every;         /* storage save when step % storage_every == 0; >= 1 */
+  int storage_keep;          /* steps kept there; >= 1 */
 } ckptio_tiers_options;
-#define CKPTIO_TIERS_OPTIONS_INIT { sizeof(ckptio_tiers_options), NULL, 2, 0, 1, NULL, 1, 2, 0, 0 }
+#define CKPTIO_TIERS_OPTIONS_INIT { sizeof(ckptio_tiers_options), NULL, 2, 0, 1, NULL, 1, 2, 0, 0, NULL, 1, 2 }
 
 /* The tiers a restore can take a part from, fastest first. */
 typedef enum ckptio_tier {
   CKPTIO_TIER_MEMORY = 0,  /* the rank's own memory directory */
   CKPTIO_TIER_PEER = 1,    /* a copy held by another rank */
   CKPTIO_TIER_DURABLE = 2,
-  CKPTIO_TIERS = 3
+  CKPTIO_TIER_STORAGE = 3,
+  CKPTIO_TIERS = 4
 } ckptio_tier;
 
 /* What this rank's handle did. Versioned: start from CKPTIO_TIERS_STATS_INIT. */
@@ -1867,7 +1875,9 @@ typedef void (*ckptio_tiers_warn_fn)(void *arg, uint64_t step, int tier, int cod
  *  tier and restores from peers need its alltoallv). @opts copied (the
  *  directories too). @return 0 and *out, or CKPTIO_E_INVALID_ARG with the
  *  reason in ckptio_last_open_error (no tier, a bad count, peers that
- *  cannot land on another node), -errno creating a directory. */
+ *  cannot land on another node, a storage_dir that is a local path or
+ *  whose storage cannot write, list and remove), the storage's own code
+ *  (ckptio_ctx_storage: no credentials), -errno creating a directory. */
 int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tiers_options *opts,
                       ckptio_tiers **out);
 
@@ -1905,10 +1915,12 @@ int ckptio_tiers_wait(ckptio_tiers *t);
 
 /*! ckptio_tiers_restore() : (experimental)
  *  Collective: finds the newest step restorable as described above and
- *  makes this rank's part of it a verified local file: its path (in the
- *  memory directory when a peer sent it, else where it was found) goes to
- *  path[0, len), to open with ckptio_reader_open. Every CRC32 of it has
- *  just been checked: open it with crc 0 to skip a second pass.
+ *  makes this rank's part of it a verified file: its path (in the memory
+ *  directory when a peer sent it or it was downloaded from the storage,
+ *  else where it was found: the storage's object itself when there is no
+ *  memory tier) goes to path[0, len), to open with ckptio_reader_open.
+ *  Every CRC32 of it has just been checked: open it with crc 0 to skip a
+ *  second pass.
  *  @return 0 and *step; -ENOENT when no step is whole anywhere (nothing
  *          published, or every holder lost or damaged); another negative
  *          code when the restore itself failed (the communicator, memory),

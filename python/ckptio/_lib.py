@@ -265,7 +265,7 @@ class CheckpointInfo_(ctypes.Structure):  # ckptio_checkpoint_info
 WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p)
 # ckptio_tiers_warn_fn(arg, step, tier, code, message)
 TIERS_WARN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p)
-TIERS = ("memory", "peers", "durable")  # ckptio_tier, fastest first
+TIERS = ("memory", "peers", "durable", "storage")  # ckptio_tier, fastest first
 
 
 class TiersOptions(ctypes.Structure):  # ckptio_tiers_options
@@ -280,14 +280,17 @@ class TiersOptions(ctypes.Structure):  # ckptio_tiers_options
         ("durable_keep", ctypes.c_int),
         ("fatal", ctypes.c_int),
         ("background", ctypes.c_int),
+        ("storage_dir", ctypes.c_char_p),
+        ("storage_every", ctypes.c_int),
+        ("storage_keep", ctypes.c_int),
     ]
 
 
 class TiersStats(ctypes.Structure):  # ckptio_tiers_stats
     _fields_ = [
         ("size", ctypes.c_size_t),
-        ("saved_bytes", ctypes.c_uint64 * 3),
-        ("restored_bytes", ctypes.c_uint64 * 3),
+        ("saved_bytes", ctypes.c_uint64 * len(TIERS)),
+        ("restored_bytes", ctypes.c_uint64 * len(TIERS)),
         ("skipped_copies", ctypes.c_uint64),
         ("failed_tier_saves", ctypes.c_uint64),
     ]

@@ -1,8 +1,8 @@
 """Tiered checkpoints over a torch.distributed group (ckptio_tiers_* in
 ckptio.h; docs/TIERS.md), experimental: every rank's state in its node's
-memory, copies on ranks of other nodes, a durable directory every few
-steps, and a restore from the fastest tier that holds a whole step whose
-every CRC32 checks.
+memory, copies on ranks of other nodes, a durable directory and an object
+storage (s3://) every few steps, and a restore from the fastest tier that
+holds a whole step whose every CRC32 checks.
 
     tiers = TieredCheckpointManager(memory_dir=f"/dev/shm/{job}", peers=1,
                                     ranks_per_node=8, durable_dir="/ckpt/job",
@@ -60,7 +60,9 @@ class TieredCheckpointManager:
         default: LOCAL_WORLD_SIZE (torchrun sets it), else 1.
     durable_dir: a local or shared directory (fsync'd); None: none.
     durable_every: a durable save when step % durable_every == 0.
-    memory_keep, durable_keep: steps kept per tier.
+    storage_dir: a storage's prefix ("s3://bucket/job"); None: none.
+    storage_every: a storage save when step % storage_every == 0.
+    memory_keep, durable_keep, storage_keep: steps kept per tier.
     fatal: a failing tier raises instead of warning.
     background: save returns at its snapshot point (one copy of the
         tensors when ckptio.configure(snapshot_bytes=...) covers a rank's
@@ -73,7 +75,8 @@ class TieredCheckpointManager:
 
     def __init__(self, memory_dir: Optional[PathLike] = None, durable_dir: Optional[PathLike] = None, *,
                  peers: int = 0, ranks_per_node: Optional[int] = None, memory_keep: int = 2,
-                 durable_every: int = 1, durable_keep: int = 2, fatal: bool = False,
+                 durable_every: int = 1, durable_keep: int = 2, storage_dir: Optional[str] = None,
+                 storage_every: int = 1, storage_keep: int = 2, fatal: bool = False,
                  background: bool = False, group: Any = None,
                  timeout: Optional[datetime.timedelta] = None) -> None:
         if ranks_per_node is None:
@@ -88,7 +91,7 @@ class TieredCheckpointManager:
         self._warnings: List[str] = []
         o = _lib.TiersOptions(ctypes.sizeof(_lib.TiersOptions), _dir(memory_dir), memory_keep, peers,
                               ranks_per_node, _dir(durable_dir), durable_every, durable_keep, int(fatal),
-                              int(background))
+                              int(background), _dir(storage_dir), storage_every, storage_keep)
         t = ctypes.c_void_p()
         check(self._lib.ckptio_tiers_open(ctx(), ctypes.byref(self._group.comm), ctypes.byref(o), ctypes.byref(t)),
               "cannot open the checkpoint tiers", self._lib.ckptio_last_open_error())
@@ -145,7 +148,7 @@ class TieredCheckpointManager:
 
     def stats(self) -> Dict[str, Any]:
         """This rank's counters: bytes saved and restored per tier (memory,
-        peers, durable), copies skipped, tier saves that failed."""
+        peers, durable, storage), copies skipped, tier saves that failed."""
         s = _lib.TiersStats(ctypes.sizeof(_lib.TiersStats))
         check(self._lib.ckptio_tiers_stats_get(self._handle(), ctypes.byref(s)), "stats")
         return {"saved_bytes": dict(zip(_lib.TIERS, s.saved_bytes)),

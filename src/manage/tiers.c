@@ -13,7 +13,8 @@
 #include "manage/tiers.h"
 
 const char *tiers_dir(const ckptio_tiers *t, int tier) {
-  return tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : t->o.memory_dir;
+  return tier == CKPTIO_TIER_DURABLE ? t->o.durable_dir : tier == CKPTIO_TIER_STORAGE ? t->o.storage_dir
+                                                                                      : t->o.memory_dir;
 }
 
 int tiers_holder(const ckptio_tiers *t, int r, int k) {
@@ -57,11 +58,12 @@ int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tie
   if (c.nranks < 1 || c.rank < 0 || c.rank >= c.nranks || !c.allgather)
     return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: a communicator needs 0 <= rank < nranks "
                      "and an allgather");
-  if (!o.memory_dir && !o.durable_dir)
-    return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: no tier: set memory_dir, durable_dir or both");
-  if (o.memory_keep < 1 || o.durable_keep < 1 || o.durable_every < 1)
-    return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: memory_keep, durable_keep and "
-                     "durable_every must be at least 1");
+  if (!o.memory_dir && !o.durable_dir && !o.storage_dir)
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: no tier: set memory_dir, durable_dir, "
+                     "storage_dir or several");
+  if (o.memory_keep < 1 || o.durable_keep < 1 || o.durable_every < 1 || o.storage_keep < 1 || o.storage_every < 1)
+    return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: memory_keep, durable_keep, durable_every, "
+                     "storage_keep and storage_every must be at least 1");
   if (o.ranks_per_node < 1 || c.nranks % o.ranks_per_node)
     return fail_open(msg, CKPTIO_E_INVALID_ARG, "ckptio_tiers_open: ranks_per_node %d does not divide the "
                      "%d ranks into nodes", o.ranks_per_node, c.nranks);
@@ -76,6 +78,7 @@ int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tie
     t->o = o;
     t->o.memory_dir = dup_or_null(o.memory_dir, &bad);
     t->o.durable_dir = dup_or_null(o.durable_dir, &bad);
+    t->o.storage_dir = dup_or_null(o.storage_dir, &bad);
   }
   if (bad) {
     ckptio_tiers_close(t);
@@ -83,6 +86,11 @@ int ckptio_tiers_open(ckptio_ctx *ctx, const ckptio_comm *comm, const ckptio_tie
   }
   t->ctx = ctx;
   t->comm = c;
+  int rc = t->o.storage_dir ? tiers_obj_open(t, why) : 0;
+  if (rc < 0) {
+    ckptio_tiers_close(t);
+    return fail_open(msg, rc, "ckptio_tiers_open: %s", why);
+  }
   t->leader = c.rank % o.ranks_per_node == 0;
   t->stats = (ckptio_tiers_stats)CKPTIO_TIERS_STATS_INIT;
   *out = t;
@@ -107,6 +115,7 @@ void ckptio_tiers_close(ckptio_tiers *t) {
   tiers_join(t);
   free((char *)t->o.memory_dir);
   free((char *)t->o.durable_dir);
+  free((char *)t->o.storage_dir);
   free(t);
 }
 

@@ -23,7 +23,7 @@ typedef struct tiers_job {
   int rc[CKPTIO_TIERS];
   char why[CKPTIO_TIERS][CKPTIO_ERRLEN];
   ckptio_writer *w;        /* the part's writer past its snapshot point, until its file is whole */
-  const char *w_dir;       /* its tier's directory: memory, or durable without a memory tier */
+  int w_tier;              /* its tier: memory, else the first of durable and storage due */
   uint64_t bytes;          /* the part file's size */
   int result;              /* what the save returns */
 } tiers_job;
@@ -38,6 +38,8 @@ struct ckptio_tiers {
   ckptio_tiers_stats stats;
   uint64_t last_step;
   int saved;               /* last_step holds a step */
+  const ckptio_storage_ops *st; /* storage_dir's storage (tiers_storage.c), or NULL */
+  void *st_self;
   tiers_job job;           /* the last save's */
   pthread_t thread;        /* finishing it, in background mode */
   int running;             /* thread to be joined */
@@ -49,7 +51,8 @@ struct ckptio_tiers {
 int tiers_holder(const ckptio_tiers *t, int r, int k);
 int tiers_held(const ckptio_tiers *t, int r, int k);
 
-/* A tier's directory: the durable one, or the memory one (own parts and peers' copies). */
+/* A tier's directory: the durable one, the storage's prefix, or the memory
+ * one (own parts and peers' copies). */
 const char *tiers_dir(const ckptio_tiers *t, int tier);
 
 /* Waits for the last save's background finish. @return its result. */
@@ -87,6 +90,44 @@ int tiers_sync_step_dir(const char *dir, uint64_t step);
  * directory up to `current` is removed whole by the node's leader. */
 void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, const char *mark2,
                   uint64_t current);
+
+/* -------------------------------------------------------------- storage */
+
+/* One object under STORAGE_DIR/step-N/, as a listing found it. */
+typedef struct tiers_obj {
+  uint64_t step;
+  uint64_t size;
+  char name[64];  /* below the step: "rank-00003.safetensors", "PUBLISHED" */
+} tiers_obj;
+
+typedef struct tiers_objs {
+  tiers_obj *v;
+  size_t n, cap;
+} tiers_objs;
+
+/* The storage of storage_dir into t->st and t->st_self. @return 0, or the
+ * failure with why (a local path, a storage that cannot write or list). */
+int tiers_obj_open(ckptio_tiers *t, char *why);
+/* The size of the object at path, or a negative code. */
+int64_t tiers_obj_size(ckptio_tiers *t, const char *path);
+/* The local file src as the object dst, published whole. @return 0 or the
+ * failure with why. */
+int tiers_obj_upload(ckptio_tiers *t, const char *src, const char *dst, char *why);
+/* The object src as the local file dst (a temp name renamed into place
+ * once whole). @return 0 or the failure with why. */
+int tiers_obj_download(ckptio_tiers *t, const char *src, const char *dst, char *why);
+/* Writes, or removes, the object STORAGE_DIR/step-N/PUBLISHED. */
+int tiers_obj_mark(ckptio_tiers *t, uint64_t step, char *why);
+void tiers_obj_unmark(ckptio_tiers *t, uint64_t step);
+/* Every object under STORAGE_DIR/step-N/ into *o (free with
+ * tiers_objs_free). @return 0 or the listing's failure with why. */
+int tiers_obj_scan(ckptio_tiers *t, tiers_objs *o, char *why);
+void tiers_objs_free(tiers_objs *o);
+/* The size of step's object `name` in o, or -ENOENT. */
+int64_t tiers_objs_size(const tiers_objs *o, uint64_t step, const char *name);
+/* On rank 0: keeps, of the steps up to `current`, the storage_keep newest
+ * published and `current`; removes every object of the others. */
+void tiers_obj_retire(ckptio_tiers *t, uint64_t current);
 
 /* ------------------------------------------------------------- exchange */
 

@@ -2,7 +2,7 @@
  * lists the published copies it holds; the lists are gathered, so every
  * rank computes the same plan: the newest step whose every part has a
  * holder not found damaged, each part from the fastest (own memory, a
- * peer's copy, the durable directory). The parts that come from peers
+ * peer's copy, the durable directory, the storage). The parts that come from peers
  * move (tiers_exchange), every rank checks every CRC32 of its part, and
  * the ranks agree; a part that failed marks that copy bad on every rank
  * and the plan is made again without it. */
@@ -48,13 +48,36 @@ static int add_if_held(list *l, const char *dir, uint64_t step, const char *mark
   return push(l, (holding){step, (uint64_t)size, part, tier, -1, 0});
 }
 
-/* What this rank holds: its own part in memory and on the durable tier,
- * and the copies it keeps for others. */
+/* This rank's own parts of published steps in the storage. */
+static int list_storage(ckptio_tiers *t, list *l) {
+  tiers_objs o;
+  char why[CKPTIO_ERRLEN], name[64];
+  int rc = tiers_obj_scan(t, &o, why);
+  if (rc < 0) { /* the storage holds nothing this restore can take: said, not fatal */
+    tiers_warn(t, 0, CKPTIO_TIER_STORAGE, rc, "rank %d: cannot list the storage tier: %s", t->comm.rank, why);
+    return 0;
+  }
+  snprintf(name, sizeof(name), "rank-%05d.safetensors", t->comm.rank);
+  for (size_t i = 0; i < o.n && rc == 0; i++) {
+    int64_t size = tiers_objs_size(&o, o.v[i].step, name);
+    if (strcmp(o.v[i].name, TIERS_PUBLISHED) == 0 && size >= 0)
+      rc = push(l, (holding){o.v[i].step, (uint64_t)size, t->comm.rank, CKPTIO_TIER_STORAGE, -1, 0});
+  }
+  tiers_objs_free(&o);
+  return rc;
+}
+
+/* What this rank holds: its own part in memory, on the durable tier and in
+ * the storage, and the copies it keeps for others. */
 static int list_mine(ckptio_tiers *t, list *l) {
   int me = t->comm.rank, rc = 0;
   for (int tier = 0; tier < CKPTIO_TIERS && rc == 0; tier++) {
     const char *dir = tiers_dir(t, tier);
     if (!dir || (tier == CKPTIO_TIER_PEER && !t->o.peers)) continue;
+    if (tier == CKPTIO_TIER_STORAGE) {
+      rc = list_storage(t, l);
+      continue;
+    }
     uint64_t *steps;
     long n = tiers_steps(dir, &steps);
     if (n < 0) continue; /* a tier this rank cannot list holds nothing for it */
@@ -121,7 +144,23 @@ static int plan(const ckptio_tiers *t, const list *all, uint64_t *below, int *ha
 }
 
 static const char *tier_word(int tier) {
-  return tier == CKPTIO_TIER_MEMORY ? "memory" : tier == CKPTIO_TIER_PEER ? "a peer's copy" : "the durable tier";
+  static const char *const words[CKPTIO_TIERS] = {"memory", "a peer's copy", "the durable tier", "the storage"};
+  return words[tier];
+}
+
+/* This rank's part from the storage: downloaded into its memory directory
+ * when it has one (then checked there, and the load reads memory), else
+ * the object itself. Its path in path. */
+static int from_storage(ckptio_tiers *t, uint64_t step, char *path, size_t len, char *why) {
+  char obj[4096];
+  int rc = tiers_path(obj, sizeof(obj), t->o.storage_dir, step, "rank", t->comm.rank);
+  if (rc == 0) rc = tiers_path(path, len, t->o.memory_dir ? t->o.memory_dir : t->o.storage_dir, step, "rank",
+                               t->comm.rank);
+  if (rc < 0) return ckptio_fail(why, rc, "path too long");
+  if (!t->o.memory_dir) return 0;
+  if ((rc = tiers_make_step_dir(t->o.memory_dir, step)) < 0)
+    return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", t->o.memory_dir, ckptio_strerror(rc));
+  return tiers_obj_download(t, obj, path, why);
 }
 
 /* One attempt at the plan: the moves, then this rank's check. @return 0
@@ -148,10 +187,11 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
     int got = 1;
     for (size_t i = 0; i < m; i++)
       if (moves[i].dst == me && !moves[i].ok) got = 0;
-    int v = tiers_path(path, len, tiers_dir(t, all->v[pick[me]].tier), step, "rank", me);
+    int tier = all->v[pick[me]].tier, v;
+    if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, path, len, why);
+    else if ((v = tiers_path(path, len, tiers_dir(t, tier), step, "rank", me)) < 0) ckptio_fail(why, v, "path too long");
     if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
     else if (v == 0) v = tiers_verify(t, path, why);
-    else ckptio_fail(why, v, "path too long");
     *code = v;
   }
   free(moves);

@@ -1,9 +1,10 @@
 /* The save of tiered checkpoints (ckptio_tiers_save in ckptio.h). Its
  * start runs on the caller's thread: this rank's part goes into a writer
- * (the memory tier's file, or the durable one's when there is no memory
- * tier) and the call waits for the writer's snapshot point. Its finish —
- * the part made durable in its file, the copies sent to their holders,
- * the durable copy, the agreements and marks, the retirement — runs on
+ * (the memory tier's file, or without one the durable tier's or the
+ * storage's object, whichever is due first) and the call waits for the
+ * writer's snapshot point. Its finish — the part made durable in its file,
+ * the copies sent to their holders, the durable copy and the storage's
+ * upload, the agreements and marks, the retirement — runs on
  * the same thread, or, with the background option, on a thread of the
  * handle while training goes on; the next save, a restore, ckptio_tiers_wait
  * and ckptio_tiers_close wait for it.
@@ -24,7 +25,7 @@
 #include "core/error.h"
 #include "manage/tiers.h"
 
-static const char *const tier_names[CKPTIO_TIERS] = {"memory", "peers", "durable"};
+static const char *const tier_names[CKPTIO_TIERS] = {"memory", "peers", "durable", "storage"};
 
 /* Test builds only (as io/fault.c's variables): CKPTIO_FAULT_TIERS_KILL=
  * POINT:RANK kills rank RANK with SIGKILL at POINT of every save, where
@@ -48,13 +49,15 @@ static const char *tier_mark(int tier) { return tier == CKPTIO_TIER_PEER ? TIERS
 /* ------------------------------------------------------------ the start */
 
 /* This rank's part as one safetensors file with CRC32s at DIR/step-N/
- * rank-R.safetensors through the writer's own atomic commit, started and
- * waited for up to its snapshot point (the tensors may then change). */
+ * rank-R.safetensors (DIR the directory or prefix of tier j->w_tier)
+ * through the writer's own atomic commit, started and waited for up to its
+ * snapshot point (the tensors may then change). */
 static int start_part(ckptio_tiers *t, tiers_job *j, const ckptio_tensor *ts, size_t n, char *why) {
   char path[4096];
-  int rc = tiers_make_step_dir(j->w_dir, j->step);
-  if (rc == 0) rc = tiers_path(path, sizeof(path), j->w_dir, j->step, "rank", t->comm.rank);
-  if (rc < 0) return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", j->w_dir, ckptio_strerror(rc));
+  const char *dir = tiers_dir(t, j->w_tier);
+  int rc = j->w_tier == CKPTIO_TIER_STORAGE ? 0 : tiers_make_step_dir(dir, j->step);
+  if (rc == 0) rc = tiers_path(path, sizeof(path), dir, j->step, "rank", t->comm.rank);
+  if (rc < 0) return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", dir, ckptio_strerror(rc));
   ckptio_options o = CKPTIO_OPTIONS_INIT;
   ckptio_ctx_options(t->ctx, &o);
   o.crc = 1;
@@ -81,8 +84,8 @@ static int end_part(ckptio_tiers *t, tiers_job *j, char *why) {
   ckptio_writer_close(j->w);
   j->w = NULL;
   if (rc < 0) return rc;
-  tiers_path(path, sizeof(path), j->w_dir, j->step, "rank", t->comm.rank);
-  int64_t size = tiers_file_size(path);
+  tiers_path(path, sizeof(path), tiers_dir(t, j->w_tier), j->step, "rank", t->comm.rank);
+  int64_t size = j->w_tier == CKPTIO_TIER_STORAGE ? tiers_obj_size(t, path) : tiers_file_size(path);
   if (size < 0) return ckptio_fail(why, (int)size, "%s: %s", path, ckptio_strerror((int)size));
   j->bytes = (uint64_t)size;
   return 0;
@@ -137,10 +140,9 @@ out:
 
 /* The durable part as a copy of the memory tier's file (the same bytes,
  * CRC32s included): a temp file, fsync'd, renamed into place. */
-static int copy_to_durable(ckptio_tiers *t, uint64_t step, char *why) {
-  char src[4096], dst[4096], tmp[4200];
+static int copy_to_durable(ckptio_tiers *t, uint64_t step, const char *src, char *why) {
+  char dst[4096], tmp[4200];
   int rc = tiers_make_step_dir(t->o.durable_dir, step);
-  if (rc == 0) rc = tiers_path(src, sizeof(src), t->o.memory_dir, step, "rank", t->comm.rank);
   if (rc == 0) rc = tiers_path(dst, sizeof(dst), t->o.durable_dir, step, "rank", t->comm.rank);
   if (rc < 0) return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", t->o.durable_dir,
                                  ckptio_strerror(rc));
@@ -154,6 +156,38 @@ static int copy_to_durable(ckptio_tiers *t, uint64_t step, char *why) {
   return tiers_sync_step_dir(t->o.durable_dir, step);
 }
 
+/* The storage's part as an upload of the file written into a faster tier
+ * (the same bytes, CRC32s included), published whole or not at all. */
+static int copy_to_storage(ckptio_tiers *t, uint64_t step, const char *src, char *why) {
+  char dst[4096];
+  int rc = tiers_path(dst, sizeof(dst), t->o.storage_dir, step, "rank", t->comm.rank);
+  if (rc < 0) return ckptio_fail(why, rc, "%s: the path is too long", t->o.storage_dir);
+  return tiers_obj_upload(t, src, dst, why);
+}
+
+/* This rank's part in the tier that took its written file: copied there
+ * (a failure of the written file is the copy's too). */
+static int copy_part(ckptio_tiers *t, tiers_job *j, int tier) {
+  char src[4096];
+  int w = j->w_tier;
+  if (j->rc[w] < 0) return ckptio_fail(j->why[tier], j->rc[w], "%s", j->why[w]);
+  int rc = tiers_path(src, sizeof(src), tiers_dir(t, w), j->step, "rank", t->comm.rank);
+  if (rc < 0) return ckptio_fail(j->why[tier], rc, "%s: the path is too long", tiers_dir(t, w));
+  return tier == CKPTIO_TIER_DURABLE ? copy_to_durable(t, j->step, src, j->why[tier])
+                                     : copy_to_storage(t, j->step, src, j->why[tier]);
+}
+
+/* The mark that publishes step in tier: every rank's in a directory (the
+ * durable one fsync'd), rank 0's one object in the storage. */
+static int mark(ckptio_tiers *t, uint64_t step, int tier, char *why) {
+  if (tier == CKPTIO_TIER_STORAGE) return t->comm.rank == 0 ? tiers_obj_mark(t, step, why) : 0;
+  int rc = tiers_mark(tiers_dir(t, tier), step, tier_mark(tier), t->comm.rank, tier == CKPTIO_TIER_DURABLE);
+  if (rc < 0)
+    ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tiers_dir(t, tier), (unsigned long long)step,
+                ckptio_strerror(rc));
+  return rc;
+}
+
 /* The agreement, then the marks, then the agreement to retire, for one
  * tier. @return 0 when the step is published there; else the failure (with
  * why), after which the step is not marked there. */
@@ -163,10 +197,7 @@ static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) 
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
   if (rc < 0) return err[0] ? ckptio_fail(why, rc, "%s", err) : rc;
   crash_point(t, "agreed", tier_names[tier]);
-  rc = tiers_mark(tiers_dir(t, tier), step, tier_mark(tier), t->comm.rank, tier == CKPTIO_TIER_DURABLE);
-  if (rc < 0)
-    ckptio_fail(why, rc, "%s: cannot mark step %llu: %s", tiers_dir(t, tier), (unsigned long long)step,
-                ckptio_strerror(rc));
+  rc = mark(t, step, tier, why);
   crash_point(t, "marked", tier_names[tier]);
   err[0] = '\0';
   rc = ckptio_comm_status_exchange(&t->comm, rc, why, tier_names[tier], err);
@@ -177,8 +208,7 @@ static int publish(ckptio_tiers *t, uint64_t step, int tier, int rc, char *why) 
 /* Everything after the snapshot point; the save's result in j->result. */
 static void finish(ckptio_tiers *t, tiers_job *j) {
   int *rc = j->rc, mem = j->due[CKPTIO_TIER_MEMORY];
-  int first_tier = mem ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
-  if (j->w) rc[first_tier] = end_part(t, j, j->why[first_tier]);
+  if (j->w) rc[j->w_tier] = end_part(t, j, j->why[j->w_tier]);
   if (j->due[CKPTIO_TIER_PEER]) {
     int broken = 0;
     rc[CKPTIO_TIER_PEER] =
@@ -188,9 +218,8 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
       return;
     }
   }
-  if (j->due[CKPTIO_TIER_DURABLE] && mem)
-    rc[CKPTIO_TIER_DURABLE] = rc[CKPTIO_TIER_MEMORY] < 0 ? ckptio_fail(j->why[CKPTIO_TIER_DURABLE], rc[0], "%s", j->why[0])
-                                                         : copy_to_durable(t, j->step, j->why[CKPTIO_TIER_DURABLE]);
+  for (int tier = CKPTIO_TIER_DURABLE; tier <= CKPTIO_TIER_STORAGE; tier++)
+    if (j->due[tier] && tier != j->w_tier) rc[tier] = copy_part(t, j, tier);
   crash_point(t, "written", NULL);
   int first = 0, published = 0;
   char first_msg[CKPTIO_ERRLEN] = "";
@@ -212,6 +241,7 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
     tiers_retire(t, t->o.memory_dir, t->o.memory_keep, TIERS_PUBLISHED, t->o.peers ? TIERS_COPIES : NULL, j->step);
   if (j->due[CKPTIO_TIER_DURABLE])
     tiers_retire(t, t->o.durable_dir, t->o.durable_keep, TIERS_PUBLISHED, NULL, j->step);
+  if (j->due[CKPTIO_TIER_STORAGE]) tiers_obj_retire(t, j->step);
   j->result = first && (t->o.fatal || !published) ? first : 0;
 }
 
@@ -245,17 +275,24 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
   j->due[CKPTIO_TIER_MEMORY] = t->o.memory_dir != NULL;
   j->due[CKPTIO_TIER_PEER] = t->o.peers > 0;
   j->due[CKPTIO_TIER_DURABLE] = t->o.durable_dir && step % (uint64_t)t->o.durable_every == 0;
-  int first_tier = j->due[CKPTIO_TIER_MEMORY] ? CKPTIO_TIER_MEMORY : CKPTIO_TIER_DURABLE;
-  j->w_dir = tiers_dir(t, first_tier);
+  j->due[CKPTIO_TIER_STORAGE] = t->o.storage_dir && step % (uint64_t)t->o.storage_every == 0;
+  /* The writer writes into the fastest tier due; the slower ones copy its file. */
+  j->w_tier = -1;
+  for (int tier = CKPTIO_TIERS - 1; tier >= 0; tier--)
+    if (j->due[tier] && tier != CKPTIO_TIER_PEER) j->w_tier = tier;
   /* A step saved again (after a restore to an older one) is not published
    * until this save agrees on it. */
   char path[4096];
-  for (int tier = 0; tier < CKPTIO_TIERS; tier++)
-    if (j->due[tier] && t->leader && tiers_mark_path(path, sizeof(path), tiers_dir(t, tier), step, tier_mark(tier)) == 0)
+  for (int tier = 0; tier < CKPTIO_TIERS; tier++) {
+    if (!j->due[tier]) continue;
+    if (tier == CKPTIO_TIER_STORAGE && t->comm.rank == 0) tiers_obj_unmark(t, step);
+    else if (tier != CKPTIO_TIER_STORAGE && t->leader &&
+             tiers_mark_path(path, sizeof(path), tiers_dir(t, tier), step, tier_mark(tier)) == 0)
       unlink(path);
+  }
   t->saved = 1;
   t->last_step = step;
-  if (j->due[first_tier]) j->rc[first_tier] = start_part(t, j, tensors, n, j->why[first_tier]);
+  if (j->w_tier >= 0) j->rc[j->w_tier] = start_part(t, j, tensors, n, j->why[j->w_tier]);
   if (t->o.background && pthread_create(&t->thread, NULL, finish_thread, t) == 0) {
     t->running = 1;
     return 0;

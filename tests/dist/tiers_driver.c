@@ -9,11 +9,13 @@
  *   tiers_driver WORK restore STEP TIERS restores: must be step STEP (0: any
  *                                        step whose parts all check), rank r's
  *                                        part from TIERS[r] (m: own memory, p: a
- *                                        peer, d: durable, ?: any)
+ *                                        peer, d: durable, s: storage, ?: any)
  *   tiers_driver WORK none               restore must find nothing (-ENOENT)
  *
  * TIERS_BACKGROUND set: saves in background mode (the tiers filled by the
- * handle's thread). Warnings go to stderr as "rank R warning: ...". Exit 0
+ * handle's thread). TIERS_STORAGE=PREFIX (an s3:// prefix): a storage tier
+ * there, every 2nd step, keeping 2, and no durable tier (restore letter s).
+ * TIERS_NO_MEMORY set: no memory tier and no peers (the storage alone). Warnings go to stderr as "rank R warning: ...". Exit 0
  * when every check held on this rank. */
 #define CKPTIO_EXPERIMENTAL
 #include <errno.h>
@@ -54,6 +56,12 @@ static int open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *work, ckpt
   o.durable_every = 2;
   o.durable_keep = 2;
   o.background = getenv("TIERS_BACKGROUND") != NULL;
+  if ((o.storage_dir = getenv("TIERS_STORAGE"))) {
+    o.durable_dir = NULL;
+    o.storage_every = 2;
+    o.storage_keep = 2;
+  }
+  if (getenv("TIERS_NO_MEMORY")) o.memory_dir = NULL, o.peers = 0;
   int rc = ckptio_tiers_open(ctx, comm, &o, t);
   CHECK(rc == 0, "ckptio_tiers_open: %s", ckptio_last_open_error());
   if (rc == 0) ckptio_tiers_set_warning(*t, on_warning, NULL);
@@ -106,16 +114,17 @@ static void restore(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want, const char 
   if (rc) return;
   ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
   ckptio_tiers_stats_get(t, &st);
-  printf("rank %d restored step %llu from %s: memory %llu peer %llu durable %llu bytes, %llu copies skipped\n",
-         rank, (unsigned long long)step, path, (unsigned long long)st.restored_bytes[0],
-         (unsigned long long)st.restored_bytes[1], (unsigned long long)st.restored_bytes[2],
+  const uint64_t *got = st.restored_bytes;
+  printf("rank %d restored step %llu from %s: memory %llu peer %llu durable %llu storage %llu bytes, "
+         "%llu copies skipped\n", rank, (unsigned long long)step, path, (unsigned long long)got[0],
+         (unsigned long long)got[1], (unsigned long long)got[2], (unsigned long long)got[3],
          (unsigned long long)st.skipped_copies);
   CHECK(!want || step == want, "restored step %llu, expected %llu", (unsigned long long)step,
         (unsigned long long)want);
   char tier = (int)strlen(tiers) > rank ? tiers[rank] : '?';
-  int from = st.restored_bytes[0] ? 'm' : st.restored_bytes[1] ? 'p' : st.restored_bytes[2] ? 'd' : '-';
+  int from = got[0] ? 'm' : got[1] ? 'p' : got[2] ? 'd' : got[3] ? 's' : '-';
   CHECK(tier == '?' || tier == from, "part from tier %c, expected %c", from, tier);
-  int tiers_used = !!st.restored_bytes[0] + !!st.restored_bytes[1] + !!st.restored_bytes[2];
+  int tiers_used = !!got[0] + !!got[1] + !!got[2] + !!got[3];
   CHECK(tiers_used == 1, "bytes from %d tiers", tiers_used);
   check_part(ctx, path, step);
 }

@@ -1,6 +1,7 @@
 """Tiered checkpoints (ckptio.tiers) over real torch.distributed gloo
 processes: 4 ranks as 2 machines of 2, each machine's memory tier its own
-directory (a machine lost is that directory wiped), one durable directory.
+directory (a machine lost is that directory wiped), one durable directory
+and, in the storage test, an S3 prefix on a real SeaweedFS server.
 A job runs a list of actions in one group: saves, restores (each through a
 fresh TieredCheckpointManager, as a restarted job makes one), and between
 them rank 0 damages or wipes what a failure would (the other ranks wait at
@@ -39,7 +40,7 @@ def flip(path, back=100):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-def act(rank, base, durable, action):
+def act(rank, base, durable, storage, action):
     """One action of a job on this rank: what the parent checks."""
     import warnings
     from ckptio.tiers import TieredCheckpointManager
@@ -58,7 +59,7 @@ def act(rank, base, durable, action):
         background = kind == "save-background"
         tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // 2}", "shm"),
                                         durable_dir=durable, peers=1, ranks_per_node=2, durable_every=2,
-                                        background=background)
+                                        storage_dir=storage, storage_every=2, background=background)
         if kind.startswith("save"):
             for s in range(action[1], action[2] + 1):
                 st = state(rank, s)
@@ -78,12 +79,12 @@ def act(rank, base, durable, action):
     return result
 
 
-def worker(rank, init_method, base, actions, durable, out):
+def worker(rank, init_method, base, actions, durable, storage, out):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
     results = []
     try:
         for action in actions:
-            results.append(act(rank, base, durable, action))
+            results.append(act(rank, base, durable, storage, action))
     except Exception as e:  # noqa: BLE001 - the parent shows it
         results.append({"error": f"{type(e).__name__}: {e}"})
     finally:
@@ -92,12 +93,13 @@ def worker(rank, init_method, base, actions, durable, out):
         dist.destroy_process_group()
 
 
-def run(base, actions, durable=None):
-    """[action][rank] results of one job of WORLD fresh processes."""
+def run(base, actions, durable=None, storage=None):
+    """[action][rank] results of one job of WORLD fresh processes (the
+    storage tier, when given, every 2nd step as the durable one)."""
     out = os.path.join(base, f"out-{time.monotonic_ns()}")
     os.makedirs(out)
     durable = durable or os.path.join(base, "durable")
-    ctx = mp.start_processes(worker, args=(rendezvous.init_method(), str(base), actions, durable, out), nprocs=WORLD,
+    ctx = mp.start_processes(worker, args=(rendezvous.init_method(), str(base), actions, durable, storage, out), nprocs=WORLD,
                              join=False, start_method="spawn")
     for p in ctx.processes:
         p.join(300)
@@ -156,3 +158,32 @@ def test_background_saves_return_at_the_snapshot_and_restore_alike(tmp_path):
         assert r["step"] == 3 and r["equal"] and tiers_used(r) == ["memory"], r
     assert [r["step"] for r in lost] == [3] * 4 and all(r["equal"] for r in lost), lost
     assert [tiers_used(r) for r in lost] == [["peers"], ["peers"], ["memory"], ["memory"]], lost
+
+
+@pytest.fixture(scope="module")
+def s3():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "s3"))
+    import s3_env
+    yield from s3_env.serve("tiers")
+
+
+def test_the_storage_tier_restores_a_job_that_lost_every_machine_and_disk(s3, tmp_path):
+    storage = f"s3://{s3.bucket}/job"
+    saved, _, lost = run(tmp_path, [("save", 1, 3), ("wipe", "node0", "node1", "durable"), ("restore",)],
+                         storage=storage)
+    for r in saved:
+        assert r["stats"]["saved_bytes"]["storage"] > 0 and r["stats"]["failed_tier_saves"] == 0, r
+    for r in lost:  # step 2 (storage_every=2), downloaded into the memory directories
+        assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["storage"], r
+    keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="job/")["Contents"])
+    assert keys == ["job/step-00000002/PUBLISHED"] + [f"job/step-00000002/rank-{r:05d}.safetensors"
+                                                      for r in range(WORLD)], keys
+    # A flipped byte in rank 2's object: never loaded; nothing else is whole.
+    obj = s3.client().get_object(Bucket=s3.bucket, Key="job/step-00000002/rank-00002.safetensors")["Body"].read()
+    bad = bytearray(obj)
+    bad[-100] ^= 0xFF
+    s3.client().put_object(Bucket=s3.bucket, Key="job/step-00000002/rank-00002.safetensors", Body=bytes(bad))
+    _, damaged = run(tmp_path, [("wipe", "node0", "node1", "durable"), ("restore",)], storage=storage)
+    assert [r["step"] for r in damaged] == [None] * WORLD, damaged
+    assert any("rank 2, step 2, the storage: skipped" in w for w in damaged[2]["warnings"]), damaged[2]

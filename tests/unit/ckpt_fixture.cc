@@ -153,6 +153,7 @@ void expect_loads(ckptio_ctx *ctx, const std::string &path, const std::vector<Te
     }
     out[i].assign(ts[i].bytes.size() + 1, 0xEE);
     reqs.push_back({(size_t)idx, out[i].data(), ts[i].bytes.size(), CKPTIO_DEVICE_HOST});
+    if (path.rfind("s3://", 0) == 0) continue;  // an object has no view
     const void *view = nullptr;
     uint64_t vn = 0;
     ASSERT_EQ(ckptio_reader_view(r, (size_t)idx, &view, &vn), 0);

@@ -28,6 +28,8 @@ struct Job {
   std::string root;
   int background = 0, fatal = 0;
   std::string durable;  // "" : root/durable
+  std::string storage;  // "": no storage tier; else its prefix, every 2nd step, and no durable tier
+  bool memory = true;
 
   ckptio_tiers_options options(int r, std::string *mem, std::string *dur) const {
     *mem = root + "/node" + std::to_string(r / kPerNode) + "/shm";
@@ -40,6 +42,12 @@ struct Job {
     o.durable_every = 2;
     o.background = background;
     o.fatal = fatal;
+    if (!storage.empty()) {
+      o.durable_dir = nullptr;
+      o.storage_dir = storage.c_str();
+      o.storage_every = 2;
+    }
+    if (!memory) o.memory_dir = nullptr, o.peers = 0;
     return o;
   }
 };
@@ -113,7 +121,7 @@ class Tiers : public ::testing::TestWithParam<int> {};
 
 TEST_P(Tiers, RestoresFromMemoryPeersAndDiskNeverABadCopy) {
   TempDir dir;
-  Job s{dir.path(), GetParam(), 0, ""};
+  Job s{dir.path(), GetParam(), 0, "", "", true};
   save_steps(s, 1, 3);
   Restored a = restore(s);
   for (int r = 0; r < kRanks; r++) {
@@ -151,6 +159,35 @@ TEST_P(Tiers, RestoresFromMemoryPeersAndDiskNeverABadCopy) {
   });
 }
 
+// The storage tier on the S3 server of CKPTIO_S3_BUCKET (ctest runs this
+// under tests/s3/weed_server.py: unit_tiers_storage); skipped without one.
+TEST_P(Tiers, StorageServesWhenEveryMachineIsLost) {
+  const char *bucket = getenv("CKPTIO_S3_BUCKET");
+  if (!bucket) GTEST_SKIP() << "no S3 server (ctest's unit_tiers_storage runs this under weed_server.py)";
+  TempDir dir;
+  std::string prefix = std::string("s3://") + bucket + "/unit-" + std::to_string(GetParam()) + "-" +
+                       std::to_string(getpid());
+  Job s{dir.path(), GetParam(), 0, "", prefix, true};
+  save_steps(s, 1, 3);
+  std::filesystem::remove_all(dir.path() + "/node0");
+  std::filesystem::remove_all(dir.path() + "/node1");
+  Restored a = restore(s);  // every part downloaded into its memory directory
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(a.step[r], 2u) << r;
+    EXPECT_EQ(a.tier[r], CKPTIO_TIER_STORAGE) << r;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/node1/shm/step-00000002/rank-00003.safetensors"));
+  Job alone = s;  // the storage alone: the restore hands out the objects
+  alone.memory = false;
+  alone.storage = prefix + "-alone";
+  save_steps(alone, 1, 4);
+  Restored b = restore(alone);
+  for (int r = 0; r < kRanks; r++) {
+    EXPECT_EQ(b.step[r], 4u) << r;
+    EXPECT_EQ(b.tier[r], CKPTIO_TIER_STORAGE) << r;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(SyncAndBackground, Tiers, ::testing::Values(0, 1),
                          [](const ::testing::TestParamInfo<int> &i) { return i.param ? "background" : "sync"; });
 
@@ -158,7 +195,7 @@ TEST(TiersSave, AFailingTierWarnsAndTheSaveGoesOnUnlessFatal) {
   TempDir dir;
   write_file(dir.file("blocked"), std::string("a file where the durable directory would go"));
   for (int fatal = 0; fatal <= 1; fatal++) {
-    Job s{dir.path() + "/f" + std::to_string(fatal), 0, fatal, dir.file("blocked") + "/durable"};
+    Job s{dir.path() + "/f" + std::to_string(fatal), 0, fatal, dir.file("blocked") + "/durable", "", true};
     on_ranks(s, [&](int r, ckptio_tiers *t) {
       std::vector<Tensor> ts = part(r, 2);
       std::vector<ckptio_tensor> d = {host_desc(ts[0]), host_desc(ts[1])};
@@ -198,6 +235,10 @@ TEST(TiersOpen, RefusesWhatCannotWork) {
   uneven.ranks_per_node = 3;
   EXPECT_EQ(ckptio_tiers_open(tc.ctx, &four, &uneven, &t), CKPTIO_E_INVALID_ARG);
   EXPECT_NE(std::string(ckptio_last_open_error()).find("does not divide"), std::string::npos);
+  ckptio_tiers_options local = CKPTIO_TIERS_OPTIONS_INIT;
+  local.storage_dir = "/tmp/not-a-storage";
+  EXPECT_EQ(ckptio_tiers_open(tc.ctx, &one, &local, &t), CKPTIO_E_INVALID_ARG);
+  EXPECT_NE(std::string(ckptio_last_open_error()).find("is a local path"), std::string::npos);
   EXPECT_EQ(t, nullptr);
 }
 
