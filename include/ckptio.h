@@ -1788,8 +1788,7 @@ int ckptio_trace_stop(void);
 
 /* ------------------------------------------------------------ tiers */
 
-/* Why experimental: new; resharding restores are still to come (see
- * docs/TIERS.md).
+/* Why experimental: new in 1.1 (see docs/TIERS.md).
  *
  * Multi-rank checkpoints kept in tiers, restored from the fastest that
  * holds a whole, verified step. Each rank's part (its tensors, one
@@ -1820,7 +1819,9 @@ int ckptio_trace_stop(void);
  * checked before the path is handed out. A copy that fails its check is skipped with a
  * warning naming the rank, the step and the tier, and the next holder, an
  * older step or a lower tier serves. The ranks must be as many as at the
- * save (same nranks and ranks_per_node). */
+ * save (same nranks and ranks_per_node); steps saved with places
+ * (ckptio_tiers_save_placed) restore at any number of ranks from the
+ * durable tier (ckptio_tiers_restore_global). */
 
 typedef struct ckptio_tiers ckptio_tiers;
 
@@ -1906,6 +1907,46 @@ void ckptio_tiers_set_warning(ckptio_tiers *t, ckptio_tiers_warn_fn fn, void *ar
  *          fatal 1, the previous save's failure), the reason in
  *          ckptio_tiers_last_error. */
 int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n);
+
+/* Where one tensor of a rank's part lies in the job's global tensor of its
+ * name: dimension d covers [offsets[d], offsets[d] + shape[d]) of
+ * global_shape[d], as for ckptio_writer_add_part (a tensor every rank holds
+ * whole and alike: offsets 0 and global_shape its shape). */
+typedef struct ckptio_tiers_place {
+  int64_t global_shape[CKPTIO_MAX_DIMS];
+  int64_t offsets[CKPTIO_MAX_DIMS];
+} ckptio_tiers_place;
+
+/*! ckptio_tiers_save_placed() : (experimental)
+ *  ckptio_tiers_save with where each tensor lies in the job's global
+ *  tensors (places[i] for tensors[i]), so that the durable tier's steps can
+ *  be restored at another world size (ckptio_tiers_restore_global). The
+ *  durable tier then holds such a step as a multi-rank checkpoint
+ *  (ckptio_writer_open_ranks' layout, docs/FORMATS.md: DURABLE_DIR/step-N/
+ *  model-KKKKK-of-MMMMM.safetensors, rank R's part as file R + 1, and the
+ *  index model.safetensors.index.json), made from the part's file in the
+ *  memory tier (without one, from its file on the durable tier, removed
+ *  after). Its collective checks (the same global shape and dtype on every
+ *  rank, parts covering each tensor exactly) fail the durable tier for
+ *  that step, not the others. The other tiers, and restores at the same
+ *  world size, are as for ckptio_tiers_save. @return as ckptio_tiers_save;
+ *  CKPTIO_E_INVALID_ARG for a box outside its global shape. */
+int ckptio_tiers_save_placed(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors,
+                             const ckptio_tiers_place *places, size_t n);
+
+/*! ckptio_tiers_restore_global() : (experimental)
+ *  Collective, at any world size (a job restarted on more or fewer ranks
+ *  opens its handle with its own nranks): takes the newest step of the
+ *  durable tier saved with places, has its every CRC32 checked (each rank
+ *  checks a share of its files; a damaged or missing one skips the step
+ *  with a warning naming the file, and the next older step serves), and
+ *  puts the step directory's path in path[0, len): open it with
+ *  ckptio_reader_open (crc 0 skips a second check) and load this rank's
+ *  boxes with ckptio_reader_load_boxes.
+ *  @return 0 and *step; -ENOENT when no such step is whole; another
+ *          negative code when the restore itself failed (the communicator),
+ *          the reason in ckptio_tiers_last_error. */
+int ckptio_tiers_restore_global(ckptio_tiers *t, uint64_t *step, char *path, size_t len);
 
 /*! ckptio_tiers_wait() : (experimental)
  *  Collective in background mode: waits for the last save's finish.

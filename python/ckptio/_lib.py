@@ -286,6 +286,13 @@ class TiersOptions(ctypes.Structure):  # ckptio_tiers_options
     ]
 
 
+class TiersPlace(ctypes.Structure):  # ckptio_tiers_place
+    _fields_ = [
+        ("global_shape", ctypes.c_int64 * MAX_DIMS),
+        ("offsets", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
 class TiersStats(ctypes.Structure):  # ckptio_tiers_stats
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -406,6 +413,9 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_tiers_set_warning": (None, [_P, TIERS_WARN_FN, _P]),
     "ckptio_tiers_save": (_I, [_P, ctypes.c_uint64, ctypes.POINTER(Tensor_), ctypes.c_size_t]),
     "ckptio_tiers_restore": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
+    "ckptio_tiers_save_placed": (_I, [_P, ctypes.c_uint64, ctypes.POINTER(Tensor_), ctypes.POINTER(TiersPlace),
+                                      ctypes.c_size_t]),
+    "ckptio_tiers_restore_global": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
     "ckptio_tiers_stats_get": (_I, [_P, ctypes.POINTER(TiersStats)]),
     "ckptio_tiers_wait": (_I, [_P]),
     "ckptio_tiers_last_error": (_S, [_P]),

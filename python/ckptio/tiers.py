@@ -13,7 +13,13 @@ holds a whole step whose every CRC32 checks.
 
 save and restore are collective over the group (every rank calls them, in
 the same order). Each rank saves and restores its own tensors (its shard of
-the model): the world size and ranks_per_node must be the save's. A tier
+the model): the world size and ranks_per_node must be the save's. A save
+given `places` (where each tensor lies in the job's global tensors) can
+also be restored at another world size, from the durable tier:
+
+    tiers.save(step, {"w": my_rows}, places={"w": ((4096, 1024), (r * 1024, 0))})
+    ...                                         # restarted on 2 ranks:
+    step, state = tiers.restore_global({"w": slice(r * 2048, (r + 1) * 2048)}) A tier
 that fails warns (TierWarning) and training goes on, unless fatal=True; a
 copy that fails its check on restore is skipped with a TierWarning naming
 the rank, the step and the tier.
@@ -35,7 +41,7 @@ from ._core import PathLike, ctx
 from ._group import Group
 from ._torch_io import Device, plan, tensor_desc
 from .errors import check
-from .torch import load_file
+from .torch import load_boxes, load_file
 
 __all__ = ["TieredCheckpointManager", "TierWarning"]
 
@@ -47,6 +53,23 @@ class TierWarning(UserWarning):
 
 def _dir(path: Optional[PathLike]) -> Optional[bytes]:
     return None if path is None else os.fsencode(os.fspath(path))
+
+
+def _places(items: List[Any], places: Mapping[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]) -> Any:
+    """ckptio_tiers_place per tensor of a save, in its order: its place, or
+    the whole tensor (offsets 0, global shape its own)."""
+    out = (_lib.TiersPlace * max(1, len(items)))()
+    for i, (name, t, _dtype, _device) in enumerate(items):
+        shape, offsets = places.get(name, (tuple(t.shape), (0,) * t.dim()))
+        if len(shape) != t.dim() or len(offsets) != t.dim():
+            raise ValueError(f"places['{name}']: a global shape and offsets of {t.dim()} dims each, "
+                             f"got {shape!r}, {offsets!r}")
+        out[i].global_shape[:t.dim()] = [int(x) for x in shape]
+        out[i].offsets[:t.dim()] = [int(x) for x in offsets]
+    unknown = set(places) - {item[0] for item in items}
+    if unknown:
+        raise KeyError(f"places names tensors the state does not hold: {sorted(unknown)}")
+    return out
 
 
 class TieredCheckpointManager:
@@ -79,6 +102,7 @@ class TieredCheckpointManager:
                  storage_every: int = 1, storage_keep: int = 2, fatal: bool = False,
                  background: bool = False, group: Any = None,
                  timeout: Optional[datetime.timedelta] = None) -> None:
+        self._t: Optional[ctypes.c_void_p] = None  # until opened: close() and __del__ after a failed __init__
         if ranks_per_node is None:
             ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if background and dist.is_available() and dist.is_initialized():
@@ -95,7 +119,7 @@ class TieredCheckpointManager:
         t = ctypes.c_void_p()
         check(self._lib.ckptio_tiers_open(ctx(), ctypes.byref(self._group.comm), ctypes.byref(o), ctypes.byref(t)),
               "cannot open the checkpoint tiers", self._lib.ckptio_last_open_error())
-        self._t: Optional[ctypes.c_void_p] = t
+        self._t = t
         # Collected in C's callback, raised as warnings after the call returns.
         self._warn_cb = _lib.TIERS_WARN_FN(lambda arg, step, tier, code, msg: self._warnings.append(
             msg.decode(errors="replace")))
@@ -114,17 +138,26 @@ class TieredCheckpointManager:
             raise RuntimeError(f"{what}: the group's collective failed: {self._group.error}") from self._group.error
         check(rc, what, self._lib.ckptio_tiers_last_error(self._t))
 
-    def save(self, step: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def save(self, step: int, state_dict: Mapping[str, torch.Tensor],
+             places: Optional[Mapping[str, Tuple[Tuple[int, ...], Tuple[int, ...]]]] = None) -> None:
         """Collective: this rank's tensors (CPU or CUDA) as its part of
         `step` (steps grow), into every tier due at this step; returns once
         they are published (or warned about), or in background mode once
-        the tensors are copied."""
+        the tensors are copied.
+
+        places: {name: (global_shape, offsets)}, where each tensor lies in
+        the job's global tensor of its name (a tensor left out is whole:
+        every rank holds it alike); the durable tier then keeps the step as
+        a multi-rank checkpoint that restore_global reads at any world size."""
         t = self._handle()
         p = plan(state_dict, None)  # every check of a save_file, before any tier is touched
         if p.streams:
             torch.cuda.synchronize()  # the library copies on its own streams
         descs = (_lib.Tensor_ * max(1, len(p.tensors)))(*(tensor_desc(*item) for item in p.tensors))
-        rc = self._lib.ckptio_tiers_save(t, step, descs, len(p.tensors))
+        if places is None:
+            rc = self._lib.ckptio_tiers_save(t, step, descs, len(p.tensors))
+        else:
+            rc = self._lib.ckptio_tiers_save_placed(t, step, descs, _places(p.tensors, places), len(p.tensors))
         self._after(rc, f"cannot save step {step}")
 
     def wait(self) -> None:
@@ -145,6 +178,22 @@ class TieredCheckpointManager:
             return None, {}
         self._after(rc, "cannot restore")
         return int(step.value), load_file(os.fsdecode(path.value), device=device)
+
+    def restore_global(self, boxes: Mapping[str, Any], device: Device = "cpu"
+                       ) -> Tuple[Optional[int], Dict[str, torch.Tensor]]:
+        """Collective, at any world size: (step, this rank's boxes) of the
+        newest durable step saved with places whose every CRC32 checks, or
+        (None, {}) when there is none. boxes is ckptio.torch.load_boxes'
+        ({name: None for the whole tensor, or slices of its dimensions})."""
+        t = self._handle()
+        step = ctypes.c_uint64()
+        path = ctypes.create_string_buffer(4096)
+        rc = self._lib.ckptio_tiers_restore_global(t, ctypes.byref(step), path, len(path))
+        if rc == -errno.ENOENT:
+            self._after(0, "restore_global")
+            return None, {}
+        self._after(rc, "cannot restore at this world size")
+        return int(step.value), load_boxes(os.fsdecode(path.value), boxes, device=device)
 
     def stats(self) -> Dict[str, Any]:
         """This rank's counters: bytes saved and restored per tier (memory,

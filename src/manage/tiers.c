@@ -113,6 +113,7 @@ const char *ckptio_tiers_last_error(const ckptio_tiers *t) { return t ? t->err :
 void ckptio_tiers_close(ckptio_tiers *t) {
   if (!t) return;
   tiers_join(t);
+  tiers_placed_free(&t->job);
   free((char *)t->o.memory_dir);
   free((char *)t->o.durable_dir);
   free((char *)t->o.storage_dir);

@@ -16,6 +16,15 @@
 #define TIERS_PUBLISHED "PUBLISHED"
 #define TIERS_COPIES "COPIES"
 
+/* A tensor of a save with places (ckptio_tiers_save_placed). */
+typedef struct tiers_placed {
+  char *name;
+  ckptio_tiers_place place;
+} tiers_placed;
+
+/* The multi-rank checkpoint's file prefix in a durable step of a save with places. */
+#define TIERS_RANKS_PREFIX "model"
+
 /* One save's work behind its snapshot point (tiers_save.c). */
 typedef struct tiers_job {
   uint64_t step;
@@ -25,6 +34,8 @@ typedef struct tiers_job {
   ckptio_writer *w;        /* the part's writer past its snapshot point, until its file is whole */
   int w_tier;              /* its tier: memory, else the first of durable and storage due */
   uint64_t bytes;          /* the part file's size */
+  tiers_placed *placed;    /* a save with places: each tensor's (malloc'd, names too); else NULL */
+  size_t nplaced;
   int result;              /* what the save returns */
 } tiers_job;
 
@@ -69,6 +80,11 @@ void tiers_warn(ckptio_tiers *t, uint64_t step, int tier, int code, const char *
  * -ENAMETOOLONG. */
 int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char *what, int r);
 int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark);
+/* Rank r's own part of step in tier (not the peers' copies): its
+ * rank-R.safetensors, or in a durable step saved with places its file of
+ * the multi-rank checkpoint (file r + 1 of nranks). @return 0 or
+ * -ENAMETOOLONG. */
+int tiers_part_path(const ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len);
 /* Creates DIR (every missing level) and DIR/step-N. @return 0 or -errno. */
 int tiers_make_step_dir(const char *dir, uint64_t step);
 /* Writes DIR/step-N/<mark> for `rank` (a temp file of its own renamed into
@@ -128,6 +144,16 @@ int64_t tiers_objs_size(const tiers_objs *o, uint64_t step, const char *name);
 /* On rank 0: keeps, of the steps up to `current`, the storage_keep newest
  * published and `current`; removes every object of the others. */
 void tiers_obj_retire(ckptio_tiers *t, uint64_t current);
+
+/* ------------------------------------------------------- with places */
+
+/* Collective over every rank whose save has the durable tier due: this
+ * rank's part (its file src, written by the save into a faster tier, or
+ * j->rc[j->w_tier] < 0 when it was not) placed into the multi-rank
+ * checkpoint of DURABLE_DIR/step-N. @return 0 or the failure with why. */
+int tiers_durable_ranks(ckptio_tiers *t, tiers_job *j, const char *src, char *why);
+/* Frees a job's places. */
+void tiers_placed_free(tiers_job *j);
 
 /* ------------------------------------------------------------- exchange */
 

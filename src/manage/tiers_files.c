@@ -30,6 +30,17 @@ int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const
   return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
+int tiers_part_path(const ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len) {
+  const char *dir = tiers_dir(t, tier);
+  int rc = tiers_path(buf, len, dir, step, "rank", r);
+  if (rc < 0 || tier != CKPTIO_TIER_DURABLE || access(buf, F_OK) == 0) return rc;
+  char name[MGR_STEP_NAME_MAX];
+  mgr_step_name(step, name, sizeof(name));
+  int n = snprintf(buf, len, "%s/%s/" TIERS_RANKS_PREFIX "-%05d-of-%05d.safetensors", dir, name, r + 1,
+                   t->comm.nranks);
+  return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
 /* mkdir -p: every missing level of path. */
 static int make_dirs(const char *path) {
   char p[4096];
@@ -172,6 +183,16 @@ static int parse_file(const char *name, const char *what, int *rank) {
   return 1;
 }
 
+/* 1 and *rank when name is a file of a durable step saved with places:
+ * "model-KKKKK-of-MMMMM.safetensors", rank K - 1's part. */
+static int parse_ranks_file(const char *name, int *rank) {
+  int k, m, end = 0;
+  if (sscanf(name, TIERS_RANKS_PREFIX "-%d-of-%d.safetensors%n", &k, &m, &end) != 2 || name[end] || k < 1 || k > m)
+    return 0;
+  *rank = k - 1;
+  return 1;
+}
+
 static int cmp_file(const void *a, const void *b) {
   const ckptio_tiers_file *x = a, *y = b;
   if (x->step != y->step) return x->step < y->step ? -1 : 1;
@@ -198,14 +219,14 @@ int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out) {
     struct dirent *e;
     while (rc == 0 && (e = readdir(d))) {
       int rank, copy;
-      if (parse_file(e->d_name, "rank", &rank)) copy = 0;
+      if (parse_file(e->d_name, "rank", &rank) || parse_ranks_file(e->d_name, &rank)) copy = 0;
       else if (parse_file(e->d_name, "copy", &rank)) copy = 1;
       else continue;
       if ((rc = ckptio_array_grow((void **)out, &cap, n, sizeof(**out))) < 0) break;
       ckptio_tiers_file *f = &(*out)[n];
       memset(f, 0, sizeof(*f));
       f->step = steps[i], f->rank = rank, f->copy = copy, f->published = marks[copy];
-      tiers_path(f->path, sizeof(f->path), dir, steps[i], copy ? "copy" : "rank", rank);
+      snprintf(f->path, sizeof(f->path), "%s/%s", sdir, e->d_name);
       int64_t size = tiers_file_size(f->path);
       if (size < 0) continue; /* removed meanwhile */
       f->bytes = (uint64_t)size;

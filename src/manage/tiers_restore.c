@@ -39,10 +39,12 @@ static int push(list *l, holding h) {
 
 /* The file of part `part` in DIR at step, if the step is marked with
  * `mark` and the file is there. */
-static int add_if_held(list *l, const char *dir, uint64_t step, const char *mark, const char *what, int part,
+static int add_if_held(const ckptio_tiers *t, list *l, const char *dir, uint64_t step, const char *mark, int part,
                        int tier) {
   char path[4096];
-  if (!tiers_marked(dir, step, mark) || tiers_path(path, sizeof(path), dir, step, what, part) < 0) return 0;
+  int rc = tier == CKPTIO_TIER_PEER ? tiers_path(path, sizeof(path), dir, step, "copy", part)
+                                    : tiers_part_path(t, tier, step, part, path, sizeof(path));
+  if (!tiers_marked(dir, step, mark) || rc < 0) return 0;
   int64_t size = tiers_file_size(path);
   if (size < 0) return 0;
   return push(l, (holding){step, (uint64_t)size, part, tier, -1, 0});
@@ -83,10 +85,10 @@ static int list_mine(ckptio_tiers *t, list *l) {
     if (n < 0) continue; /* a tier this rank cannot list holds nothing for it */
     for (long i = 0; i < n && rc == 0; i++) {
       if (tier != CKPTIO_TIER_PEER)
-        rc = add_if_held(l, dir, steps[i], TIERS_PUBLISHED, "rank", me, tier);
+        rc = add_if_held(t, l, dir, steps[i], TIERS_PUBLISHED, me, tier);
       else
         for (int k = 1; k <= t->o.peers && rc == 0; k++)
-          rc = add_if_held(l, dir, steps[i], TIERS_COPIES, "copy", tiers_held(t, me, k), tier);
+          rc = add_if_held(t, l, dir, steps[i], TIERS_COPIES, tiers_held(t, me, k), tier);
     }
     free(steps);
   }
@@ -189,7 +191,7 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
       if (moves[i].dst == me && !moves[i].ok) got = 0;
     int tier = all->v[pick[me]].tier, v;
     if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, path, len, why);
-    else if ((v = tiers_path(path, len, tiers_dir(t, tier), step, "rank", me)) < 0) ckptio_fail(why, v, "path too long");
+    else if ((v = tiers_part_path(t, tier, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
     if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
     else if (v == 0) v = tiers_verify(t, path, why);
     *code = v;

@@ -177,6 +177,18 @@ static int copy_part(ckptio_tiers *t, tiers_job *j, int tier) {
                                      : copy_to_storage(t, j->step, src, j->why[tier]);
 }
 
+/* A save with places: the durable tier's multi-rank checkpoint, from the
+ * part's file in memory, or from its file on the durable tier (then
+ * removed: the checkpoint holds its bytes). Collective. */
+static int placed_durable(ckptio_tiers *t, tiers_job *j) {
+  char src[4096];
+  int w = j->w_tier, rc = tiers_path(src, sizeof(src), tiers_dir(t, w), j->step, "rank", t->comm.rank);
+  if (rc < 0 && j->rc[w] == 0) j->rc[w] = ckptio_fail(j->why[w], rc, "%s: the path is too long", tiers_dir(t, w));
+  rc = tiers_durable_ranks(t, j, src, j->why[CKPTIO_TIER_DURABLE]);
+  if (w == CKPTIO_TIER_DURABLE) unlink(src);
+  return rc;
+}
+
 /* The mark that publishes step in tier: every rank's in a directory (the
  * durable one fsync'd), rank 0's one object in the storage. */
 static int mark(ckptio_tiers *t, uint64_t step, int tier, char *why) {
@@ -219,7 +231,10 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
     }
   }
   for (int tier = CKPTIO_TIER_DURABLE; tier <= CKPTIO_TIER_STORAGE; tier++)
-    if (j->due[tier] && tier != j->w_tier) rc[tier] = copy_part(t, j, tier);
+    if (j->due[tier] && tier != j->w_tier && !(tier == CKPTIO_TIER_DURABLE && j->placed))
+      rc[tier] = copy_part(t, j, tier);
+  if (j->due[CKPTIO_TIER_DURABLE] && j->placed) /* the durable part into the multi-rank checkpoint */
+    rc[CKPTIO_TIER_DURABLE] = placed_durable(t, j);
   crash_point(t, "written", NULL);
   int first = 0, published = 0;
   char first_msg[CKPTIO_ERRLEN] = "";
@@ -262,7 +277,30 @@ int tiers_join(ckptio_tiers *t) {
 
 int ckptio_tiers_wait(ckptio_tiers *t) { return t ? tiers_join(t) : CKPTIO_E_INVALID_ARG; }
 
-int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n) {
+/* The places of a save with places into j (names copied): each box inside
+ * its global shape. */
+static int take_places(ckptio_tiers *t, tiers_job *j, const ckptio_tensor *ts, const ckptio_tiers_place *places,
+                       size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (int d = 0; d < ts[i].ndim && d < CKPTIO_MAX_DIMS; d++) {
+      const int64_t *g = places[i].global_shape, *o = places[i].offsets;
+      if (o[d] < 0 || ts[i].shape[d] < 0 || o[d] > g[d] || ts[i].shape[d] > g[d] - o[d])
+        return ckptio_fail(t->err, CKPTIO_E_INVALID_ARG, "tensor '%s': dimension %d covers [%lld, %lld), outside "
+                           "its global size %lld", ts[i].name, d, (long long)o[d], (long long)(o[d] + ts[i].shape[d]),
+                           (long long)g[d]);
+    }
+  j->placed = calloc(n ? n : 1, sizeof(*j->placed));
+  if (!j->placed) return ckptio_fail(t->err, -ENOMEM, "no memory for the places");
+  for (; j->nplaced < n; j->nplaced++) {
+    tiers_placed *p = &j->placed[j->nplaced];
+    p->place = places[j->nplaced];
+    if (!(p->name = strdup(ts[j->nplaced].name))) return ckptio_fail(t->err, -ENOMEM, "no memory for the places");
+  }
+  return 0;
+}
+
+static int save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, const ckptio_tiers_place *places,
+                size_t n) {
   if (!t || (n && !tensors)) return CKPTIO_E_INVALID_ARG;
   int before = tiers_join(t);
   if (before < 0 && t->o.fatal) return before; /* the previous step's, in its message */
@@ -270,7 +308,13 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
     return ckptio_fail(t->err, CKPTIO_E_INVALID_ARG, "step %llu after step %llu: steps must grow",
                        (unsigned long long)step, (unsigned long long)t->last_step);
   tiers_job *j = &t->job;
+  tiers_placed_free(j);
   memset(j, 0, sizeof(*j));
+  int rc = places ? take_places(t, j, tensors, places, n) : 0;
+  if (rc < 0) {
+    tiers_placed_free(j);
+    return rc;
+  }
   j->step = step;
   j->due[CKPTIO_TIER_MEMORY] = t->o.memory_dir != NULL;
   j->due[CKPTIO_TIER_PEER] = t->o.peers > 0;
@@ -299,4 +343,14 @@ int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tenso
   }
   finish(t, j);
   return j->result;
+}
+
+int ckptio_tiers_save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, size_t n) {
+  return save(t, step, tensors, NULL, n);
+}
+
+int ckptio_tiers_save_placed(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors,
+                             const ckptio_tiers_place *places, size_t n) {
+  if (n && !places) return CKPTIO_E_INVALID_ARG;
+  return save(t, step, tensors, places, n);
 }

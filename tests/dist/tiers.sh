@@ -83,4 +83,22 @@ grep -q "rank 3, step 8, the durable tier: skipped" "$WORK/warn3.log" || { cat "
 echo "== everything lost: restore says so on every rank"
 rm -rf "$WORK/node0" "$WORK/node1" "$WORK/durable"
 mpi none
+echo "== saved with places (rows of global tensors): restored at 4 ranks as parts, at 2, 3 and 1 from the durable tier"
+P="$WORK/placed"
+mpin() { local n=$1; shift; timeout 120 mpirun -x TIERS_BACKGROUND -np "$n" --oversubscribe --bind-to none "$DRIVER" "$P" "$@"; }
+mpin 4 save-placed 1 4
+[ -f "$P/durable/step-00000004/model.safetensors.index.json" ] || fail "no multi-rank checkpoint at durable step 4: $(ls "$P/durable/step-00000004")"
+rm -rf "$P/node0" "$P/node1"
+mpin 4 restore 4 dddd
+for n in 2 3 1; do
+  mpin $n restore-global 4 | tee "$WORK/global-$n.log"
+  [ "$(grep -c "of $n restored step 4 " "$WORK/global-$n.log")" = $n ] || fail "not every one of $n ranks restored step 4"
+done
+f="$P/durable/step-00000004/model-00002-of-00004.safetensors"
+printf '\xff' | dd of="$f" bs=1 seek=$(( $(stat -c %s "$f") - 100 )) conv=notrunc status=none
+"$CLI" tiers --verify "$P/durable" >"$WORK/tiers-placed.txt" && fail "ckptio tiers --verify exited 0 with a damaged file"
+grep -q "^4  *part  *1 .*CORRUPT .*model-00002-of-00004.safetensors" "$WORK/tiers-placed.txt" || { cat "$WORK/tiers-placed.txt"; fail "ckptio tiers does not name the damaged file"; }
+mpin 3 restore-global 2 2>"$WORK/warn-global.log"
+grep -q "rank 1 warning: .*rank 1, step 4, the durable tier: skipped: .*model-00002-of-00004" "$WORK/warn-global.log" ||
+  { cat "$WORK/warn-global.log"; fail "no warning naming the damaged file of step 4"; }
 echo "PASS: tiers $MODE"

@@ -11,6 +11,12 @@
  *                                        part from TIERS[r] (m: own memory, p: a
  *                                        peer, d: durable, s: storage, ?: any)
  *   tiers_driver WORK none               restore must find nothing (-ENOENT)
+ *   tiers_driver WORK save-placed FIRST LAST  saves as `save`, with each rank's
+ *                                        tensors placed in global ones (its rows
+ *                                        of w, its 3 values of b), at 4 ranks
+ *   tiers_driver WORK restore-global STEP restores at this run's world size
+ *                                        from the durable multi-rank checkpoint:
+ *                                        this rank's rows of w and all of b
  *
  * TIERS_BACKGROUND set: saves in background mode (the tiers filled by the
  * handle's thread). TIERS_STORAGE=PREFIX (an s3:// prefix): a storage tier
@@ -30,7 +36,9 @@
 
 static int rank, nranks, failures;
 #define RPN 2
-#define N_W (1 << 18) /* 1 MiB of f32 per rank */
+#define COLS 1024
+#define N_W (1 << 18) /* 1 MiB of f32 per rank, as N_W / COLS rows of w */
+#define SAVED_RANKS 4 /* the world size of save-placed */
 
 static float value(int r, uint64_t step, size_t i) { return (float)(r * 1000003 + (int)step * 7919 + (int)(i % 65521)); }
 
@@ -42,16 +50,17 @@ static void on_warning(void *arg, uint64_t step, int tier, int code, const char 
 
 static int open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *work, ckptio_tiers **t) {
   static char mem[4096], dur[4096];
-  snprintf(mem, sizeof(mem), "%s/node%d/shm", work, rank / RPN);
+  int rpn = nranks % RPN ? 1 : RPN; /* a restart at 3 ranks: one per node */
+  snprintf(mem, sizeof(mem), "%s/node%d/shm", work, rank / rpn);
   snprintf(dur, sizeof(dur), "%s/durable", work);
   char node[4096];
-  snprintf(node, sizeof(node), "%s/node%d", work, rank / RPN);
+  snprintf(node, sizeof(node), "%s/node%d", work, rank / rpn);
   mkdir(node, 0777);
   ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
   o.memory_dir = mem;
   o.memory_keep = 2;
-  o.peers = 1;
-  o.ranks_per_node = RPN;
+  o.peers = nranks / rpn > 1; /* a restart at 2 ranks: one node, no peers */
+  o.ranks_per_node = rpn;
   o.durable_dir = dur;
   o.durable_every = 2;
   o.durable_keep = 2;
@@ -68,14 +77,19 @@ static int open_tiers(ckptio_ctx *ctx, ckptio_comm *comm, const char *work, ckpt
   return rc;
 }
 
-static void save(ckptio_tiers *t, uint64_t first, uint64_t last) {
+/* Rank r's tensors at each step: w (its N_W values as rows of COLS) and
+ * b = {r, step, 7}. Placed, they are rows r * N_W / COLS... of a global w
+ * and values 3r..3r+2 of a global b. */
+static void save(ckptio_tiers *t, uint64_t first, uint64_t last, int placed) {
   float *w = malloc(N_W * sizeof(float));
+  ckptio_tiers_place places[2] = {{{SAVED_RANKS * N_W / COLS, COLS}, {rank * N_W / COLS, 0}},
+                                  {{SAVED_RANKS * 3}, {rank * 3}}};
   for (uint64_t s = first; s <= last; s++) {
     for (size_t i = 0; i < N_W; i++) w[i] = value(rank, s, i);
     int64_t b[3] = {rank, (int64_t)s, 7};
-    ckptio_tensor ts[2] = {{"w", CKPTIO_F32, 1, {N_W}, w, CKPTIO_DEVICE_HOST},
+    ckptio_tensor ts[2] = {{"w", CKPTIO_F32, 2, {N_W / COLS, COLS}, w, CKPTIO_DEVICE_HOST},
                            {"b", CKPTIO_I64, 1, {3}, b, CKPTIO_DEVICE_HOST}};
-    int rc = ckptio_tiers_save(t, s, ts, 2);
+    int rc = placed ? ckptio_tiers_save_placed(t, s, ts, places, 2) : ckptio_tiers_save(t, s, ts, 2);
     CHECK(rc == 0, "save step %llu: %s", (unsigned long long)s, ckptio_tiers_last_error(t));
   }
   free(w);
@@ -129,6 +143,61 @@ static void restore(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want, const char 
   check_part(ctx, path, step);
 }
 
+/* A box of tensor name of the checkpoint r: dims [start, stop). */
+static int load_box(ckptio_reader *r, const char *name, int ndim, const int64_t *start, const int64_t *stop,
+                    void *dst, uint64_t bytes) {
+  int64_t idx = ckptio_reader_find(r, name);
+  CHECK(idx >= 0, "no tensor %s", name);
+  if (idx < 0) return -1;
+  ckptio_box_request q;
+  memset(&q, 0, sizeof(q));
+  q.index = (size_t)idx, q.dst = dst, q.dst_bytes = bytes, q.device = CKPTIO_DEVICE_HOST;
+  memcpy(q.start, start, (size_t)ndim * sizeof(int64_t));
+  memcpy(q.stop, stop, (size_t)ndim * sizeof(int64_t));
+  int rc = ckptio_reader_load_boxes(r, &q, 1);
+  CHECK(rc == 0, "load box of %s: %s", name, ckptio_reader_last_error(r));
+  return rc;
+}
+
+/* The restore at this run's world size: this rank's share of w's rows and
+ * all of b, from the durable tier's multi-rank checkpoint. */
+static void restore_global(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want) {
+  uint64_t step = 0;
+  char path[4096];
+  int rc = ckptio_tiers_restore_global(t, &step, path, sizeof(path));
+  CHECK(rc == 0, "restore_global: %s", ckptio_tiers_last_error(t));
+  if (rc) return;
+  CHECK(step == want, "restored step %llu, expected %llu", (unsigned long long)step, (unsigned long long)want);
+  ckptio_reader *r = NULL;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  o.crc = 0; /* checked by the restore */
+  rc = ckptio_reader_open(ctx, path, &o, &r);
+  CHECK(rc == 0, "open %s: %s", path, ckptio_last_open_error());
+  if (rc) return;
+  int64_t rows = SAVED_RANKS * N_W / COLS, first = rows * rank / nranks, last = rows * (rank + 1) / nranks;
+  int64_t start[2] = {first, 0}, stop[2] = {last, COLS};
+  size_t n = (size_t)(last - first) * COLS, bad = 0;
+  float *w = malloc(n * sizeof(float));
+  if (load_box(r, "w", 2, start, stop, w, n * sizeof(float)) == 0)
+    for (size_t k = 0; k < n; k++) {
+      size_t g = (size_t)first * COLS + k; /* element g of the global w: rank g / N_W's element g % N_W */
+      bad += w[k] != value((int)(g / N_W), step, g % N_W);
+    }
+  CHECK(bad == 0, "%zu elements of rows %lld-%lld of w differ from step %llu's", bad, (long long)first,
+        (long long)last, (unsigned long long)step);
+  int64_t b[SAVED_RANKS * 3], b0[1] = {0}, b1[1] = {SAVED_RANKS * 3};
+  if (load_box(r, "b", 1, b0, b1, b, sizeof(b)) == 0)
+    for (int k = 0; k < SAVED_RANKS; k++)
+      CHECK(b[3 * k] == k && b[3 * k + 1] == (int64_t)step && b[3 * k + 2] == 7, "b of rank %d", k);
+  ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+  ckptio_tiers_stats_get(t, &st);
+  printf("rank %d of %d restored step %llu from %s: rows %lld-%lld of w, %llu bytes checked\n", rank, nranks,
+         (unsigned long long)step, path, (long long)first, (long long)last,
+         (unsigned long long)st.restored_bytes[CKPTIO_TIER_DURABLE]);
+  free(w);
+  ckptio_reader_close(r);
+}
+
 int main(int argc, char **argv) {
   /* Background saves call the communicator from the handle's thread. */
   int provided = 0;
@@ -149,12 +218,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "rank %d: setup failed: %s\n", rank, ckptio_last_open_error());
     MPI_Abort(world, 1);
   }
-  if (!strcmp(argv[2], "save") && argc == 5) {
-    save(t, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+  if ((!strcmp(argv[2], "save") || !strcmp(argv[2], "save-placed")) && argc == 5) {
+    save(t, strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10), !strcmp(argv[2], "save-placed"));
     int rc = ckptio_tiers_wait(t);
     CHECK(rc == 0, "the last save's finish: %s", ckptio_tiers_last_error(t));
   } else if (!strcmp(argv[2], "restore") && argc == 5) {
     restore(ctx, t, strtoull(argv[3], NULL, 10), argv[4]);
+  } else if (!strcmp(argv[2], "restore-global") && argc == 4) {
+    restore_global(ctx, t, strtoull(argv[3], NULL, 10));
   } else if (!strcmp(argv[2], "none")) {
     uint64_t step;
     char path[4096];

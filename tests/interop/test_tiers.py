@@ -40,6 +40,12 @@ def flip(path, back=100):
         f.write(bytes([b[0] ^ 0xFF]))
 
 
+def global_state(step):
+    """The job's global tensors when each of WORLD ranks held state(rank, step) as its part."""
+    parts = [state(r, step) for r in range(WORLD)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
 def act(rank, base, durable, storage, action):
     """One action of a job on this rank: what the parent checks."""
     import warnings
@@ -57,16 +63,29 @@ def act(rank, base, durable, storage, action):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         background = kind == "save-background"
-        tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // 2}", "shm"),
-                                        durable_dir=durable, peers=1, ranks_per_node=2, durable_every=2,
+        world = dist.get_world_size()
+        per_node = 2 if world % 2 == 0 else 1  # a restart at 3 ranks: one per node
+        tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // per_node}", "shm"),
+                                        durable_dir=durable, peers=int(world > 2), ranks_per_node=per_node,
+                                        durable_every=2,
                                         storage_dir=storage, storage_every=2, background=background)
         if kind.startswith("save"):
             for s in range(action[1], action[2] + 1):
                 st = state(rank, s)
-                tiers.save(s, st)
+                rows = st["w"].shape[0]
+                places = {"w": ((WORLD * rows, st["w"].shape[1]), (rank * rows, 0)), "step": ((2 * WORLD,), (2 * rank,))}
+                tiers.save(s, st, places=places if kind == "save-placed" else None)
                 if background:
                     st["w"].zero_()  # after the snapshot: the saved part keeps the values
             tiers.wait()
+        elif kind == "restore-global":  # this rank's share of w's rows, all of step
+            rows = WORLD * state(0, 0)["w"].shape[0]
+            share = slice(rows * rank // world, rows * (rank + 1) // world)
+            step, got = tiers.restore_global({"w": share, "step": None})
+            result["step"] = step
+            if step is not None:
+                want = global_state(step)
+                result["equal"] = torch.equal(got["w"], want["w"][share]) and torch.equal(got["step"], want["step"])
         else:
             step, got = tiers.restore()
             result["step"] = step
@@ -79,8 +98,8 @@ def act(rank, base, durable, storage, action):
     return result
 
 
-def worker(rank, init_method, base, actions, durable, storage, out):
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
+def worker(rank, init_method, base, actions, durable, storage, out, world):
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     results = []
     try:
         for action in actions:
@@ -93,21 +112,22 @@ def worker(rank, init_method, base, actions, durable, storage, out):
         dist.destroy_process_group()
 
 
-def run(base, actions, durable=None, storage=None):
+def run(base, actions, durable=None, storage=None, world=WORLD):
     """[action][rank] results of one job of WORLD fresh processes (the
     storage tier, when given, every 2nd step as the durable one)."""
     out = os.path.join(base, f"out-{time.monotonic_ns()}")
     os.makedirs(out)
     durable = durable or os.path.join(base, "durable")
-    ctx = mp.start_processes(worker, args=(rendezvous.init_method(), str(base), actions, durable, storage, out), nprocs=WORLD,
+    ctx = mp.start_processes(worker, args=(rendezvous.init_method(), str(base), actions, durable, storage, out, world),
+                             nprocs=world,
                              join=False, start_method="spawn")
     for p in ctx.processes:
         p.join(300)
         assert not p.is_alive(), f"{actions}: a rank still runs after 300 s: it hangs"
-    per_rank = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(WORLD)]
+    per_rank = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(world)]
     for r, res in enumerate(per_rank):
         assert len(res) == len(actions) and all("error" not in x for x in res), f"rank {r} failed: {res}"
-    return [[per_rank[r][i] for r in range(WORLD)] for i in range(len(actions))]
+    return [[per_rank[r][i] for r in range(world)] for i in range(len(actions))]
 
 
 def tiers_used(r):
@@ -158,6 +178,14 @@ def test_background_saves_return_at_the_snapshot_and_restore_alike(tmp_path):
         assert r["step"] == 3 and r["equal"] and tiers_used(r) == ["memory"], r
     assert [r["step"] for r in lost] == [3] * 4 and all(r["equal"] for r in lost), lost
     assert [tiers_used(r) for r in lost] == [["peers"], ["peers"], ["memory"], ["memory"]], lost
+
+
+def test_a_save_with_places_restores_at_another_world_size(tmp_path):
+    run(tmp_path, [("save-placed", 1, 2)])  # 4 ranks; the durable tier holds step 2
+    for world in (2, 3):
+        (restored,) = run(tmp_path, [("restore-global",)], world=world)
+        for r in restored:
+            assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["durable"], (world, r)
 
 
 @pytest.fixture(scope="module")

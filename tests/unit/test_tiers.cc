@@ -31,12 +31,12 @@ struct Job {
   std::string storage;  // "": no storage tier; else its prefix, every 2nd step, and no durable tier
   bool memory = true;
 
-  ckptio_tiers_options options(int r, std::string *mem, std::string *dur) const {
+  ckptio_tiers_options options(int r, int nranks, std::string *mem, std::string *dur) const {
     *mem = root + "/node" + std::to_string(r / kPerNode) + "/shm";
     *dur = durable.empty() ? root + "/durable" : durable;
     ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
     o.memory_dir = mem->c_str();
-    o.peers = 1;
+    o.peers = nranks / kPerNode > 1;  // a restart on one node keeps no copies
     o.ranks_per_node = kPerNode;
     o.durable_dir = dur->c_str();
     o.durable_every = 2;
@@ -52,18 +52,18 @@ struct Job {
   }
 };
 
-// Runs body(rank, handle) on kRanks threads, each with its own context and
+// Runs body(rank, handle) on nranks threads, each with its own context and
 // handle over one in-process communicator.
-void on_ranks(const Job &s, const std::function<void(int, ckptio_tiers *)> &body) {
-  Group g(kRanks);
+void on_ranks(const Job &s, const std::function<void(int, ckptio_tiers *)> &body, int nranks = kRanks) {
+  Group g(nranks);
   std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; r++)
+  for (int r = 0; r < nranks; r++)
     threads.emplace_back([&, r] {
       Member m{&g, r};
       ckptio_comm comm = group_comm(&m);
       TestContext tc;
       std::string mem, dur;
-      ckptio_tiers_options o = s.options(r, &mem, &dur);
+      ckptio_tiers_options o = s.options(r, nranks, &mem, &dur);
       ckptio_tiers *t = nullptr;
       ASSERT_EQ(ckptio_tiers_open(tc.ctx, &comm, &o, &t), 0) << ckptio_last_open_error();
       body(r, t);
@@ -190,6 +190,55 @@ TEST_P(Tiers, StorageServesWhenEveryMachineIsLost) {
 
 INSTANTIATE_TEST_SUITE_P(SyncAndBackground, Tiers, ::testing::Values(0, 1),
                          [](const ::testing::TestParamInfo<int> &i) { return i.param ? "background" : "sync"; });
+
+// Saved with places (rank r's w: rows after ranks 0..r-1's of one global
+// w; its b: values after theirs of one global b), restored at 2 ranks from
+// the durable tier's multi-rank checkpoint: each rank's half of w's rows.
+TEST(TiersPlaced, RestoresAtAnotherWorldSizeFromTheDurableTier) {
+  TempDir dir;
+  Job s{dir.path(), 0, 0, "", "", true};
+  int64_t rows = 0, vals = 0, at_rows[kRanks], at_vals[kRanks];
+  std::vector<uint8_t> w_all, b_all;  // the global tensors' bytes at step 2
+  for (int r = 0; r < kRanks; r++) {
+    std::vector<Tensor> ts = part(r, 2);
+    at_rows[r] = rows, at_vals[r] = vals;
+    rows += ts[0].shape[0], vals += ts[1].shape[0];
+    w_all.insert(w_all.end(), ts[0].bytes.begin(), ts[0].bytes.end());
+    b_all.insert(b_all.end(), ts[1].bytes.begin(), ts[1].bytes.end());
+  }
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    for (uint64_t step = 1; step <= 2; step++) {
+      std::vector<Tensor> ts = part(r, step);
+      std::vector<ckptio_tensor> d = {host_desc(ts[0]), host_desc(ts[1])};
+      ckptio_tiers_place p[2] = {{{rows, 64}, {at_rows[r], 0}}, {{vals}, {at_vals[r]}}};
+      EXPECT_EQ(ckptio_tiers_save_placed(t, step, d.data(), p, d.size()), 0) << ckptio_tiers_last_error(t);
+    }
+  });
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    char path[4096];
+    uint64_t step = 0;
+    ASSERT_EQ(ckptio_tiers_restore_global(t, &step, path, sizeof(path)), 0) << ckptio_tiers_last_error(t);
+    EXPECT_EQ(step, 2u);
+    TestContext tc;
+    ckptio_reader *rd = nullptr;
+    ASSERT_EQ(ckptio_reader_open(tc.ctx, path, nullptr, &rd), 0) << ckptio_last_open_error();
+    int64_t first = rows * r / 2, last = rows * (r + 1) / 2, row_bytes = 64 * 4;
+    std::vector<uint8_t> got((size_t)((last - first) * row_bytes)), b(b_all.size());
+    ckptio_box_request q[2] = {};
+    q[0].index = (size_t)ckptio_reader_find(rd, "w"), q[0].start[0] = first, q[0].stop[0] = last, q[0].stop[1] = 64;
+    q[0].dst = got.data(), q[0].dst_bytes = got.size();
+    q[1].index = (size_t)ckptio_reader_find(rd, "b"), q[1].stop[0] = vals, q[1].dst = b.data(), q[1].dst_bytes = b.size();
+    ASSERT_EQ(ckptio_reader_load_boxes(rd, q, 2), 0) << ckptio_reader_last_error(rd);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), w_all.begin() + first * row_bytes)) << "rows of w, rank " << r;
+    EXPECT_EQ(b, b_all);
+    ckptio_reader_close(rd);
+  }, 2);
+  // At the same world size, a rank's part is its file of the checkpoint.
+  std::filesystem::remove_all(dir.path() + "/node0");
+  std::filesystem::remove_all(dir.path() + "/node1");
+  Restored a = restore(s);
+  for (int r = 0; r < kRanks; r++) EXPECT_EQ(a.tier[r], CKPTIO_TIER_DURABLE) << r;
+}
 
 TEST(TiersSave, AFailingTierWarnsAndTheSaveGoesOnUnlessFatal) {
   TempDir dir;
