@@ -14,7 +14,13 @@
  *   tiers_bench WORK MIB restore STEP NAME   a restore (+ loading every tensor
  *                                      into memory), reported under NAME, with
  *                                      the bytes per tier; durable parts are
- *                                      dropped from the page cache first
+ *                                      dropped from the page cache first; a
+ *                                      NAME ending in "-load": one pass,
+ *                                      ckptio_tiers_restore_load into the memory
+ *   tiers_bench WORK MIB storage BUCKET a save to memory and s3://BUCKET/tiers-
+ *                                      bench-storage (the storage tier), every
+ *                                      memory directory wiped, then a restore
+ *                                      from the storage tier (+ the load)
  *   tiers_bench WORK MIB s3 BUCKET     the reference: each rank's part saved to
  *                                      s3://BUCKET, then loaded back whole (run
  *                                      under tests/s3/weed_server.py) */
@@ -77,6 +83,13 @@ static void raw_write(const char *shm, const void *data, size_t bytes) {
     if (pwrite(fd, (const char *)data + off, bytes - off < (8u << 20) ? bytes - off : 8u << 20, (off_t)off) < 0) break;
   if (fd >= 0) close(fd);
   unlink(path);
+}
+
+/* Removes this rank's node directory (its memory tier): a machine lost. */
+static void wipe_node(const char *shm) {
+  char cmd[4300];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s/node%d'", shm, rank);
+  if (system(cmd) != 0) fprintf(stderr, "rank %d: %s failed\n", rank, cmd);
 }
 
 static void must(int rc, ckptio_tiers *t, const char *what) {
@@ -175,6 +188,49 @@ int main(int argc, char **argv) {
     double s = slowest(t0);
     if (rank == 0) printf("RESULT {\"restore\": \"s3\", \"seconds\": %.4f}\n", s);
     free(w);
+  } else if (!strcmp(argv[3], "storage")) {
+    /* The storage tier: a save to memory and the storage (uploaded from the
+     * memory part), every machine's memory lost, the restore from storage
+     * (each part downloaded into its memory directory, checked there) and
+     * the load: what a job that lost every machine pays. */
+    char prefix[4200];
+    snprintf(prefix, sizeof(prefix), "s3://%s/tiers-bench-storage", argv[4]);
+    char mem[4200];
+    snprintf(mem, sizeof(mem), "%s/node%d", shm, rank);
+    mkdir(mem, 0777);
+    strcat(mem, "/shm");
+    ckptio_tiers_options o = CKPTIO_TIERS_OPTIONS_INIT;
+    o.memory_dir = mem;
+    o.memory_keep = 1;
+    o.storage_dir = prefix;
+    o.storage_keep = 1;
+    ckptio_tiers *t = NULL;
+    if (ckptio_tiers_open(ctx, &comm, &o, &t) != 0) {
+      fprintf(stderr, "rank %d: %s\n", rank, ckptio_last_open_error());
+      MPI_Abort(world, 1);
+    }
+    float *w = malloc(bytes);
+    for (size_t i = 0; i < n; i++) w[i] = (float)(i % 1000 + rank);
+    ckptio_tensor tensor = {"w", CKPTIO_F32, 1, {(int64_t)n}, w, CKPTIO_DEVICE_HOST};
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now();
+    must(ckptio_tiers_save(t, 1, &tensor, 1), t, "save");
+    double saved = slowest(t0);
+    wipe_node(shm);
+    memset(w, 1, bytes);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now();
+    uint64_t step = 0;
+    ckptio_tiers_dest d = {"w", w, bytes, CKPTIO_DEVICE_HOST};
+    must(ckptio_tiers_restore_load(t, &step, &d, 1), t, "restore_load");
+    double s = slowest(t0);
+    ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+    ckptio_tiers_stats_get(t, &st);
+    if (rank == 0)
+      printf("RESULT {\"restore\": \"storage-load\", \"seconds\": %.4f, \"save_memory_and_storage\": %.4f, "
+             "\"storage_bytes_rank0\": %llu}\n", s, saved, (unsigned long long)st.restored_bytes[CKPTIO_TIER_STORAGE]);
+    ckptio_tiers_close(t);
+    free(w);
   } else {
     ckptio_tiers *t = open_tiers(ctx, &comm, shm, work, 1, 1, 0);
     char dur[4200];
@@ -192,17 +248,25 @@ int main(int argc, char **argv) {
     double t0 = now();
     uint64_t step = 0;
     char path[4096];
-    must(ckptio_tiers_restore(t, &step, path, sizeof(path)), t, "restore");
-    double found = slowest(t0);
-    /* Every CRC of the part was checked by the restore: loaded without a
-     * second check, as docs/TIERS.md advises. */
-    ckptio_options lo = CKPTIO_OPTIONS_INIT;
-    ckptio_ctx_options(ctx, &lo);
-    lo.crc = 0;
-    ckptio_reader *r = NULL;
-    if (ckptio_reader_open(ctx, path, &lo, &r) != 0 || ckptio_reader_load(r, 0, w, bytes) != 0) MPI_Abort(world, 1);
-    ckptio_reader_close(r);
-    double s = slowest(t0);
+    size_t nl = strlen(argv[5]);
+    double found, s;
+    if (nl > 5 && !strcmp(argv[5] + nl - 5, "-load")) { /* one pass: loaded as each CRC is checked */
+      ckptio_tiers_dest d = {"w", w, bytes, CKPTIO_DEVICE_HOST};
+      must(ckptio_tiers_restore_load(t, &step, &d, 1), t, "restore_load");
+      found = s = slowest(t0);
+    } else {
+      must(ckptio_tiers_restore(t, &step, path, sizeof(path)), t, "restore");
+      found = slowest(t0);
+      /* Every CRC of the part was checked by the restore: loaded without a
+       * second check, as docs/TIERS.md advises. */
+      ckptio_options lo = CKPTIO_OPTIONS_INIT;
+      ckptio_ctx_options(ctx, &lo);
+      lo.crc = 0;
+      ckptio_reader *r = NULL;
+      if (ckptio_reader_open(ctx, path, &lo, &r) != 0 || ckptio_reader_load(r, 0, w, bytes) != 0) MPI_Abort(world, 1);
+      ckptio_reader_close(r);
+      s = slowest(t0);
+    }
     ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
     ckptio_tiers_stats_get(t, &st);
     unsigned long long per[3], sum[3];

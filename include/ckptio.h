@@ -1968,6 +1968,26 @@ int ckptio_tiers_wait(ckptio_tiers *t);
  *          the reason in ckptio_tiers_last_error. */
 int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len);
 
+/* Where ckptio_tiers_restore_load puts one tensor of this rank's part. */
+typedef struct ckptio_tiers_dest {
+  const char *name;    /* the tensor's name in the part */
+  void *dst;           /* memory of `device`, written, never kept */
+  uint64_t dst_bytes;  /* at least the tensor's bytes */
+  int device;          /* CKPTIO_DEVICE_HOST or CKPTIO_DEVICE_CUDA(n) */
+} ckptio_tiers_dest;
+
+/*! ckptio_tiers_restore_load() : (experimental)
+ *  ckptio_tiers_restore, loading this rank's part straight into `dests`
+ *  instead of handing out its path: one pass over the part, each named
+ *  tensor's CRC32 checked as it lands (ckptio_tiers_restore's own check
+ *  pass and the caller's load become one; a part from the storage is read
+ *  once, straight from its object). A part that fails a check, or
+ *  lacks a named tensor, is skipped as a damaged copy is (a warning; the
+ *  next holder, an older step or a lower tier, whose bytes then overwrite
+ *  the destinations); tensors of the part not named are neither loaded nor
+ *  checked. @return as ckptio_tiers_restore. */
+int ckptio_tiers_restore_load(ckptio_tiers *t, uint64_t *step, const ckptio_tiers_dest *dests, size_t n);
+
 /*! ckptio_tiers_stats_get() :
  *  Copies this handle's counters into *out (out->size set by the caller). */
 int ckptio_tiers_stats_get(const ckptio_tiers *t, ckptio_tiers_stats *out);

@@ -293,6 +293,15 @@ class TiersPlace(ctypes.Structure):  # ckptio_tiers_place
     ]
 
 
+class TiersDest(ctypes.Structure):  # ckptio_tiers_dest
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dst", ctypes.c_void_p),
+        ("dst_bytes", ctypes.c_uint64),
+        ("device", ctypes.c_int),
+    ]
+
+
 class TiersStats(ctypes.Structure):  # ckptio_tiers_stats
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -415,6 +424,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "ckptio_tiers_restore": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
     "ckptio_tiers_save_placed": (_I, [_P, ctypes.c_uint64, ctypes.POINTER(Tensor_), ctypes.POINTER(TiersPlace),
                                       ctypes.c_size_t]),
+    "ckptio_tiers_restore_load": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(TiersDest), ctypes.c_size_t]),
     "ckptio_tiers_restore_global": (_I, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p, ctypes.c_size_t]),
     "ckptio_tiers_stats_get": (_I, [_P, ctypes.POINTER(TiersStats)]),
     "ckptio_tiers_wait": (_I, [_P]),

@@ -179,6 +179,28 @@ class TieredCheckpointManager:
         self._after(rc, "cannot restore")
         return int(step.value), load_file(os.fsdecode(path.value), device=device)
 
+    def restore_into(self, state_dict: Mapping[str, torch.Tensor]) -> Optional[int]:
+        """Collective: the newest step whole and verified in some tier,
+        loaded straight into this rank's tensors (contiguous, CPU or CUDA,
+        of the saved shapes and dtypes; a model's own parameters), each
+        CRC32 checked as it lands: one pass where restore() checks the part
+        and then loads it. Returns the step, or None when no step is whole
+        (the tensors may then hold a skipped copy's bytes)."""
+        t = self._handle()
+        dests = (_lib.TiersDest * max(1, len(state_dict)))()
+        for i, (name, x) in enumerate(state_dict.items()):
+            if not isinstance(x, torch.Tensor) or not x.is_contiguous():
+                raise ValueError(f"restore_into: {name!r} must be a contiguous torch.Tensor to load into")
+            device = x.device.index + 1 if x.device.type == "cuda" else _lib.DEVICE_HOST
+            dests[i] = _lib.TiersDest(name.encode(), x.data_ptr(), x.numel() * x.element_size(), device)
+        step = ctypes.c_uint64()
+        rc = self._lib.ckptio_tiers_restore_load(t, ctypes.byref(step), dests, len(state_dict))
+        if rc == -errno.ENOENT:
+            self._after(0, "restore_into")
+            return None
+        self._after(rc, "cannot restore")
+        return int(step.value)
+
     def restore_global(self, boxes: Mapping[str, Any], device: Device = "cpu"
                        ) -> Tuple[Optional[int], Dict[str, torch.Tensor]]:
         """Collective, at any world size: (step, this rank's boxes) of the

@@ -139,3 +139,25 @@ int tiers_verify(ckptio_tiers *t, const char *path, char *why) {
   ckptio_reader_close(r);
   return rc;
 }
+
+int tiers_load(ckptio_tiers *t, const char *path, const ckptio_tiers_dest *dests, size_t n, char *why) {
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  ckptio_ctx_options(t->ctx, &o);
+  o.crc = 1;
+  ckptio_reader *r = NULL;
+  ckptio_load_request *reqs = calloc(n ? n : 1, sizeof(*reqs));
+  int rc = reqs ? ckptio_reader_open(t->ctx, path, &o, &r) : -ENOMEM;
+  if (rc < 0) {
+    free(reqs);
+    return rc == -ENOMEM ? ckptio_fail(why, rc, "no memory") : ckptio_fail(why, rc, "%s", ckptio_last_open_error());
+  }
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    int64_t idx = ckptio_reader_find(r, dests[i].name);
+    if (idx < 0) rc = ckptio_fail(why, (int)idx, "%s: no tensor '%s'", path, dests[i].name);
+    reqs[i] = (ckptio_load_request){(size_t)idx, dests[i].dst, dests[i].dst_bytes, dests[i].device};
+  }
+  if (rc == 0 && (rc = ckptio_reader_load_many(r, reqs, n)) < 0) ckptio_fail(why, rc, "%s", ckptio_reader_last_error(r));
+  ckptio_reader_close(r);
+  free(reqs);
+  return rc;
+}

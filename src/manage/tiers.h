@@ -179,5 +179,8 @@ int tiers_exchange(ckptio_tiers *t, tiers_move *moves, size_t n);
  * ckptio_reader_verify, nothing unchecked. @return 0, or the failure with
  * why (CKPTIO_ERRLEN) saying it. */
 int tiers_verify(ckptio_tiers *t, const char *path, char *why);
+/* The part's tensors named by dests loaded into them, each CRC32 checked
+ * as it lands. @return 0, or the failure with why. */
+int tiers_load(ckptio_tiers *t, const char *path, const ckptio_tiers_dest *dests, size_t n, char *why);
 
 #endif

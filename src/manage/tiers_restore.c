@@ -151,25 +151,33 @@ static const char *tier_word(int tier) {
 }
 
 /* This rank's part from the storage: downloaded into its memory directory
- * when it has one (then checked there, and the load reads memory), else
- * the object itself. Its path in path. */
-static int from_storage(ckptio_tiers *t, uint64_t step, char *path, size_t len, char *why) {
+ * when it has one and the caller loads the path (then checked there, and
+ * the load reads memory), else the object itself (a restore that loads it
+ * reads it once, straight from the storage). Its path in path. */
+static int from_storage(ckptio_tiers *t, uint64_t step, int download, char *path, size_t len, char *why) {
   char obj[4096];
   int rc = tiers_path(obj, sizeof(obj), t->o.storage_dir, step, "rank", t->comm.rank);
-  if (rc == 0) rc = tiers_path(path, len, t->o.memory_dir ? t->o.memory_dir : t->o.storage_dir, step, "rank",
-                               t->comm.rank);
+  download = download && t->o.memory_dir;
+  if (rc == 0) rc = tiers_path(path, len, download ? t->o.memory_dir : t->o.storage_dir, step, "rank", t->comm.rank);
   if (rc < 0) return ckptio_fail(why, rc, "path too long");
-  if (!t->o.memory_dir) return 0;
+  if (!download) return 0;
   if ((rc = tiers_make_step_dir(t->o.memory_dir, step)) < 0)
     return ckptio_fail(why, rc, "%s: cannot make its step directory: %s", t->o.memory_dir, ckptio_strerror(rc));
   return tiers_obj_download(t, obj, path, why);
 }
 
+/* What a restore does with this rank's part once it is here: check it
+ * (dests NULL), or load it into dests, checking as it lands. */
+typedef struct take {
+  const ckptio_tiers_dest *dests;
+  size_t n;
+} take;
+
 /* One attempt at the plan: the moves, then this rank's check. @return 0
  * with *code (0: this rank's part is whole and verified at path; else why
  * not, with why), or a collective failure. */
 static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t step, char *path, size_t len,
-                   int *code, char *why) {
+                   const take *tk, int *code, char *why) {
   int n = t->comm.nranks, me = t->comm.rank, rc = 0;
   tiers_move *moves = calloc((unsigned)n, sizeof(*moves)); /* a move per rank at most (n >= 1: open checks) */
   size_t m = 0;
@@ -190,18 +198,17 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
     for (size_t i = 0; i < m; i++)
       if (moves[i].dst == me && !moves[i].ok) got = 0;
     int tier = all->v[pick[me]].tier, v;
-    if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, path, len, why);
+    if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, !tk->dests, path, len, why);
     else if ((v = tiers_part_path(t, tier, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
     if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
-    else if (v == 0) v = tiers_verify(t, path, why);
+    else if (v == 0) v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
     *code = v;
   }
   free(moves);
   return rc;
 }
 
-int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len) {
-  if (!t || !step || !path || !len) return CKPTIO_E_INVALID_ARG;
+static int restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len, const take *tk) {
   tiers_join(t); /* the last save published (or not) first: its failure was warned */
   int n = t->comm.nranks, me = t->comm.rank;
   list mine = {0}, all = {0};
@@ -221,7 +228,7 @@ int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len
     }
     char why[CKPTIO_ERRLEN] = "";
     int code = 0;
-    rc = attempt(t, &all, pick, s, path, len, &code, why);
+    rc = attempt(t, &all, pick, s, path, len, tk, &code, why);
     int32_t ok = code == 0;
     if (rc < 0) break;
     if ((rc = t->comm.allgather(t->comm.user, &ok, oks, sizeof(ok))) < 0) {
@@ -253,4 +260,17 @@ int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len
   free(pick);
   free(oks);
   return rc;
+}
+
+int ckptio_tiers_restore(ckptio_tiers *t, uint64_t *step, char *path, size_t len) {
+  if (!t || !step || !path || !len) return CKPTIO_E_INVALID_ARG;
+  take tk = {NULL, 0};
+  return restore(t, step, path, len, &tk);
+}
+
+int ckptio_tiers_restore_load(ckptio_tiers *t, uint64_t *step, const ckptio_tiers_dest *dests, size_t n) {
+  if (!t || !step || (n && !dests)) return CKPTIO_E_INVALID_ARG;
+  char path[4096];
+  take tk = {dests, n};
+  return restore(t, step, path, sizeof(path), &tk);
 }

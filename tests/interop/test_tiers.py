@@ -78,6 +78,13 @@ def act(rank, base, durable, storage, action):
                 if background:
                     st["w"].zero_()  # after the snapshot: the saved part keeps the values
             tiers.wait()
+        elif kind == "restore-into":  # one pass into the rank's own (zeroed) tensors
+            mine = {k: torch.zeros_like(v) for k, v in state(rank, 0).items()}
+            step = tiers.restore_into(mine)
+            result["step"] = step
+            if step is not None:
+                want = state(rank, step)
+                result["equal"] = all(torch.equal(mine[k], want[k]) for k in want)
         elif kind == "restore-global":  # this rank's share of w's rows, all of step
             rows = WORLD * state(0, 0)["w"].shape[0]
             share = slice(rows * rank // world, rows * (rank + 1) // world)
@@ -158,6 +165,14 @@ def test_restores_from_memory_peers_and_disk_never_a_bad_copy(tmp_path):
     for r in disk:
         assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["durable"], r
     assert [r["step"] for r in nothing] == [None] * 4
+
+
+def test_restore_into_loads_the_newest_whole_step_into_the_ranks_tensors(tmp_path):
+    part0 = os.path.join("node0", "shm", "step-00000003", "rank-00000.safetensors")
+    _, _, restored = run(tmp_path, [("save", 1, 3), ("flip", part0), ("restore-into",)])
+    assert [r["step"] for r in restored] == [3] * WORLD and all(r["equal"] for r in restored), restored
+    assert [tiers_used(r) for r in restored] == [["peers"], ["memory"], ["memory"], ["memory"]], restored
+    assert any("rank 0, step 3, memory: skipped" in w for w in restored[0]["warnings"]), restored[0]
 
 
 def test_a_failing_tier_warns_and_training_goes_on(tmp_path):

@@ -159,6 +159,35 @@ TEST_P(Tiers, RestoresFromMemoryPeersAndDiskNeverABadCopy) {
   });
 }
 
+// One pass: each rank's part loaded straight into its tensors, each CRC32
+// checked as it lands; a damaged part is skipped as by ckptio_tiers_restore.
+TEST_P(Tiers, RestoreLoadFillsTheDestinationsFromTheFastestGoodHolder) {
+  TempDir dir;
+  Job s{dir.path(), GetParam(), 0, "", "", true};
+  save_steps(s, 1, 3);
+  flip_byte(dir.path() + "/node0/shm/step-00000003/rank-00000.safetensors");
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    std::vector<Tensor> want = part(r, 3);
+    std::vector<std::vector<uint8_t>> got(2);
+    std::vector<ckptio_tiers_dest> d;
+    for (size_t i = 0; i < 2; i++) {
+      got[i].assign(want[i].bytes.size(), 0);
+      d.push_back({want[i].name.c_str(), got[i].data(), got[i].size(), CKPTIO_DEVICE_HOST});
+    }
+    uint64_t step = 0;
+    ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
+    EXPECT_EQ(step, 3u);
+    for (size_t i = 0; i < 2; i++) EXPECT_EQ(got[i], want[i].bytes) << r << " " << want[i].name;
+    ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+    ckptio_tiers_stats_get(t, &st);
+    EXPECT_GT(st.restored_bytes[r == 0 ? CKPTIO_TIER_PEER : CKPTIO_TIER_MEMORY], 0u) << r;
+    EXPECT_EQ(st.skipped_copies, r == 0 ? 1u : 0u) << r;
+    // A tensor no part holds: every holder of every step fails, so nothing is whole.
+    ckptio_tiers_dest none = {"no.such.tensor", got[0].data(), got[0].size(), CKPTIO_DEVICE_HOST};
+    EXPECT_EQ(ckptio_tiers_restore_load(t, &step, &none, 1), -ENOENT);
+  });
+}
+
 // The storage tier on the S3 server of CKPTIO_S3_BUCKET (ctest runs this
 // under tests/s3/weed_server.py: unit_tiers_storage); skipped without one.
 TEST_P(Tiers, StorageServesWhenEveryMachineIsLost) {
@@ -186,6 +215,17 @@ TEST_P(Tiers, StorageServesWhenEveryMachineIsLost) {
     EXPECT_EQ(b.step[r], 4u) << r;
     EXPECT_EQ(b.tier[r], CKPTIO_TIER_STORAGE) << r;
   }
+  // Loaded in one pass straight from the objects (nothing downloaded first).
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    std::vector<Tensor> want = part(r, 2);
+    std::vector<uint8_t> w(want[0].bytes.size()), bias(want[1].bytes.size());
+    ckptio_tiers_dest d[2] = {{"w", w.data(), w.size(), CKPTIO_DEVICE_HOST}, {"b", bias.data(), bias.size(), CKPTIO_DEVICE_HOST}};
+    uint64_t step = 0;
+    ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d, 2), 0) << ckptio_tiers_last_error(t);
+    EXPECT_EQ(step, 2u);
+    EXPECT_EQ(w, want[0].bytes);
+    EXPECT_EQ(bias, want[1].bytes);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndBackground, Tiers, ::testing::Values(0, 1),
