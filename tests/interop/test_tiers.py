@@ -64,10 +64,8 @@ def act(rank, base, durable, storage, action):
         warnings.simplefilter("always")
         background = kind == "save-background"
         world = dist.get_world_size()
-        per_node = 2 if world % 2 == 0 else 1  # a restart at 3 ranks: one per node
-        tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // per_node}", "shm"),
-                                        durable_dir=durable, peers=int(world > 2), ranks_per_node=per_node,
-                                        durable_every=2,
+        tiers = TieredCheckpointManager(memory_dir=os.path.join(base, f"node{rank // 2}", "shm"),
+                                        durable_dir=durable, peers=int(world > 2), ranks_per_node=2, durable_every=2,
                                         storage_dir=storage, storage_every=2, background=background)
         if kind.startswith("save"):
             for s in range(action[1], action[2] + 1):
@@ -147,7 +145,8 @@ def test_restores_from_memory_peers_and_disk_never_a_bad_copy(tmp_path):
         ("save", 1, 3),
         ("restore",),                      # every part from its own memory
         ("flip", part0),
-        ("restore",),                      # rank 0's copy on machine 1 serves (and replaces the bad file)
+        ("restore-into",),                 # one pass into the ranks' tensors: rank 0's copy on machine 1
+                                           # serves (and replaces the bad file)
         ("wipe", "node1"),
         ("restore",),                      # machine 1 lost: its ranks get the copies on machine 0
         ("wipe", "node0", "node1"),
@@ -165,14 +164,6 @@ def test_restores_from_memory_peers_and_disk_never_a_bad_copy(tmp_path):
     for r in disk:
         assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["durable"], r
     assert [r["step"] for r in nothing] == [None] * 4
-
-
-def test_restore_into_loads_the_newest_whole_step_into_the_ranks_tensors(tmp_path):
-    part0 = os.path.join("node0", "shm", "step-00000003", "rank-00000.safetensors")
-    _, _, restored = run(tmp_path, [("save", 1, 3), ("flip", part0), ("restore-into",)])
-    assert [r["step"] for r in restored] == [3] * WORLD and all(r["equal"] for r in restored), restored
-    assert [tiers_used(r) for r in restored] == [["peers"], ["memory"], ["memory"], ["memory"]], restored
-    assert any("rank 0, step 3, memory: skipped" in w for w in restored[0]["warnings"]), restored[0]
 
 
 def test_a_failing_tier_warns_and_training_goes_on(tmp_path):
@@ -197,10 +188,9 @@ def test_background_saves_return_at_the_snapshot_and_restore_alike(tmp_path):
 
 def test_a_save_with_places_restores_at_another_world_size(tmp_path):
     run(tmp_path, [("save-placed", 1, 2)])  # 4 ranks; the durable tier holds step 2
-    for world in (2, 3):
-        (restored,) = run(tmp_path, [("restore-global",)], world=world)
-        for r in restored:
-            assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["durable"], (world, r)
+    (restored,) = run(tmp_path, [("restore-global",)], world=2)  # 3 and 1: tests/dist/tiers.sh
+    for r in restored:
+        assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["durable"], r
 
 
 @pytest.fixture(scope="module")
