@@ -2,8 +2,9 @@
  * lists the published copies it holds; the lists are gathered, so every
  * rank computes the same plan: the newest step whose every part has a
  * holder not found damaged, each part from the fastest (own memory, a
- * peer's copy, the durable directory, the storage). The parts that come from peers
- * move (tiers_exchange), every rank checks every CRC32 of its part, and
+ * peer's copy, the durable directory, the storage). The parts that come
+ * from peers move (tiers_exchange), every rank checks every CRC32 of its
+ * part (or loads it into the caller's tensors, checking as it lands), and
  * the ranks agree; a part that failed marks that copy bad on every rank
  * and the plan is made again without it. */
 #include <errno.h>
