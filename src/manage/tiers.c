@@ -156,7 +156,8 @@ int tiers_load(ckptio_tiers *t, const char *path, const ckptio_tiers_dest *dests
     if (idx < 0) rc = ckptio_fail(why, (int)idx, "%s: no tensor '%s'", path, dests[i].name);
     reqs[i] = (ckptio_load_request){(size_t)idx, dests[i].dst, dests[i].dst_bytes, dests[i].device};
   }
-  if (rc == 0 && (rc = ckptio_reader_load_many(r, reqs, n)) < 0) ckptio_fail(why, rc, "%s", ckptio_reader_last_error(r));
+  if (rc == 0 && (rc = ckptio_reader_load_many(r, reqs, n)) < 0)
+    ckptio_fail(why, rc, "%s", ckptio_reader_last_error(r));
   ckptio_reader_close(r);
   free(reqs);
   return rc;
