@@ -2005,11 +2005,14 @@ typedef struct ckptio_tiers_file {
 
 /*! ckptio_tiers_list() : (experimental)
  *  The parts and copies in the step directories of a tier directory (a
- *  node's memory directory or a durable one), by step, then parts before
- *  copies, then rank. Not collective; reads only.
+ *  node's memory directory or a durable one) or of a storage tier's prefix
+ *  (s3://bucket/job: its parts, through the storage `ctx` serves it by; ctx
+ *  may be NULL for a directory), by step, then parts before copies, then
+ *  rank. Not collective; reads only.
  *  @return the count, *out malloc'd (free() it; NULL when 0), or -errno
- *          (-ENOENT: no such directory). */
-int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out);
+ *          (-ENOENT: no such directory), CKPTIO_E_INVALID_ARG (a storage's
+ *          prefix without ctx), or the storage's code. */
+int64_t ckptio_tiers_list(ckptio_ctx *ctx, const char *dir, ckptio_tiers_file **out);
 /*! ckptio_tiers_last_error() :
  *  The last error or warning of this handle ("" if none). Borrowed. */
 const char *ckptio_tiers_last_error(const ckptio_tiers *t);

@@ -4,11 +4,9 @@
  * copy kept for another rank, its size, whether the step is published for
  * it, and with --verify whether its every CRC32 checks. A node's memory
  * directory shows what that machine holds; the durable directory and the
- * storage's prefix (s3://bucket/job, listed through the storage's verbs)
- * what the job keeps. Reads only; changes nothing.
+ * storage's prefix (s3://bucket/job) what the job keeps. Reads only; changes nothing.
  */
 #define CKPTIO_EXPERIMENTAL
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,10 +17,11 @@ void cli_tiers_usage(FILE *out) {
   fprintf(out,
           "usage: ckptio tiers DIR... [--verify] [--json]\n\n"
           "Lists the tier directories of tiered checkpoints (a node's memory directory,\n"
-          "the durable directory, the storage's prefix s3://bucket/job): per step, each rank's part (rank-R) and each copy kept\n"
-          "for another rank (copy-R), its size, and its state: \"published\" (the step is\n"
-          "marked for it: every rank's part was there, agreed by all ranks), \"unpublished\"\n"
-          "(a save in progress or interrupted), and with --verify \"verified\" or CORRUPT.\n"
+          "the durable directory, the storage's prefix s3://bucket/job): per step, each\n"
+          "rank's part (rank-R) and each copy kept for another rank (copy-R), its size,\n"
+          "and its state: \"published\" (the step is marked for it: every rank's part was\n"
+          "there, agreed by all ranks), \"unpublished\" (a save in progress or\n"
+          "interrupted), and with --verify \"verified\" or CORRUPT.\n"
           "Nothing is changed.\n\n"
           "  --verify  read every file whole and check its CRC32s\n"
           "  --json    one JSON object: {\"dirs\": [{\"dir\", \"files\": [...]}]}\n\n"
@@ -46,76 +45,9 @@ static void check_file(ckptio_ctx *ctx, const char *path, char *why, size_t len)
   ckptio_reader_close(r);
 }
 
-/* A storage tier's objects PREFIX/step-N/rank-R.safetensors, as
- * ckptio_tiers_list gives a directory's files (published: PREFIX/step-N/
- * PUBLISHED is there). */
-typedef struct objects {
-  ckptio_tiers_file *f;
-  size_t n, cap;
-  uint64_t *marked; /* the steps with a PUBLISHED object */
-  size_t nmarked, capmarked;
-  size_t plen;      /* strlen("PREFIX/") */
-} objects;
-
-static int grow(void **v, size_t *cap, size_t n, size_t size) {
-  if (n < *cap) return 0;
-  size_t c = *cap ? *cap * 2 : 16;
-  void *p = realloc(*v, c * size);
-  if (!p) return -ENOMEM;
-  *v = p, *cap = c;
-  return 0;
-}
-
-static int collect(void *arg, const char *path, uint64_t size) {
-  objects *o = arg;
-  unsigned long long step;
-  int rank, end = 0;
-  const char *name = path + o->plen;
-  if (sscanf(name, "step-%llu/PUBLISHED%n", &step, &end) == 1 && !name[end]) {
-    if (grow((void **)&o->marked, &o->capmarked, o->nmarked, sizeof(uint64_t))) return -ENOMEM;
-    o->marked[o->nmarked++] = step;
-  } else if (sscanf(name, "step-%llu/rank-%d.safetensors%n", &step, &rank, &end) == 2 && !name[end]) {
-    if (grow((void **)&o->f, &o->cap, o->n, sizeof(*o->f))) return -ENOMEM;
-    ckptio_tiers_file *f = &o->f[o->n++];
-    memset(f, 0, sizeof(*f));
-    f->step = step, f->rank = rank, f->bytes = size;
-    snprintf(f->path, sizeof(f->path), "%s", path);
-  }
-  return 0;
-}
-
-static int cmp_file(const void *a, const void *b) {
-  const ckptio_tiers_file *x = a, *y = b;
-  if (x->step != y->step) return x->step < y->step ? -1 : 1;
-  return (x->rank > y->rank) - (x->rank < y->rank);
-}
-
-static int64_t list_objects(ckptio_ctx *ctx, const char *prefix, ckptio_tiers_file **out) {
-  const ckptio_storage_ops *ops;
-  void *self;
-  char err[1024], base[4096];
-  objects o = {0};
-  snprintf(base, sizeof(base), "%s/", prefix);
-  o.plen = strlen(base);
-  int rc = ckptio_ctx_storage(ctx, prefix, &ops, &self, err, sizeof(err));
-  if (rc > 0 && !ops->list) snprintf(err, sizeof(err), "%s: its storage cannot list", prefix), rc = -ENOTSUP;
-  if (rc > 0) rc = ops->list(self, base, collect, &o, err, sizeof(err));
-  for (size_t i = 0; rc == 0 && i < o.n; i++)
-    for (size_t k = 0; k < o.nmarked; k++) o.f[i].published |= o.f[i].step == o.marked[k];
-  free(o.marked);
-  if (rc < 0) {
-    fprintf(stderr, "ckptio tiers: %s\n", err);
-    free(o.f);
-    return rc;
-  }
-  if (o.n) qsort(o.f, o.n, sizeof(*o.f), cmp_file);
-  *out = o.f;
-  return (int64_t)o.n;
-}
-
 static int list_dir(ckptio_ctx *ctx, const char *dir, int verify, int json, int first) {
   ckptio_tiers_file *f = NULL;
-  int64_t n = ckptio_path_scheme(dir) ? list_objects(ctx, dir, &f) : ckptio_tiers_list(dir, &f);
+  int64_t n = ckptio_tiers_list(ctx, dir, &f);
   if (n < 0) {
     fprintf(stderr, "ckptio tiers: %s: %s\n", dir, ckptio_strerror((int)n));
     return CLI_EXIT_USAGE;

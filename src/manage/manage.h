@@ -135,6 +135,29 @@ void mgr_warn(ckptio_manager *m, uint64_t step, int code, const char *fmt, ...)
 /* fsync of DIR when the options ask for syncs. @return 0 or -errno. */
 int mgr_sync_dir(ckptio_manager *m);
 
+/* One object under DIR/step-N/ of a storage: its step and its name below
+ * the step (objects.c; the manager's and the storage tier's). */
+typedef struct mgr_obj {
+  uint64_t step;
+  char *name;
+  uint64_t size;
+} mgr_obj;
+
+typedef struct mgr_objs {
+  mgr_obj *v;
+  size_t n, cap;
+  const char *base; /* "DIR/", while listing */
+  size_t blen;
+} mgr_objs;
+
+/* The objects DIR/step-N/NAME of a storage whose paths start with `prefix`
+ * ("DIR/step-", "DIR/step-N/", "DIR/"), sorted by step and name, into *o
+ * (free with mgr_objs_free). @return 0 or the list verb's code, with its
+ * sentence in err (errlen bytes). */
+int mgr_objs_list(const ckptio_storage_ops *st, void *self, const char *dir, const char *prefix, mgr_objs *o,
+                  char *err, size_t errlen);
+void mgr_objs_free(mgr_objs *o);
+
 /* objects.c, the storage's place: one listing request for DIR/latest, so
  * that the storage answers (bucket, credentials) before the manager is
  * handed out. @return 0 or a code with the cause in m->why. */

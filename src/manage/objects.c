@@ -18,21 +18,7 @@
 #include "core/shardname.h"
 #include "manage/manage.h"
 
-/* One object under DIR/step-N/: its step and its name below the step. */
-typedef struct mgr_obj {
-  uint64_t step;
-  char *name;
-  uint64_t size;
-} mgr_obj;
-
-typedef struct mgr_objs {
-  mgr_obj *v;
-  size_t n, cap;
-  const char *base; /* "DIR/" */
-  size_t blen;
-} mgr_objs;
-
-static void objs_free(mgr_objs *o) {
+void mgr_objs_free(mgr_objs *o) {
   for (size_t i = 0; i < o->n; i++) free(o->v[i].name);
   free(o->v);
   memset(o, 0, sizeof(*o));
@@ -83,30 +69,40 @@ static size_t group_end(const mgr_objs *o, size_t i) {
   return j;
 }
 
+int mgr_objs_list(const ckptio_storage_ops *st, void *self, const char *dir, const char *prefix, mgr_objs *o,
+                  char *err, size_t errlen) {
+  char base[4096];
+  memset(o, 0, sizeof(*o));
+  snprintf(base, sizeof(base), "%s/", dir);
+  o->base = base;
+  o->blen = strlen(base);
+  err[0] = '\0';
+  int rc = st->list(self, prefix, collect, o, err, errlen);
+  o->base = NULL;
+  if (rc < 0) {
+    mgr_objs_free(o);
+    return rc;
+  }
+  if (o->n) qsort(o->v, o->n, sizeof(*o->v), cmp_obj);
+  return 0;
+}
+
 /* The objects of every step (step ~0: all), sorted by step and name. */
 static int list_steps(ckptio_manager *m, uint64_t step, mgr_objs *o) {
-  memset(o, 0, sizeof(*o));
-  char base[4096], prefix[4096 + MGR_STEP_NAME_MAX];
-  snprintf(base, sizeof(base), "%s/", m->dir);
+  char prefix[4096 + MGR_STEP_NAME_MAX];
   if (step == ~0ull) {
-    snprintf(prefix, sizeof(prefix), "%sstep-", base);
+    snprintf(prefix, sizeof(prefix), "%s/step-", m->dir);
   } else {
     char name[MGR_STEP_NAME_MAX];
     mgr_step_name(step, name, sizeof(name));
-    snprintf(prefix, sizeof(prefix), "%s%s/", base, name);
+    snprintf(prefix, sizeof(prefix), "%s/%s/", m->dir, name);
   }
-  o->base = base;
-  o->blen = strlen(base);
-  m->why[0] = '\0';
-  int rc = m->st->list(m->st_self, prefix, collect, o, m->why, sizeof(m->why));
-  o->base = NULL;
+  int rc = mgr_objs_list(m->st, m->st_self, m->dir, prefix, o, m->why, sizeof(m->why));
   if (rc < 0) {
     char what[sizeof(prefix) + 32];
     snprintf(what, sizeof(what), "cannot list %s*", prefix);
-    objs_free(o);
     return why(m, rc, what);
   }
-  if (o->n) qsort(o->v, o->n, sizeof(*o->v), cmp_obj);
   return 0;
 }
 
@@ -141,7 +137,7 @@ int mgr_obj_probe(ckptio_manager *m) {
   o.base = "";
   m->why[0] = '\0';
   int rc = m->st->list(m->st_self, prefix, collect, &o, m->why, sizeof(m->why));
-  objs_free(&o);
+  mgr_objs_free(&o);
   if (rc < 0 && !m->why[0]) snprintf(m->why, sizeof(m->why), "cannot list %s: %s", prefix, ckptio_strerror(rc));
   return rc < 0 ? rc : 0;
 }
@@ -154,7 +150,7 @@ static int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
   uint64_t *v = malloc((o.n ? o.n : 1) * sizeof(*v));
   size_t n = 0;
   if (!v) {
-    objs_free(&o);
+    mgr_objs_free(&o);
     snprintf(m->why, sizeof(m->why), "out of memory");
     return -ENOMEM;
   }
@@ -162,7 +158,7 @@ static int64_t mgr_obj_scan_steps(ckptio_manager *m, uint64_t **steps) {
     j = group_end(&o, i);
     if (main_of(o.v + i, j - i)) v[n++] = o.v[i].step;
   }
-  objs_free(&o);
+  mgr_objs_free(&o);
   *steps = v;
   return (int64_t)n;
 }
@@ -187,7 +183,7 @@ static int mgr_obj_locate(ckptio_manager *m, uint64_t step, mgr_entry *e, char *
     e->error = -ENOENT;
     snprintf(detail, dlen, "%s: no model.safetensors[.index.json], model.pt or model.safetensors.zst in it", e->dir);
   }
-  objs_free(&o);
+  mgr_objs_free(&o);
   return 0;
 }
 
@@ -291,7 +287,7 @@ static int mgr_obj_remove_step(ckptio_manager *m, uint64_t step) {
     for (size_t i = 0; i < o.n && rc == 0; i++)
       if (!strcmp(o.v[i].name, mgr_files[f])) rc = remove_obj(m, step, o.v[i].name);
   if (rc == 0) rc = remove_all_but(m, o.v, o.n, NULL, 0, is_checkpoint_file, NULL);
-  objs_free(&o);
+  mgr_objs_free(&o);
   return rc;
 }
 
@@ -377,7 +373,7 @@ static int mgr_obj_sweep(ckptio_manager *m) {
     j = group_end(&o, i);
     rc = tidy_step(m, o.v + i, j - i, main_of(o.v + i, j - i));
   }
-  objs_free(&o);
+  mgr_objs_free(&o);
   return rc;
 }
 
@@ -388,7 +384,7 @@ static int mgr_obj_published(ckptio_manager *m, uint64_t step, const char *file)
   /* A single file saved over a set: the old index would still be opened
    * first, so it goes first, and failing that the save has not taken. */
   rc = tidy_step(m, o.v, o.n, file);
-  objs_free(&o);
+  mgr_objs_free(&o);
   return rc < 0 ? why(m, rc, "what an older save of the step left could not be removed") : 0;
 }
 

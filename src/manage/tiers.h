@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "ckptio.h"
+#include "manage/manage.h"
 
 /* A step directory's marks: every rank's own part there (memory and
  * durable), every copy there (peers). */
@@ -109,18 +110,6 @@ void tiers_retire(ckptio_tiers *t, const char *dir, int keep, const char *mark, 
 
 /* -------------------------------------------------------------- storage */
 
-/* One object under STORAGE_DIR/step-N/, as a listing found it. */
-typedef struct tiers_obj {
-  uint64_t step;
-  uint64_t size;
-  char name[64];  /* below the step: "rank-00003.safetensors", "PUBLISHED" */
-} tiers_obj;
-
-typedef struct tiers_objs {
-  tiers_obj *v;
-  size_t n, cap;
-} tiers_objs;
-
 /* The storage of storage_dir into t->st and t->st_self. @return 0, or the
  * failure with why (a local path, a storage that cannot write or list). */
 int tiers_obj_open(ckptio_tiers *t, char *why);
@@ -135,12 +124,11 @@ int tiers_obj_download(ckptio_tiers *t, const char *src, const char *dst, char *
 /* Writes, or removes, the object STORAGE_DIR/step-N/PUBLISHED. */
 int tiers_obj_mark(ckptio_tiers *t, uint64_t step, char *why);
 void tiers_obj_unmark(ckptio_tiers *t, uint64_t step);
-/* Every object under STORAGE_DIR/step-N/ into *o (free with
- * tiers_objs_free). @return 0 or the listing's failure with why. */
-int tiers_obj_scan(ckptio_tiers *t, tiers_objs *o, char *why);
-void tiers_objs_free(tiers_objs *o);
+/* Every object under STORAGE_DIR/step-N/, sorted by step and name, into
+ * *o (free with mgr_objs_free). @return 0 or the listing's failure with why. */
+int tiers_obj_scan(ckptio_tiers *t, mgr_objs *o, char *why);
 /* The size of step's object `name` in o, or -ENOENT. */
-int64_t tiers_objs_size(const tiers_objs *o, uint64_t step, const char *name);
+int64_t tiers_objs_size(const mgr_objs *o, uint64_t step, const char *name);
 /* On rank 0: keeps, of the steps up to `current`, the storage_keep newest
  * published and `current`; removes every object of the others. */
 void tiers_obj_retire(ckptio_tiers *t, uint64_t current);

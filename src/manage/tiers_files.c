@@ -200,16 +200,15 @@ static int cmp_file(const void *a, const void *b) {
   return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
-int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out) {
-  if (!dir || !out) return CKPTIO_E_INVALID_ARG;
-  *out = NULL;
+/* The parts and copies of a tier directory's step directories, appended to
+ * *out (n of them, cap allocated). @return 0 or a negative code. */
+static int list_dir(const char *dir, ckptio_tiers_file **out, size_t *n, size_t *cap) {
   struct stat st;
   if (stat(dir, &st) != 0) return -errno;
   uint64_t *steps;
   long ns = tiers_steps(dir, &steps);
-  if (ns < 0) return ns;
-  size_t n = 0, cap = 0;
-  int64_t rc = 0;
+  if (ns < 0) return (int)ns;
+  int rc = 0;
   for (long i = 0; i < ns && rc == 0; i++) {
     char sdir[4096];
     tiers_path(sdir, sizeof(sdir), dir, steps[i], NULL, 0);
@@ -222,28 +221,62 @@ int64_t ckptio_tiers_list(const char *dir, ckptio_tiers_file **out) {
       if (parse_file(e->d_name, "rank", &rank) || parse_ranks_file(e->d_name, &rank)) copy = 0;
       else if (parse_file(e->d_name, "copy", &rank)) copy = 1;
       else continue;
-      if ((rc = ckptio_array_grow((void **)out, &cap, n, sizeof(**out))) < 0) break;
-      ckptio_tiers_file *f = &(*out)[n];
+      if ((rc = ckptio_array_grow((void **)out, cap, *n, sizeof(**out))) < 0) break;
+      ckptio_tiers_file *f = &(*out)[*n];
       memset(f, 0, sizeof(*f));
       f->step = steps[i], f->rank = rank, f->copy = copy, f->published = marks[copy];
       snprintf(f->path, sizeof(f->path), "%s/%s", sdir, e->d_name);
       int64_t size = tiers_file_size(f->path);
       if (size < 0) continue; /* removed meanwhile */
       f->bytes = (uint64_t)size;
-      n++;
+      (*n)++;
     }
     closedir(d);
   }
   free(steps);
-  if (rc < 0) {
+  return rc;
+}
+
+/* The parts of a storage tier's prefix: its objects STEP/rank-R (and the
+ * files of a step saved with places), published by STEP/PUBLISHED; listed
+ * through the storage's verbs, as a restore lists them. */
+static int list_objects(ckptio_ctx *ctx, const char *dir, ckptio_tiers_file **out, size_t *n, size_t *cap) {
+  const ckptio_storage_ops *st;
+  void *self;
+  char err[CKPTIO_ERRLEN], base[4096];
+  if (!ctx) return CKPTIO_E_INVALID_ARG;
+  int rc = ckptio_ctx_storage(ctx, dir, &st, &self, err, sizeof(err));
+  if (rc < 0) return rc;
+  if (!st->list) return -ENOTSUP;
+  snprintf(base, sizeof(base), "%s/", dir);
+  mgr_objs o;
+  if ((rc = mgr_objs_list(st, self, dir, base, &o, err, sizeof(err))) < 0) return rc;
+  for (size_t i = 0; i < o.n && rc == 0; i++) {
+    int rank;
+    if (!parse_file(o.v[i].name, "rank", &rank) && !parse_ranks_file(o.v[i].name, &rank)) continue;
+    if ((rc = ckptio_array_grow((void **)out, cap, *n, sizeof(**out))) < 0) break;
+    ckptio_tiers_file *f = &(*out)[(*n)++];
+    memset(f, 0, sizeof(*f));
+    f->step = o.v[i].step, f->rank = rank, f->bytes = o.v[i].size;
+    f->published = tiers_objs_size(&o, o.v[i].step, TIERS_PUBLISHED) >= 0;
+    tiers_path(f->path, sizeof(f->path), dir, o.v[i].step, NULL, 0);
+    size_t at = strlen(f->path);
+    snprintf(f->path + at, sizeof(f->path) - at, "/%s", o.v[i].name);
+  }
+  mgr_objs_free(&o);
+  return rc;
+}
+
+int64_t ckptio_tiers_list(ckptio_ctx *ctx, const char *dir, ckptio_tiers_file **out) {
+  if (!dir || !out) return CKPTIO_E_INVALID_ARG;
+  *out = NULL;
+  size_t n = 0, cap = 0;
+  int rc = ckptio_path_scheme(dir) ? list_objects(ctx, dir, out, &n, &cap) : list_dir(dir, out, &n, &cap);
+  if (rc < 0 || !n) {
     free(*out);
     *out = NULL;
-    return rc;
+    return rc < 0 ? rc : 0;
   }
-  if (n) qsort(*out, n, sizeof(**out), cmp_file);
-  if (!n) {
-    free(*out);
-    *out = NULL;
-  }
+  qsort(*out, n, sizeof(**out), cmp_file);
   return (int64_t)n;
 }

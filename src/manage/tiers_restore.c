@@ -53,7 +53,7 @@ static int add_if_held(const ckptio_tiers *t, list *l, const char *dir, uint64_t
 
 /* This rank's own parts of published steps in the storage. */
 static int list_storage(ckptio_tiers *t, list *l) {
-  tiers_objs o;
+  mgr_objs o;
   char why[CKPTIO_ERRLEN], name[64];
   int rc = tiers_obj_scan(t, &o, why);
   if (rc < 0) { /* the storage holds nothing this restore can take: said, not fatal */
@@ -66,7 +66,7 @@ static int list_storage(ckptio_tiers *t, list *l) {
     if (strcmp(o.v[i].name, TIERS_PUBLISHED) == 0 && size >= 0)
       rc = push(l, (holding){o.v[i].step, (uint64_t)size, t->comm.rank, CKPTIO_TIER_STORAGE, -1, 0});
   }
-  tiers_objs_free(&o);
+  mgr_objs_free(&o);
   return rc;
 }
 

@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/nameset.h"
 #include "manage/manage.h"
 #include "manage/tiers.h"
 
@@ -191,106 +190,56 @@ void tiers_obj_unmark(ckptio_tiers *t, uint64_t step) {
 
 /* -------------------------------------------------------------- listing */
 
-typedef struct scan_arg {
-  tiers_objs *o;
-  const char *base; /* "STORAGE_DIR/" */
-  size_t blen;
-} scan_arg;
-
-/* The list verb's callback: keeps the objects named STORAGE_DIR/step-N/NAME. */
-static int collect(void *arg, const char *path, uint64_t size) {
-  scan_arg *a = arg;
-  tiers_objs *o = a->o;
-  if (strncmp(path, a->base, a->blen) != 0) return 0;
-  const char *rest = path + a->blen, *slash = strchr(rest, '/');
-  if (!slash || (size_t)(slash - rest) >= MGR_STEP_NAME_MAX || !slash[1] || strchr(slash + 1, '/')) return 0;
-  char name[MGR_STEP_NAME_MAX];
-  memcpy(name, rest, (size_t)(slash - rest));
-  name[slash - rest] = '\0';
-  uint64_t step;
-  if (!mgr_parse_step(name, &step)) return 0;
-  int rc = ckptio_array_grow((void **)&o->v, &o->cap, o->n, sizeof(*o->v));
-  if (rc < 0) return rc;
-  tiers_obj *e = &o->v[o->n];
-  if (snprintf(e->name, sizeof(e->name), "%s", slash + 1) >= (int)sizeof(e->name)) return 0;
-  e->step = step, e->size = size;
-  o->n++;
-  return 0;
-}
-
-int tiers_obj_scan(ckptio_tiers *t, tiers_objs *o, char *why) {
+int tiers_obj_scan(ckptio_tiers *t, mgr_objs *o, char *why) {
   char base[4096];
-  memset(o, 0, sizeof(*o));
-  if (snprintf(base, sizeof(base), "%s/", t->o.storage_dir) >= (int)sizeof(base))
+  if (snprintf(base, sizeof(base), "%s/", t->o.storage_dir) >= (int)sizeof(base)) {
+    memset(o, 0, sizeof(*o));
     return ckptio_fail(why, -ENAMETOOLONG, "%s: the path is too long", t->o.storage_dir);
-  scan_arg a = {o, base, strlen(base)};
-  int rc = t->st->list(t->st_self, base, collect, &a, why, CKPTIO_ERRLEN);
-  if (rc < 0) tiers_objs_free(o);
-  return rc;
+  }
+  return mgr_objs_list(t->st, t->st_self, t->o.storage_dir, base, o, why, CKPTIO_ERRLEN);
 }
 
-void tiers_objs_free(tiers_objs *o) {
-  free(o->v);
-  memset(o, 0, sizeof(*o));
-}
-
-int64_t tiers_objs_size(const tiers_objs *o, uint64_t step, const char *name) {
+int64_t tiers_objs_size(const mgr_objs *o, uint64_t step, const char *name) {
   for (size_t i = 0; i < o->n; i++)
     if (o->v[i].step == step && !strcmp(o->v[i].name, name)) return (int64_t)o->v[i].size;
   return -ENOENT;
 }
 
-/* The distinct steps of o, ascending, into steps (o->n entries at most). */
-static size_t objs_steps(const tiers_objs *o, uint64_t *steps) {
-  size_t n = 0;
-  for (size_t i = 0; i < o->n; i++) {
-    size_t k = 0;
-    while (k < n && steps[k] != o->v[i].step) k++;
-    if (k == n) steps[n++] = o->v[i].step;
-  }
-  for (size_t i = 1; i < n; i++) /* few steps: insertion sort */
-    for (size_t k = i; k > 0 && steps[k - 1] > steps[k]; k--) {
-      uint64_t s = steps[k];
-      steps[k] = steps[k - 1], steps[k - 1] = s;
-    }
-  return n;
-}
-
-/* Removes every object of step: the mark first, so the step stops being
- * published before any part of it goes; then what an upload of it left
- * unpublished. */
-static void remove_step(ckptio_tiers *t, const tiers_objs *o, uint64_t step) {
-  char path[4096], err[CKPTIO_ERRLEN];
+/* Removes the objects v[0, n) of one step: the mark first, so the step stops
+ * being published before any part of it goes; then what an upload of it
+ * left unpublished. */
+static void remove_step(ckptio_tiers *t, const mgr_obj *v, size_t n) {
+  char dir[4096], path[8192], err[CKPTIO_ERRLEN];
+  uint64_t step = v[0].step;
+  if (tiers_path(dir, sizeof(dir), t->o.storage_dir, step, NULL, 0) < 0) return;
   tiers_obj_unmark(t, step);
-  for (size_t i = 0; i < o->n; i++) {
-    if (o->v[i].step != step || !strcmp(o->v[i].name, TIERS_PUBLISHED)) continue;
-    if (tiers_path(path, sizeof(path), t->o.storage_dir, step, NULL, 0) < 0) continue;
-    size_t n = strlen(path);
-    snprintf(path + n, sizeof(path) - n, "/%s", o->v[i].name);
+  for (size_t i = 0; i < n; i++) {
+    if (strcmp(v[i].name, TIERS_PUBLISHED) == 0) continue;
+    snprintf(path, sizeof(path), "%s/%s", dir, v[i].name);
     t->st->remove(t->st_self, path, err, sizeof(err));
   }
-  if (t->st->sweep && tiers_path(path, sizeof(path), t->o.storage_dir, step, NULL, 0) == 0) {
-    strncat(path, "/", sizeof(path) - strlen(path) - 1);
+  if (t->st->sweep) {
+    snprintf(path, sizeof(path), "%s/", dir);
     t->st->sweep(t->st_self, path, err, sizeof(err));
   }
 }
 
 void tiers_obj_retire(ckptio_tiers *t, uint64_t current) {
-  tiers_objs o;
+  mgr_objs o;
   char why[CKPTIO_ERRLEN];
   if (t->comm.rank != 0 || tiers_obj_scan(t, &o, why) < 0) return;
-  uint64_t *steps = malloc((o.n + 1) * sizeof(uint64_t));
-  size_t n = steps ? objs_steps(&o, steps) : 0;
   int kept = 0;
-  for (size_t i = n; i-- > 0;) {
-    if (steps[i] > current) continue; /* a save under way (see tiers_retire) */
-    int marked = tiers_objs_size(&o, steps[i], TIERS_PUBLISHED) >= 0;
-    if (steps[i] == current || (marked && kept < t->o.storage_keep)) {
+  /* The listing is sorted by step: its groups of one step, newest first. */
+  for (size_t end = o.n, start; end > 0; end = start) {
+    uint64_t step = o.v[end - 1].step;
+    for (start = end; start > 0 && o.v[start - 1].step == step;) start--;
+    if (step > current) continue; /* a save under way (see tiers_retire) */
+    int marked = tiers_objs_size(&o, step, TIERS_PUBLISHED) >= 0;
+    if (step == current || (marked && kept < t->o.storage_keep)) {
       kept += marked;
       continue;
     }
-    remove_step(t, &o, steps[i]);
+    remove_step(t, o.v + start, end - start);
   }
-  free(steps);
-  tiers_objs_free(&o);
+  mgr_objs_free(&o);
 }
