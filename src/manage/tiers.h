@@ -145,18 +145,23 @@ void tiers_placed_free(tiers_job *j);
 
 /* ------------------------------------------------------------- exchange */
 
+/* A part arriving over the exchange loaded straight into a restore's
+ * tensors (tiers_stream.c). */
+typedef struct tiers_stream tiers_stream;
+
 /* One part's bytes moved from rank src to rank dst. */
 typedef struct tiers_move {
   int src, dst;
   uint64_t bytes;
-  char path[4096];  /* this rank's end of it: the file src reads or dst writes; "" on other ranks */
-  int ok;           /* set by tiers_exchange: 1 when the move went through on this rank */
+  char path[4096];     /* this rank's end of it: the file src reads or dst writes; "" on other ranks */
+  tiers_stream *into;  /* on dst, instead of a file: the tensors the bytes land in; else NULL */
+  int ok;              /* set by tiers_exchange: 1 when the move went through on this rank */
 } tiers_move;
 
 /* Collective: every rank passes the same list (each with its own paths).
  * For each move, rank src reads the `bytes` bytes of its path and rank dst
  * writes them to its path (created; a temp name renamed into place once
- * whole), in rounds in which a rank sends and receives at most one part,
+ * whole) or feeds them to its stream (`into`), in rounds in which a rank sends and receives at most one part,
  * through bounded chunks of the communicator's alltoallv. A rank whose
  * file cannot be read or written goes on taking part (so no rank hangs)
  * and fails its moves. @return 0, or a negative code (the communicator
@@ -170,5 +175,20 @@ int tiers_verify(ckptio_tiers *t, const char *path, char *why);
 /* The part's tensors named by dests loaded into them, each CRC32 checked
  * as it lands. @return 0, or the failure with why. */
 int tiers_load(ckptio_tiers *t, const char *path, const ckptio_tiers_dest *dests, size_t n, char *why);
+
+/* 1 when every destination is host memory, which a stream can fill. */
+int tiers_stream_can(const ckptio_tiers_dest *dests, size_t n);
+/* A stream for a part of `bytes` bytes into dests (kept by the caller
+ * until tiers_stream_free), or NULL without memory. */
+tiers_stream *tiers_stream_new(ckptio_ctx *ctx, const ckptio_tiers_dest *dests, size_t n, uint64_t bytes);
+/* The part's bytes [off, off + len), in order from 0: the header is
+ * parsed once it is whole, then each piece of an asked tensor is copied
+ * into its destination, its CRC32 continued. @return 0, or the stream's
+ * first failure (later pieces are then dropped). */
+int tiers_stream_feed(tiers_stream *s, const unsigned char *buf, uint64_t off, uint64_t len);
+/* After the last piece: 0 when every destination is whole and every CRC32
+ * matches; else the failure, with why (CKPTIO_ERRLEN) naming the tensor. */
+int tiers_stream_end(tiers_stream *s, char *why);
+void tiers_stream_free(tiers_stream *s);
 
 #endif

@@ -27,7 +27,7 @@ typedef struct ends {
 static void open_ends(ends *e, const tiers_move *moves) {
   e->in = e->out = -1;
   if (e->send >= 0) e->in = open(moves[e->send].path, O_RDONLY | O_CLOEXEC);
-  if (e->recv >= 0) {
+  if (e->recv >= 0 && !moves[e->recv].into) {
     snprintf(e->tmp, sizeof(e->tmp), "%s.%d.tmp", moves[e->recv].path, (int)getpid());
     e->out = open(e->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   }
@@ -46,7 +46,8 @@ static int read_piece(ends *e, unsigned char *sbuf, uint64_t off, uint64_t len) 
   return got == len ? 0 : -EIO;
 }
 
-static int write_piece(ends *e, const unsigned char *rbuf, uint64_t off, uint64_t len) {
+static int write_piece(ends *e, tiers_stream *into, const unsigned char *rbuf, uint64_t off, uint64_t len) {
+  if (into) return tiers_stream_feed(into, rbuf, off, len);
   uint64_t put = 0;
   while (e->out >= 0 && put < len) {
     ssize_t w = pwrite(e->out, rbuf + put, (size_t)(len - put), (off_t)(off + put));
@@ -74,7 +75,8 @@ static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size
     longest = m->bytes > longest ? m->bytes : longest;
   }
   open_ends(&e, moves);
-  int sent_ok = e.send < 0 || e.in >= 0, recv_ok = e.recv < 0 || e.out >= 0, rc = 0;
+  tiers_stream *into = e.recv >= 0 ? moves[e.recv].into : NULL;
+  int sent_ok = e.send < 0 || e.in >= 0, recv_ok = e.recv < 0 || e.out >= 0 || into, rc = 0;
   for (uint64_t off = 0; rc == 0 && (off < longest || (longest == 0 && off == 0)); off += TIERS_CHUNK) {
     memset(sc, 0, (size_t)t->comm.nranks * sizeof(size_t));
     memset(rc_, 0, (size_t)t->comm.nranks * sizeof(size_t));
@@ -91,16 +93,17 @@ static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size
                   ckptio_strerror(rc));
       break;
     }
-    if (rlen && write_piece(&e, rbuf, off, rlen) < 0) recv_ok = 0;
+    /* A stream keeps its own failure (tiers_stream_end says it); recv_ok is the transport's. */
+    if (rlen && write_piece(&e, into, rbuf, off, rlen) < 0 && !into) recv_ok = 0;
     if (longest == 0) break;
   }
   if (e.in >= 0) close(e.in);
   if (e.out >= 0 && close(e.out) != 0) recv_ok = 0;
-  if (e.recv >= 0) {
+  if (e.recv >= 0 && !into) {
     if (rc == 0 && recv_ok && rename(e.tmp, moves[e.recv].path) != 0) recv_ok = 0;
     if (!(rc == 0 && recv_ok)) unlink(e.tmp);
-    moves[e.recv].ok = rc == 0 && recv_ok;
   }
+  if (e.recv >= 0) moves[e.recv].ok = rc == 0 && recv_ok;
   if (e.send >= 0) moves[e.send].ok = rc == 0 && sent_ok;
   return rc;
 }

@@ -4,7 +4,8 @@
  * holder not found damaged, each part from the fastest (own memory, a
  * peer's copy, the durable directory, the storage). The parts that come
  * from peers move (tiers_exchange), every rank checks every CRC32 of its
- * part (or loads it into the caller's tensors, checking as it lands), and
+ * part (or loads it into the caller's tensors, checking as it lands; a
+ * peer's copy then lands there straight from the exchange), and
  * the ranks agree; a part that failed marks that copy bad on every rank
  * and the plan is made again without it. */
 #include <errno.h>
@@ -181,6 +182,7 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
                    const take *tk, int *code, char *why) {
   int n = t->comm.nranks, me = t->comm.rank, rc = 0;
   tiers_move *moves = calloc((unsigned)n, sizeof(*moves)); /* a move per rank at most (n >= 1: open checks) */
+  tiers_stream *into = NULL;
   size_t m = 0;
   if (!moves) return ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to restore", me);
   for (int r = 0; r < n; r++) {
@@ -189,7 +191,11 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
     tiers_move *v = &moves[m++];
     v->src = h->holder, v->dst = r, v->bytes = h->bytes;
     if (h->holder == me) tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "copy", r);
-    if (r == me) {
+    if (r != me) continue;
+    /* A one-pass restore into host memory takes the copy as it arrives. */
+    if (tk->dests && tiers_stream_can(tk->dests, tk->n))
+      v->into = into = tiers_stream_new(t->ctx, tk->dests, tk->n, h->bytes);
+    if (!into) {
       tiers_make_step_dir(t->o.memory_dir, step);
       tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "rank", r);
     }
@@ -198,13 +204,15 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
     int got = 1;
     for (size_t i = 0; i < m; i++)
       if (moves[i].dst == me && !moves[i].ok) got = 0;
-    int tier = all->v[pick[me]].tier, v;
-    if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, !tk->dests, path, len, why);
+    int tier = all->v[pick[me]].tier, v = 0;
+    if (!got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
+    else if (into) v = tiers_stream_end(into, why);
+    else if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, !tk->dests, path, len, why);
     else if ((v = tiers_part_path(t, tier, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
-    if (v == 0 && !got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
-    else if (v == 0) v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
+    if (v == 0 && !into) v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
     *code = v;
   }
+  tiers_stream_free(into);
   free(moves);
   return rc;
 }

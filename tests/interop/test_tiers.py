@@ -141,12 +141,13 @@ def tiers_used(r):
 
 def test_restores_from_memory_peers_and_disk_never_a_bad_copy(tmp_path):
     part0 = os.path.join("node0", "shm", "step-00000003", "rank-00000.safetensors")
-    _, mem, _, damaged, _, lost, _, disk, _, nothing = run(tmp_path, [
+    _, mem, _, damaged, repaired, _, lost, _, disk, _, nothing = run(tmp_path, [
         ("save", 1, 3),
         ("restore",),                      # every part from its own memory
         ("flip", part0),
         ("restore-into",),                 # one pass into the ranks' tensors: rank 0's copy on machine 1
-                                           # serves (and replaces the bad file)
+                                           # serves, straight into the tensors (no file written)
+        ("restore",),                      # two passes: the copy again, now written over the bad file
         ("wipe", "node1"),
         ("restore",),                      # machine 1 lost: its ranks get the copies on machine 0
         ("wipe", "node0", "node1"),
@@ -159,6 +160,8 @@ def test_restores_from_memory_peers_and_disk_never_a_bad_copy(tmp_path):
     assert [r["step"] for r in damaged] == [3] * 4 and all(r["equal"] for r in damaged), damaged
     assert [tiers_used(r) for r in damaged] == [["peers"], ["memory"], ["memory"], ["memory"]], damaged
     assert any("rank 0, step 3, memory: skipped" in w for w in damaged[0]["warnings"]), damaged[0]["warnings"]
+    assert [tiers_used(r) for r in repaired] == [["peers"], ["memory"], ["memory"], ["memory"]], repaired
+    assert any("rank 0, step 3, memory: skipped" in w for w in repaired[0]["warnings"]), repaired[0]["warnings"]
     assert [r["step"] for r in lost] == [3] * 4 and all(r["equal"] for r in lost), lost
     assert [tiers_used(r) for r in lost] == [["memory"], ["memory"], ["peers"], ["peers"]], lost
     for r in disk:

@@ -188,6 +188,46 @@ TEST_P(Tiers, RestoreLoadFillsTheDestinationsFromTheFastestGoodHolder) {
   });
 }
 
+// A peer's copy lands in the tensors straight from the exchange: a damaged
+// or torn copy must fail its check there and leave the step to an older
+// one, whose bytes then overwrite the destinations.
+TEST_P(Tiers, RestoreLoadNeverKeepsABadPeerCopy) {
+  TempDir dir;
+  Job s{dir.path(), GetParam(), 0, "", "", true};
+  save_steps(s, 1, 3);
+  auto at = [&](int node, const char *file) {
+    return dir.path() + "/node" + std::to_string(node) + "/shm/step-00000003/" + file;
+  };
+  // Ranks 0 and 1 lose their own parts; rank 0's copy (on rank 2) is torn,
+  // rank 1's (on rank 3) has a flipped byte.
+  flip_byte(at(0, "rank-00000.safetensors"));
+  flip_byte(at(0, "rank-00001.safetensors"));
+  std::filesystem::resize_file(at(1, "copy-00000.safetensors"),
+                               std::filesystem::file_size(at(1, "copy-00000.safetensors")) / 2);
+  flip_byte(at(1, "copy-00001.safetensors"));
+  on_ranks(s, [&](int r, ckptio_tiers *t) {
+    std::vector<Tensor> want = part(r, 2);
+    std::vector<std::vector<uint8_t>> got(2);
+    std::vector<ckptio_tiers_dest> d;
+    for (size_t i = 0; i < 2; i++) {
+      got[i].assign(want[i].bytes.size(), 0);
+      d.push_back({want[i].name.c_str(), got[i].data(), got[i].size(), CKPTIO_DEVICE_HOST});
+    }
+    uint64_t step = 0;
+    ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
+    EXPECT_EQ(step, 2u) << r;
+    for (size_t i = 0; i < 2; i++) EXPECT_EQ(got[i], want[i].bytes) << r << " " << want[i].name;
+    ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
+    ckptio_tiers_stats_get(t, &st);
+    EXPECT_EQ(st.skipped_copies, r < 2 ? 2u : 0u) << r;
+    if (r == 1) {  // its last warning: the copy's, checked as it landed
+      EXPECT_NE(std::string(ckptio_tiers_last_error(t)).find("held by rank 3): skipped: tensor 'w': checksum mismatch"),
+                std::string::npos)
+          << ckptio_tiers_last_error(t);
+    }
+  });
+}
+
 // The storage tier on the S3 server of CKPTIO_S3_BUCKET (ctest runs this
 // under tests/s3/weed_server.py: unit_tiers_storage); skipped without one.
 TEST_P(Tiers, StorageServesWhenEveryMachineIsLost) {
