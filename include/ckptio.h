@@ -1821,7 +1821,7 @@ int ckptio_trace_stop(void);
  * older step or a lower tier serves. The ranks must be as many as at the
  * save (same nranks and ranks_per_node); steps saved with places
  * (ckptio_tiers_save_placed) restore at any number of ranks from the
- * durable tier (ckptio_tiers_restore_global). */
+ * durable or the storage tier (ckptio_tiers_restore_global). */
 
 typedef struct ckptio_tiers ckptio_tiers;
 
@@ -1919,15 +1919,16 @@ typedef struct ckptio_tiers_place {
 
 /*! ckptio_tiers_save_placed() : (experimental)
  *  ckptio_tiers_save with where each tensor lies in the job's global
- *  tensors (places[i] for tensors[i]), so that the durable tier's steps can
- *  be restored at another world size (ckptio_tiers_restore_global). The
- *  durable tier then holds such a step as a multi-rank checkpoint
- *  (ckptio_writer_open_ranks' layout, docs/FORMATS.md: DURABLE_DIR/step-N/
- *  model-KKKKK-of-MMMMM.safetensors, rank R's part as file R + 1, and the
- *  index model.safetensors.index.json), made from the part's file in the
- *  memory tier (without one, from its file on the durable tier, removed
- *  after). Its collective checks (the same global shape and dtype on every
- *  rank, parts covering each tensor exactly) fail the durable tier for
+ *  tensors (places[i] for tensors[i]), so that the durable and storage
+ *  tiers' steps can be restored at another world size
+ *  (ckptio_tiers_restore_global). Those tiers then hold such a step as a
+ *  multi-rank checkpoint (ckptio_writer_open_ranks' layout,
+ *  docs/FORMATS.md: DIR/step-N/model-KKKKK-of-MMMMM.safetensors, rank R's
+ *  part as file R + 1, and the index model.safetensors.index.json), made
+ *  from the part's file in the memory tier (without one, from its file on
+ *  the durable tier, removed after; a storage tier due with neither fails
+ *  for that step). Its collective checks (the same global shape and dtype
+ *  on every rank, parts covering each tensor exactly) fail that tier for
  *  that step, not the others. The other tiers, and restores at the same
  *  world size, are as for ckptio_tiers_save. @return as ckptio_tiers_save;
  *  CKPTIO_E_INVALID_ARG for a box outside its global shape. */
@@ -1936,11 +1937,13 @@ int ckptio_tiers_save_placed(ckptio_tiers *t, uint64_t step, const ckptio_tensor
 
 /*! ckptio_tiers_restore_global() : (experimental)
  *  Collective, at any world size (a job restarted on more or fewer ranks
- *  opens its handle with its own nranks): takes the newest step of the
- *  durable tier saved with places, has its every CRC32 checked (each rank
- *  checks a share of its files; a damaged or missing one skips the step
- *  with a warning naming the file, and the next older step serves), and
- *  puts the step directory's path in path[0, len): open it with
+ *  opens its handle with its own nranks): takes the newest step saved with
+ *  places that the durable tier or the storage holds (the durable tier's
+ *  when both do), has its every CRC32 checked (each rank checks a share of
+ *  its files; a damaged or missing one skips that tier's step with a
+ *  warning naming the file, and the other tier's copy or an older step
+ *  serves), and puts the step directory's path (or the storage's prefix,
+ *  s3://...) in path[0, len): open it with
  *  ckptio_reader_open (crc 0 skips a second check) and load this rank's
  *  boxes with ckptio_reader_load_boxes.
  *  @return 0 and *step; -ENOENT when no such step is whole; another

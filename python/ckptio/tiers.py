@@ -204,8 +204,8 @@ class TieredCheckpointManager:
     def restore_global(self, boxes: Mapping[str, Any], device: Device = "cpu"
                        ) -> Tuple[Optional[int], Dict[str, torch.Tensor]]:
         """Collective, at any world size: (step, this rank's boxes) of the
-        newest durable step saved with places whose every CRC32 checks, or
-        (None, {}) when there is none. boxes is ckptio.torch.load_boxes'
+        newest step saved with places, in the durable tier or the storage,
+        whose every CRC32 checks, or (None, {}) when there is none. boxes is ckptio.torch.load_boxes'
         ({name: None for the whole tensor, or slices of its dimensions})."""
         t = self._handle()
         step = ctypes.c_uint64()

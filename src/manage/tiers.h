@@ -23,8 +23,10 @@ typedef struct tiers_placed {
   ckptio_tiers_place place;
 } tiers_placed;
 
-/* The multi-rank checkpoint's file prefix in a durable step of a save with places. */
+/* The multi-rank checkpoint's file prefix, and its index, in a durable or
+ * storage step of a save with places. */
 #define TIERS_RANKS_PREFIX "model"
+#define TIERS_RANKS_INDEX TIERS_RANKS_PREFIX ".safetensors.index.json"
 
 /* One save's work behind its snapshot point (tiers_save.c). */
 typedef struct tiers_job {
@@ -82,10 +84,10 @@ void tiers_warn(ckptio_tiers *t, uint64_t step, int tier, int code, const char *
 int tiers_path(char *buf, size_t len, const char *dir, uint64_t step, const char *what, int r);
 int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const char *mark);
 /* Rank r's own part of step in tier (not the peers' copies): its
- * rank-R.safetensors, or in a durable step saved with places its file of
- * the multi-rank checkpoint (file r + 1 of nranks). @return 0 or
- * -ENAMETOOLONG. */
-int tiers_part_path(const ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len);
+ * rank-R.safetensors, or in a durable or storage step saved with places
+ * its file of the multi-rank checkpoint (file r + 1 of nranks). @return 0
+ * or -ENAMETOOLONG. */
+int tiers_part_path(ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len);
 /* Creates DIR (every missing level) and DIR/step-N. @return 0 or -errno. */
 int tiers_make_step_dir(const char *dir, uint64_t step);
 /* Writes DIR/step-N/<mark> for `rank` (a temp file of its own renamed into
@@ -135,11 +137,12 @@ void tiers_obj_retire(ckptio_tiers *t, uint64_t current);
 
 /* ------------------------------------------------------- with places */
 
-/* Collective over every rank whose save has the durable tier due: this
- * rank's part (its file src, written by the save into a faster tier, or
- * j->rc[j->w_tier] < 0 when it was not) placed into the multi-rank
- * checkpoint of DURABLE_DIR/step-N. @return 0 or the failure with why. */
-int tiers_durable_ranks(ckptio_tiers *t, tiers_job *j, const char *src, char *why);
+/* Collective over every rank whose save has `tier` (durable or storage)
+ * due: this rank's part (its local file src, written by the save into a
+ * faster tier, or j->rc[j->w_tier] < 0 when it was not) placed into the
+ * multi-rank checkpoint of that tier's step-N. @return 0 or the failure
+ * with why. */
+int tiers_ranks_checkpoint(ckptio_tiers *t, tiers_job *j, int tier, const char *src, char *why);
 /* Frees a job's places. */
 void tiers_placed_free(tiers_job *j);
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/nameset.h"
+#include "core/shardname.h"
 #include "manage/manage.h"
 #include "manage/tiers.h"
 
@@ -30,16 +31,38 @@ int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const
   return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-int tiers_part_path(const ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len) {
+/* Rank r's file of the multi-rank checkpoint in the storage's step-N, as
+ * its index names it (a storage's names carry the save's id). */
+static int storage_ranks_file(ckptio_tiers *t, uint64_t step, int r, char *buf, size_t len) {
+  char dir[4096];
+  ckptio_reader *rd = NULL;
+  ckptio_options o = CKPTIO_OPTIONS_INIT;
+  ckptio_ctx_options(t->ctx, &o);
+  o.crc = 0;
+  int rc = tiers_path(dir, sizeof(dir), t->o.storage_dir, step, NULL, 0);
+  if (rc < 0 || (rc = ckptio_reader_open(t->ctx, dir, &o, &rd)) < 0) return rc;
+  const char *path = NULL;
+  if (ckptio_reader_shard_count(rd) != (size_t)t->comm.nranks || ckptio_reader_shard(rd, (size_t)r, &path, NULL, NULL))
+    rc = -ENOENT;
+  else if (snprintf(buf, len, "%s", path) >= (int)len)
+    rc = -ENAMETOOLONG;
+  ckptio_reader_close(rd);
+  return rc;
+}
+
+int tiers_part_path(ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len) {
   const char *dir = tiers_dir(t, tier);
   int rc = tiers_path(buf, len, dir, step, "rank", r);
-  if (rc < 0 || tier != CKPTIO_TIER_DURABLE || access(buf, F_OK) == 0) return rc;
-  char name[MGR_STEP_NAME_MAX];
+  if (rc < 0 || tier < CKPTIO_TIER_DURABLE) return rc;
+  if (tier == CKPTIO_TIER_STORAGE ? tiers_obj_size(t, buf) >= 0 : access(buf, F_OK) == 0) return rc;
+  if (tier == CKPTIO_TIER_STORAGE) return storage_ranks_file(t, step, r, buf, len);
+  char name[MGR_STEP_NAME_MAX], file[64];
   mgr_step_name(step, name, sizeof(name));
-  int n = snprintf(buf, len, "%s/%s/" TIERS_RANKS_PREFIX "-%05d-of-%05d.safetensors", dir, name, r + 1,
-                   t->comm.nranks);
+  ckptio_shardname_format(file, sizeof(file), TIERS_RANKS_PREFIX, (size_t)r, (size_t)t->comm.nranks, NULL);
+  int n = snprintf(buf, len, "%s/%s/%s", dir, name, file);
   return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
+
 
 /* mkdir -p: every missing level of path. */
 static int make_dirs(const char *path) {
@@ -186,10 +209,10 @@ static int parse_file(const char *name, const char *what, int *rank) {
 /* 1 and *rank when name is a file of a durable step saved with places:
  * "model-KKKKK-of-MMMMM.safetensors", rank K - 1's part. */
 static int parse_ranks_file(const char *name, int *rank) {
-  int k, m, end = 0;
-  if (sscanf(name, TIERS_RANKS_PREFIX "-%d-of-%d.safetensors%n", &k, &m, &end) != 2 || name[end] || k < 1 || k > m)
-    return 0;
-  *rank = k - 1;
+  ckptio_shardname sn;
+  const char *rest = ckptio_shardname_parse(name, TIERS_RANKS_PREFIX, &sn);
+  if (!rest || *rest) return 0;
+  *rank = (int)sn.k;
   return 1;
 }
 

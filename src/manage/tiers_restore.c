@@ -9,12 +9,14 @@
  * the ranks agree; a part that failed marks that copy bad on every rank
  * and the plan is made again without it. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/collective.h"
 #include "core/error.h"
+#include "core/shardname.h"
 #include "core/nameset.h"
 #include "manage/tiers.h"
 
@@ -41,7 +43,7 @@ static int push(list *l, holding h) {
 
 /* The file of part `part` in DIR at step, if the step is marked with
  * `mark` and the file is there. */
-static int add_if_held(const ckptio_tiers *t, list *l, const char *dir, uint64_t step, const char *mark, int part,
+static int add_if_held(ckptio_tiers *t, list *l, const char *dir, uint64_t step, const char *mark, int part,
                        int tier) {
   char path[4096];
   int rc = tier == CKPTIO_TIER_PEER ? tiers_path(path, sizeof(path), dir, step, "copy", part)
@@ -63,9 +65,16 @@ static int list_storage(ckptio_tiers *t, list *l) {
   }
   snprintf(name, sizeof(name), "rank-%05d.safetensors", t->comm.rank);
   for (size_t i = 0; i < o.n && rc == 0; i++) {
+    if (strcmp(o.v[i].name, TIERS_PUBLISHED) != 0) continue;
     int64_t size = tiers_objs_size(&o, o.v[i].step, name);
-    if (strcmp(o.v[i].name, TIERS_PUBLISHED) == 0 && size >= 0)
-      rc = push(l, (holding){o.v[i].step, (uint64_t)size, t->comm.rank, CKPTIO_TIER_STORAGE, -1, 0});
+    for (size_t k = 0; size < 0 && k < o.n; k++) { /* a step saved with places: its multi-rank file */
+      ckptio_shardname sn;
+      const char *rest = ckptio_shardname_parse(o.v[k].name, TIERS_RANKS_PREFIX, &sn);
+      if (o.v[k].step == o.v[i].step && rest && !*rest && sn.k == (size_t)t->comm.rank &&
+          sn.n == (size_t)t->comm.nranks)
+        size = (int64_t)o.v[k].size;
+    }
+    if (size >= 0) rc = push(l, (holding){o.v[i].step, (uint64_t)size, t->comm.rank, CKPTIO_TIER_STORAGE, -1, 0});
   }
   mgr_objs_free(&o);
   return rc;
@@ -158,7 +167,7 @@ static const char *tier_word(int tier) {
  * reads it once, straight from the storage). Its path in path. */
 static int from_storage(ckptio_tiers *t, uint64_t step, int download, char *path, size_t len, char *why) {
   char obj[4096];
-  int rc = tiers_path(obj, sizeof(obj), t->o.storage_dir, step, "rank", t->comm.rank);
+  int rc = tiers_part_path(t, CKPTIO_TIER_STORAGE, step, t->comm.rank, obj, sizeof(obj));
   download = download && t->o.memory_dir;
   if (rc == 0) rc = tiers_path(path, len, download ? t->o.memory_dir : t->o.storage_dir, step, "rank", t->comm.rank);
   if (rc < 0) return ckptio_fail(why, rc, "path too long");
@@ -175,7 +184,34 @@ typedef struct take {
   size_t n;
 } take;
 
-/* One attempt at the plan: the moves, then this rank's check. @return 0
+/* This rank's own part (its memory, the durable tier, the storage: not a
+ * peer's copy) fetched where it must be, then checked or loaded. It runs on
+ * a thread of its own beside the exchange, in which this rank may only send
+ * (a healthy rank sends the copies of lost ones while it loads its own). */
+typedef struct own_part {
+  ckptio_tiers *t;
+  int tier;
+  uint64_t step;
+  char *path, *why;
+  size_t len;
+  const take *tk;
+  int code;
+} own_part;
+
+static void *take_own(void *arg) {
+  own_part *o = arg;
+  ckptio_tiers *t = o->t;
+  int v;
+  if (o->tier == CKPTIO_TIER_STORAGE) v = from_storage(t, o->step, !o->tk->dests, o->path, o->len, o->why);
+  else if ((v = tiers_part_path(t, o->tier, o->step, t->comm.rank, o->path, o->len)) < 0)
+    ckptio_fail(o->why, v, "path too long");
+  if (v == 0)
+    v = o->tk->dests ? tiers_load(t, o->path, o->tk->dests, o->tk->n, o->why) : tiers_verify(t, o->path, o->why);
+  o->code = v;
+  return NULL;
+}
+
+/* One attempt at the plan: the moves, and this rank's check. @return 0
  * with *code (0: this rank's part is whole and verified at path; else why
  * not, with why), or a collective failure. */
 static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t step, char *path, size_t len,
@@ -200,16 +236,23 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
       tiers_path(v->path, sizeof(v->path), t->o.memory_dir, step, "rank", r);
     }
   }
-  if ((rc = tiers_exchange(t, moves, m)) == 0) {
-    int got = 1;
+  own_part own = {t, all->v[pick[me]].tier, step, path, why, len, tk, 0};
+  int is_own = own.tier != CKPTIO_TIER_PEER;
+  pthread_t thread;
+  int beside = is_own && m && pthread_create(&thread, NULL, take_own, &own) == 0;
+  rc = tiers_exchange(t, moves, m);
+  if (beside) pthread_join(thread, NULL);
+  else if (is_own && rc == 0) take_own(&own);
+  if (rc == 0 && is_own) {
+    *code = own.code;
+  } else if (rc == 0) { /* a peer's copy: in the tensors, or in the memory tier's file */
+    int got = 1, v;
     for (size_t i = 0; i < m; i++)
       if (moves[i].dst == me && !moves[i].ok) got = 0;
-    int tier = all->v[pick[me]].tier, v = 0;
     if (!got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
     else if (into) v = tiers_stream_end(into, why);
-    else if (tier == CKPTIO_TIER_STORAGE) v = from_storage(t, step, !tk->dests, path, len, why);
-    else if ((v = tiers_part_path(t, tier, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
-    if (v == 0 && !into) v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
+    else if ((v = tiers_part_path(t, CKPTIO_TIER_PEER, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
+    else v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
     *code = v;
   }
   tiers_stream_free(into);

@@ -177,16 +177,16 @@ static int copy_part(ckptio_tiers *t, tiers_job *j, int tier) {
                                      : copy_to_storage(t, j->step, src, j->why[tier]);
 }
 
-/* A save with places: the durable tier's multi-rank checkpoint, from the
- * part's file in memory, or from its file on the durable tier (then
- * removed: the checkpoint holds its bytes). Collective. */
-static int placed_durable(ckptio_tiers *t, tiers_job *j) {
+/* A save with places: the multi-rank checkpoint of each slower tier due,
+ * from the part's file in memory, or from its file on the durable tier
+ * (then removed: the checkpoints hold its bytes). Collective. */
+static void placed_tiers(ckptio_tiers *t, tiers_job *j) {
   char src[4096];
   int w = j->w_tier, rc = tiers_path(src, sizeof(src), tiers_dir(t, w), j->step, "rank", t->comm.rank);
   if (rc < 0 && j->rc[w] == 0) j->rc[w] = ckptio_fail(j->why[w], rc, "%s: the path is too long", tiers_dir(t, w));
-  rc = tiers_durable_ranks(t, j, src, j->why[CKPTIO_TIER_DURABLE]);
+  for (int tier = CKPTIO_TIER_DURABLE; tier <= CKPTIO_TIER_STORAGE; tier++)
+    if (j->due[tier]) j->rc[tier] = tiers_ranks_checkpoint(t, j, tier, src, j->why[tier]);
   if (w == CKPTIO_TIER_DURABLE) unlink(src);
-  return rc;
 }
 
 /* The mark that publishes step in tier: every rank's in a directory (the
@@ -230,11 +230,10 @@ static void finish(ckptio_tiers *t, tiers_job *j) {
       return;
     }
   }
-  for (int tier = CKPTIO_TIER_DURABLE; tier <= CKPTIO_TIER_STORAGE; tier++)
-    if (j->due[tier] && tier != j->w_tier && !(tier == CKPTIO_TIER_DURABLE && j->placed))
-      rc[tier] = copy_part(t, j, tier);
-  if (j->due[CKPTIO_TIER_DURABLE] && j->placed) /* the durable part into the multi-rank checkpoint */
-    rc[CKPTIO_TIER_DURABLE] = placed_durable(t, j);
+  if (j->placed && j->w_tier >= 0) /* the parts into each slower tier's multi-rank checkpoint */
+    placed_tiers(t, j);
+  for (int tier = CKPTIO_TIER_DURABLE; tier <= CKPTIO_TIER_STORAGE && !j->placed; tier++)
+    if (j->due[tier] && tier != j->w_tier) rc[tier] = copy_part(t, j, tier);
   crash_point(t, "written", NULL);
   int first = 0, published = 0;
   char first_msg[CKPTIO_ERRLEN] = "";
@@ -336,6 +335,11 @@ static int save(ckptio_tiers *t, uint64_t step, const ckptio_tensor *tensors, co
   }
   t->saved = 1;
   t->last_step = step;
+  if (places && j->w_tier == CKPTIO_TIER_STORAGE) { /* its checkpoint is made from a local file */
+    j->rc[j->w_tier] = ckptio_fail(j->why[j->w_tier], CKPTIO_E_INVALID_ARG, "a save with places to the storage "
+                                   "tier writes its part into a memory or durable tier first: this handle has neither");
+    j->w_tier = -1;
+  }
   if (j->w_tier >= 0) j->rc[j->w_tier] = start_part(t, j, tensors, n, j->why[j->w_tier]);
   if (t->o.background && pthread_create(&t->thread, NULL, finish_thread, t) == 0) {
     t->running = 1;

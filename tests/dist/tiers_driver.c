@@ -15,7 +15,7 @@
  *                                        tensors placed in global ones (its rows
  *                                        of w, its 3 values of b), at 4 ranks
  *   tiers_driver WORK restore-global STEP restores at this run's world size
- *                                        from the durable multi-rank checkpoint:
+ *                                        from the durable or storage multi-rank checkpoint:
  *                                        this rank's rows of w and all of b
  *
  * TIERS_BACKGROUND set: saves in background mode (the tiers filled by the
@@ -160,7 +160,7 @@ static int load_box(ckptio_reader *r, const char *name, int ndim, const int64_t 
 }
 
 /* The restore at this run's world size: this rank's share of w's rows and
- * all of b, from the durable tier's multi-rank checkpoint. */
+ * all of b, from the durable or storage tier's multi-rank checkpoint. */
 static void restore_global(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want) {
   uint64_t step = 0;
   char path[4096];
@@ -193,7 +193,7 @@ static void restore_global(ckptio_ctx *ctx, ckptio_tiers *t, uint64_t want) {
   ckptio_tiers_stats_get(t, &st);
   printf("rank %d of %d restored step %llu from %s: rows %lld-%lld of w, %llu bytes checked\n", rank, nranks,
          (unsigned long long)step, path, (long long)first, (long long)last,
-         (unsigned long long)st.restored_bytes[CKPTIO_TIER_DURABLE]);
+         (unsigned long long)(st.restored_bytes[CKPTIO_TIER_DURABLE] + st.restored_bytes[CKPTIO_TIER_STORAGE]));
   free(w);
   ckptio_reader_close(r);
 }

@@ -96,4 +96,26 @@ TIERS_STORAGE="s3://$CKPTIO_S3_BUCKET/alone" TIERS_NO_MEMORY=1 TIERS_BACKGROUND=
 TIERS_STORAGE="s3://$CKPTIO_S3_BUCKET/alone" TIERS_NO_MEMORY=1 mpi restore 4 ssss | tee "$WORK/restore-alone.log"
 grep -q "from s3://$CKPTIO_S3_BUCKET/alone/step-00000004/rank-00002.safetensors" "$WORK/restore-alone.log" ||
   fail "rank 2 was not handed its object"
+echo "== saved with places: the storage holds a multi-rank checkpoint, restored at 4 ranks as parts, at 2, 3 and 1"
+P="$WORK/placed"
+export TIERS_STORAGE="s3://$CKPTIO_S3_BUCKET/placed"
+mpin() { local n=$1; shift; timeout 120 mpirun -x TIERS_STORAGE -np "$n" --oversubscribe --bind-to none "$DRIVER" "$P" "$@"; }
+mpin 4 save-placed 1 4
+# (a storage's file names carry the save's id: model-00001-of-00004-<id>.safetensors)
+want="PUBLISHED $(for k in 1 2 3 4; do printf 'model-%05d-of-00004-ID.safetensors ' $k; done)model.safetensors.index.json"
+[ "$(s3 ls placed/step-00000004/ | sed -E 's/-[0-9a-z]{8}\.safetensors/-ID.safetensors/g')" = "$want" ] ||
+  fail "the storage's step 4 holds: $(s3 ls placed/step-00000004/)"
+"$CLI" tiers --verify "$TIERS_STORAGE" | tee "$WORK/tiers-placed.txt"
+[ "$(grep -c ' verified .*/model-0000[1-4]-of-00004-' "$WORK/tiers-placed.txt")" = 8 ] ||
+  fail "ckptio tiers: not 2 steps x 4 files of the multi-rank checkpoints verified"
+rm -rf "$P/node0" "$P/node1"
+mpin 4 restore 4 ssss
+for n in 2 3 1; do
+  mpin $n restore-global 4 | tee "$WORK/global-$n.log"
+  [ "$(grep -c "of $n restored step 4 " "$WORK/global-$n.log")" = $n ] || fail "not every one of $n ranks restored step 4"
+done
+s3 flip "placed/step-00000004/$(s3 ls placed/step-00000004/ | tr ' ' '\n' | grep '^model-00002-of-00004')"
+mpin 3 restore-global 2 2>"$WORK/warn-global.log"
+grep -q "rank 1 warning: .*rank 1, step 4, the storage: skipped: .*model-00002-of-00004" "$WORK/warn-global.log" ||
+  { cat "$WORK/warn-global.log"; fail "no warning naming the damaged object of step 4"; }
 echo "PASS: tiers storage"

@@ -273,10 +273,9 @@ INSTANTIATE_TEST_SUITE_P(SyncAndBackground, Tiers, ::testing::Values(0, 1),
 
 // Saved with places (rank r's w: rows after ranks 0..r-1's of one global
 // w; its b: values after theirs of one global b), restored at 2 ranks from
-// the durable tier's multi-rank checkpoint: each rank's half of w's rows.
-TEST(TiersPlaced, RestoresAtAnotherWorldSizeFromTheDurableTier) {
-  TempDir dir;
-  Job s{dir.path(), 0, 0, "", "", true};
+// the multi-rank checkpoint of `tier` (durable, or the storage of s): each
+// rank's half of w's rows.
+void placed_round_trip(const Job &s, int tier) {
   int64_t rows = 0, vals = 0, at_rows[kRanks], at_vals[kRanks];
   std::vector<uint8_t> w_all, b_all;  // the global tensors' bytes at step 2
   for (int r = 0; r < kRanks; r++) {
@@ -314,10 +313,24 @@ TEST(TiersPlaced, RestoresAtAnotherWorldSizeFromTheDurableTier) {
     ckptio_reader_close(rd);
   }, 2);
   // At the same world size, a rank's part is its file of the checkpoint.
-  std::filesystem::remove_all(dir.path() + "/node0");
-  std::filesystem::remove_all(dir.path() + "/node1");
+  std::filesystem::remove_all(s.root + "/node0");
+  std::filesystem::remove_all(s.root + "/node1");
   Restored a = restore(s);
-  for (int r = 0; r < kRanks; r++) EXPECT_EQ(a.tier[r], CKPTIO_TIER_DURABLE) << r;
+  for (int r = 0; r < kRanks; r++) EXPECT_EQ(a.tier[r], tier) << r;
+}
+
+TEST(TiersPlaced, RestoresAtAnotherWorldSizeFromTheDurableTier) {
+  TempDir dir;
+  placed_round_trip(Job{dir.path(), 0, 0, "", "", true}, CKPTIO_TIER_DURABLE);
+}
+
+// The same from the storage (ctest's tiers_storage runs it under a server).
+TEST(TiersPlaced, RestoresAtAnotherWorldSizeFromTheStorage) {
+  const char *bucket = getenv("CKPTIO_S3_BUCKET");
+  if (!bucket) GTEST_SKIP() << "no S3 server (ctest's tiers_storage runs this under weed_server.py)";
+  TempDir dir;
+  std::string prefix = std::string("s3://") + bucket + "/placed-" + std::to_string(getpid());
+  placed_round_trip(Job{dir.path(), 0, 0, "", prefix, true}, CKPTIO_TIER_STORAGE);
 }
 
 TEST(TiersSave, AFailingTierWarnsAndTheSaveGoesOnUnlessFatal) {
