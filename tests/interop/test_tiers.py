@@ -204,6 +204,14 @@ def s3():
     yield from s3_env.serve("tiers")
 
 
+def test_a_save_with_places_restores_at_another_world_size_from_the_storage(s3, tmp_path):
+    storage = f"s3://{s3.bucket}/placed"
+    run(tmp_path, [("save-placed", 1, 2), ("wipe", "durable")], storage=storage)
+    (restored,) = run(tmp_path, [("restore-global",)], storage=storage, world=2)
+    for r in restored:  # this rank's boxes read from the storage's multi-rank checkpoint
+        assert r["step"] == 2 and r["equal"] and tiers_used(r) == ["storage"], r
+
+
 def test_the_storage_tier_restores_a_job_that_lost_every_machine_and_disk(s3, tmp_path):
     storage = f"s3://{s3.bucket}/job"
     saved, _, lost = run(tmp_path, [("save", 1, 3), ("wipe", "node0", "node1", "durable"), ("restore",)],
