@@ -189,6 +189,12 @@ tiers_stream *tiers_stream_new(ckptio_ctx *ctx, const ckptio_tiers_dest *dests, 
  * into its destination, its CRC32 continued. @return 0, or the stream's
  * first failure (later pieces are then dropped). */
 int tiers_stream_feed(tiers_stream *s, const unsigned char *buf, uint64_t off, uint64_t len);
+/* Where the part's bytes [off, off + len) go when they all fall in one
+ * destination (the exchange then receives them there), else NULL (they
+ * come through tiers_stream_feed). Next piece only, as feed's. */
+unsigned char *tiers_stream_target(tiers_stream *s, uint64_t off, uint64_t len);
+/* Those bytes are in the target: its CRC32 is continued over them. */
+void tiers_stream_landed(tiers_stream *s, uint64_t off, uint64_t len);
 /* After the last piece: 0 when every destination is whole and every CRC32
  * matches; else the failure, with why (CKPTIO_ERRLEN) naming the tensor. */
 int tiers_stream_end(tiers_stream *s, char *why);

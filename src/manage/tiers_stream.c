@@ -7,9 +7,10 @@
  * The header is parsed by the public reader from a sparse in-memory file
  * of the part's size that holds the header alone (the holes cost no
  * memory), so the layout rules stay the reader's. Each tensor's bytes are
- * then copied from the exchange's chunk buffer into its destination with
- * its CRC32 continued over them; the part is good only when every asked
- * tensor arrived whole and every CRC32 matched. */
+ * then received into its destination itself where a chunk of the exchange
+ * falls in one tensor (tiers_stream_target), else copied from the
+ * exchange's buffer, its CRC32 continued over them either way; the part is
+ * good only when every asked tensor arrived whole and every CRC32 matched. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -128,6 +129,29 @@ int tiers_stream_feed(tiers_stream *s, const unsigned char *buf, uint64_t off, u
     l->got += e - a;
   }
   return 0;
+}
+
+/* The one landing that [off, off + len) overlaps, when it holds all of it; else NULL. */
+static landing *only_landing(tiers_stream *s, uint64_t off, uint64_t len) {
+  landing *hit = NULL;
+  for (size_t i = 0; s->land && i < s->n; i++) {
+    landing *l = &s->land[i];
+    if (off >= l->offset + l->nbytes || off + len <= l->offset) continue;
+    if (hit || off < l->offset || off + len > l->offset + l->nbytes) return NULL;
+    hit = l;
+  }
+  return hit;
+}
+
+unsigned char *tiers_stream_target(tiers_stream *s, uint64_t off, uint64_t len) {
+  landing *l = s->rc == 0 ? only_landing(s, off, len) : NULL;
+  return l ? l->dst + (off - l->offset) : NULL;
+}
+
+void tiers_stream_landed(tiers_stream *s, uint64_t off, uint64_t len) {
+  landing *l = only_landing(s, off, len);
+  l->crc = ckptio_crc32(l->crc, l->dst + (off - l->offset), (size_t)len);
+  l->got += len;
 }
 
 int tiers_stream_end(tiers_stream *s, char *why) {

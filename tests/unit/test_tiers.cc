@@ -159,39 +159,52 @@ TEST_P(Tiers, RestoresFromMemoryPeersAndDiskNeverABadCopy) {
   });
 }
 
+// A one-pass restore into zeroed tensors shaped as rank r's part: they
+// must then hold exactly step want_step's bytes.
+void expect_restore_load(int r, ckptio_tiers *t, uint64_t want_step) {
+  std::vector<Tensor> want = part(r, want_step);
+  std::vector<std::vector<uint8_t>> got(2);
+  std::vector<ckptio_tiers_dest> d;
+  for (size_t i = 0; i < 2; i++) {
+    got[i].assign(want[i].bytes.size(), 0);
+    d.push_back({want[i].name.c_str(), got[i].data(), got[i].size(), CKPTIO_DEVICE_HOST});
+  }
+  uint64_t step = 0;
+  ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
+  EXPECT_EQ(step, want_step) << r;
+  for (size_t i = 0; i < 2; i++) EXPECT_EQ(got[i], want[i].bytes) << r << " " << want[i].name;
+}
+
 // One pass: each rank's part loaded straight into its tensors, each CRC32
 // checked as it lands; a damaged part is skipped as by ckptio_tiers_restore.
+// (Rank 0's copy comes from its peer in 4 KiB chunks: most of them land in
+// w in place.)
 TEST_P(Tiers, RestoreLoadFillsTheDestinationsFromTheFastestGoodHolder) {
+  ScopedEnv chunk("CKPTIO_FAULT_TIERS_CHUNK", "4096");
   TempDir dir;
   Job s{dir.path(), GetParam(), 0, "", "", true};
   save_steps(s, 1, 3);
   flip_byte(dir.path() + "/node0/shm/step-00000003/rank-00000.safetensors");
   on_ranks(s, [&](int r, ckptio_tiers *t) {
-    std::vector<Tensor> want = part(r, 3);
-    std::vector<std::vector<uint8_t>> got(2);
-    std::vector<ckptio_tiers_dest> d;
-    for (size_t i = 0; i < 2; i++) {
-      got[i].assign(want[i].bytes.size(), 0);
-      d.push_back({want[i].name.c_str(), got[i].data(), got[i].size(), CKPTIO_DEVICE_HOST});
-    }
-    uint64_t step = 0;
-    ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
-    EXPECT_EQ(step, 3u);
-    for (size_t i = 0; i < 2; i++) EXPECT_EQ(got[i], want[i].bytes) << r << " " << want[i].name;
+    expect_restore_load(r, t, 3);
     ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
     ckptio_tiers_stats_get(t, &st);
     EXPECT_GT(st.restored_bytes[r == 0 ? CKPTIO_TIER_PEER : CKPTIO_TIER_MEMORY], 0u) << r;
     EXPECT_EQ(st.skipped_copies, r == 0 ? 1u : 0u) << r;
     // A tensor no part holds: every holder of every step fails, so nothing is whole.
-    ckptio_tiers_dest none = {"no.such.tensor", got[0].data(), got[0].size(), CKPTIO_DEVICE_HOST};
+    std::vector<uint8_t> buf(64);
+    uint64_t step = 0;
+    ckptio_tiers_dest none = {"no.such.tensor", buf.data(), buf.size(), CKPTIO_DEVICE_HOST};
     EXPECT_EQ(ckptio_tiers_restore_load(t, &step, &none, 1), -ENOENT);
   });
 }
 
 // A peer's copy lands in the tensors straight from the exchange: a damaged
 // or torn copy must fail its check there and leave the step to an older
-// one, whose bytes then overwrite the destinations.
+// one, whose bytes then overwrite the destinations. In 4 KiB chunks, most
+// of which fall inside w and are received into it in place.
 TEST_P(Tiers, RestoreLoadNeverKeepsABadPeerCopy) {
+  ScopedEnv chunk("CKPTIO_FAULT_TIERS_CHUNK", "4096");
   TempDir dir;
   Job s{dir.path(), GetParam(), 0, "", "", true};
   save_steps(s, 1, 3);
@@ -206,17 +219,7 @@ TEST_P(Tiers, RestoreLoadNeverKeepsABadPeerCopy) {
                                std::filesystem::file_size(at(1, "copy-00000.safetensors")) / 2);
   flip_byte(at(1, "copy-00001.safetensors"));
   on_ranks(s, [&](int r, ckptio_tiers *t) {
-    std::vector<Tensor> want = part(r, 2);
-    std::vector<std::vector<uint8_t>> got(2);
-    std::vector<ckptio_tiers_dest> d;
-    for (size_t i = 0; i < 2; i++) {
-      got[i].assign(want[i].bytes.size(), 0);
-      d.push_back({want[i].name.c_str(), got[i].data(), got[i].size(), CKPTIO_DEVICE_HOST});
-    }
-    uint64_t step = 0;
-    ASSERT_EQ(ckptio_tiers_restore_load(t, &step, d.data(), d.size()), 0) << ckptio_tiers_last_error(t);
-    EXPECT_EQ(step, 2u) << r;
-    for (size_t i = 0; i < 2; i++) EXPECT_EQ(got[i], want[i].bytes) << r << " " << want[i].name;
+    expect_restore_load(r, t, 2);
     ckptio_tiers_stats st = CKPTIO_TIERS_STATS_INIT;
     ckptio_tiers_stats_get(t, &st);
     EXPECT_EQ(st.skipped_copies, r < 2 ? 2u : 0u) << r;

@@ -2,6 +2,7 @@
 // helpers and deterministic data.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,19 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// An environment variable set for a scope (test builds read some of the
+// library's at each use), unset after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char *name, const char *value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv &) = delete;
+  ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+ private:
+  const char *name_;
 };
 
 std::vector<uint8_t> read_file(const std::string &path);
