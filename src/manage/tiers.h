@@ -88,6 +88,10 @@ int tiers_mark_path(char *buf, size_t len, const char *dir, uint64_t step, const
  * its file of the multi-rank checkpoint (file r + 1 of nranks). @return 0
  * or -ENAMETOOLONG. */
 int tiers_part_path(ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, size_t len);
+/* 1 with *rank (and *nranks when not NULL) when name is a file of a step
+ * saved with places: "model-KKKKK-of-MMMMM.safetensors" (in a storage with
+ * the save's id before ".safetensors"), rank K - 1's part; else 0. */
+int tiers_parse_ranks_file(const char *name, int *rank, int *nranks);
 /* Creates DIR (every missing level) and DIR/step-N. @return 0 or -errno. */
 int tiers_make_step_dir(const char *dir, uint64_t step);
 /* Writes DIR/step-N/<mark> for `rank` (a temp file of its own renamed into

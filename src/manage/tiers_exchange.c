@@ -109,7 +109,7 @@ static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size
     memset(rc_, 0, (size_t)t->comm.nranks * sizeof(size_t));
     uint64_t slen = e.send >= 0 ? piece(moves[e.send].bytes, off) : 0;
     uint64_t rlen = e.recv >= 0 ? piece(moves[e.recv].bytes, off) : 0;
-    const unsigned char *from = e.map ? e.map + off : sbuf;
+    const unsigned char *from = e.map && slen ? e.map + off : sbuf;
     if (slen) {
       sc[moves[e.send].dst] = (size_t)slen;
       if (!e.map && read_piece(&e, sbuf, off, slen) < 0) sent_ok = 0;

@@ -63,7 +63,6 @@ int tiers_part_path(ckptio_tiers *t, int tier, uint64_t step, int r, char *buf, 
   return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-
 /* mkdir -p: every missing level of path. */
 static int make_dirs(const char *path) {
   char p[4096];
@@ -206,13 +205,12 @@ static int parse_file(const char *name, const char *what, int *rank) {
   return 1;
 }
 
-/* 1 and *rank when name is a file of a durable step saved with places:
- * "model-KKKKK-of-MMMMM.safetensors", rank K - 1's part. */
-static int parse_ranks_file(const char *name, int *rank) {
+int tiers_parse_ranks_file(const char *name, int *rank, int *nranks) {
   ckptio_shardname sn;
   const char *rest = ckptio_shardname_parse(name, TIERS_RANKS_PREFIX, &sn);
   if (!rest || *rest) return 0;
   *rank = (int)sn.k;
+  if (nranks) *nranks = (int)sn.n;
   return 1;
 }
 
@@ -241,7 +239,7 @@ static int list_dir(const char *dir, ckptio_tiers_file **out, size_t *n, size_t 
     struct dirent *e;
     while (rc == 0 && (e = readdir(d))) {
       int rank, copy;
-      if (parse_file(e->d_name, "rank", &rank) || parse_ranks_file(e->d_name, &rank)) copy = 0;
+      if (parse_file(e->d_name, "rank", &rank) || tiers_parse_ranks_file(e->d_name, &rank, NULL)) copy = 0;
       else if (parse_file(e->d_name, "copy", &rank)) copy = 1;
       else continue;
       if ((rc = ckptio_array_grow((void **)out, cap, *n, sizeof(**out))) < 0) break;
@@ -276,7 +274,7 @@ static int list_objects(ckptio_ctx *ctx, const char *dir, ckptio_tiers_file **ou
   if ((rc = mgr_objs_list(st, self, dir, base, &o, err, sizeof(err))) < 0) return rc;
   for (size_t i = 0; i < o.n && rc == 0; i++) {
     int rank;
-    if (!parse_file(o.v[i].name, "rank", &rank) && !parse_ranks_file(o.v[i].name, &rank)) continue;
+    if (!parse_file(o.v[i].name, "rank", &rank) && !tiers_parse_ranks_file(o.v[i].name, &rank, NULL)) continue;
     if ((rc = ckptio_array_grow((void **)out, cap, *n, sizeof(**out))) < 0) break;
     ckptio_tiers_file *f = &(*out)[(*n)++];
     memset(f, 0, sizeof(*f));

@@ -2,10 +2,11 @@
  * durable and storage tiers hold them as a multi-rank checkpoint, each
  * rank's part a box of the job's global tensors, so that a job restarted
  * on another number of ranks restores from the newer of the two
- * (ckptio_tiers_restore_global) by loading its own boxes. The checkpoint is written by the library's own
- * multi-rank writer (ckptio_writer_open_ranks) from the part's file that
- * the save wrote into a faster tier, its tensors handed over as views of
- * that file: no second copy of them in memory. */
+ * (ckptio_tiers_restore_global) by loading its own boxes. The checkpoint
+ * is written by the library's own multi-rank writer
+ * (ckptio_writer_open_ranks) from the part's file that the save wrote
+ * into a faster tier, its tensors handed over as views of that file: no
+ * second copy of them in memory. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>

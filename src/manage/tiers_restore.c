@@ -16,7 +16,6 @@
 
 #include "core/collective.h"
 #include "core/error.h"
-#include "core/shardname.h"
 #include "core/nameset.h"
 #include "manage/tiers.h"
 
@@ -68,10 +67,9 @@ static int list_storage(ckptio_tiers *t, list *l) {
     if (strcmp(o.v[i].name, TIERS_PUBLISHED) != 0) continue;
     int64_t size = tiers_objs_size(&o, o.v[i].step, name);
     for (size_t k = 0; size < 0 && k < o.n; k++) { /* a step saved with places: its multi-rank file */
-      ckptio_shardname sn;
-      const char *rest = ckptio_shardname_parse(o.v[k].name, TIERS_RANKS_PREFIX, &sn);
-      if (o.v[k].step == o.v[i].step && rest && !*rest && sn.k == (size_t)t->comm.rank &&
-          sn.n == (size_t)t->comm.nranks)
+      int r, nr;
+      if (o.v[k].step == o.v[i].step && tiers_parse_ranks_file(o.v[k].name, &r, &nr) && r == t->comm.rank &&
+          nr == t->comm.nranks)
         size = (int64_t)o.v[k].size;
     }
     if (size >= 0) rc = push(l, (holding){o.v[i].step, (uint64_t)size, t->comm.rank, CKPTIO_TIER_STORAGE, -1, 0});
