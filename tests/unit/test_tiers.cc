@@ -177,10 +177,10 @@ void expect_restore_load(int r, ckptio_tiers *t, uint64_t want_step) {
 
 // One pass: each rank's part loaded straight into its tensors, each CRC32
 // checked as it lands; a damaged part is skipped as by ckptio_tiers_restore.
-// (Rank 0's copy comes from its peer in 4 KiB chunks: most of them land in
-// w in place.)
+// (Rank 0's copy comes from its peer in 64-byte chunks: its header arrives
+// in several, and most of the others land in w in place.)
 TEST_P(Tiers, RestoreLoadFillsTheDestinationsFromTheFastestGoodHolder) {
-  ScopedEnv chunk("CKPTIO_FAULT_TIERS_CHUNK", "4096");
+  ScopedEnv chunk("CKPTIO_FAULT_TIERS_CHUNK", "64");
   TempDir dir;
   Job s{dir.path(), GetParam(), 0, "", "", true};
   save_steps(s, 1, 3);
