@@ -83,15 +83,14 @@ static int write_piece(ends *e, tiers_stream *into, const unsigned char *rbuf, u
   return put == len ? 0 : -EIO;
 }
 
-static uint64_t piece(uint64_t bytes, uint64_t off) {
-  uint64_t chunk = chunk_bytes();
+static uint64_t piece(uint64_t bytes, uint64_t off, uint64_t chunk) {
   return off >= bytes ? 0 : (bytes - off < chunk ? bytes - off : chunk);
 }
 
 /* One round: the moves in `round` (n of them, each rank at most once per
- * side), chunk after chunk. */
-static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size_t n, unsigned char *sbuf,
-                     unsigned char *rbuf, size_t *sc, size_t *rc_) {
+ * side), chunk after chunk (of the buffers' size, `chunk`). */
+static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size_t n, uint64_t chunk,
+                     unsigned char *sbuf, unsigned char *rbuf, size_t *sc, size_t *rc_) {
   int me = t->comm.rank;
   ends e = {.send = -1, .recv = -1};
   uint64_t longest = 0;
@@ -104,11 +103,11 @@ static int run_round(ckptio_tiers *t, tiers_move *moves, const long *round, size
   open_ends(&e, moves);
   tiers_stream *into = e.recv >= 0 ? moves[e.recv].into : NULL;
   int sent_ok = e.send < 0 || e.in >= 0, recv_ok = e.recv < 0 || e.out >= 0 || into, rc = 0;
-  for (uint64_t off = 0; rc == 0 && (off < longest || (longest == 0 && off == 0)); off += chunk_bytes()) {
+  for (uint64_t off = 0; rc == 0 && (off < longest || (longest == 0 && off == 0)); off += chunk) {
     memset(sc, 0, (size_t)t->comm.nranks * sizeof(size_t));
     memset(rc_, 0, (size_t)t->comm.nranks * sizeof(size_t));
-    uint64_t slen = e.send >= 0 ? piece(moves[e.send].bytes, off) : 0;
-    uint64_t rlen = e.recv >= 0 ? piece(moves[e.recv].bytes, off) : 0;
+    uint64_t slen = e.send >= 0 ? piece(moves[e.send].bytes, off, chunk) : 0;
+    uint64_t rlen = e.recv >= 0 ? piece(moves[e.recv].bytes, off, chunk) : 0;
     const unsigned char *from = e.map && slen ? e.map + off : sbuf;
     if (slen) {
       sc[moves[e.send].dst] = (size_t)slen;
@@ -145,7 +144,8 @@ int tiers_exchange(ckptio_tiers *t, tiers_move *moves, size_t n) {
   long *round = malloc((n + 1) * sizeof(long));
   unsigned char *done = calloc(n + 1, 1), *busy = malloc(2 * nr);
   size_t *sc = malloc(2 * nr * sizeof(size_t));
-  unsigned char *sbuf = malloc((size_t)chunk_bytes()), *rbuf = malloc((size_t)chunk_bytes());
+  uint64_t chunk = chunk_bytes(); /* once: the buffers' size and every round's */
+  unsigned char *sbuf = malloc((size_t)chunk), *rbuf = malloc((size_t)chunk);
   int rc = 0;
   if (!round || !done || !busy || !sc || !sbuf || !rbuf) {
     rc = ckptio_fail(t->err, -ENOMEM, "rank %d: no memory to move parts", t->comm.rank);
@@ -165,7 +165,7 @@ int tiers_exchange(ckptio_tiers *t, tiers_move *moves, size_t n) {
       round[k++] = (long)i;
     }
     left -= k;
-    rc = run_round(t, moves, round, k, sbuf, rbuf, sc, sc + nr);
+    rc = run_round(t, moves, round, k, chunk, sbuf, rbuf, sc, sc + nr);
   }
 out:
   free(round);
