@@ -44,6 +44,9 @@ typedef struct chunk_job {
   uint64_t tensor_bytes;  /* of tensors, in the chunk (progress) */
   unsigned char *held;    /* an object's chunk that holds CRCs: its slot,
                              written once they are in (write_held) */
+  int crc_later;          /* copied while writes were deferred: the pieces'
+                             CRCs are taken from the slot before its write */
+  struct chunk_job *next_deferred;
 } chunk_job;
 
 #define MAX_GPUS CKPTIO_GPU_MAX /* gpu_mask bits */
@@ -82,6 +85,14 @@ struct file_writer {
   ckptio_tmpfile file;
   int hold;               /* ckptio_file_writer_hold_publish: stop at a synced temp */
   uint64_t chunk_bytes, nchunks;
+  /* Copies first (commit_async): a copied chunk's write, and its CRC,
+   * wait on `deferred` until the snapshot point, so the copies of a state
+   * the ring holds have the CPUs and the memory bus to themselves and the
+   * caller resumes sooner. The coordinator ends the wait before it would
+   * block on the ring (the writes free the slots), and so does a failure.
+   * Under mu. */
+  int writes_deferred;
+  chunk_job *deferred;    /* newest first */
   uint64_t *first_chunk;  /* [k]: chunk holding tensor k's first byte */
   size_t *piece_base;     /* [k]: index of tensor k's first piece CRC */
   uint32_t *piece_crc;    /* one CRC per (tensor, chunk) overlap */
@@ -283,12 +294,57 @@ static int file_add(ckptio_writer *base, const ckptio_tensor *t, ckptio_fill fil
 static const wtensor *tensor_at(const file_writer *w, size_t k) { return &w->tensors[w->layout.order[k]]; }
 static uint64_t offset_at(const file_writer *w, size_t k) { return w->layout.offset[w->layout.order[k]]; }
 
+static void chunk_write_run(void *arg);
+
+/* A copied chunk's write to the pool (or run here if it cannot be queued). */
+static void queue_write(file_writer *w, chunk_job *j) {
+  if (ckptio_pool_add(w->ctx->pool, chunk_write_run, j) < 0) chunk_write_run(j);
+}
+
+/* Ends the deferral of writes: those deferred so far are queued in file
+ * order, later ones at once. */
+static void release_writes(file_writer *w) {
+  pthread_mutex_lock(&w->mu);
+  chunk_job *j = w->deferred, *order = NULL;
+  w->deferred = NULL;
+  w->writes_deferred = 0;
+  pthread_mutex_unlock(&w->mu);
+  while (j) {
+    chunk_job *next = j->next_deferred;
+    j->next_deferred = order;
+    order = j;
+    j = next;
+  }
+  while (order) {
+    chunk_job *next = order->next_deferred;
+    queue_write(w, order);
+    order = next;
+  }
+}
+
+/* A copied chunk's write: deferred while copies come first, else queued. */
+static void write_when_due(file_writer *w, chunk_job *j) {
+  pthread_mutex_lock(&w->mu);
+  int defer = w->writes_deferred;
+  if (defer) j->next_deferred = w->deferred, w->deferred = j;
+  pthread_mutex_unlock(&w->mu);
+  if (!defer) queue_write(w, j);
+}
+
+static int writes_deferred(file_writer *w) {
+  pthread_mutex_lock(&w->mu);
+  int defer = w->writes_deferred;
+  pthread_mutex_unlock(&w->mu);
+  return defer;
+}
+
 static void mark_snapshot(file_writer *w) {
   w->timers.snapshot_ns = ckptio_now_ns();
   pthread_mutex_lock(&w->mu);
   w->snapshot_done = 1;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
+  release_writes(w);
 }
 
 /* The first tensor (file order) whose bytes end after file offset pos. */
@@ -394,10 +450,24 @@ static uint32_t *piece_crc(file_writer *w, const chunk_job *j, const piece_iter 
   return w->opts.crc ? &w->piece_crc[w->piece_base[it->k] + (j->index - w->first_chunk[it->k])] : NULL;
 }
 
+/* The CRCs of a filled slot's pieces, from the slot: those that came from
+ * GPUs (gpu_only), or all. */
+static void crc_slot(file_writer *w, chunk_job *j, uint64_t start, uint64_t end, int gpu_only) {
+  if (!w->opts.crc) return;
+  ckptio_span span = ckptio_trace_begin("save.crc");
+  piece_iter it;
+  pieces_begin(&it, w, start, end);
+  while (pieces_next(&it))
+    if (!gpu_only || tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST)
+      *piece_crc(w, j, &it) = ckptio_crc32(0, j->slot + (it.a - start), it.b - it.a);
+  ckptio_trace_end(&span, end - start, NULL);
+}
+
 /* Worker side: waits for the slot's GPU copies, copies the host tensors'
- * bytes (with their CRC) and the format's, counts the chunk copied — the
- * caller's memory is no longer read — then CRCs the pieces that came from
- * GPUs, off the snapshot's path. @return 0 or a GPU error, described in msg. */
+ * bytes (with their CRC, unless crc_later) and the format's, counts the
+ * chunk copied — the caller's memory is no longer read — then CRCs the
+ * pieces that came from GPUs, off the snapshot's path. @return 0 or a GPU
+ * error, described in msg. */
 static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end, uint64_t *tensor_bytes,
                       char *msg, size_t len) {
   uint64_t t = ckptio_now_ns();
@@ -421,21 +491,14 @@ static int fill_chunk(file_writer *w, chunk_job *j, uint64_t start, uint64_t end
       int rc = wt->fill.fn(wt->fill.arg, it.a - offset_at(w, it.k), dst, it.b - it.a, why, sizeof(why));
       if (rc < 0)
         return ckptio_err_fmt(msg, len, rc, "%s: tensor '%s': %s", w->path, wt->name, *why ? why : ckptio_strerror(rc));
-      if (crc) *crc = ckptio_crc32(0, dst, it.b - it.a);
+      if (crc && !j->crc_later) *crc = ckptio_crc32(0, dst, it.b - it.a);
     } else if (wt->t.device == CKPTIO_DEVICE_HOST) {
-      ckptio_copy_crc(dst, piece_src(&it), it.b - it.a, crc);
+      ckptio_copy_crc(dst, piece_src(&it), it.b - it.a, j->crc_later ? NULL : crc);
     }
   }
   copy_extents(w, j->slot, start, end);
   chunk_copied(w);
-  if (j->gpu_mask && w->opts.crc) {
-    ckptio_span span = ckptio_trace_begin("save.crc");
-    pieces_begin(&it, w, start, end);
-    while (pieces_next(&it))
-      if (tensor_at(w, it.k)->t.device != CKPTIO_DEVICE_HOST)
-        *piece_crc(w, j, &it) = ckptio_crc32(0, j->slot + (it.a - start), it.b - it.a);
-    ckptio_trace_end(&span, end - start, NULL);
-  }
+  if (j->gpu_mask && !j->crc_later) crc_slot(w, j, start, end, 1);
   ckptio_lap(&w->timers.copy_ns, &t);
   return 0;
 }
@@ -469,6 +532,9 @@ static void chunk_end(chunk_job *j, int rc, const char *msg) {
   file_writer *w = j->w;
   if (w->zs && (rc < 0 || ckptio_batch_failed(&w->batch))) ckptio_zsave_abort(w->zs, rc); /* wake the coordinator */
   if (j->slot) ckptio_ring_release(w->ctx->ring, j->slot);
+  /* A failed save never reaches its snapshot point: its deferred writes
+   * go now, to end (unwritten) as every job of a failed batch does. */
+  if (rc < 0 || ckptio_batch_failed(&w->batch)) release_writes(w);
   ckptio_batch_done(&w->batch, rc, msg);
 }
 
@@ -563,6 +629,11 @@ static void chunk_write_run(void *arg) {
   chunk_range(w, j->index, &start, &end);
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
+  if (j->crc_later && !ckptio_batch_failed(&w->batch)) {
+    uint64_t t = ckptio_now_ns();
+    crc_slot(w, j, start, end, 0);
+    ckptio_lap(&w->timers.copy_ns, &t);
+  }
   if (!ckptio_batch_failed(&w->batch) && w->file.store && holds_crcs(w, start, end)) {
     if (w->early) pthread_mutex_lock(&w->flush_mu);
     j->held = j->slot; /* kept from the ring until an early flush or write_held */
@@ -604,6 +675,7 @@ static void chunk_copy_run(void *arg) {
   int rc = 0;
   char msg[CKPTIO_ERRLEN] = "";
   j->tensor_bytes = 0;
+  j->crc_later = w->opts.crc && writes_deferred(w);
   if (ckptio_batch_failed(&w->batch) || (rc = snapshot_chunk(w, j, start, end, msg, sizeof(msg))) < 0) {
     chunk_end(j, rc, msg);
     return;
@@ -621,8 +693,8 @@ static void chunk_copy_run(void *arg) {
     }
     if (rc == 0) atomic_fetch_add(&w->done_bytes, j->tensor_bytes);
     chunk_end(j, rc, msg);
-  } else if (ckptio_pool_add(w->ctx->pool, chunk_write_run, j) < 0) {
-    chunk_write_run(j); /* no memory to queue it: write it now */
+  } else {
+    write_when_due(w, j);
   }
 }
 
@@ -801,6 +873,16 @@ static int slot_copied(file_writer *w, void *slot) {
 
 static void prepare_run(void *ring) { (void)ckptio_ring_prepare(ring); }
 
+/* The next chunk's slot. Before waiting for one, this save's deferred
+ * writes go out: they are what frees slots (this save's, or another's that
+ * waits on them). */
+static void *acquire_slot(file_writer *w) {
+  void *slot = ckptio_ring_try_acquire(w->ctx->ring);
+  if (slot) return slot;
+  release_writes(w);
+  return ckptio_ring_acquire(w->ctx->ring);
+}
+
 /* Queues every chunk, blocking on the ring when all slots are in flight. */
 static int queue_chunks(file_writer *w) {
   if (w->gpus_used) {
@@ -811,6 +893,9 @@ static int queue_chunks(file_writer *w) {
   /* A compressed save's frame 0, the header, is written at the end. */
   uint64_t first = w->zs ? 1 : 0;
   atomic_store(&w->chunks_copied, first);
+  /* A compressed chunk is written by its copy's job; a caller of
+   * ckptio_writer_commit waits for the writes whatever the snapshot. */
+  w->writes_deferred = !w->zs && !w->base.sync;
   if (w->nchunks == first) mark_snapshot(w);
   uint64_t touched = ckptio_ring_touched(w->ctx->ring), skipped = 0;
   for (uint64_t c = first; c < w->nchunks && !ckptio_batch_failed(&w->batch); c++) {
@@ -820,12 +905,12 @@ static int queue_chunks(file_writer *w) {
     chunk_range(w, c, &start, &end);
     if (in_place(w, c, touched, start, end)) { /* no slot: at the back, behind the copies */
       skipped += c < ckptio_ring_slots(w->ctx->ring);
-      *j = (chunk_job){w, c, NULL, 0, 0, NULL};
+      *j = (chunk_job){.w = w, .index = c};
       ckptio_batch_add(&w->batch, 1);
       if (ckptio_pool_add(w->ctx->pool, chunk_in_place_run, j) < 0) chunk_in_place_run(j);
       continue;
     }
-    *j = (chunk_job){w, c, ckptio_ring_acquire(w->ctx->ring), 0, 0, NULL};
+    *j = (chunk_job){.w = w, .index = c, .slot = acquire_slot(w)};
     int rc = slot_copied(w, j->slot);
     if (rc == 0 && w->gpus_used) rc = start_gpu_copies(w, j, start, end);
     if (rc < 0) {
@@ -840,6 +925,7 @@ static int queue_chunks(file_writer *w) {
       ckptio_batch_done(&w->batch, rc, "cannot queue a chunk: out of memory");
     }
   }
+  if (ckptio_batch_failed(&w->batch)) release_writes(w); /* copies done before it failed may be waiting */
   int rc = ckptio_batch_wait(&w->batch);
   if (rc < 0) snprintf(w->base.err, sizeof(w->base.err), "%s", w->batch.err);
   if (skipped) { /* on a worker, while this save commits */

@@ -150,12 +150,25 @@ void ckptio_ring_free(ckptio_ring *r) {
   free(r);
 }
 
-void *ckptio_ring_acquire(ckptio_ring *r) {
-  pthread_mutex_lock(&r->mu);
-  while (r->nfree == 0) pthread_cond_wait(&r->cv, &r->mu);
+/* Under r->mu, a slot free. */
+static void *take_free(ckptio_ring *r) {
   void *slot = r->free_slots[--r->nfree];
   size_t i = ckptio_ring_slot_index(r, slot);
   if (i >= r->touched) r->touched = i + 1;
+  return slot;
+}
+
+void *ckptio_ring_acquire(ckptio_ring *r) {
+  pthread_mutex_lock(&r->mu);
+  while (r->nfree == 0) pthread_cond_wait(&r->cv, &r->mu);
+  void *slot = take_free(r);
+  pthread_mutex_unlock(&r->mu);
+  return slot;
+}
+
+void *ckptio_ring_try_acquire(ckptio_ring *r) {
+  pthread_mutex_lock(&r->mu);
+  void *slot = r->nfree ? take_free(r) : NULL;
   pthread_mutex_unlock(&r->mu);
   return slot;
 }

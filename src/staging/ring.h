@@ -40,6 +40,8 @@ size_t ckptio_ring_unprepared(ckptio_ring *r);
 void ckptio_ring_free(ckptio_ring *r);
 /* Blocks until a slot is free and returns its buffer. */
 void *ckptio_ring_acquire(ckptio_ring *r);
+/* A free slot's buffer, or NULL at once if none is free. */
+void *ckptio_ring_try_acquire(ckptio_ring *r);
 void ckptio_ring_release(ckptio_ring *r, void *slot);
 /* Releases a slot that host-to-device copies may still be reading (a load
  * does not wait for its copies to go on reading): `gpus` is the mask of
