@@ -3,6 +3,8 @@
  * crc(A) * x^(8*len(B)) + crc(B), with x^(2^k) precomputed by squaring. */
 #include "core/crc32.h"
 
+#include "core/stream_copy.h"
+
 #include <isa-l/crc.h>
 #include <pthread.h>
 #include <string.h>
@@ -18,8 +20,8 @@ void ckptio_copy_crc(void *dst, const void *src, size_t n, uint32_t *crc) {
   const unsigned char *s = src;
   for (size_t off = 0; off < n; off += CKPTIO_CRC_STEP) {
     size_t len = n - off < CKPTIO_CRC_STEP ? n - off : CKPTIO_CRC_STEP;
-    memcpy(d + off, s + off, len);
-    if (crc) *crc = ckptio_crc32(*crc, d + off, len);
+    if (crc) *crc = ckptio_crc32(*crc, s + off, len);
+    ckptio_stream_copy(d + off, s + off, len);
   }
 }
 

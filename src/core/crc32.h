@@ -13,12 +13,13 @@ uint32_t ckptio_crc32(uint32_t crc, const void *buf, size_t len);
 uint32_t ckptio_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 /* Bytes per step when copying and checksumming together: small enough that
- * the CRC reads what the copy just wrote from cache, not from memory. On
+ * the copy reads what the CRC just read from cache, not from memory. On
  * these machines memory bandwidth, not the CRC, is the limit. */
 #define CKPTIO_CRC_STEP (256u << 10)
 
-/* memcpy(dst, src, n), and if crc is not NULL, *crc continued over the
- * bytes, one cache-sized step at a time. */
+/* memcpy(dst, src, n) through ckptio_stream_copy, and if crc is not NULL,
+ * *crc continued over the source's bytes, one cache-sized step at a time
+ * (the copy's streaming stores leave the destination out of the cache). */
 void ckptio_copy_crc(void *dst, const void *src, size_t n, uint32_t *crc);
 
 #endif

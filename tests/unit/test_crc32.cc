@@ -2,9 +2,13 @@
 // pieces computed on different threads, for any split.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 #include "test_util.h"
 extern "C" {
 #include "core/crc32.h"
+#include "core/stream_copy.h"
 }
 
 TEST(Crc32, CheckValue) {
@@ -40,4 +44,25 @@ TEST(Crc32, CombineHugeLengthOfZeros) {
   uint32_t c2 = mb;
   for (uint64_t l = z.size(); l < len; l += z.size()) c2 = ckptio_crc32_combine(c2, mb, z.size());
   EXPECT_EQ(c, c2);
+}
+
+// ckptio_copy_crc through streaming copies: every byte lands, none beyond
+// the end is touched, and the CRC is the bytes', for sizes around the
+// streaming threshold and the CRC step and destinations off any alignment
+// (streaming stores want 16 bytes; the head and tail go through memcpy).
+TEST(Crc32, CopyCrcLandsEveryByteAtAnyAlignment) {
+  const size_t sizes[] = {0, 1, 63, CKPTIO_STREAM_COPY_MIN - 1, CKPTIO_STREAM_COPY_MIN, CKPTIO_STREAM_COPY_MIN + 17,
+                          CKPTIO_CRC_STEP + 5, 3 * CKPTIO_CRC_STEP + 4099};
+  auto src = ckptio_test::pattern(3 * CKPTIO_CRC_STEP + 4099 + 64, 3);
+  for (size_t n : sizes) {
+    for (size_t skew : {0ul, 1ul, 8ul, 15ul}) {
+      std::vector<uint8_t> dst(n + 64, 0xA5);
+      uint32_t crc = 0;
+      ckptio_copy_crc(dst.data() + skew, src.data() + 3, n, &crc);
+      EXPECT_EQ(crc, ckptio_crc32(0, src.data() + 3, n)) << n << " bytes, skew " << skew;
+      EXPECT_EQ(memcmp(dst.data() + skew, src.data() + 3, n), 0) << n << " bytes, skew " << skew;
+      for (size_t i = 0; i < skew; i++) ASSERT_EQ(dst[i], 0xA5) << "before the copy, skew " << skew;
+      for (size_t i = skew + n; i < dst.size(); i++) ASSERT_EQ(dst[i], 0xA5) << "after the copy, n " << n;
+    }
+  }
 }
