@@ -4,7 +4,8 @@
  * memory (one anonymous mapping in transparent huge pages), touches every
  * byte, and prints "seconds bytes methods" (methods: the stats' ways of
  * reading, e.g. "pread" or "direct"). The clock covers the context, the
- * open, the load and the touch, as a process that restarts pays them. */
+ * open, the load and the touch, as a process that restarts pays them.
+ * A second argument "pread" or "mmap" asks for that method instead. */
 #define CKPTIO_EXPERIMENTAL
 #include <stdint.h>
 #include <stdio.h>
@@ -23,14 +24,15 @@ static double now(void) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || argc > 3) {
-    fprintf(stderr, "usage: restart_load PATH [direct]\n");
+    fprintf(stderr, "usage: restart_load PATH [direct|pread|mmap]\n");
     return 2;
   }
   double t0 = now();
   ckptio_ctx *ctx = NULL;
   ckptio_reader *r = NULL;
   ckptio_options o = CKPTIO_OPTIONS_INIT;
-  if (argc == 3) o.load_method = CKPTIO_LOAD_DIRECT;
+  if (argc == 3)
+    o.load_method = !strcmp(argv[2], "mmap") ? CKPTIO_LOAD_MMAP : !strcmp(argv[2], "pread") ? CKPTIO_LOAD_PREAD : CKPTIO_LOAD_DIRECT;
   if (ckptio_ctx_create(NULL, &ctx) < 0 || ckptio_reader_open(ctx, argv[1], &o, &r) < 0) {
     fprintf(stderr, "%s\n", ckptio_last_open_error());
     return 1;
