@@ -528,8 +528,10 @@ int ckptio_writer_set_stream(ckptio_writer *w, int device, void *stream);
  *  The snapshot point. The save takes pinned slots of the context's memory
  *  (M = staging_bytes + snapshot_bytes) in file order, copies into every
  *  slot it holds before any of its writes (all workers for host tensors,
- *  each GPU's copy stream for device tensors), and writes behind. So for a
- *  save of B bytes (the file's size):
+ *  each GPU's copy stream for device tensors), and writes behind: its
+ *  writes, and the CRC32s of what it copied, start at the snapshot point,
+ *  or earlier only when it must wait for a slot. So for a save of B bytes
+ *  (the file's size):
  *    B <= M: the snapshot comes after the copies alone: B / copy bandwidth
  *            (memcpy, or pinned device-to-host), however slow the disk;
  *    B >  M: the bytes beyond M wait for slots that writes free: the stall
