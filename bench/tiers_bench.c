@@ -25,7 +25,8 @@
  *                                      from the storage tier (+ the load)
  *   tiers_bench WORK MIB s3 BUCKET     the reference: each rank's part saved to
  *                                      s3://BUCKET, then loaded back whole (run
- *                                      under tests/s3/weed_server.py) */
+ *                                      under tests/s3/weed_server.py)
+ * TIERS_THREADS=N gives each rank's context N workers (ckptio_options.threads). */
 #define CKPTIO_EXPERIMENTAL
 #include <fcntl.h>
 #include <stdio.h>
@@ -135,6 +136,7 @@ int main(int argc, char **argv) {
   /* Snapshot memory for a whole part: a background save returns after one copy. */
   ckptio_options co = CKPTIO_OPTIONS_INIT;
   co.snapshot_bytes = bytes + (64u << 20);
+  if (getenv("TIERS_THREADS")) co.threads = atoi(getenv("TIERS_THREADS")); /* workers per rank; 0: the default */
   if (ckptio_ctx_create(&co, &ctx) != 0 || ckptio_comm_from_mpi(&world, &comm) != 0) MPI_Abort(world, 1);
   if (!strcmp(argv[3], "save")) {
     float *w = malloc(bytes), *copy = malloc(bytes);
