@@ -10,16 +10,10 @@ set -euo pipefail
 DRIVER="$1" WORK="$2" CLI="$3"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PY="$HERE/../../.venv/bin/python"
-command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (scripts/setup.sh installs openmpi-bin)"; exit 77; }
-[[ -n "${CKPTIO_S3_BUCKET:-}" ]] || { echo "FAIL: run under tests/s3/weed_server.py"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. "$HERE/tiers_common.sh"
+[[ -n "${CKPTIO_S3_BUCKET:-}" ]] || fail "run under tests/s3/weed_server.py"
 export TIERS_STORAGE="s3://$CKPTIO_S3_BUCKET/tiers"
-mpi() {
-  local x=() v
-  for v in TIERS_STORAGE TIERS_NO_MEMORY TIERS_BACKGROUND; do [ -n "${!v:-}" ] && x+=(-x "$v"); done
-  timeout 120 mpirun "${x[@]}" -np 4 --oversubscribe --bind-to none "$DRIVER" "$WORK" "$@"
-}
-fail() { echo "FAIL: $*"; exit 1; }
+mpi() { tiers_run 4 "$WORK" "$@"; }
 # s3 ls PREFIX | flip KEY | tear KEY | uploads PREFIX: the bucket as boto3 sees it.
 s3() {
   "$PY" - "$@" <<'EOF'
@@ -99,7 +93,7 @@ grep -q "from s3://$CKPTIO_S3_BUCKET/alone/step-00000004/rank-00002.safetensors"
 echo "== saved with places: the storage holds a multi-rank checkpoint, restored at 4 ranks as parts, at 2, 3 and 1"
 P="$WORK/placed"
 export TIERS_STORAGE="s3://$CKPTIO_S3_BUCKET/placed"
-mpin() { local n=$1; shift; timeout 120 mpirun -x TIERS_STORAGE -np "$n" --oversubscribe --bind-to none "$DRIVER" "$P" "$@"; }
+mpin() { local n=$1; shift; tiers_run "$n" "$P" "$@"; }
 mpin 4 save-placed 1 4
 # (a storage's file names carry the save's id: model-00001-of-00004-<id>.safetensors)
 want="PUBLISHED $(for k in 1 2 3 4; do printf 'model-%05d-of-00004-ID.safetensors ' $k; done)model.safetensors.index.json"
@@ -110,10 +104,7 @@ want="PUBLISHED $(for k in 1 2 3 4; do printf 'model-%05d-of-00004-ID.safetensor
   fail "ckptio tiers: not 2 steps x 4 files of the multi-rank checkpoints verified"
 rm -rf "$P/node0" "$P/node1"
 mpin 4 restore 4 ssss
-for n in 2 3 1; do
-  mpin $n restore-global 4 | tee "$WORK/global-$n.log"
-  [ "$(grep -c "of $n restored step 4 " "$WORK/global-$n.log")" = $n ] || fail "not every one of $n ranks restored step 4"
-done
+restores_at_sizes "$P" 4 2 3 1
 s3 flip "placed/step-00000004/$(s3 ls placed/step-00000004/ | tr ' ' '\n' | grep '^model-00002-of-00004')"
 mpin 3 restore-global 2 2>"$WORK/warn-global.log"
 grep -q "rank 1 warning: .*rank 1, step 4, the storage: skipped: .*model-00002-of-00004" "$WORK/warn-global.log" ||
