@@ -102,9 +102,9 @@ static int check_share(ckptio_tiers *t, const char *dir, uint64_t *bytes, char *
   return rc;
 }
 
-/* The newest step below `below` (every step when !have_below) that is
- * published and holds the multi-rank checkpoint's index, or -1: in the
- * directory root, or in the storage's listing o. */
+/* The newest step below `below` (every step when !have_below) in the
+ * directory root that is published and holds the multi-rank checkpoint's
+ * index, or -1. */
 static int64_t newest_local(const char *root, uint64_t below, int have_below) {
   uint64_t *steps;
   long n = tiers_steps(root, &steps);
@@ -120,6 +120,7 @@ static int64_t newest_local(const char *root, uint64_t below, int have_below) {
   return pick;
 }
 
+/* The same in the storage's listing o. */
 static int64_t newest_object(const mgr_objs *o, uint64_t below, int have_below) {
   int64_t pick = -1;
   for (size_t i = 0; i < o->n; i++) {

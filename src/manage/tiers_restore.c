@@ -182,10 +182,12 @@ typedef struct take {
   size_t n;
 } take;
 
-/* This rank's own part (its memory, the durable tier, the storage: not a
- * peer's copy) fetched where it must be, then checked or loaded. It runs on
- * a thread of its own beside the exchange, in which this rank may only send
- * (a healthy rank sends the copies of lost ones while it loads its own). */
+/* This rank's own part fetched where it must be (from the storage), then
+ * checked or loaded where it lies: its memory, the durable tier, the
+ * storage, or the memory tier's file a peer's copy was received into. Held
+ * locally, it runs on a thread of its own beside the exchange, in which
+ * this rank may only send (a healthy rank sends the copies of lost ones
+ * while it loads its own). */
 typedef struct own_part {
   ckptio_tiers *t;
   int tier;
@@ -244,14 +246,17 @@ static int attempt(ckptio_tiers *t, const list *all, const long *pick, uint64_t 
   if (rc == 0 && is_own) {
     *code = own.code;
   } else if (rc == 0) { /* a peer's copy: in the tensors, or in the memory tier's file */
-    int got = 1, v;
+    int got = 1;
     for (size_t i = 0; i < m; i++)
       if (moves[i].dst == me && !moves[i].ok) got = 0;
-    if (!got) v = ckptio_fail(why, -EIO, "the copy did not arrive");
-    else if (into) v = tiers_stream_end(into, why);
-    else if ((v = tiers_part_path(t, CKPTIO_TIER_PEER, step, me, path, len)) < 0) ckptio_fail(why, v, "path too long");
-    else v = tk->dests ? tiers_load(t, path, tk->dests, tk->n, why) : tiers_verify(t, path, why);
-    *code = v;
+    if (!got) {
+      *code = ckptio_fail(why, -EIO, "the copy did not arrive");
+    } else if (into) {
+      *code = tiers_stream_end(into, why);
+    } else {
+      take_own(&own);
+      *code = own.code;
+    }
   }
   tiers_stream_free(into);
   free(moves);
