@@ -229,10 +229,17 @@ typedef enum ckptio_load_method {
                             v2), so that the file's pages and the
                             destinations both fit. Such a cold load leaves
                             the file there, so that the next load of it (a
-                            restarted process's too) reads memory; it pays
-                            the cache's fill, which costs more than an
-                            O_DIRECT read on some machines (figures:
-                            bench/RESULTS_PEERS.md). Else DIRECT: a
+                            restarted process's too) reads memory. Where
+                            every request is a whole stretch of the file
+                            into host memory, two threads of the load fill
+                            the page cache through the file's mapping (in
+                            transparent huge pages where the filesystem
+                            has them, in file order) while the workers
+                            copy behind them: MMAP in the stats, as fast as
+                            an O_DIRECT load here; other loads (slices of
+                            many runs, GPU destinations, views) read by
+                            PREAD, which pays more for the cache's fill
+                            (figures: bench/RESULTS_PEERS.md). Else DIRECT: a
                             load that does not fit leaves the cache as it
                             was. ckptio_stats.load_methods says which ran;
                             CKPTIO_LOAD_DIRECT always bypasses the cache.

@@ -14,9 +14,9 @@ cd "$ROOT" || exit 1
 # Only the executables of the tests below: the rest of the tree (the command,
 # fuzzers, examples, the libtorch adapter) would double this pass's build.
 CKPTIO_BUILD_TARGETS="test_pool test_pipeline test_faults test_shard test_slice test_ranks test_zstd test_cuda
-                      test_manage test_s3 test_tiers test_snapshot" \
+                      test_manage test_s3 test_tiers test_snapshot test_cache_policy" \
   scripts/build.sh build-tsan -DCKPTIO_TSAN=ON -DCMAKE_BUILD_TYPE=Debug || exit 1
 # tests/tsan.supp: the dynamic loader's own TLS bookkeeping, nothing else.
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$ROOT/tests/tsan.supp ${TSAN_OPTIONS:-}"
 ctest --test-dir build-tsan --output-on-failure -j2 --no-tests=error \
-      -R '^(test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda|manage|tiers|snapshot)(_cuda_fake)?|s3_(retry|client|kill)|tiers_storage)$' "$@"
+      -R '^(test_(pool|pipeline|faults|shard|slice|ranks|zstd|cuda|manage|tiers|snapshot|cache_policy)(_cuda_fake)?|s3_(retry|client|kill)|tiers_storage)$' "$@"

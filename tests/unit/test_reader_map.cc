@@ -214,8 +214,9 @@ TEST(ReaderMap, OpeningAColdPtReadsItsHeadersNotItsTensors) {
 }
 
 // ckptio_reader_resident samples what the page cache holds, CKPTIO_LOAD_AUTO
-// decides by it (pread warm; cold, pread when the load fits in memory, as
-// here, and the file is then resident: test_cache_policy has the rest), and
+// decides by it (pread warm; cold, through the page cache when the load
+// fits in memory, as here, filled ahead and mapped, and the file is then
+// resident: test_cache_policy has the rest), and
 // ckptio_stats.load_methods shows the choice, as the zero-copy map's MMAP.
 TEST(ReaderMap, ResidentShareDecidesAutoAndStatsShowIt) {
   TempDir dir;
@@ -245,7 +246,7 @@ TEST(ReaderMap, ResidentShareDecidesAutoAndStatsShowIt) {
   ckptio_stats st = CKPTIO_STATS_INIT;
   ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
   ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
-  EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_PREAD) << "a cold file that fits in memory, AUTO";
+  EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_MMAP) << "a cold file that fits in memory, AUTO: filled ahead";
   ASSERT_EQ(ckptio_reader_resident(r, &share), 0);
   EXPECT_GT(share, 0.9) << "the cold AUTO load left the file in the page cache";
   for (size_t k = 0; k < ts.size(); k++) EXPECT_EQ(got[k], ts[k].bytes) << ts[k].name;
