@@ -235,11 +235,12 @@ typedef enum ckptio_load_method {
                             the page cache through the file's mapping (in
                             transparent huge pages where the filesystem
                             has them, in file order) while the workers
-                            copy behind them: MMAP in the stats, as fast as
-                            an O_DIRECT load here; other loads (slices of
-                            many runs, GPU destinations, views) read by
-                            PREAD, which pays more for the cache's fill
-                            (figures: bench/RESULTS_PEERS.md). Else DIRECT: a
+                            copy behind them: MMAP in the stats, 0.9x the
+                            speed of an O_DIRECT load here (pread: 0.6x);
+                            other loads (slices of many runs, GPU
+                            destinations, views) read by PREAD, which pays
+                            more for the cache's fill (figures:
+                            bench/RESULTS_PEERS.md). Else DIRECT: a
                             load that does not fit leaves the cache as it
                             was. ckptio_stats.load_methods says which ran;
                             CKPTIO_LOAD_DIRECT always bypasses the cache.
