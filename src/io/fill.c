@@ -28,7 +28,7 @@ struct ckptio_fill {
   pthread_mutex_t mu;
   pthread_cond_t moved;
   uint64_t mark; /* every span byte before it is in (UINT64_MAX: stopped) */
-  int stop;
+  int stop, unmap;
 };
 
 static int by_off(const void *a, const void *b) {
@@ -50,7 +50,7 @@ static void *fill_main(void *arg) {
      * the copies fall behind. Left mapped, 1 GiB loaded in 0.96x the time
      * of unmapped (median of 8 rotated rounds). */
     int rc = ckptio_rfile_populate(at, len);
-    ckptio_rfile_drop(at, len);
+    if (fl->unmap) ckptio_rfile_drop(at, len);
     pthread_mutex_lock(&fl->mu);
     if (rc < 0) fl->stop = 1; /* cut short: the copies say so */
     fl->done[i] = 1;
@@ -58,7 +58,7 @@ static void *fill_main(void *arg) {
     if (fl->mark != UINT64_MAX) fl->mark = fl->passed < fl->n ? fl->steps[fl->passed].off : UINT64_MAX;
     pthread_cond_broadcast(&fl->moved);
   }
-  fl->mark = UINT64_MAX; /* stopped or done: no one waits on it any more */
+  if (fl->stop) fl->mark = UINT64_MAX; /* no one waits on a stopped filler */
   pthread_cond_broadcast(&fl->moved);
   pthread_mutex_unlock(&fl->mu);
   return NULL;
@@ -113,7 +113,7 @@ static void fill_free(ckptio_fill *fl) {
   free(fl);
 }
 
-ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n) {
+ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n, int unmap) {
   if (!f->map || !n) return NULL;
   ckptio_fill *fl = calloc(1, sizeof(*fl));
   if (!fl) return NULL;
@@ -124,6 +124,7 @@ ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const
     return NULL;
   }
   fl->map = f->map;
+  fl->unmap = unmap;
   advise_huge(f, fl);
   while (fl->threads < FILL_THREADS && pthread_create(&fl->thread[fl->threads], NULL, fill_main, fl) == 0) fl->threads++;
   if (!fl->threads) {

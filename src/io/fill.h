@@ -23,11 +23,13 @@
 
 typedef struct ckptio_fill ckptio_fill;
 
-/* Starts filling the spans [off[i], off[i] + len[i]) of f (a local file
- * with a map; any order, overlaps allowed). @return the filler, or NULL
- * when it cannot start (no map, no memory, no thread): the copies then
- * fault their pages in themselves, as before. */
-ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n);
+/* Starts filling the spans [off[i], off[i] + len[i]) of f's map (a local
+ * file; any order, overlaps allowed). unmap: each step is unmapped once
+ * read (a load whose copies take the bytes elsewhere), else left mapped
+ * (a private map that is the caller's memory). @return the filler, or
+ * NULL when it cannot start (no map, no memory, no thread): the copies
+ * then fault their pages in themselves, as before. */
+ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n, int unmap);
 /* Returns once every span byte before file offset `end` is in the page
  * cache, or the filler has stopped (the file cut short under it, or
  * ckptio_fill_stop): the caller's own populate then reports what is

@@ -52,6 +52,7 @@ typedef struct plain {
   ckptio_rfile f;
   int registered;          /* the map is pinned for GPU copies (this load) */
   ckptio_fill *fill;       /* this load's filler of the page cache, or NULL */
+  int fill_private;        /* the load checking a private map fills it ahead */
 } plain;
 
 #define P(src) ((plain *)(src))
@@ -126,8 +127,8 @@ static ckptio_load_method pick_method(plain *p, const ckptio_plan *pl, ckptio_xr
     /* pread from a warm cache. From a cold one, when the load fits in
      * memory (io/cache.h), through the page cache too, so that it leaves
      * the file cached for the next load, a restarted process's included:
-     * filled ahead by a thread of the load and copied from the map behind
-     * it where every request is a stretch into host memory (io/fill.h:
+     * filled ahead by threads of the load and copied from the map behind
+     * them where every request is a stretch into host memory (io/fill.h:
      * 0.9x the speed of O_DIRECT where pread was 0.6x), else pread.
      * O_DIRECT for a cold load that does not fit. pread wins beyond speed
      * where it is as fast: a file cut short under us is a read error, not
@@ -277,10 +278,10 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
   int fill;
   ckptio_load_method method = pick_method(p, pl, qs, n, &fill);
   uint64_t slot = ckptio_source_slot_bytes(s);
-  if (fill) {
+  if (fill || p->fill_private) {
     uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL;
     for (size_t i = 0; off && i < n; i++) off[i] = req_start(qs[i]), len[i] = qs[i]->g.nbytes;
-    p->fill = off ? ckptio_fill_start(&p->f, off, len, n) : NULL;
+    p->fill = off ? ckptio_fill_start(&p->f, off, len, n, fill) : NULL;
     free(off);
   }
   if (p->f.store && method == CKPTIO_LOAD_PREAD) return plan_object(p, pl, qs, n, slot);
@@ -393,6 +394,7 @@ static int run_contiguous(plain *p, ckptio_run *x, ckptio_part *t, unsigned char
   } else if (j->method == CKPTIO_LOAD_MMAP) {
     bytes = p->f.map + abs;
     writable = 0;
+    if (p->fill) ckptio_fill_wait(p->fill, abs + t->len);
     if ((rc = ckptio_rfile_populate(bytes, t->len)) < 0) return rc;
     if (crc) *crc = ckptio_crc32(0, bytes, (size_t)t->len);
   } else if (j->method == CKPTIO_LOAD_DIRECT && host && !j->slot) { /* planned in place */
@@ -640,6 +642,17 @@ static void plain_ranges(ckptio_source *s, size_t index, const ckptio_geom *g,
   }
 }
 
+static double plain_resident(ckptio_source *s) {
+  plain *p = P(s);
+  size_t n = s->idx.count;
+  uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL;
+  if (!off) return 0;
+  for (size_t i = 0; i < n; i++) off[i] = s->idx.entries[i].offset, len[i] = s->idx.entries[i].nbytes;
+  double share = ckptio_rfile_resident(&p->f, off, len, n);
+  free(off);
+  return share;
+}
+
 /* Checks every recorded CRC over the private map instead of the shared one:
  * MMAP is forced so each page is read (and faulted in) where the caller will
  * read it, and what is checked is what the caller gets. */
@@ -663,12 +676,17 @@ static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void 
                                 .g = {0, e->nbytes, e->nbytes, e->nbytes ? 1 : 0, e->nbytes, 1}};
     }
     ckptio_options o = *s->opts;
+    int cold = plain_resident(s) < 0.5;
     const unsigned char *own = p->f.map;
     o.load_method = CKPTIO_LOAD_MMAP;
     const ckptio_options *keep = s->opts;
     s->opts = &o;
     p->f.map = m;
+    /* A cold file is read in by the filler (io/fill.h) as AUTO reads it;
+     * the checks populate the pages the caller gets behind it. */
+    p->fill_private = cold;
     if (qs) rc = ckptio_exec(s->ctx, &o, qs, n, out);
+    p->fill_private = 0;
     p->f.map = own;
     s->opts = keep;
     free(qs);
@@ -680,17 +698,6 @@ static int plain_map_private(ckptio_source *s, const ckptio_exec_out *out, void 
   *base = m;
   *size = p->f.size;
   return 0;
-}
-
-static double plain_resident(ckptio_source *s) {
-  plain *p = P(s);
-  size_t n = s->idx.count;
-  uint64_t *off = calloc(2 * n + 1, sizeof(uint64_t)), *len = off ? off + n : NULL;
-  if (!off) return 0;
-  for (size_t i = 0; i < n; i++) off[i] = s->idx.entries[i].offset, len[i] = s->idx.entries[i].nbytes;
-  double share = ckptio_rfile_resident(&p->f, off, len, n);
-  free(off);
-  return share;
 }
 
 static void plain_close(ckptio_source *s) {

@@ -176,6 +176,32 @@ TEST(CachePolicy, ColdAutoWithAColumnSliceReadsByPread) {
   ckptio_reader_close(r);
 }
 
+// The private map of a cold file (what Python's default load hands out):
+// filled ahead as a load is, every CRC checked behind the filler, and the
+// file left cached.
+TEST(CachePolicy, ColdPrivateMapIsFilledCheckedAndLeftCached) {
+  TempDir dir;
+  TestContext c(small_options(1 << 20, 8 << 20, 4));
+  auto ts = model(24);
+  const std::string path = dir.file("m.safetensors");
+  ASSERT_EQ(save(c.ctx, path, ts), 0);
+  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
+    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  void *base = nullptr;
+  uint64_t size = 0;
+  ASSERT_EQ(ckptio_reader_map_private(r, &base, &size), 0) << ckptio_reader_last_error(r);
+  for (const Tensor &t : ts) {
+    ckptio_tensor_info in;
+    ASSERT_EQ(ckptio_reader_info(r, (size_t)ckptio_reader_find(r, t.name.c_str()), &in), 0);
+    ASSERT_EQ(0, memcmp((const uint8_t *)base + in.offset, t.bytes.data(), t.bytes.size())) << t.name;
+  }
+  EXPECT_GT(resident(c.ctx, path), 0.9) << "the next load would read the disk again";
+  EXPECT_EQ(ckptio_map_free(base, size), 0);
+  ckptio_reader_close(r);
+}
+
 // A cold file cut short after it was opened: the filler stops where the
 // pages end and the copies behind it report the missing bytes, a clean
 // error (never SIGBUS, never a wait on a filler that has stopped).
