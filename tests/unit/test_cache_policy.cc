@@ -44,6 +44,27 @@ double resident(ckptio_ctx *ctx, const std::string &path) {
   return share;
 }
 
+// Saves ts to path and evicts it from the page cache; false where the
+// filesystem keeps it (tmpfs), so the test cannot see a cold file.
+bool save_cold(ckptio_ctx *ctx, const std::string &path, const std::vector<Tensor> &ts) {
+  EXPECT_EQ(save(ctx, path, ts), 0);
+  return drop_cache(path) && resident(ctx, path) <= 0.1;
+}
+#define NO_COLD_FILE "the page cache keeps the file (tmpfs?): a cold file cannot be made here"
+
+// Requests loading ts (by name) into out, sized here.
+std::vector<ckptio_load_request> requests(ckptio_reader *r, const std::vector<Tensor> &ts,
+                                          std::vector<std::vector<uint8_t>> &out) {
+  std::vector<ckptio_load_request> reqs;
+  out.resize(ts.size());
+  for (size_t i = 0; i < ts.size(); i++) {
+    out[i].resize(ts[i].bytes.size());
+    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
+                    CKPTIO_DEVICE_HOST});
+  }
+  return reqs;
+}
+
 // Loads every tensor of path with `method`; the stats' load_methods.
 uint32_t load_all(ckptio_ctx *ctx, const std::string &path, ckptio_load_method method, const std::vector<Tensor> &ts) {
   ckptio_options o = CKPTIO_OPTIONS_INIT;
@@ -52,10 +73,7 @@ uint32_t load_all(ckptio_ctx *ctx, const std::string &path, ckptio_load_method m
   EXPECT_EQ(ckptio_reader_open(ctx, path.c_str(), &o, &r), 0) << ckptio_last_open_error();
   if (!r) return 0;
   std::vector<std::vector<uint8_t>> out;
-  std::vector<ckptio_load_request> reqs;
-  for (const Tensor &t : ts) out.emplace_back(t.bytes.size());
-  for (size_t i = 0; i < ts.size(); i++)
-    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(), CKPTIO_DEVICE_HOST});
+  std::vector<ckptio_load_request> reqs = requests(r, ts, out);
   EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
   for (size_t i = 0; i < ts.size(); i++) EXPECT_EQ(out[i], ts[i].bytes) << ts[i].name;
   ckptio_stats st = CKPTIO_STATS_INIT;
@@ -89,9 +107,7 @@ TEST(CachePolicy, AutoLeavesAColdFileCachedAndDirectDoesNot) {
   TestContext c(small_options(1 << 20, 8 << 20, 4));
   auto ts = model(16);
   const std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, ts), 0);
-  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
-    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  if (!save_cold(c.ctx, path, ts)) GTEST_SKIP() << NO_COLD_FILE;
   // Cold: filled ahead through the map and copied behind the filler.
   EXPECT_EQ(load_all(c.ctx, path, CKPTIO_LOAD_AUTO, ts), 1u << CKPTIO_LOAD_MMAP);
   EXPECT_GT(resident(c.ctx, path), 0.9) << "the next load would read the disk again";
@@ -112,27 +128,20 @@ TEST(CachePolicy, ColdAutoInAnyOrderLandsEveryByte) {
   TestContext c(small_options(1 << 20, 8 << 20, 8));
   auto ts = model(32);
   const std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, ts), 0);
-  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
-    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  if (!save_cold(c.ctx, path, ts)) GTEST_SKIP() << NO_COLD_FILE;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
-  std::vector<size_t> pick;
+  std::vector<Tensor> pick;
   for (size_t i = ts.size(); i-- > 0;)
-    if (i % 3 != 1) pick.push_back(i);
+    if (i % 3 != 1) pick.push_back(ts[i]);
   pick.push_back(pick.front());
-  std::vector<std::vector<uint8_t>> out(pick.size());
-  std::vector<ckptio_load_request> reqs;
-  for (size_t k = 0; k < pick.size(); k++) {
-    out[k].resize(ts[pick[k]].bytes.size());
-    reqs.push_back({(size_t)ckptio_reader_find(r, ts[pick[k]].name.c_str()), out[k].data(), out[k].size(),
-                    CKPTIO_DEVICE_HOST});
-  }
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<ckptio_load_request> reqs = requests(r, pick, out);
   ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
   ckptio_stats st = CKPTIO_STATS_INIT;
   ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
   EXPECT_EQ(st.load_methods, 1u << CKPTIO_LOAD_MMAP);
-  for (size_t k = 0; k < pick.size(); k++) EXPECT_EQ(out[k], ts[pick[k]].bytes) << ts[pick[k]].name;
+  for (size_t k = 0; k < pick.size(); k++) EXPECT_EQ(out[k], pick[k].bytes) << pick[k].name;
   ckptio_reader_close(r);
 }
 
@@ -146,9 +155,7 @@ TEST(CachePolicy, ColdAutoWithAColumnSliceReadsByPread) {
   std::vector<Tensor> ts;
   for (int i = 0; i < 4; i++) ts.push_back(make_tensor("w" + std::to_string(i), CKPTIO_F32, {8, 1 << 19}, i));
   const std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, ts), 0);
-  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
-    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  if (!save_cold(c.ctx, path, ts)) GTEST_SKIP() << NO_COLD_FILE;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   std::vector<uint8_t> whole(ts[0].bytes.size());
@@ -184,9 +191,7 @@ TEST(CachePolicy, ColdPrivateMapIsFilledCheckedAndLeftCached) {
   TestContext c(small_options(1 << 20, 8 << 20, 4));
   auto ts = model(24);
   const std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, ts), 0);
-  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
-    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  if (!save_cold(c.ctx, path, ts)) GTEST_SKIP() << NO_COLD_FILE;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   void *base = nullptr;
@@ -210,19 +215,12 @@ TEST(CachePolicy, ColdAutoOfAFileCutShortIsAnError) {
   TestContext c(small_options(1 << 20, 8 << 20, 4));
   auto ts = model(16);
   const std::string path = dir.file("m.safetensors");
-  ASSERT_EQ(save(c.ctx, path, ts), 0);
-  if (!drop_cache(path) || resident(c.ctx, path) > 0.1)
-    GTEST_SKIP() << "the page cache keeps " << path << " (tmpfs?): a cold file cannot be made here";
+  if (!save_cold(c.ctx, path, ts)) GTEST_SKIP() << NO_COLD_FILE;
   ckptio_reader *r = nullptr;
   ASSERT_EQ(ckptio_reader_open(c.ctx, path.c_str(), nullptr, &r), 0) << ckptio_last_open_error();
   ASSERT_EQ(truncate(path.c_str(), 6 << 20), 0);  // w1 (at 4 MiB) partly, nothing after
-  std::vector<std::vector<uint8_t>> out(ts.size());
-  std::vector<ckptio_load_request> reqs;
-  for (size_t i = 0; i < ts.size(); i++) {
-    out[i].resize(ts[i].bytes.size());
-    reqs.push_back({(size_t)ckptio_reader_find(r, ts[i].name.c_str()), out[i].data(), out[i].size(),
-                    CKPTIO_DEVICE_HOST});
-  }
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<ckptio_load_request> reqs = requests(r, ts, out);
   EXPECT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), CKPTIO_E_SHORT_IO) << ckptio_reader_last_error(r);
   ckptio_stats st = CKPTIO_STATS_INIT;
   ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
