@@ -14,6 +14,8 @@ Contenders, by format:
     ckptio_c       the C reader with CKPTIO_LOAD_AUTO (restart_load.c)
     ckptio_c_direct  the same with CKPTIO_LOAD_DIRECT (what AUTO did with
                    a cold file before this issue)
+    ckptio_c_map   the C reader's zero-copy load: ckptio_reader_map_private
+                   (a copy-on-write mapping of the file, every CRC checked)
     safetensors    safetensors.torch.load_file
   sharded set (written by ckptio, 256 MB shards):
     ckptio_set     ckptio.torch.load_file of the directory
@@ -47,10 +49,11 @@ sys.path.insert(0, HERE)
 import peers  # noqa: E402  settle, await_go, run_settled, touch, drop_cache
 
 FILES = {"ckptio": "single", "ckptio_direct": "single", "ckptio_c": "single", "ckptio_c_direct": "single",
+         "ckptio_c_map": "single",
          "safetensors": "single",
          "ckptio_set": "set", "safetensors_set": "set", "ckptio_pt": "pt", "torch_pt": "pt"}
 PEER = {"ckptio": "safetensors", "ckptio_c": "safetensors", "ckptio_direct": "safetensors",
-        "ckptio_c_direct": "safetensors",
+        "ckptio_c_direct": "safetensors", "ckptio_c_map": "safetensors",
         "ckptio_set": "safetensors_set", "ckptio_pt": "torch_pt"}
 # What the same load did with a cold file before issue 45 (O_DIRECT, nothing
 # left cached): its first load is the one not to fall behind.
@@ -129,7 +132,8 @@ def drop(path):
 def run_child(name, path, env, c_loader):
     if name.startswith("ckptio_c"):
         peers.settle()
-        r = subprocess.run([c_loader, path] + (["direct"] if name.endswith("direct") else []), env=env,
+        mode = {"ckptio_c_direct": ["direct"], "ckptio_c_map": ["private"]}.get(name, [])
+        r = subprocess.run([c_loader, path] + mode, env=env,
                            capture_output=True, text=True, timeout=900)
         if r.returncode:
             raise SystemExit(f"{name}: {r.stderr}")
