@@ -1,5 +1,5 @@
-/* The page cache filled ahead of a load's copies: a thread of the load
- * reads a file's spans into the page cache through its map, in file order,
+/* The page cache filled ahead of a load's copies: two threads of the load
+ * read a file's spans into the page cache through its map, in file order,
  * while the load's workers copy what it has passed into the destinations.
  * What CKPTIO_LOAD_AUTO does with a cold file that fits in memory (io/cache.h):
  * one read of the disk that leaves the file cached for the next load.
