@@ -2,6 +2,7 @@
 #include "io/fill.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -13,6 +14,16 @@
  * four no faster than two (medians of 6 rotated rounds, fresh processes,
  * memory primed as bench/peers does, 2026-11-29). */
 #define FILL_THREADS 2
+/* Fillers running at once in the process. A load of a set or of a DCP
+ * checkpoint starts one per member file; hundreds of files would start
+ * hundreds of threads. Past this, ckptio_fill_start declines and the file
+ * loads as it did before the filler (pread through the page cache). */
+#define FILL_MAX_ACTIVE 4
+
+static _Atomic int active;
+/* A child of fork() has none of its parent's filler threads. */
+static void fill_forked(void) { atomic_store(&active, 0); }
+__attribute__((constructor)) static void fill_atfork(void) { pthread_atfork(NULL, NULL, fill_forked); }
 
 typedef struct span {
   uint64_t off, end;
@@ -106,6 +117,7 @@ static void advise_huge(const ckptio_rfile *f, const ckptio_fill *fl) {
 }
 
 static void fill_free(ckptio_fill *fl) {
+  atomic_fetch_sub(&active, 1);
   pthread_mutex_destroy(&fl->mu);
   pthread_cond_destroy(&fl->moved);
   free(fl->steps);
@@ -115,8 +127,15 @@ static void fill_free(ckptio_fill *fl) {
 
 ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n, int unmap) {
   if (!f->map || !n) return NULL;
+  if (atomic_fetch_add(&active, 1) >= FILL_MAX_ACTIVE) {
+    atomic_fetch_sub(&active, 1);
+    return NULL;
+  }
   ckptio_fill *fl = calloc(1, sizeof(*fl));
-  if (!fl) return NULL;
+  if (!fl) {
+    atomic_fetch_sub(&active, 1);
+    return NULL;
+  }
   pthread_mutex_init(&fl->mu, NULL);
   pthread_cond_init(&fl->moved, NULL);
   if (make_steps(fl, off, len, n) < 0 || !fl->n) {

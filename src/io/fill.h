@@ -27,8 +27,9 @@ typedef struct ckptio_fill ckptio_fill;
  * file; any order, overlaps allowed). unmap: each step is unmapped once
  * read (a load whose copies take the bytes elsewhere), else left mapped
  * (a private map that is the caller's memory). @return the filler, or
- * NULL when it cannot start (no map, no memory, no thread): the copies
- * then fault their pages in themselves, as before. */
+ * NULL when it does not start (no map, no memory, no thread, or as many
+ * fillers running in the process as it allows): the caller then reads
+ * the file as it did without one. */
 ckptio_fill *ckptio_fill_start(const ckptio_rfile *f, const uint64_t *off, const uint64_t *len, size_t n, int unmap);
 /* Returns once every span byte before file offset `end` is in the page
  * cache, or the filler has stopped (the file cut short under it, or

@@ -283,6 +283,7 @@ static int plain_plan(ckptio_source *s, ckptio_plan *pl, ckptio_xreq **qs, size_
     for (size_t i = 0; off && i < n; i++) off[i] = req_start(qs[i]), len[i] = qs[i]->g.nbytes;
     p->fill = off ? ckptio_fill_start(&p->f, off, len, n, fill) : NULL;
     free(off);
+    if (fill && !p->fill) method = CKPTIO_LOAD_PREAD; /* as AUTO read a cold file without it */
   }
   if (p->f.store && method == CKPTIO_LOAD_PREAD) return plan_object(p, pl, qs, n, slot);
   int gpu = 0;

@@ -207,6 +207,40 @@ TEST(CachePolicy, ColdPrivateMapIsFilledCheckedAndLeftCached) {
   ckptio_reader_close(r);
 }
 
+// A cold set of more member files than the process runs fillers at once
+// (4): the first members are filled, the rest read by pread as before,
+// and every byte lands.
+TEST(CachePolicy, ColdSetOfManyFilesFillsSomeAndPreadsTheRest) {
+  TempDir dir;
+  TestContext c(small_options(1 << 20, 8 << 20, 4));
+  auto ts = model(24);  // six 4 MiB tensors: a shard each
+  ckptio_writer *w = nullptr;
+  ASSERT_EQ(ckptio_writer_open_sharded(c.ctx, dir.path().c_str(), "model", CKPTIO_FORMAT_SAFETENSORS, 4 << 20,
+                                       CKPTIO_SHARD_ORDER_ADDED, nullptr, &w), 0) << ckptio_last_open_error();
+  for (const Tensor &t : ts) {
+    ckptio_tensor d = host_desc(t);
+    ASSERT_EQ(ckptio_writer_add(w, &d), 0) << ckptio_writer_last_error(w);
+  }
+  ASSERT_EQ(ckptio_writer_commit(w), 0) << ckptio_writer_last_error(w);
+  ASSERT_EQ(ckptio_writer_shard_count(w), 6u);
+  ASSERT_EQ(ckptio_writer_close(w), 0);
+  for (int k = 1; k <= 6; k++) {
+    char name[64];
+    snprintf(name, sizeof(name), "model-%05d-of-00006.safetensors", k);
+    if (!drop_cache(dir.file(name)) || resident(c.ctx, dir.file(name)) > 0.1) GTEST_SKIP() << NO_COLD_FILE;
+  }
+  ckptio_reader *r = nullptr;
+  ASSERT_EQ(ckptio_reader_open(c.ctx, dir.path().c_str(), nullptr, &r), 0) << ckptio_last_open_error();
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<ckptio_load_request> reqs = requests(r, ts, out);
+  ASSERT_EQ(ckptio_reader_load_many(r, reqs.data(), reqs.size()), 0) << ckptio_reader_last_error(r);
+  ckptio_stats st = CKPTIO_STATS_INIT;
+  ASSERT_EQ(ckptio_reader_stats(r, &st), 0);
+  EXPECT_EQ(st.load_methods, (1u << CKPTIO_LOAD_MMAP) | (1u << CKPTIO_LOAD_PREAD));
+  for (size_t i = 0; i < ts.size(); i++) EXPECT_EQ(out[i], ts[i].bytes) << ts[i].name;
+  ckptio_reader_close(r);
+}
+
 // A cold file cut short after it was opened: the filler stops where the
 // pages end and the copies behind it report the missing bytes, a clean
 // error (never SIGBUS, never a wait on a filler that has stopped).
