@@ -240,7 +240,9 @@ typedef enum ckptio_load_method {
                             other loads (slices of many runs, GPU
                             destinations, views) read by PREAD, which pays
                             more for the cache's fill (figures:
-                            bench/RESULTS_PEERS.md). Else DIRECT: a
+                            bench/RESULTS_PEERS.md), and so do the files
+                            past the fourth filled at once in a process
+                            (the members of a large set). Else DIRECT: a
                             load that does not fit leaves the cache as it
                             was. ckptio_stats.load_methods says which ran;
                             CKPTIO_LOAD_DIRECT always bypasses the cache.
