@@ -58,8 +58,8 @@ static void *fill_main(void *arg) {
     /* Read in, then unmapped (the page cache keeps it; the copies map what
      * they take a step at a time): a mapping of what the copies have yet to
      * take would count in the process's RSS, up to the whole load where
-     * the copies fall behind. Left mapped, 1 GiB loaded in 0.96x the time
-     * of unmapped (median of 8 rotated rounds). */
+     * the copies fall behind. Left mapped, 1 GiB loaded in 0.87-0.93x the
+     * time of unmapped (medians of 8 and 10 rotated rounds). */
     int rc = ckptio_rfile_populate(at, len);
     if (fl->unmap) ckptio_rfile_drop(at, len);
     pthread_mutex_lock(&fl->mu);
